@@ -1,0 +1,5 @@
+"""``python -m imgpipe``."""
+
+from imgpipe.cli import main
+
+main()

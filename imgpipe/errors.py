@@ -1,0 +1,35 @@
+"""imgpipe's exceptions: every user-facing failure is one of these, with a one-line message."""
+
+from __future__ import annotations
+
+
+class ImgpipeError(Exception):
+    """A problem the user can act on; the CLI prints it as one line and exits non-zero."""
+
+    exit_code = 1
+
+
+class RecordIOError(ImgpipeError):
+    """A malformed RecordIO file or index; names the file and the byte offset."""
+
+    def __init__(self, path: object, offset: int, problem: str) -> None:
+        self.path = str(path)
+        self.offset = offset
+        self.problem = problem
+        super().__init__(f"{self.path}: offset {offset}: {problem}")
+
+
+class DatasetError(ImgpipeError):
+    """A dataset folder, manifest or shard set that cannot be used as asked."""
+
+
+class PackError(ImgpipeError):
+    """`imgpipe pack` refuses to start or cannot finish."""
+
+
+class ConfigError(ImgpipeError):
+    """A training or bench configuration that is invalid."""
+
+
+class DistributedError(ImgpipeError):
+    """A launch or process-group problem, with the rank and the fix."""

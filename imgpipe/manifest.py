@@ -1,0 +1,198 @@
+"""The dataset manifest (``manifest.json``): dataclasses <-> JSON, checksums, safe names.
+
+Layout of a packed folder::
+
+    DST/manifest.json                       this file (written last, atomically)
+    DST/{split}-{i:05d}-of-{n:05d}.rec      RecordIO shard; record ids run on across shards
+    DST/{split}-{i:05d}-of-{n:05d}.idx      its MXNet index: "id<TAB>offset" per record
+    DST/{split}.sources.txt                 sidecar: the source path of record id k on line k+1
+
+Every name in the manifest is a plain file name inside DST and every source path is
+relative to the source root: a manifest can never point outside its dataset folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from imgpipe.errors import DatasetError
+
+FORMAT = "imgpipe-recordio"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+
+@dataclass
+class ShardInfo:
+    """One finished shard: its files, record count, first record id and checksums."""
+
+    name: str
+    index: str
+    records: int
+    bytes: int
+    sha256: str
+    index_bytes: int
+    index_sha256: str
+    first_id: int
+
+
+@dataclass
+class SplitInfo:
+    """One split: its shards in order and the sidecar of source paths."""
+
+    shards: list[ShardInfo]
+    sources: str
+    sources_sha256: str
+
+    @property
+    def records(self) -> int:
+        return sum(s.records for s in self.shards)
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+
+@dataclass
+class Skipped:
+    """A source file that was not packed, and why."""
+
+    split: str
+    path: str
+    reason: str
+
+
+@dataclass
+class Manifest:
+    """Everything a reader needs to trust and use a packed dataset."""
+
+    classes: list[str]
+    splits: dict[str, SplitInfo]
+    options: dict[str, Any]
+    source: str
+    skipped: list[Skipped] = field(default_factory=list)
+    format: str = FORMAT
+    version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        for name, split in self.splits.items():
+            data["splits"][name]["records"] = split.records
+            data["splits"][name]["bytes"] = split.bytes
+        return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: object = MANIFEST_NAME) -> "Manifest":
+        """Build and validate a Manifest; a DatasetError names what is wrong."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise DatasetError(f"{where}: not an imgpipe manifest (format {data.get('format') if isinstance(data, dict) else None!r})")
+        if data.get("version") != FORMAT_VERSION:
+            raise DatasetError(
+                f"{where}: manifest version {data.get('version')!r} is not supported (this imgpipe reads {FORMAT_VERSION}); "
+                "repack with this version of imgpipe"
+            )
+        try:
+            splits = {
+                name: SplitInfo(
+                    shards=[ShardInfo(**shard) for shard in split["shards"]],
+                    sources=split["sources"],
+                    sources_sha256=split["sources_sha256"],
+                )
+                for name, split in data["splits"].items()
+            }
+            manifest = cls(
+                classes=list(data["classes"]),
+                splits=splits,
+                options=dict(data["options"]),
+                source=str(data["source"]),
+                skipped=[Skipped(**s) for s in data.get("skipped", [])],
+            )
+        except (KeyError, TypeError, AttributeError) as e:
+            raise DatasetError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
+        for name, split in manifest.splits.items():
+            check_plain_name(name, where)
+            check_plain_name(split.sources, where)
+            for shard in split.shards:
+                check_plain_name(shard.name, where)
+                check_plain_name(shard.index, where)
+                if shard.records < 0 or shard.bytes < 0 or shard.first_id < 0:
+                    raise DatasetError(f"{where}: shard {shard.name} has a negative count")
+        return manifest
+
+
+def check_plain_name(name: str, where: object = MANIFEST_NAME) -> str:
+    """Refuse any name that is not a plain file name (no folders, no '..', not absolute)."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise DatasetError(f"{where}: {name!r} is not a plain file name inside the dataset folder")
+    return name
+
+
+def check_relative_source(path: str, where: object = MANIFEST_NAME) -> str:
+    """Refuse a source path that is absolute or climbs out of the source root."""
+    pure = PurePosixPath(path)
+    if not path or pure.is_absolute() or ".." in pure.parts or "\\" in path or "\0" in path:
+        raise DatasetError(f"{where}: source path {path!r} escapes the source folder")
+    return path
+
+
+def manifest_path(folder: str | os.PathLike) -> Path:
+    return Path(folder) / MANIFEST_NAME
+
+
+def load_manifest(folder: str | os.PathLike) -> Manifest:
+    """Read and validate ``folder/manifest.json``."""
+    path = manifest_path(folder)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: no manifest; is {folder} a folder made by 'imgpipe pack'?") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DatasetError(f"{path}: manifest is not valid JSON ({e}); rerun 'imgpipe pack' to rewrite it") from None
+    return Manifest.from_dict(data, path)
+
+
+def write_manifest(folder: str | os.PathLike, manifest: Manifest) -> Path:
+    """Write the manifest atomically: temp file, fsync, rename."""
+    path = manifest_path(folder)
+    atomic_write_bytes(path, manifest.to_json().encode("utf-8"))
+    return path
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """Make a rename in ``folder`` durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in bounded chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

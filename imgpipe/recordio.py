@@ -1,0 +1,276 @@
+"""MXNet RecordIO, byte for byte as dmlc-core frames it: records, IRHeader and the .idx index.
+
+On-disk layout of one record (all words little-endian uint32)::
+
+    +-------+----------------------+----------------------+---------+
+    | magic | lrec = cflag<<29|len | payload[len]         | pad 0-3 |
+    +-------+----------------------+----------------------+---------+
+
+dmlc splits a payload wherever the magic word appears at a 4-byte aligned offset: the
+magic itself is dropped and the pieces are written as frames with cflag 1 (first), 2
+(middle) and 3 (last); a reader puts the magic back between them. cflag 0 is a whole
+record. A record's payload is an IRHeader ``<IfQQ>`` (flag, label, id, id2); when flag
+> 0, ``flag`` float32 labels follow the header and ``label`` is 0. The ``.idx`` file is
+text, one ``key\\toffset`` line per record, in write order.
+
+Readers never trust a length field: every length is checked against the bytes that are
+really there before anything is allocated, and a malformed file raises RecordIOError
+naming the file and the offset.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import warnings
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator, NamedTuple
+
+import numpy as np
+
+from imgpipe.errors import RecordIOError
+
+MAGIC = 0xCED7230A
+MAGIC_BYTES = struct.pack("<I", MAGIC)
+FRAME_HEADER = struct.Struct("<II")
+LENGTH_BITS = 29
+LENGTH_MASK = (1 << LENGTH_BITS) - 1
+MAX_RECORD_BYTES = 1 << LENGTH_BITS  # dmlc refuses records of 2**29 bytes or more
+IR_FORMAT = struct.Struct("<IfQQ")
+IR_SIZE = IR_FORMAT.size  # 24
+
+CFLAG_WHOLE, CFLAG_FIRST, CFLAG_MIDDLE, CFLAG_LAST = 0, 1, 2, 3
+
+
+class IRHeader(NamedTuple):
+    """MXNet's image record header. ``label`` is a float, or a float32 array when flag > 0."""
+
+    flag: int
+    label: float | np.ndarray
+    id: int
+    id2: int
+
+
+def _pad(length: int) -> int:
+    return (-length) & 3
+
+
+# ----------------------------------------------------------------------------- IRHeader
+
+
+def pack_header(header: IRHeader, payload: bytes) -> bytes:
+    """Prefix ``payload`` with ``header`` exactly as ``mxnet.recordio.pack`` does."""
+    label = header.label
+    if isinstance(label, (int, float, np.integer, np.floating)):
+        head = IR_FORMAT.pack(0, float(label), header.id, header.id2)
+        return head + payload
+    labels = np.asarray(label, dtype=np.float32).ravel()
+    head = IR_FORMAT.pack(labels.size, 0.0, header.id, header.id2)
+    return head + labels.astype("<f4").tobytes() + payload
+
+
+def unpack_header(record: bytes | memoryview, path: object = "<record>", offset: int = 0) -> tuple[IRHeader, bytes]:
+    """Split a record into its IRHeader and the image bytes, as ``mxnet.recordio.unpack`` does."""
+    if len(record) < IR_SIZE:
+        raise RecordIOError(path, offset, f"record of {len(record)} bytes is shorter than the {IR_SIZE}-byte IRHeader")
+    flag, label, rid, rid2 = IR_FORMAT.unpack_from(record, 0)
+    body = IR_SIZE
+    if flag > 0:
+        need = flag * 4
+        if need > len(record) - IR_SIZE:
+            raise RecordIOError(
+                path, offset, f"IRHeader label count {flag} needs {need} bytes but the record has {len(record) - IR_SIZE}"
+            )
+        labels = np.frombuffer(record, dtype="<f4", count=flag, offset=IR_SIZE).astype(np.float32)
+        body += need
+        return IRHeader(flag, labels, rid, rid2), bytes(record[body:])
+    return IRHeader(flag, label, rid, rid2), bytes(record[body:])
+
+
+# ----------------------------------------------------------------------------- framing
+
+
+def frame(record: bytes) -> bytes:
+    """Frame one record as dmlc ``RecordIOWriter::WriteRecord`` does, magic splits included."""
+    length = len(record)
+    if length >= MAX_RECORD_BYTES:
+        raise ValueError(f"RecordIO records must be smaller than 2**29 bytes, got {length}")
+    lower_align = length & ~3
+    parts: list[bytes] = []
+    start = 0
+    pos = record.find(MAGIC_BYTES)
+    while 0 <= pos < lower_align:
+        if pos % 4 == 0:
+            cflag = CFLAG_FIRST if start == 0 else CFLAG_MIDDLE
+            parts.append(FRAME_HEADER.pack(MAGIC, (cflag << LENGTH_BITS) | (pos - start)))
+            parts.append(record[start:pos])
+            start = pos + 4
+            pos = record.find(MAGIC_BYTES, start)
+        else:
+            pos = record.find(MAGIC_BYTES, pos + 1)
+    cflag = CFLAG_LAST if start != 0 else CFLAG_WHOLE
+    parts.append(FRAME_HEADER.pack(MAGIC, (cflag << LENGTH_BITS) | (length - start)))
+    parts.append(record[start:])
+    parts.append(b"\0" * _pad(length))
+    return b"".join(parts)
+
+
+def _read_frames(read: Callable[[int, int], bytes | memoryview], start: int, end: int, path: object) -> tuple[bytes, int]:
+    """Walk the frames of one record from ``start``; ``read(pos, n)`` returns up to n bytes at pos.
+
+    No length is trusted: each frame must fit before ``end`` before its body is read.
+    """
+    pieces: list[bytes | memoryview] = []
+    pos = start
+    expect_continuation = False
+    while True:
+        head = read(pos, FRAME_HEADER.size) if end - pos >= FRAME_HEADER.size else b""
+        if len(head) < FRAME_HEADER.size:
+            what = "a continuation frame" if expect_continuation else "a record header"
+            raise RecordIOError(path, pos, f"truncated: {max(end - pos, 0)} bytes left where {what} was expected")
+        magic, lrec = FRAME_HEADER.unpack(head)
+        if magic != MAGIC:
+            raise RecordIOError(path, pos, f"bad magic 0x{magic:08x} (expected 0x{MAGIC:08x})")
+        cflag, length = lrec >> LENGTH_BITS, lrec & LENGTH_MASK
+        if cflag > CFLAG_LAST or (cflag in (CFLAG_MIDDLE, CFLAG_LAST)) != expect_continuation:
+            raise RecordIOError(path, pos, f"continue flag {cflag} out of sequence")
+        body = pos + FRAME_HEADER.size
+        padded = length + _pad(length)
+        if padded > end - body:
+            raise RecordIOError(path, pos, f"length {length} runs past the end ({end - body} bytes left)")
+        data = read(body, length) if length else b""
+        if len(data) != length:
+            raise RecordIOError(path, body, f"short read: {len(data)} of {length} bytes (file changed?)")
+        pieces.append(data)
+        pos = body + padded
+        if cflag in (CFLAG_WHOLE, CFLAG_LAST):
+            break
+        pieces.append(MAGIC_BYTES)
+        expect_continuation = True
+    return (bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)), pos
+
+
+def parse_record(buf: bytes | memoryview, start: int, end: int, path: object, base: int = 0) -> tuple[bytes, int]:
+    """Decode the record framed in ``buf[start:end]``; return (record, offset just past it).
+
+    ``base`` is the file offset of ``buf[0]``: offsets in errors and the result are file offsets.
+    """
+    view = memoryview(buf)
+    record, pos = _read_frames(lambda p, n: view[p - base : p - base + n], base + start, base + end, path)
+    return record, pos
+
+
+def read_record_at(f: BinaryIO | int, offset: int, end: int, path: object) -> tuple[bytes, int]:
+    """Read the record at ``offset`` of an open file (or fd) whose data ends at ``end``."""
+    fd = f if isinstance(f, int) else f.fileno()
+    return _read_frames(lambda p, n: os.pread(fd, n, p), offset, end, path)
+
+
+def iter_frames(path: str | os.PathLike) -> Iterator[tuple[int, bytes]]:
+    """Yield (offset, record) for every record of a .rec file, scanning from the start."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        offset = 0
+        while offset < size:
+            record, next_offset = read_record_at(f, offset, size, path)
+            yield offset, record
+            offset = next_offset
+
+
+# ----------------------------------------------------------------------------- .idx index
+
+
+def format_index_line(key: int, offset: int) -> str:
+    """One .idx line as MXNet writes it."""
+    return f"{key}\t{offset}\n"
+
+
+def read_index(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """Parse a .idx file into (keys, offsets) int64 arrays, in file order."""
+    path = Path(path)
+    text = path.read_bytes()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            values = np.fromstring(text, dtype=np.int64, sep=" ") if text.strip() else np.zeros(0, np.int64)
+        except (DeprecationWarning, ValueError):
+            values = None
+    if values is None or values.size % 2 or values.size != 2 * _count_lines(text):
+        _raise_bad_index_line(path, text)
+    pairs = values.reshape(-1, 2)
+    keys, offsets = pairs[:, 0].copy(), pairs[:, 1].copy()
+    if offsets.size and offsets.min() < 0:
+        bad = int(np.argmax(offsets < 0))
+        raise RecordIOError(path, 0, f"line {bad + 1}: negative offset {offsets[bad]}")
+    return keys, offsets
+
+
+def _count_lines(text: bytes) -> int:
+    return sum(1 for line in text.splitlines() if line.strip())
+
+
+def _raise_bad_index_line(path: Path, text: bytes) -> None:
+    offset = 0
+    for number, line in enumerate(io.BytesIO(text), start=1):
+        fields = line.split()
+        if fields and (len(fields) != 2 or not all(f.lstrip(b"-").isdigit() for f in fields)):
+            shown = line.strip()[:60].decode("utf-8", "replace")
+            raise RecordIOError(path, offset, f"line {number} is not 'key<TAB>offset': {shown!r}")
+        offset += len(line)
+    raise RecordIOError(path, 0, "unparseable index")
+
+
+# ----------------------------------------------------------------------------- writer
+
+
+class IndexedRecordWriter:
+    """Write a .rec and its .idx exactly as ``mxnet.recordio.MXIndexedRecordIO(..., 'w')`` does."""
+
+    def __init__(self, rec_path: str | os.PathLike, idx_path: str | os.PathLike) -> None:
+        self.rec_path = Path(rec_path)
+        self.idx_path = Path(idx_path)
+        self._rec = open(self.rec_path, "wb")
+        self._idx = open(self.idx_path, "w", encoding="ascii", newline="\n")
+        self.position = 0
+        self.count = 0
+
+    def write(self, key: int, record: bytes) -> int:
+        """Append one record under ``key``; return its offset."""
+        offset = self.position
+        framed = frame(record)
+        self._rec.write(framed)
+        self._idx.write(format_index_line(key, offset))
+        self.position += len(framed)
+        self.count += 1
+        return offset
+
+    def flush_to_disk(self) -> None:
+        """Flush and fsync both files."""
+        for f in (self._rec, self._idx):
+            f.flush()
+            os.fsync(f.fileno())
+
+    def close(self) -> None:
+        self._rec.close()
+        self._idx.close()
+
+    def __enter__(self) -> "IndexedRecordWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_indexed(rec_path: str | os.PathLike, idx_path: str | os.PathLike) -> Iterator[tuple[int, IRHeader, bytes]]:
+    """Yield (key, header, image bytes) for each .idx entry of a .rec, in index order."""
+    keys, offsets = read_index(idx_path)
+    size = Path(rec_path).stat().st_size
+    with open(rec_path, "rb") as f:
+        for key, offset in zip(keys.tolist(), offsets.tolist()):
+            if offset >= size:
+                raise RecordIOError(idx_path, offset, f"index offset {offset} is past the end of {rec_path} ({size} bytes)")
+            record, _ = read_record_at(f, offset, size, rec_path)
+            header, payload = unpack_header(record, rec_path, offset)
+            yield key, header, payload
