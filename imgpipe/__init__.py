@@ -15,8 +15,8 @@ _PUBLIC = {
     "ShardSet": "imgpipe.shards",
     "make_torch_loader": "imgpipe.loaders.torch",
     "make_dali_loader": "imgpipe.loaders.dali",
-    "pack": "imgpipe.pack",
-    "verify": "imgpipe.verify",
+    "pack": "imgpipe.packer",
+    "verify": "imgpipe.verifier",
     "DistEnv": "imgpipe.distenv",
     "ImgpipeError": "imgpipe.errors",
 }

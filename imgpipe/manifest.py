@@ -3,9 +3,13 @@
 Layout of a packed folder::
 
     DST/manifest.json                       this file (written last, atomically)
-    DST/{split}-{i:05d}-of-{n:05d}.rec      RecordIO shard; record ids run on across shards
+    DST/{split}-{i:05d}-of-{n:05d}.rec      RecordIO shard
     DST/{split}-{i:05d}-of-{n:05d}.idx      its MXNet index: "id<TAB>offset" per record
-    DST/{split}.sources.txt                 sidecar: the source path of record id k on line k+1
+    DST/{split}.sources.txt                 sidecar: one source path per record, in record order
+
+Records of a split are numbered 0..N-1 in shard order (a record's *index*). The IRHeader
+``id`` and the .idx key are the item's position in the pack plan, stable whatever was
+skipped: they increase through the split and have gaps where a source image was skipped.
 
 Every name in the manifest is a plain file name inside DST and every source path is
 relative to the source root: a manifest can never point outside its dataset folder.
@@ -30,7 +34,7 @@ MANIFEST_NAME = "manifest.json"
 
 @dataclass
 class ShardInfo:
-    """One finished shard: its files, record count, first record id and checksums."""
+    """One finished shard: its files, record count and checksums."""
 
     name: str
     index: str
@@ -39,7 +43,6 @@ class ShardInfo:
     sha256: str
     index_bytes: int
     index_sha256: str
-    first_id: int
 
 
 @dataclass
@@ -121,7 +124,7 @@ class Manifest:
             for shard in split.shards:
                 check_plain_name(shard.name, where)
                 check_plain_name(shard.index, where)
-                if shard.records < 0 or shard.bytes < 0 or shard.first_id < 0:
+                if shard.records < 0 or shard.bytes < 0:
                     raise DatasetError(f"{where}: shard {shard.name} has a negative count")
         return manifest
 
