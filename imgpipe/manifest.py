@@ -6,6 +6,7 @@ Layout of a packed folder::
     DST/{split}-{i:05d}-of-{n:05d}.rec      RecordIO shard
     DST/{split}-{i:05d}-of-{n:05d}.idx      its MXNet index: "id<TAB>offset" per record
     DST/{split}.sources.txt                 sidecar: one source path per record, in record order
+    DST/{split}.labels.npy                  sidecar: int32 label per record, in record order
 
 Records of a split are numbered 0..N-1 in shard order (a record's *index*). The IRHeader
 ``id`` and the .idx key are the item's position in the pack plan, stable whatever was
@@ -47,11 +48,13 @@ class ShardInfo:
 
 @dataclass
 class SplitInfo:
-    """One split: its shards in order and the sidecar of source paths."""
+    """One split: its shards in order and the sidecars of source paths and labels."""
 
     shards: list[ShardInfo]
     sources: str
     sources_sha256: str
+    labels: str
+    labels_sha256: str
 
     @property
     def records(self) -> int:
@@ -106,6 +109,8 @@ class Manifest:
                     shards=[ShardInfo(**shard) for shard in split["shards"]],
                     sources=split["sources"],
                     sources_sha256=split["sources_sha256"],
+                    labels=split["labels"],
+                    labels_sha256=split["labels_sha256"],
                 )
                 for name, split in data["splits"].items()
             }
@@ -121,6 +126,7 @@ class Manifest:
         for name, split in manifest.splits.items():
             check_plain_name(name, where)
             check_plain_name(split.sources, where)
+            check_plain_name(split.labels, where)
             for shard in split.shards:
                 check_plain_name(shard.name, where)
                 check_plain_name(shard.index, where)
