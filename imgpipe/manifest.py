@@ -7,6 +7,7 @@ Layout of a packed folder::
     DST/{split}-{i:05d}-of-{n:05d}.idx      its MXNet index: "id<TAB>offset" per record
     DST/{split}.sources.txt                 sidecar: one source path per record, in record order
     DST/{split}.labels.npy                  sidecar: int32 label per record, in record order
+    DST/{split}.crc32.npy                   sidecar: uint32 zlib.crc32 of each record (IRHeader + image), in record order
 
 Records of a split are numbered 0..N-1 in shard order (a record's *index*). The IRHeader
 ``id`` and the .idx key are the item's position in the pack plan, stable whatever was
@@ -55,6 +56,8 @@ class SplitInfo:
     sources_sha256: str
     labels: str
     labels_sha256: str
+    checksums: str = ""  # optional sidecar of per-record crc32s ("" when absent); lets verify locate a corrupt record
+    checksums_sha256: str = ""
 
     @property
     def records(self) -> int:
@@ -111,6 +114,8 @@ class Manifest:
                     sources_sha256=split["sources_sha256"],
                     labels=split["labels"],
                     labels_sha256=split["labels_sha256"],
+                    checksums=split.get("checksums", ""),
+                    checksums_sha256=split.get("checksums_sha256", ""),
                 )
                 for name, split in data["splits"].items()
             }
@@ -127,6 +132,8 @@ class Manifest:
             check_plain_name(name, where)
             check_plain_name(split.sources, where)
             check_plain_name(split.labels, where)
+            if split.checksums:
+                check_plain_name(split.checksums, where)
             for shard in split.shards:
                 check_plain_name(shard.name, where)
                 check_plain_name(shard.index, where)

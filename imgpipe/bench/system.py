@@ -1,0 +1,226 @@
+"""What the machine does during a bench: CPU and iowait, disk reads, memory and page cache.
+
+* CPU from ``/proc/stat``, exactly as ``top`` computes its ``%Cpu(s)`` line: over an
+  interval, ``wa = Δiowait / Δtotal`` and utilisation ``= 1 - (Δidle + Δiowait) / Δtotal``,
+  where total is user+nice+system+idle+iowait+irq+softirq+steal (guest time is already
+  inside user and nice, so it is not added twice).
+* Disk reads from ``/proc/diskstats``: field 6 is sectors read, always 512-byte units.
+* The device that holds DATA comes from :func:`imgpipe.diskinfo.device_for_path` (mount,
+  filesystem, rotational, network); its /proc/diskstats name is the device's basename.
+* Memory from ``/proc/meminfo`` (MemAvailable, Cached).
+
+``SystemSampler`` reads all of them in a background thread (4 Hz by default).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from imgpipe.diskinfo import DiskInfo
+
+logger = logging.getLogger(__name__)
+
+SECTOR_BYTES = 512
+
+
+# ----------------------------------------------------------------------------- /proc/stat
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """Aggregate CPU jiffies from the ``cpu`` line of /proc/stat."""
+
+    user: int
+    nice: int
+    system: int
+    idle: int
+    iowait: int
+    irq: int
+    softirq: int
+    steal: int
+
+    @property
+    def total(self) -> int:
+        return self.user + self.nice + self.system + self.idle + self.iowait + self.irq + self.softirq + self.steal
+
+
+def parse_proc_stat(text: str) -> CpuTimes:
+    """Parse the aggregate ``cpu`` line of /proc/stat (missing trailing fields count as 0)."""
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "cpu":
+            values = [int(v) for v in fields[1:9]] + [0] * (8 - len(fields[1:9]))
+            return CpuTimes(*values)
+    raise ValueError("no aggregate 'cpu' line in /proc/stat text")
+
+
+def cpu_usage(before: CpuTimes, after: CpuTimes) -> tuple[float, float]:
+    """(utilisation %, iowait %) over the interval, as top's %Cpu(s) line reports them."""
+    total = after.total - before.total
+    if total <= 0:
+        return 0.0, 0.0
+    idle = after.idle - before.idle
+    iowait = after.iowait - before.iowait
+    return 100.0 * (total - idle - iowait) / total, 100.0 * iowait / total
+
+
+# ----------------------------------------------------------------------------- /proc/diskstats
+
+
+def parse_diskstats(text: str) -> dict[str, int]:
+    """Map each device name in /proc/diskstats to its cumulative sectors read."""
+    sectors: dict[str, int] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 6:
+            sectors[fields[2]] = int(fields[5])
+    return sectors
+
+
+def read_mb_s(before: dict[str, int], after: dict[str, int], device: str, seconds: float) -> float | None:
+    """Read throughput of ``device`` in MB/s (10**6 bytes) between two diskstats samples."""
+    if device not in before or device not in after or seconds <= 0:
+        return None
+    return (after[device] - before[device]) * SECTOR_BYTES / seconds / 1e6
+
+
+# ----------------------------------------------------------------------------- /proc/meminfo
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """Map /proc/meminfo keys to bytes."""
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts:
+            scale = 1024 if len(parts) > 1 and parts[1] == "kB" else 1
+            values[key.strip()] = int(parts[0]) * scale
+    return values
+
+
+# ----------------------------------------------------------------------------- which disk
+
+
+def diskstats_name(info: DiskInfo) -> str | None:
+    """The /proc/diskstats name of the device holding a path (``/dev/sdb1`` -> ``sdb1``), or None."""
+    if not info.device.startswith("/dev/"):
+        return None
+    return os.path.basename(os.path.realpath(info.device))
+
+
+def describe_disk(info: DiskInfo) -> str:
+    """``rotational /dev/sdb``, ``network nfs4 at /mnt/data``, ``non-rotational /dev/nvme0n1p2``."""
+    if info.network:
+        return f"network {info.fstype} at {info.mountpoint}"
+    kind = {True: "rotational", False: "non-rotational", None: "unknown-kind"}[info.rotational]
+    where = info.device if info.device.startswith("/dev/") else f"{info.fstype or 'unknown'} at {info.mountpoint}"
+    return f"{kind} {where}"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading of the system counters at wall time ``t`` (time.time())."""
+
+    t: float
+    cpu: CpuTimes
+    sectors_read: dict[str, int]
+    mem_available: int
+    cached: int
+
+
+def take_sample(proc_root: str = "/proc") -> Sample:
+    root = Path(proc_root)
+    mem = parse_meminfo(_read(root / "meminfo"))
+    return Sample(
+        t=time.time(),
+        cpu=parse_proc_stat(_read(root / "stat")),
+        sectors_read=parse_diskstats(_read(root / "diskstats")),
+        mem_available=mem.get("MemAvailable", 0),
+        cached=mem.get("Cached", 0),
+    )
+
+
+@dataclass(frozen=True)
+class SystemSummary:
+    """The system over one time window; None where it could not be measured."""
+
+    seconds: float
+    samples: int
+    cpu_util_pct: float
+    iowait_pct: float
+    iowait_max_pct: float
+    read_mb_s: float | None
+    mem_available_mb: float
+    cached_mb: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize(samples: list[Sample], device: str | None, start: float | None = None, end: float | None = None) -> SystemSummary | None:
+    """Summarise the samples inside [start, end] (plus the nearest one on each side)."""
+    if start is not None:
+        before = [s for s in samples if s.t <= start]
+        inside = [s for s in samples if start < s.t < (end if end is not None else float("inf"))]
+        after = [s for s in samples if end is not None and s.t >= end]
+        window = before[-1:] + inside + after[:1]
+    else:
+        window = list(samples)
+    if len(window) < 2:
+        return None
+    first, last = window[0], window[-1]
+    util, iowait = cpu_usage(first.cpu, last.cpu)
+    peak = max((cpu_usage(a.cpu, b.cpu)[1] for a, b in zip(window, window[1:])), default=iowait)
+    seconds = last.t - first.t
+    return SystemSummary(
+        seconds=seconds,
+        samples=len(window),
+        cpu_util_pct=util,
+        iowait_pct=iowait,
+        iowait_max_pct=peak,
+        read_mb_s=read_mb_s(first.sectors_read, last.sectors_read, device, seconds) if device else None,
+        mem_available_mb=min(s.mem_available for s in window) / 1e6,
+        cached_mb=last.cached / 1e6,
+    )
+
+
+class SystemSampler:
+    """Sample /proc in a daemon thread every ``interval`` seconds until stopped."""
+
+    def __init__(self, interval: float = 0.25, proc_root: str = "/proc") -> None:
+        self.interval = interval
+        self.proc_root = proc_root
+        self.samples: list[Sample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="imgpipe-bench-sampler", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(take_sample(self.proc_root))
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "SystemSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(take_sample(self.proc_root))

@@ -1,0 +1,129 @@
+"""What a path is stored on: block device, mount point, filesystem, rotational or network.
+
+Reads ``/proc/mounts`` and ``/sys/block/*/queue/rotational`` (Linux); elsewhere the fields
+it cannot know are None / False. Used by ``imgpipe pack`` (free space, SSD advice) and by
+``imgpipe bench`` (is the data on slow storage?).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from imgpipe.errors import PackError
+
+logger = logging.getLogger(__name__)
+
+NETWORK_FILESYSTEMS = frozenset(
+    {"nfs", "nfs4", "cifs", "smb", "smb3", "smbfs", "fuse.sshfs", "sshfs", "lustre", "gpfs", "beegfs", "ceph",
+     "fuse.ceph", "fuse.cephfs", "glusterfs", "fuse.glusterfs", "afs", "9p", "fuse.s3fs", "fuse.gcsfuse",
+     "fuse.rclone", "fuse.juicefs", "ocfs2", "wekafs", "virtiofs", "panfs", "pvfs2", "orangefs"}
+)
+
+
+@dataclass(frozen=True)
+class DiskInfo:
+    """Where a path lives. ``rotational`` is None when it cannot be told (e.g. tmpfs, overlay)."""
+
+    device: str
+    mountpoint: str
+    fstype: str
+    rotational: bool | None
+    network: bool
+
+    @property
+    def slow(self) -> bool:
+        """True for spinning disks and network filesystems: random reads there are costly."""
+        return bool(self.rotational) or self.network
+
+
+def _unescape_mount_field(field: str) -> str:
+    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def _read_mounts(mounts_file: str) -> list[tuple[str, str, str]]:
+    try:
+        with open(mounts_file, encoding="utf-8", errors="replace") as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return []
+    return [(_unescape_mount_field(r[0]), _unescape_mount_field(r[1]), r[2]) for r in rows if len(r) >= 3]
+
+
+def _existing_ancestor(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _rotational(device: str, sys_block: Path) -> bool | None:
+    """Look the device up in /sys/block (partitions resolve to their disk; dm/md use their slaves)."""
+    if not device.startswith("/dev/"):
+        return None
+    try:
+        real = Path(os.path.realpath(device))
+        dev_link = Path("/sys/class/block") / real.name
+        node = Path(os.path.realpath(dev_link)) if dev_link.exists() else None
+    except OSError:
+        node = None
+    candidates = []
+    if node is not None:
+        candidates += [node / "queue" / "rotational", node.parent / "queue" / "rotational"]
+    candidates.append(sys_block / Path(device).name / "queue" / "rotational")
+    for candidate in candidates:
+        try:
+            return candidate.read_text().strip() == "1"
+        except OSError:
+            continue
+    return None
+
+
+def device_for_path(
+    path: str | os.PathLike, *, mounts_file: str = "/proc/mounts", sys_block: str | os.PathLike = "/sys/block"
+) -> DiskInfo:
+    """Find the mount holding ``path`` (or its nearest existing parent) and describe its device."""
+    target = os.path.realpath(_existing_ancestor(Path(path)))
+    best: tuple[str, str, str] | None = None
+    for device, mountpoint, fstype in _read_mounts(mounts_file):
+        inside = target == mountpoint or target.startswith(mountpoint.rstrip("/") + "/")
+        if inside and (best is None or len(mountpoint) >= len(best[1])):
+            best = (device, mountpoint, fstype)
+    if best is None:
+        return DiskInfo(device="", mountpoint="/", fstype="", rotational=None, network=False)
+    device, mountpoint, fstype = best
+    network = fstype in NETWORK_FILESYSTEMS or fstype.startswith("nfs") or (":" in device and fstype.startswith("fuse"))
+    return DiskInfo(device, mountpoint, fstype, None if network else _rotational(device, Path(sys_block)), network)
+
+
+def free_bytes(path: str | os.PathLike) -> int:
+    """Bytes available to this user on the filesystem holding ``path`` (or its nearest existing parent)."""
+    return shutil.disk_usage(_existing_ancestor(Path(path))).free
+
+
+def check_free_space(path: str | os.PathLike, needed: int, *, what: str = "the output") -> None:
+    """Raise PackError if ``needed`` bytes do not fit on the filesystem holding ``path``."""
+    free = free_bytes(path)
+    if needed > free:
+        raise PackError(
+            f"{path}: {what} needs about {needed / 1e9:.2f} GB but only {free / 1e9:.2f} GB is free there; "
+            "free some space or choose another DST"
+        )
+
+
+def warn_if_slow(path: str | os.PathLike, *, role: str = "DST") -> DiskInfo:
+    """Log a warning with SSD advice when ``path`` is on a rotational disk or a network filesystem."""
+    info = device_for_path(path)
+    if info.network:
+        logger.warning(
+            "%s %s is on a network filesystem (%s at %s): reads and writes will be slow; use a local SSD if you can",
+            role, path, info.fstype, info.mountpoint,
+        )
+    elif info.rotational:
+        logger.warning(
+            "%s %s is on a rotational disk (%s): random reads will be slow; use an SSD if you can", role, path, info.device
+        )
+    return info

@@ -1,0 +1,307 @@
+"""NVIDIA DALI loader over imgpipe shards: same arguments and output contract as the torch loader.
+
+``nvidia.dali`` is imported here only, lazily, so imgpipe works without it installed.
+
+How an epoch maps onto DALI
+---------------------------
+One DALI pipeline is built per epoch, with every seed derived from ``(seed, rank, epoch)``:
+an epoch is a pure function of those, so ``set_epoch(e)`` is exact and runs reproduce.
+``fn.readers.mxnet`` reads all ``.rec`` files of the split through ONE combined index
+(offsets cumulative over the files, as DALI requires) and splits the records into
+``world_size`` contiguous shards (DALI's rule: shard k holds records
+``floor(N*k/W) .. floor(N*(k+1)/W) - 1``).
+
+* Train: rank r reads shard ``(r + epoch) % W`` (so every rank sees all the data over W
+  epochs and ranks are disjoint within an epoch), shuffled in a buffer of ``initial_fill``
+  records. Every rank yields exactly ``(N // W) // batch_size`` full batches; the rest of the
+  shard is dropped (``LastBatchPolicy.DROP``), so DDP never waits on a rank that ran out.
+* Eval: rank r always reads shard r in stored order, ``pad_last_batch=True`` with
+  ``LastBatchPolicy.PARTIAL``: the padded duplicates are removed, so across ranks every
+  record is yielded exactly once; ranks differ by at most one partial batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from imgpipe.distenv import DistEnv
+from imgpipe.errors import ConfigError, DatasetError
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'imgpipe[dali]'"
+READER_NAME = "Reader"
+DEFAULT_INITIAL_FILL = 1024
+_SEED_DOMAIN = 0x44414C49  # "DALI": keeps these seeds apart from imgpipe.seeding's families
+
+
+def dali_available() -> bool:
+    """True when ``nvidia.dali`` (any CUDA flavour of the wheel) can be imported."""
+    try:
+        _import_dali()
+    except ConfigError:
+        return False
+    return True
+
+
+def _import_dali() -> Any:
+    try:
+        import nvidia.dali as dali
+        import nvidia.dali.plugin.pytorch  # noqa: F401  (the DALIGenericIterator)
+    except ImportError as e:
+        raise ConfigError(f"NVIDIA DALI is not installed ({e}); {INSTALL_HINT} to use the DALI loader") from None
+    return dali
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """Everything one epoch's pipeline depends on, besides the epoch itself."""
+
+    rec_files: tuple[str, ...]
+    index_file: str
+    records: int
+    batch_size: int
+    train: bool
+    image_size: int
+    workers: int
+    seed: int
+    rank: int
+    world_size: int
+    device_id: int | None
+    normalize: bool
+    channels_last: bool
+    initial_fill: int
+    prefetch: int
+
+
+def epoch_seeds(seed: int, rank: int, epoch: int) -> dict[str, int]:
+    """The DALI seeds (31-bit) of one rank's epoch, derived from (seed, rank, epoch) only."""
+    words = np.random.SeedSequence([_SEED_DOMAIN, seed, rank, epoch]).generate_state(4, np.uint32) & 0x7FFFFFFF
+    return dict(zip(("pipeline", "reader", "crop", "flip"), (int(w) for w in words)))
+
+
+def shard_bounds(records: int, shard: int, shards: int) -> tuple[int, int]:
+    """Record range [start, end) of DALI reader shard ``shard`` of ``shards``."""
+    return records * shard // shards, records * (shard + 1) // shards
+
+
+class DaliLoader:
+    """Iterable of ``(images, labels)`` batches; each new ``iter()`` is the next epoch."""
+
+    def __init__(self, spec: _Spec) -> None:
+        self._spec = spec
+        self._next_epoch = 0
+        start, end = shard_bounds(spec.records, spec.rank, spec.world_size)
+        if spec.train:
+            self._batches = (spec.records // spec.world_size) // spec.batch_size
+        else:
+            self._batches = math.ceil((end - start) / spec.batch_size)
+
+    @property
+    def batch_size(self) -> int:
+        return self._spec.batch_size
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` will run."""
+        return self._next_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Run ``epoch`` on the next ``iter()``; later iterations continue from it."""
+        if epoch < 0:
+            raise ConfigError(f"epoch must be >= 0, got {epoch}")
+        self._next_epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return self._batches
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        epoch = self._next_epoch
+        self._next_epoch += 1
+        return self._run_epoch(epoch)
+
+    def _run_epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+        spec = self._spec
+        if self._batches == 0:
+            return
+        pipe = _build_pipeline(spec, epoch)
+        policy = LastBatchPolicy.DROP if spec.train else LastBatchPolicy.PARTIAL
+        iterator = DALIGenericIterator([pipe], ["images", "labels"], reader_name=READER_NAME, last_batch_policy=policy)
+        device = torch.device("cpu") if spec.device_id is None else torch.device("cuda", spec.device_id)
+        try:
+            produced = 0
+            for (out,) in iterator:
+                labels = out["labels"].reshape(-1)
+                if labels.numel() == 0:  # PARTIAL can end on a batch made only of padding
+                    continue
+                images = out["images"]
+                if spec.channels_last:  # HWC from DALI: an NCHW view with channels_last strides
+                    images = images.permute(0, 3, 1, 2)
+                yield images, labels.to(device=device, dtype=torch.int64, non_blocking=True)
+                produced += 1
+            if produced != self._batches:
+                logger.warning("DALI epoch %d gave %d batches, expected %d", epoch, produced, self._batches)
+        finally:
+            del iterator, pipe
+
+
+def _build_pipeline(spec: _Spec, epoch: int) -> Any:
+    dali = _import_dali()
+    from nvidia.dali import fn, types
+
+    from imgpipe.transforms import ANTIALIAS, CROP_ATTEMPTS, IMAGENET_MEAN, IMAGENET_STD, EvalGeometry, TrainGeometry
+
+    seeds = epoch_seeds(spec.seed, spec.rank, epoch)
+    gpu = spec.device_id is not None
+    shard = (spec.rank + epoch) % spec.world_size if spec.train else spec.rank
+    pipe = dali.Pipeline(
+        batch_size=spec.batch_size,
+        num_threads=spec.workers,
+        device_id=spec.device_id,
+        seed=seeds["pipeline"],
+        prefetch_queue_depth=spec.prefetch,
+    )
+    with pipe:
+        jpegs, labels = fn.readers.mxnet(
+            path=list(spec.rec_files),
+            index_path=[spec.index_file],
+            shard_id=shard,
+            num_shards=spec.world_size,
+            random_shuffle=spec.train,
+            initial_fill=spec.initial_fill,
+            seed=seeds["reader"],
+            pad_last_batch=True,
+            stick_to_shard=True,
+            name=READER_NAME,
+        )
+        decoder = "mixed" if gpu else "cpu"
+        size = spec.image_size
+        interp = _interpolation(types)
+        if spec.train:
+            geometry = TrainGeometry(image_size=size)
+            images = fn.decoders.image_random_crop(
+                jpegs,
+                device=decoder,
+                output_type=types.RGB,
+                random_area=list(geometry.scale),
+                random_aspect_ratio=list(geometry.ratio),
+                num_attempts=CROP_ATTEMPTS,
+                seed=seeds["crop"],
+            )
+            images = fn.resize(images, resize_x=size, resize_y=size, interp_type=interp, antialias=ANTIALIAS)
+            mirror = fn.random.coin_flip(probability=geometry.flip_p, seed=seeds["flip"])
+        else:
+            images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
+            shorter = EvalGeometry(image_size=size).resize_shorter
+            images = fn.resize(images, resize_shorter=shorter, interp_type=interp, antialias=ANTIALIAS)
+            mirror = 0
+        normalize = {}
+        if spec.normalize:
+            normalize = {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}  # 0-255 units
+        images = fn.crop_mirror_normalize(
+            images,
+            dtype=types.FLOAT if spec.normalize else types.UINT8,
+            output_layout="HWC" if spec.channels_last else "CHW",
+            crop=(size, size),
+            mirror=mirror,
+            **normalize,
+        )
+        pipe.set_outputs(images, labels.gpu() if gpu else labels)
+    return pipe
+
+
+def _interpolation(types: Any) -> Any:
+    """DALI's interpolation for the shared ``transforms.INTERPOLATION``."""
+    from imgpipe.transforms import INTERPOLATION
+
+    modes = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC, "nearest": types.INTERP_NN}
+    return modes[INTERPOLATION]
+
+
+def make_dali_loader(
+    path: str | os.PathLike | Sequence[str | os.PathLike],
+    split: str = "train",
+    *,
+    batch_size: int,
+    train: bool = True,
+    image_size: int = 224,
+    workers: int | None = None,
+    seed: int = 0,
+    rank: int | None = None,
+    world_size: int | None = None,
+    device: str | torch.device | None = None,
+    normalize: bool = True,
+    channels_last: bool = False,
+    initial_fill: int = DEFAULT_INITIAL_FILL,
+    prefetch: int = 2,
+) -> DaliLoader:
+    """A DALI loader over a packed folder (or bare .rec/.idx files) with the torch loader's contract.
+
+    Yields ``(images, labels)``: images float32 NCHW normalized with ImageNet mean/std (uint8
+    NCHW when ``normalize=False``) on ``device`` (CPU operators when None/"cpu", GPU decoding
+    with ``mixed`` on a CUDA device); labels int64. ``workers`` is DALI's CPU thread count.
+    """
+    _import_dali()
+    from imgpipe.shards import open_shards
+
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    if image_size < 1:
+        raise ConfigError(f"image_size must be >= 1, got {image_size}")
+    env = DistEnv.detect(rank, world_size)
+    shards = open_shards(path, split)
+    records = len(shards)
+    if records < env.world_size:
+        raise DatasetError(f"{path}: split {split!r} has {records} records, fewer than the {env.world_size} ranks")
+    spec = _Spec(
+        rec_files=tuple(str(p) for p in shards.rec_paths),
+        index_file=str(shards.dali_index_path()),
+        records=records,
+        batch_size=batch_size,
+        train=train,
+        image_size=image_size,
+        workers=max(1, workers if workers is not None else _default_threads()),
+        seed=seed,
+        rank=env.rank,
+        world_size=env.world_size,
+        device_id=_device_id(device),
+        normalize=normalize,
+        channels_last=channels_last,
+        initial_fill=max(1, initial_fill),
+        prefetch=max(1, prefetch),
+    )
+    loader = DaliLoader(spec)
+    if train and len(loader) == 0:
+        raise DatasetError(
+            f"{path}: split {split!r} has {records} records: {records // env.world_size} per rank over "
+            f"{env.world_size} ranks, not one full batch of {batch_size}; lower batch_size"
+        )
+    return loader
+
+
+def _default_threads() -> int:
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def _device_id(device: str | torch.device | None) -> int | None:
+    """None for the CPU, the CUDA index for a CUDA device; anything else is a ConfigError."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"device {device!r} is not a torch device ({e})") from None
+    if dev.type == "cpu":
+        return None
+    if dev.type != "cuda":
+        raise ConfigError(f"the DALI loader runs on 'cpu' or a CUDA device, not {device!r}")
+    return dev.index if dev.index is not None else torch.cuda.current_device()
