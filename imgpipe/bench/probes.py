@@ -23,6 +23,7 @@ wants to see what a slow disk does to a job) slow one rank on purpose; nothing e
 from __future__ import annotations
 
 import io
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ import numpy as np
 from imgpipe.errors import DatasetError
 from imgpipe.manifest import load_manifest
 from imgpipe.recordio import read_index, read_record_at, unpack_header
+from imgpipe.sampler import rank_indices
+from imgpipe.seeding import sample_rng
+from imgpipe.transforms import TrainGeometry
 
 READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
 STAGES = ("read", "decode", "collate", "h2d", "compute", "sync")
@@ -109,7 +113,7 @@ class TimedDataset:
     def __init__(self, source: RecordSource, indices: np.ndarray, image_size: int, seed: int) -> None:
         self.source = source
         self.indices = indices
-        self.image_size = image_size
+        self.geometry = TrainGeometry(image_size=image_size)
         self.seed = seed
 
     def __len__(self) -> int:
@@ -119,37 +123,24 @@ class TimedDataset:
         from PIL import Image
 
         t0 = time.perf_counter()
-        record = self.source.read(int(self.indices[position]))
+        index = int(self.indices[position])
+        record = self.source.read(index)
         t1 = time.perf_counter()
         header, payload = unpack_header(record)
-        rng = np.random.default_rng([self.seed, position])
+        size = self.geometry.image_size
         with Image.open(io.BytesIO(payload)) as img:
-            img.draft("RGB", (self.image_size, self.image_size))
-            image = _random_resized_crop(img.convert("RGB"), self.image_size, rng)
-        if rng.random() < 0.5:
+            stored = img.size
+            crop = self.geometry.sample(stored[0], stored[1], sample_rng(self.seed, 0, index))
+            # decode reduced in the DCT domain when the crop will be downscaled anyway
+            img.draft("RGB", (math.ceil(stored[0] * size / crop.width), math.ceil(stored[1] * size / crop.height)))
+            sx, sy = img.width / stored[0], img.height / stored[1]
+            box = (crop.left * sx, crop.top * sy, (crop.left + crop.width) * sx, (crop.top + crop.height) * sy)
+            image = img.convert("RGB").resize((size, size), Image.Resampling.BILINEAR, box=box)
+        if crop.flip:
             image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         tensor = _to_chw(image)
         t2 = time.perf_counter()
         return tensor, int(header.label), t1 - t0, t2 - t1
-
-
-def _random_resized_crop(img: Any, size: int, rng: np.random.Generator, scale: tuple[float, float] = (0.08, 1.0)) -> Any:
-    """torchvision's RandomResizedCrop geometry (10 tries, then the centre crop)."""
-    width, height = img.size
-    area = width * height
-    log_ratio = np.log([3 / 4, 4 / 3])
-    for _ in range(10):
-        target = area * rng.uniform(*scale)
-        ratio = float(np.exp(rng.uniform(*log_ratio)))
-        w = int(round(np.sqrt(target * ratio)))
-        h = int(round(np.sqrt(target / ratio)))
-        if 0 < w <= width and 0 < h <= height:
-            x = int(rng.integers(0, width - w + 1))
-            y = int(rng.integers(0, height - h + 1))
-            return img.resize((size, size), box=(x, y, x + w, y + h))
-    side = min(width, height)
-    x, y = (width - side) // 2, (height - side) // 2
-    return img.resize((size, size), box=(x, y, x + side, y + side))
 
 
 def _to_chw(image: Any) -> Any:
@@ -174,14 +165,17 @@ def timed_collate(items: list[tuple[Any, int, float, float]]) -> dict[str, Any]:
     }
 
 
-def rank_indices(length: int, rank: int, world_size: int, count: int, seed: int) -> np.ndarray:
-    """``count`` record indices for ``rank``: its strided part of a seeded permutation, repeated as needed."""
-    if length == 0:
-        raise DatasetError("the split has no records to benchmark")
-    order = np.random.default_rng(seed).permutation(length)
-    mine = order[rank::world_size] if length >= world_size else order
-    repeats = -(-count // mine.size)
-    return np.tile(mine, repeats)[:count]
+def bench_indices(n: int, *, rank: int, world_size: int, batch_size: int, count: int, seed: int) -> np.ndarray:
+    """``count`` record indices for ``rank``: its part of epoch 0, 1, ... as the loaders shard them."""
+    parts, total, epoch = [], 0, 0
+    while total < count:
+        part = rank_indices(n, seed=seed, epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size)
+        if part.size == 0:
+            raise DatasetError(f"{n} records give rank {rank} of {world_size} no full batch of {batch_size}; lower --batch-size")
+        parts.append(part)
+        total += part.size
+        epoch += 1
+    return np.concatenate(parts)[:count]
 
 
 # ----------------------------------------------------------------------------- per-step records

@@ -1,0 +1,440 @@
+"""``imgpipe pack``: scan a source tree, plan shards, write them in parallel, resume, finalize.
+
+Flow: ``source.scan`` -> ``plan.make_plan`` (pure function of the options) -> check DST
+against the journal (same options, or ``--overwrite``) -> free-space check and slow-disk
+warning -> worker processes each write whole shards (``shardwriter``) -> when every shard
+of the plan is journaled, the sidecars and ``manifest.json`` are written (atomically, last).
+
+A rerun skips journaled shards, so a pack killed at any moment and rerun with the same
+arguments ends byte-identical to an uninterrupted one. With ``num_nodes=N`` node ``i``
+writes the shards whose global index (over all splits) is ``i mod N``; whichever node
+completes the journal writes the manifest, or ``finalize=True`` does it afterwards.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import multiprocessing as mp
+import os
+import queue as queue_module
+import re
+import shutil
+import threading
+import time
+from collections import Counter
+from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from imgpipe import source
+from imgpipe.diskinfo import check_free_space, warn_if_slow
+from imgpipe.errors import ImgpipeError, PackError
+from imgpipe.journal import JOURNAL_DIR, Journal, ShardResult
+from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped, SplitInfo, atomic_write_bytes, write_manifest
+from imgpipe.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size
+from imgpipe.shardwriter import ShardJob, init_worker, tmp_names, write_shard, write_shard_in_worker
+
+logger = logging.getLogger(__name__)
+
+SHARD_FILE = re.compile(r"^[^/]+-\d{5}-of-\d{5}\.(rec|idx)$")
+SIDECAR_SUFFIXES = (".sources.txt", ".labels.npy", ".crc32.npy")
+
+
+@dataclass
+class PackReport:
+    """What a pack run did. ``images``/``source_bytes``/``seconds`` cover the shards written by this run."""
+
+    dst: Path
+    records: dict[str, int] = field(default_factory=dict)  # per split; empty until the manifest is written
+    skipped: list[Skipped] = field(default_factory=list)
+    actions: dict[str, int] = field(default_factory=dict)
+    repairs: dict[str, int] = field(default_factory=dict)
+    shards_total: int = 0
+    shards_written: int = 0
+    shards_reused: int = 0
+    shards_pending: list[str] = field(default_factory=list)  # not yet written by any node
+    images: int = 0
+    source_bytes: int = 0
+    seconds: float = 0.0
+    manifest: Path | None = None
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.source_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self, show_skipped: int = 5) -> str:
+        """A few lines for humans: records per split, skips with reasons, speed."""
+        lines = []
+        if self.manifest is not None:
+            per_split = ", ".join(f"{split} {n:,}" for split, n in self.records.items())
+            lines.append(f"packed {sum(self.records.values()):,} records ({per_split}) into {self.dst}")
+        else:
+            lines.append(f"wrote {self.shards_written} shard(s) into {self.dst}; {len(self.shards_pending)} still to be written by other nodes")
+        lines.append(
+            f"shards: {self.shards_written} written, {self.shards_reused} already done, {self.shards_total} in the plan; "
+            f"{self.images:,} images in {self.seconds:.1f} s ({self.images_per_s:,.0f} images/s, {self.mb_per_s:,.1f} MB/s)"
+        )
+        changed = {k: v for k, v in self.actions.items() if k != "kept" and v}
+        if changed:
+            lines.append("changed: " + ", ".join(f"{n:,} {action}" for action, n in changed.items()))
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped)} file(s):")
+            lines += [f"  {s.split}: {s.path}: {s.reason}" for s in self.skipped[:show_skipped]]
+            if len(self.skipped) > show_skipped:
+                lines.append(f"  ... and {len(self.skipped) - show_skipped} more (see 'imgpipe info {self.dst}')")
+        return "\n".join(lines)
+
+
+def pack(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    splits: Sequence[str] | None = None,
+    shard_size: str | int | None = None,
+    shards: str | int | None = None,
+    workers: int | None = None,
+    resize: int | None = None,
+    quality: int = 95,
+    shuffle: bool = True,
+    seed: int = 0,
+    overwrite: bool = False,
+    strict: bool = False,
+    num_nodes: int = 1,
+    node_rank: int = 0,
+    finalize: bool = False,
+    progress: bool = True,
+) -> PackReport:
+    """Pack ``src`` into RecordIO shards in ``dst``; see the module docstring. Raises PackError/DatasetError."""
+    started = time.monotonic()
+    src_path, dst_path = Path(os.path.abspath(src)), Path(os.path.abspath(dst))
+    _check_arguments(src_path, dst_path, workers, resize, quality, num_nodes, node_rank, overwrite)
+    plan = _plan(src_path, splits, shard_size, shards, resize, quality, shuffle, seed)
+    dst_path.mkdir(parents=True, exist_ok=True)
+    journal = Journal(dst_path)
+    if overwrite:
+        remove_pack_outputs(dst_path)
+    _check_journal(journal, plan)
+    lock_fd = journal.lock(node_rank)
+    try:
+        report = PackReport(dst=dst_path, shards_total=len(plan.shards))
+        mine = [] if finalize else [s for k, s in enumerate(plan.shards) if k % num_nodes == node_rank]
+        _remove_stale_tmp(dst_path, mine, everything=num_nodes == 1 or finalize)
+        todo = [s for s in mine if not _finished(journal, dst_path, s)]
+        report.shards_reused = len(mine) - len(todo)
+        if todo:
+            needed = sum(int(plan.splits[s.split].sizes[s.start : s.stop].sum()) for s in todo)
+            check_free_space(dst_path, needed, what=f"{len(todo)} shard(s) to write")
+            warn_if_slow(dst_path)
+            _write_shards(plan, todo, src_path, dst_path, resize, quality, workers, progress, report)
+        report.seconds = time.monotonic() - started
+        pending = [s.name for s in plan.shards if journal.read_entry(s.name) is None]
+        report.shards_pending = pending
+        if pending and (finalize or num_nodes == 1):
+            raise PackError(
+                f"{dst_path}: {len(pending)} shard(s) are not written yet (e.g. {pending[0]}); "
+                f"run every --node-rank 0..{num_nodes - 1} first, then --finalize"
+            )
+        if not pending:
+            _finalize(plan, journal, src_path, dst_path, report)
+    finally:
+        os.close(lock_fd)
+    logger.info("%s", report.summary())
+    if strict and report.skipped:
+        first = report.skipped[0]
+        raise PackError(
+            f"--strict: {len(report.skipped)} source file(s) were skipped (first: {first.split}/{first.path}: {first.reason}); "
+            f"fix or remove them, or pack without --strict"
+        )
+    return report
+
+
+def _check_arguments(
+    src: Path, dst: Path, workers: int | None, resize: int | None, quality: int, num_nodes: int, node_rank: int, overwrite: bool
+) -> None:
+    if not src.is_dir():
+        raise PackError(f"SRC {src}: no such folder; give the ImageNet root, the Kaggle download or a folder of class folders")
+    if dst == src or src in dst.parents:
+        raise PackError(f"DST {dst} is inside SRC {src}; choose a DST outside the source tree")
+    if workers is not None and workers < 1:
+        raise PackError(f"--workers {workers}: need at least 1")
+    if resize is not None and resize < 1:
+        raise PackError(f"--resize {resize}: the shorter side must be at least 1 pixel")
+    if not 1 <= quality <= 100:
+        raise PackError(f"--quality {quality}: use a JPEG quality from 1 to 100")
+    if num_nodes < 1 or not 0 <= node_rank < num_nodes:
+        raise PackError(f"--node-rank {node_rank} must be in 0..{num_nodes - 1} (--num-nodes {num_nodes})")
+    if overwrite and num_nodes > 1:
+        raise PackError("--overwrite with --num-nodes > 1 would let one node delete another's shards; empty DST once before starting the nodes")
+
+
+def _plan(
+    src: Path, splits: Sequence[str] | None, shard_size: str | int | None, shards: str | int | None,
+    resize: int | None, quality: int, shuffle: bool, seed: int,
+) -> PackPlan:
+    tree = source.scan(src, splits)
+    items = {name: (s.paths, s.labels) for name, s in tree.splits.items() if len(s.paths)}
+    for name in tree.splits.keys() - items.keys():
+        logger.warning("split %s has no images in %s; it is left out", name, src)
+    if not items:
+        raise PackError(f"SRC {src}: no images found ({tree.layout} layout); check the path and the file extensions")
+    counts = parse_shard_counts(shards, list(items))
+    size = None if counts is not None else parse_size(shard_size if shard_size is not None else DEFAULT_SHARD_SIZE)
+    options: dict[str, Any] = {
+        "splits": list(items),
+        "shard_size": size,
+        "shards": counts,
+        "resize": resize,
+        "quality": quality,
+        "shuffle": shuffle,
+        "seed": seed,
+    }
+    return make_plan(
+        tree.root, tree.classes, items, options=options, shard_size=size or 1, shard_counts=counts, shuffle=shuffle, seed=seed
+    )
+
+
+def _check_journal(journal: Journal, plan: PackPlan) -> None:
+    """Refuse a DST packed with other options; start a journal in an unused DST."""
+    stored = journal.read_plan()
+    if stored is None:
+        leftovers = [p.name for p in journal.dst.iterdir() if _is_pack_output(p.name)]
+        if leftovers:
+            raise PackError(
+                f"DST {journal.dst} already holds packed files ({leftovers[0]}) from an unknown pack: pass --overwrite to start again"
+            )
+        journal.write_plan(plan.options, plan.fingerprint)
+        return
+    if stored.get("options") != plan.options:
+        old = stored.get("options") or {}
+        diffs = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in plan.options.items() if old.get(k) != v]
+        raise PackError(f"DST {journal.dst} was packed with different options ({'; '.join(diffs)}): pass --overwrite to start again")
+    if stored.get("fingerprint") != plan.fingerprint:
+        raise PackError(
+            f"DST {journal.dst} was packed from a different source tree (files added, removed or changed size since): "
+            "pass --overwrite to start again"
+        )
+
+
+def _is_pack_output(name: str) -> bool:
+    return name == MANIFEST_NAME or name == JOURNAL_DIR or bool(SHARD_FILE.match(name)) or name.endswith(SIDECAR_SUFFIXES)
+
+
+def remove_pack_outputs(dst: Path) -> None:
+    """Delete what a pack writes in ``dst`` (shards, sidecars, manifest, journal, temp files); nothing else."""
+    for path in dst.iterdir():
+        if path.name == JOURNAL_DIR:
+            shutil.rmtree(path)
+        elif _is_pack_output(path.name) or (path.name.startswith(".") and path.name.endswith(".tmp")):
+            path.unlink()
+
+
+def _remove_stale_tmp(dst: Path, mine: Iterable[ShardSpec], everything: bool) -> None:
+    """Remove temp files a killed run left: of this node's shards, or all of them for a single node."""
+    stale = [p for spec in mine for p in tmp_names(dst, spec)]
+    if everything:
+        stale += [p for folder in (dst, dst / JOURNAL_DIR) if folder.is_dir() for p in folder.glob(".*.tmp")]
+    for path in stale:
+        if path.exists():
+            logger.debug("removing %s left by an interrupted run", path)
+            path.unlink(missing_ok=True)
+
+
+def _finished(journal: Journal, dst: Path, spec: ShardSpec) -> bool:
+    """A shard is done when it is journaled and both files have the journaled sizes."""
+    entry = journal.read_entry(spec.name)
+    if entry is None:
+        return False
+    try:
+        sizes = ((dst / spec.rec_name).stat().st_size, (dst / spec.idx_name).stat().st_size)
+    except FileNotFoundError:
+        sizes = None
+    if sizes == (entry.bytes, entry.index_bytes):
+        return True
+    logger.warning("%s: journaled but its files are missing or changed size; writing it again", spec.name)
+    journal.entry_path(spec.name).unlink(missing_ok=True)
+    return False
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _jobs(plan: PackPlan, todo: Sequence[ShardSpec], src: Path, dst: Path, resize: int | None, quality: int) -> list[ShardJob]:
+    jobs = []
+    for spec in todo:
+        split = plan.splits[spec.split]
+        jobs.append(
+            ShardJob(dst, src, spec, split.paths[spec.start : spec.stop], split.labels[spec.start : spec.stop].tolist(), resize, quality)
+        )
+    return jobs
+
+
+def _write_shards(
+    plan: PackPlan, todo: Sequence[ShardSpec], src: Path, dst: Path, resize: int | None, quality: int,
+    workers: int | None, progress: bool, report: PackReport,
+) -> None:
+    jobs = _jobs(plan, todo, src, dst, resize, quality)
+    workers = min(workers or _cpu_count(), len(jobs))
+    total_bytes = sum(int(plan.splits[s.split].sizes[s.start : s.stop].sum()) for s in todo)
+    bar = tqdm(total=sum(s.items for s in todo), unit="img", desc="pack", disable=not progress, dynamic_ncols=True, smoothing=0.1)
+    started = time.monotonic()
+    done_bytes = [0]
+
+    def advance(images: int, nbytes: int) -> None:
+        done_bytes[0] += nbytes
+        elapsed = max(time.monotonic() - started, 1e-9)
+        bar.set_postfix_str(f"{done_bytes[0] / 1e6 / elapsed:.1f} MB/s of {total_bytes / 1e6:,.0f} MB", refresh=False)
+        bar.update(images)
+
+    logger.info("writing %d shard(s) of %d with %d worker(s) into %s", len(jobs), report.shards_total, workers, dst)
+    try:
+        if workers == 1:
+            for job in jobs:
+                _collect(_run_inline(job, advance), report)
+        else:
+            _run_pool(jobs, workers, advance, report)
+    except BaseException:
+        for spec in todo:
+            if Journal(dst).read_entry(spec.name) is None:
+                for path in tmp_names(dst, spec):
+                    path.unlink(missing_ok=True)
+        raise
+    finally:
+        bar.close()
+
+
+def _run_inline(job: ShardJob, advance: Any) -> ShardResult:
+    try:
+        return write_shard(job, advance)
+    except ImgpipeError:
+        raise
+    except Exception as e:
+        raise PackError(f"writing shard {job.spec.name} failed: {type(e).__name__}: {e}") from e
+
+
+def _run_pool(jobs: Sequence[ShardJob], workers: int, advance: Any, report: PackReport) -> None:
+    context = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    updates = context.Queue()
+    stop = threading.Event()
+
+    def drain() -> None:
+        while not stop.is_set() or not updates.empty():
+            try:
+                images, nbytes = updates.get(timeout=0.1)
+            except queue_module.Empty:
+                continue
+            advance(images, nbytes)
+
+    drainer = threading.Thread(target=drain, name="imgpipe-pack-progress", daemon=True)
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker, initargs=(updates, os.getpid()))
+    futures: dict[Future, ShardJob] = {}
+    try:
+        futures = {pool.submit(write_shard_in_worker, job): job for job in jobs}
+        drainer.start()
+        remaining = set(futures)
+        while remaining:
+            done, remaining = wait(remaining, return_when=FIRST_EXCEPTION)
+            for future in done:
+                job = futures[future]
+                try:
+                    _collect(future.result(), report)
+                except BrokenProcessPool:
+                    raise PackError(
+                        f"a pack worker died while writing {job.spec.name} (killed, or out of memory?); rerun to resume"
+                    ) from None
+                except ImgpipeError:
+                    raise
+                except Exception as e:
+                    raise PackError(f"writing shard {job.spec.name} failed: {type(e).__name__}: {e}") from e
+    except BaseException:
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.kill()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    else:
+        pool.shutdown(wait=True)
+    finally:
+        stop.set()
+        if drainer.is_alive():
+            drainer.join()
+        updates.close()
+
+
+def _collect(result: ShardResult, report: PackReport) -> None:
+    report.shards_written += 1
+    report.images += result.records + len(result.skipped)
+    report.source_bytes += result.source_bytes
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+# ----------------------------------------------------------------------------- finalize
+
+
+def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: PackReport) -> None:
+    """Write the sidecars and the manifest from the journal (deterministic bytes)."""
+    splits: dict[str, SplitInfo] = {}
+    skipped: list[Skipped] = []
+    actions: Counter[str] = Counter()
+    repairs: Counter[str] = Counter()
+    for name, split in plan.splits.items():
+        kept: list[np.ndarray] = []
+        crcs: list[int] = []
+        shard_infos = []
+        for spec in split.shards:
+            entry = journal.read_entry(spec.name)
+            assert entry is not None  # checked by the caller
+            gone = {pos for pos, _ in entry.skipped}
+            positions = np.array([p for p in range(spec.start, spec.stop) if p not in gone], dtype=np.int64)
+            kept.append(positions)
+            crcs += entry.crc32
+            skipped += [Skipped(name, split.paths[pos], reason) for pos, reason in entry.skipped]
+            actions.update(entry.actions)
+            repairs.update(entry.repairs)
+            shard_infos.append(
+                ShardInfo(spec.rec_name, spec.idx_name, entry.records, entry.bytes, entry.sha256, entry.index_bytes, entry.index_sha256)
+            )
+        order = np.concatenate(kept)
+        sources = "".join(split.paths[p] + "\n" for p in order.tolist()).encode("utf-8", "surrogateescape")
+        splits[name] = SplitInfo(
+            shards=shard_infos,
+            sources=f"{name}.sources.txt",
+            sources_sha256=_write_sidecar(dst / f"{name}.sources.txt", sources),
+            labels=f"{name}.labels.npy",
+            labels_sha256=_write_sidecar(dst / f"{name}.labels.npy", _npy_bytes(split.labels[order].astype(np.int32))),
+            checksums=f"{name}.crc32.npy",
+            checksums_sha256=_write_sidecar(dst / f"{name}.crc32.npy", _npy_bytes(np.array(crcs, dtype=np.uint32))),
+        )
+        report.records[name] = int(order.size)
+    manifest = Manifest(classes=plan.classes, splits=splits, options=plan.options, source=str(src), skipped=skipped)
+    report.manifest = write_manifest(dst, manifest)
+    report.skipped = skipped
+    report.actions = dict(sorted(actions.items()))
+    report.repairs = dict(sorted(repairs.items()))
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _write_sidecar(path: Path, data: bytes) -> str:
+    import hashlib
+
+    atomic_write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest()

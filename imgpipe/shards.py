@@ -1,0 +1,334 @@
+"""ShardSet: the records of one split, from a packed folder or bare .rec/.idx files, as one indexed sequence.
+
+The whole index lives in a few numpy arrays (shard number, start and end offset, key per
+record: about 28 bytes a record), so workers never hold per-record Python objects and a
+forked worker's memory stays flat. Files are opened lazily in each process: the set
+remembers the pid that opened them, reopens after a fork, and pickles without them.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import hashlib
+import logging
+import os
+import struct
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from imgpipe import recordio
+from imgpipe.errors import DatasetError, RecordIOError
+from imgpipe.manifest import Manifest, atomic_write_bytes, load_manifest, manifest_path
+
+logger = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike
+_LABEL_PROBE = recordio.FRAME_HEADER.size + recordio.IR_SIZE
+
+
+class ShardSet:
+    """The records of one split in record order: ``len()``, ``labels``, ``classes``, ``read(i)``."""
+
+    def __init__(
+        self,
+        rec_paths: Sequence[Path],
+        shard: np.ndarray,
+        offsets: np.ndarray,
+        ends: np.ndarray,
+        keys: np.ndarray,
+        *,
+        split: str,
+        labels: np.ndarray | None = None,
+        classes: list[str] | None = None,
+        sources_path: Path | None = None,
+    ) -> None:
+        self.rec_paths = [Path(p) for p in rec_paths]
+        self.split = split
+        self.classes = classes
+        self._shard, self._offsets, self._ends, self._keys = shard, offsets, ends, keys
+        self._labels = labels
+        self._sources_path = sources_path
+        self._sources: tuple[bytes, np.ndarray] | None = None
+        self._fds: dict[int, int] = {}
+        self._pid = os.getpid()
+
+    # ------------------------------------------------------------------ sequence
+
+    def __len__(self) -> int:
+        return int(self._offsets.size)
+
+    def __repr__(self) -> str:
+        return f"ShardSet({self.split!r}, {len(self)} records in {len(self.rec_paths)} .rec files)"
+
+    @property
+    def labels(self) -> np.ndarray:
+        """The label of every record, in record order (int64); read from the IRHeaders if there is no sidecar."""
+        if self._labels is None:
+            self._labels = self._labels_from_headers()
+        return self._labels
+
+    @property
+    def keys(self) -> np.ndarray:
+        """The .idx key (IRHeader id) of every record, in record order (int64)."""
+        return self._keys
+
+    def location(self, i: int) -> tuple[int, int, int]:
+        """(shard number, start offset, end offset) of record ``i``."""
+        i = self._check_index(i)
+        return int(self._shard[i]), int(self._offsets[i]), int(self._ends[i])
+
+    def read(self, i: int) -> tuple[recordio.IRHeader, bytes]:
+        """The IRHeader and payload of record ``i``: one ``pread`` of its bytes, then parsing."""
+        shard, start, end = self.location(i)
+        path = self.rec_paths[shard]
+        buf = os.pread(self._fd(shard), end - start, start)
+        record, _ = recordio.parse_record(buf, 0, len(buf), path, base=start)
+        return recordio.unpack_header(record, path, start)
+
+    def source(self, i: int) -> str | None:
+        """The source path of record ``i`` (relative to the pack's source root), if a sidecar exists."""
+        i = self._check_index(i)
+        if self._sources_path is None:
+            return None
+        if self._sources is None:
+            self._sources = _load_lines(self._sources_path, len(self))
+        blob, starts = self._sources
+        return blob[starts[i] : starts[i + 1]].rstrip(b"\r\n").decode("utf-8", "replace")
+
+    def describe(self, i: int) -> str:
+        """Where record ``i`` lives, for error messages."""
+        shard, start, _ = self.location(i)
+        where = f"{self.rec_paths[shard].name} record {int(i)} (id {int(self._keys[i])}, offset {start}"
+        try:
+            source = self.source(i)
+        except (OSError, DatasetError):
+            source = None
+        return where + (f", source {source})" if source else ")")
+
+    # ------------------------------------------------------------------ DALI
+
+    def dali_index_path(self) -> Path:
+        """One index for all .rec files, offsets running on across them in order, as DALI's mxnet reader needs.
+
+        DALI's ``RecordIOLoader::ReadIndexFile`` accepts exactly one index file, sorts its
+        offsets and maps each to a file by the cumulative sizes of the ``.rec`` paths in the
+        order given. The file is written atomically next to the shards (or under
+        ``$XDG_CACHE_HOME/imgpipe`` when that folder is read-only) and reused while the
+        shards are unchanged.
+        """
+        sizes = np.array([p.stat().st_size for p in self.rec_paths], dtype=np.int64)
+        fingerprint = hashlib.sha256()
+        for path, size in zip(self.rec_paths, sizes.tolist()):
+            fingerprint.update(f"{path.resolve()}\0{size}\0{path.stat().st_mtime_ns}\n".encode())
+        tag = fingerprint.hexdigest()[:16]
+        name = f"{self.split}.{tag}.dali-index"
+        candidates = [self.rec_paths[0].parent / name, _cache_dir() / name]
+        for candidate in candidates:
+            if candidate.is_file():
+                return candidate
+        base = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        text = "".join(f"{k}\t{o}\n" for k, o in enumerate((base[self._shard] + self._offsets).tolist())).encode("ascii")
+        for candidate in candidates:
+            try:
+                candidate.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(candidate, text)
+                return candidate
+            except OSError as e:
+                logger.debug("cannot write the DALI index at %s: %s", candidate, e)
+        raise DatasetError(f"cannot write a DALI index next to {self.rec_paths[0]} nor in {candidates[-1].parent}; set XDG_CACHE_HOME")
+
+    # ------------------------------------------------------------------ process safety
+
+    def _fd(self, shard: int) -> int:
+        pid = os.getpid()
+        if pid != self._pid:  # forked: the inherited descriptors share file offsets with the parent
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds, self._pid = {}, pid
+        fd = self._fds.get(shard)
+        if fd is None:
+            try:
+                fd = os.open(self.rec_paths[shard], os.O_RDONLY)
+            except OSError as e:
+                raise DatasetError(f"{self.rec_paths[shard]}: cannot open shard ({e.strerror})") from None
+            self._fds[shard] = fd
+        return fd
+
+    def close(self) -> None:
+        """Close the files this process opened (they reopen on the next read)."""
+        if self._pid == os.getpid():
+            for fd in self._fds.values():
+                os.close(fd)
+        self._fds = {}
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_fds"], state["_sources"] = {}, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pid = os.getpid()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _check_index(self, i: int) -> int:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"record {i} is out of range for {n} records of split {self.split!r}")
+        return int(i) % n
+
+    def _labels_from_headers(self) -> np.ndarray:
+        labels = np.empty(len(self), dtype=np.int64)
+        for i in range(len(self)):
+            labels[i] = self._label_of(i)
+        return labels
+
+    def _label_of(self, i: int) -> int:
+        shard, start, end = self.location(i)
+        head = os.pread(self._fd(shard), min(_LABEL_PROBE, end - start), start)
+        if len(head) == _LABEL_PROBE:
+            magic, lrec = recordio.FRAME_HEADER.unpack_from(head)
+            flag, label = struct.unpack_from("<If", head, recordio.FRAME_HEADER.size)
+            whole_header = (lrec & recordio.LENGTH_MASK) >= recordio.IR_SIZE
+            if magic == recordio.MAGIC and whole_header and flag == 0:
+                return _integral_label(label, self, i)
+        header, _ = self.read(i)
+        label = header.label if header.flag == 0 else (header.label[0] if len(header.label) else float("nan"))
+        return _integral_label(float(label), self, i)
+
+
+def _integral_label(label: float, shards: ShardSet, i: int) -> int:
+    if not np.isfinite(label) or label != int(label) or label < 0:
+        raise DatasetError(f"{shards.describe(i)}: label {label} is not a class index")
+    return int(label)
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "imgpipe"
+
+
+def _load_lines(path: Path, count: int) -> tuple[bytes, np.ndarray]:
+    """A text file as one blob and the start offset of each line (plus the end): no per-line objects."""
+    try:
+        blob = path.read_bytes()
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read the sources sidecar ({e.strerror})") from None
+    newlines = np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) == ord("\n"))
+    if blob and not blob.endswith(b"\n"):
+        newlines = np.append(newlines, len(blob) - 1)
+    if newlines.size != count:
+        raise DatasetError(f"{path}: {newlines.size} source lines for {count} records; rerun 'imgpipe pack'")
+    starts = np.concatenate([[0], newlines + 1]).astype(np.int64)
+    return blob, starts
+
+
+# ---------------------------------------------------------------------- opening
+
+
+def open_shards(path: PathLike | Sequence[PathLike], split: str = "train") -> ShardSet:
+    """Open a packed folder (with manifest.json), or bare .rec files with their .idx (path, list or glob)."""
+    if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
+        if manifest_path(path).is_file():
+            return _open_packed(Path(path), split)
+        recs = sorted(Path(path).glob("*.rec"))
+        if not recs:
+            raise DatasetError(f"{path}: no manifest.json and no .rec files; is it a folder made by 'imgpipe pack'?")
+        return _open_bare(recs, split)
+    return _open_bare(_expand(path), split)
+
+
+def _expand(path: PathLike | Sequence[PathLike]) -> list[Path]:
+    items = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    if not items:
+        raise DatasetError("no .rec files given")
+    recs: list[Path] = []
+    for item in items:
+        text = os.fspath(item)
+        if globlib.has_magic(text):
+            matches = sorted(globlib.glob(text))
+            if not matches:
+                raise DatasetError(f"{text}: the pattern matches no files")
+            recs.extend(Path(m) for m in matches)
+        else:
+            recs.append(Path(text))
+    for rec in recs:
+        if rec.suffix != ".rec":
+            raise DatasetError(f"{rec}: expected a .rec file (or a folder made by 'imgpipe pack')")
+        if not rec.is_file():
+            raise DatasetError(f"{rec}: no such file")
+    return recs
+
+
+def _open_packed(folder: Path, split: str) -> ShardSet:
+    manifest: Manifest = load_manifest(folder)
+    if split not in manifest.splits:
+        raise DatasetError(f"{manifest_path(folder)}: no split {split!r} (it has {', '.join(sorted(manifest.splits)) or 'none'})")
+    info = manifest.splits[split]
+    recs = [folder / s.name for s in info.shards]
+    shard, offsets, ends, keys = _index_arrays(recs, [folder / s.index for s in info.shards], [s.records for s in info.shards])
+    labels = _load_labels(folder / info.labels, len(offsets), len(manifest.classes))
+    return ShardSet(recs, shard, offsets, ends, keys, split=split, labels=labels, classes=list(manifest.classes), sources_path=folder / info.sources)
+
+
+def _open_bare(recs: list[Path], split: str) -> ShardSet:
+    idxs = [rec.with_suffix(".idx") for rec in recs]
+    shard, offsets, ends, keys = _index_arrays(recs, idxs, None)
+    return ShardSet(recs, shard, offsets, ends, keys, split=split)
+
+
+def _index_arrays(
+    recs: list[Path], idxs: list[Path], expected: list[int] | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    shards, offsets, ends, keys = [], [], [], []
+    for number, (rec, idx) in enumerate(zip(recs, idxs)):
+        if not rec.is_file():
+            raise DatasetError(f"{rec}: shard is missing; run 'imgpipe verify' on its folder")
+        if not idx.is_file():
+            raise DatasetError(f"{idx}: index is missing for {rec.name}; rebuild it (im2rec --pack-label or 'imgpipe pack')")
+        try:
+            key, offset = recordio.read_index(idx)
+        except RecordIOError as e:
+            raise DatasetError(str(e)) from None
+        if expected is not None and key.size != expected[number]:
+            raise DatasetError(f"{idx}: {key.size} records, the manifest says {expected[number]}; run 'imgpipe verify'")
+        size = rec.stat().st_size
+        if offset.size and offset.max() >= size:
+            raise DatasetError(f"{idx}: offset {int(offset.max())} is past the end of {rec.name} ({size} bytes); rebuild the index")
+        order = np.argsort(offset, kind="stable")
+        end_sorted = np.append(offset[order][1:], size)
+        end = np.empty_like(offset)
+        end[order] = end_sorted
+        shards.append(np.full(offset.size, number, dtype=np.int32))
+        offsets.append(offset)
+        ends.append(end)
+        keys.append(key)
+    if not shards:
+        empty = np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int32), empty, empty.copy(), empty.copy()
+    return np.concatenate(shards), np.concatenate(offsets), np.concatenate(ends), np.concatenate(keys)
+
+
+def _load_labels(path: Path, count: int, classes: int) -> np.ndarray:
+    try:
+        labels = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: labels sidecar is missing; rerun 'imgpipe pack'") from None
+    except (OSError, ValueError) as e:
+        raise DatasetError(f"{path}: unreadable labels sidecar ({e}); rerun 'imgpipe pack'") from None
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise DatasetError(f"{path}: labels must be a 1-D integer array, got {labels.dtype} {labels.shape}")
+    if labels.size != count:
+        raise DatasetError(f"{path}: {labels.size} labels for {count} records; rerun 'imgpipe pack'")
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        raise DatasetError(f"{path}: labels must lie in 0..{classes - 1}, found {int(labels.min())}..{int(labels.max())}")
+    return labels.astype(np.int64)

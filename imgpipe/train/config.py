@@ -1,0 +1,257 @@
+"""The training configuration: YAML (``yaml.safe_load``) -> typed dataclasses, ``--set`` overrides, checks.
+
+Sections: ``data``, ``model``, ``optim``, ``train``, ``output``. An unknown section or key is a
+ConfigError naming it (with the closest valid key); a value of the wrong type names the key and
+the type it needs. ``default_yaml()`` is what ``imgpipe train --print-config`` prints.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from imgpipe.errors import ConfigError
+
+
+@dataclass
+class DataConfig:
+    """Where the packed dataset is and how to load it."""
+
+    path: str = ""
+    backend: str = "torch"  # torch | dali
+    workers: int = 4
+    image_size: int = 224
+    train_split: str = "train"
+    val_split: str = "val"
+
+
+@dataclass
+class ModelConfig:
+    """Any torchvision classification model; num_classes comes from the manifest unless set."""
+
+    name: str = "resnet50"
+    num_classes: int | None = None
+
+
+@dataclass
+class OptimConfig:
+    """SGD; lr = base_lr * global_batch / 256; no weight decay on BN and bias parameters."""
+
+    base_lr: float = 0.1
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float = 1e-4
+    warmup_epochs: float = 5.0
+    schedule: str = "cosine"  # cosine | step
+    step_epochs: list[int] = field(default_factory=lambda: [30, 60, 80])
+    step_gamma: float = 0.1
+    label_smoothing: float = 0.1
+
+
+@dataclass
+class TrainSection:
+    """How to run: epochs, per-process batch size, precision, distributed options."""
+
+    epochs: int = 90
+    batch_size: int = 64  # per process
+    max_steps: int | None = None  # stop after this many optimizer steps (smoke runs)
+    grad_accum: int = 1
+    amp: str = "none"  # none | bf16 | fp16
+    channels_last: bool = False
+    sync_bn: bool = False
+    find_unused_parameters: bool = False
+    seed: int = 0
+    deterministic: bool = False
+    timeout_s: float = 1800.0  # process-group timeout
+    log_every: int = 50
+    validate: bool = True
+
+
+@dataclass
+class OutputConfig:
+    """Where the run writes config.yaml, metrics.jsonl, TensorBoard events and checkpoints."""
+
+    dir: str = "runs/imgpipe"
+    checkpoint_every_steps: int = 0  # 0 = only at epoch ends (see checkpoint_every_epochs)
+    checkpoint_every_epochs: int = 1
+    resume: str = "no"  # no | auto (resume when a checkpoint exists) | yes (must exist)
+    tensorboard: bool = True
+
+
+@dataclass
+class TrainConfig:
+    """The whole configuration of one training run."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainSection = field(default_factory=TrainSection)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+
+
+CHOICES = {
+    "data.backend": ("torch", "dali"),
+    "optim.schedule": ("cosine", "step"),
+    "train.amp": ("none", "bf16", "fp16"),
+    "output.resume": ("no", "auto", "yes"),
+}
+
+
+def default_yaml() -> str:
+    """The defaults, as YAML (what ``--print-config`` shows)."""
+    return TrainConfig().to_yaml()
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read ``path`` (or start from the defaults), apply ``section.key=value`` overrides, validate."""
+    raw: dict[str, Any] = {}
+    where = str(path) if path else "<defaults>"
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such config file") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections (data, model, optim, train, output)")
+        raw = loaded or {}
+    for item in overrides:
+        apply_override(raw, item)
+    return from_dict(raw, where)
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply one ``section.key=value`` (value parsed with yaml.safe_load) to a raw config dict."""
+    key, sep, value = item.partition("=")
+    section, dot, name = key.strip().partition(".")
+    if not sep or not dot or not section or not name:
+        raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. train.batch_size=128")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        parsed = value
+    target = raw.setdefault(section, {})
+    if not isinstance(target, dict):
+        raise ConfigError(f"--set {item!r}: section {section!r} is not a mapping")
+    target[name] = parsed
+
+
+def from_dict(raw: Mapping[str, Any], where: str = "<config>") -> TrainConfig:
+    """Build a TrainConfig from plain data, naming any unknown or mistyped key."""
+    config = TrainConfig()
+    sections = {f.name: f for f in fields(TrainConfig)}
+    for section, values in raw.items():
+        if section not in sections:
+            raise ConfigError(f"{where}: unknown section {section!r}{_suggest(str(section), sections)}")
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise ConfigError(f"{where}: section {section!r} must be a mapping of keys")
+        target = getattr(config, section)
+        hints = typing.get_type_hints(type(target))
+        for key, value in values.items():
+            if key not in hints:
+                valid = [f"{section}.{k}" for k in hints]
+                raise ConfigError(f"{where}: unknown key '{section}.{key}'{_suggest(f'{section}.{key}', valid)}")
+            setattr(target, key, _coerce(value, hints[key], f"{section}.{key}", where))
+    validate(config, where)
+    return config
+
+
+def validate(config: TrainConfig, where: str = "<config>") -> None:
+    """Check choices and ranges; every message names the key."""
+    for dotted, allowed in CHOICES.items():
+        section, key = dotted.split(".")
+        value = getattr(getattr(config, section), key)
+        if value not in allowed:
+            raise ConfigError(f"{where}: {dotted} must be one of {', '.join(allowed)}, got {value!r}")
+    positive = {
+        "data.image_size": config.data.image_size,
+        "train.epochs": config.train.epochs,
+        "train.batch_size": config.train.batch_size,
+        "train.grad_accum": config.train.grad_accum,
+        "train.timeout_s": config.train.timeout_s,
+        "train.log_every": config.train.log_every,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{where}: {key} must be > 0, got {value}")
+    for key, value in {
+        "data.workers": config.data.workers,
+        "optim.base_lr": config.optim.base_lr,
+        "optim.weight_decay": config.optim.weight_decay,
+        "optim.warmup_epochs": config.optim.warmup_epochs,
+        "output.checkpoint_every_steps": config.output.checkpoint_every_steps,
+        "output.checkpoint_every_epochs": config.output.checkpoint_every_epochs,
+    }.items():
+        if value < 0:
+            raise ConfigError(f"{where}: {key} must be >= 0, got {value}")
+    if config.train.max_steps is not None and config.train.max_steps <= 0:
+        raise ConfigError(f"{where}: train.max_steps must be > 0 or null, got {config.train.max_steps}")
+    if not 0.0 <= config.optim.label_smoothing < 1.0:
+        raise ConfigError(f"{where}: optim.label_smoothing must be in [0, 1), got {config.optim.label_smoothing}")
+    if config.model.num_classes is not None and config.model.num_classes < 2:
+        raise ConfigError(f"{where}: model.num_classes must be >= 2 or null (taken from the manifest)")
+
+
+def save_config(config: TrainConfig, folder: str | os.PathLike) -> Path:
+    """Write the resolved config as ``folder/config.yaml`` (atomically)."""
+    from imgpipe.manifest import atomic_write_bytes
+
+    path = Path(folder) / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, config.to_yaml().encode("utf-8"))
+    return path
+
+
+def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        if value is None:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: {key} must be a list, got {value!r}")
+        return [_coerce(v, args[0], key, where) for v in value]
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, bool) and key == "output.resume":  # YAML reads `resume: yes` as True
+            return "yes" if value else "no"
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    type_name = getattr(hint, "__name__", str(hint))
+    raise ConfigError(f"{where}: {key} must be {type_name}, got {value!r}")
+
+
+def _suggest(name: str, valid: Any) -> str:
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; valid: {', '.join(valid)}"
