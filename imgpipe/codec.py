@@ -43,8 +43,6 @@ STANDALONE = frozenset({0x01, *range(0xD0, 0xD8), SOI})  # TEM, RST0-7, SOI: no 
 RGB_COMPONENT_IDS = (0x52, 0x47, 0x42)  # 'R', 'G', 'B': libjpeg then skips the YCbCr transform
 ORIENTATION_TAG = 0x0112
 
-ACTIONS = ("kept", "repaired", "resized", "skipped")
-
 
 @dataclass(frozen=True)
 class JpegInfo:
@@ -293,11 +291,13 @@ def _reencode(data: bytes, resize: int | None, quality: int, *, action: str, rea
             warnings.simplefilter("ignore")
             with Image.open(io.BytesIO(data)) as image:
                 fmt = image.format or "unknown"
+                full_size = image.size
                 if resize is not None:
                     _draft_for(image, resize)
                 image.load()
                 if fmt != "JPEG" and action == "repaired":
                     reasons.append(f"{fmt} image re-encoded as JPEG")
+                decoded_size = image.size
                 rgb = _to_rgb(ImageOps.exif_transpose(image))
     except Image.DecompressionBombError as e:
         return Prepared(None, "skipped", f"image too large to decode safely ({e})")
@@ -305,8 +305,9 @@ def _reencode(data: bytes, resize: int | None, quality: int, *, action: str, rea
         raise
     except Exception as e:  # Pillow raises many types for bad input; any of them means "cannot decode"
         return Prepared(None, "skipped", _failure_reason(data, e))
-    if resize is not None and min(rgb.size) > resize:
-        rgb = rgb.resize(_short_side_size(rgb.size, resize), Image.Resampling.BICUBIC)
+    if resize is not None and min(full_size) > resize:
+        upright = full_size[::-1] if rgb.size != decoded_size else full_size  # EXIF may have turned it
+        rgb = rgb.resize(_short_side_size(upright, resize), Image.Resampling.BICUBIC)
         if action == "repaired":
             reasons.append(f"resized to shorter side {resize}")
     out = io.BytesIO()

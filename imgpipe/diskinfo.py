@@ -85,8 +85,8 @@ def _rotational(device: str, sys_block: Path) -> bool | None:
 def device_for_path(
     path: str | os.PathLike, *, mounts_file: str = "/proc/mounts", sys_block: str | os.PathLike = "/sys/block"
 ) -> DiskInfo:
-    """Find the mount holding ``path`` (or its nearest existing parent) and describe its device."""
-    target = os.path.realpath(_existing_ancestor(Path(path)))
+    """Find the mount holding ``path`` (which need not exist yet) and describe its device."""
+    target = os.path.realpath(os.path.abspath(path))  # non-strict: a path that does not exist yet is fine
     best: tuple[str, str, str] | None = None
     for device, mountpoint, fstype in _read_mounts(mounts_file):
         inside = target == mountpoint or target.startswith(mountpoint.rstrip("/") + "/")

@@ -33,3 +33,7 @@ class ConfigError(ImgpipeError):
 
 class DistributedError(ImgpipeError):
     """A launch or process-group problem, with the rank and the fix."""
+
+
+class TrainError(ImgpipeError):
+    """Training stopped for a reason the user can fix (out of memory, a DDP misuse), with the fix."""

@@ -19,6 +19,7 @@ relative to the source root: a manifest can never point outside its dataset fold
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -186,6 +187,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600; a dataset must stay readable by others
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -194,6 +196,14 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+@functools.cache
+def _umask() -> int:
+    """The process umask (read once: reading it means setting it)."""
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
 
 
 def fsync_dir(folder: str | os.PathLike) -> None:

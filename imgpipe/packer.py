@@ -13,6 +13,7 @@ completes the journal writes the manifest, or ``finalize=True`` does it afterwar
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import multiprocessing as mp
@@ -118,7 +119,10 @@ def pack(
     started = time.monotonic()
     src_path, dst_path = Path(os.path.abspath(src)), Path(os.path.abspath(dst))
     _check_arguments(src_path, dst_path, workers, resize, quality, num_nodes, node_rank, overwrite)
-    plan = _plan(src_path, splits, shard_size, shards, resize, quality, shuffle, seed)
+    if shard_size is not None and shards is not None:
+        raise PackError("give --shards or --shard-size, not both")
+    size = parse_size(shard_size if shard_size is not None else DEFAULT_SHARD_SIZE)
+    plan = _plan(src_path, splits, size, shards, resize, quality, shuffle, seed)
     dst_path.mkdir(parents=True, exist_ok=True)
     journal = Journal(dst_path)
     if overwrite:
@@ -148,7 +152,7 @@ def pack(
             _finalize(plan, journal, src_path, dst_path, report)
     finally:
         os.close(lock_fd)
-    logger.info("%s", report.summary())
+    logger.debug("%s", report.summary())
     if strict and report.skipped:
         first = report.skipped[0]
         raise PackError(
@@ -178,7 +182,7 @@ def _check_arguments(
 
 
 def _plan(
-    src: Path, splits: Sequence[str] | None, shard_size: str | int | None, shards: str | int | None,
+    src: Path, splits: Sequence[str] | None, shard_size: int, shards: str | int | None,
     resize: int | None, quality: int, shuffle: bool, seed: int,
 ) -> PackPlan:
     tree = source.scan(src, splits)
@@ -188,7 +192,7 @@ def _plan(
     if not items:
         raise PackError(f"SRC {src}: no images found ({tree.layout} layout); check the path and the file extensions")
     counts = parse_shard_counts(shards, list(items))
-    size = None if counts is not None else parse_size(shard_size if shard_size is not None else DEFAULT_SHARD_SIZE)
+    size = None if counts is not None else shard_size
     options: dict[str, Any] = {
         "splits": list(items),
         "shard_size": size,
@@ -199,7 +203,7 @@ def _plan(
         "seed": seed,
     }
     return make_plan(
-        tree.root, tree.classes, items, options=options, shard_size=size or 1, shard_counts=counts, shuffle=shuffle, seed=seed
+        tree.root, tree.classes, items, options=options, shard_size=shard_size, shard_counts=counts, shuffle=shuffle, seed=seed
     )
 
 
@@ -397,7 +401,8 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
         shard_infos = []
         for spec in split.shards:
             entry = journal.read_entry(spec.name)
-            assert entry is not None  # checked by the caller
+            if entry is None:
+                raise PackError(f"{journal.entry_path(spec.name)}: journal entry vanished while finalizing; rerun the pack")
             gone = {pos for pos, _ in entry.skipped}
             positions = np.array([p for p in range(spec.start, spec.stop) if p not in gone], dtype=np.int64)
             kept.append(positions)
@@ -434,7 +439,5 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 
 def _write_sidecar(path: Path, data: bytes) -> str:
-    import hashlib
-
     atomic_write_bytes(path, data)
     return hashlib.sha256(data).hexdigest()

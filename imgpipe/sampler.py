@@ -153,8 +153,7 @@ class EpochSampler:
         """Make the next ``iter()`` run ``epoch``."""
         if epoch < 0:
             raise ConfigError(f"epoch must be >= 0, got {epoch}")
-        self._next_epoch = int(epoch)
-        self._resume_batches = 0
+        self._next_epoch, self._resume_batches, self._active = int(epoch), 0, False
 
     def indices(self, epoch: int) -> np.ndarray:
         """All of this rank's record indices for ``epoch``."""

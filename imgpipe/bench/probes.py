@@ -27,20 +27,21 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from imgpipe.errors import DatasetError
-from imgpipe.manifest import load_manifest
-from imgpipe.recordio import read_index, read_record_at, unpack_header
+from imgpipe.recordio import IRHeader
 from imgpipe.sampler import rank_indices
 from imgpipe.seeding import sample_rng
+from imgpipe.shards import ShardSet, open_shards
+from imgpipe.train.metrics import RankSummary, StepRecord, summarize
 from imgpipe.transforms import TrainGeometry
 
 READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
 STAGES = ("read", "decode", "collate", "h2d", "compute", "sync")
+LOADER_STAGES = ("read", "decode", "collate")
 
 
 def read_delay_s(rank: int, environ: dict[str, str] | None = None) -> float:
@@ -57,60 +58,33 @@ def read_delay_s(rank: int, environ: dict[str, str] | None = None) -> float:
     return max(value, 0.0) / 1000.0
 
 
-class RecordSource:
-    """The records of one split of a packed folder, addressed by record index 0..N-1.
+class DelayedReads:
+    """A ShardSet whose ``read`` sleeps ``delay_s`` per record: the diagnostic hook's slow disk."""
 
-    File handles are opened lazily per process, so the object survives a DataLoader fork.
-    """
-
-    def __init__(self, folder: str | os.PathLike, split: str, *, delay_s: float = 0.0) -> None:
-        self.folder = Path(folder)
-        manifest = load_manifest(self.folder)
-        if split not in manifest.splits:
-            raise DatasetError(f"{self.folder}: no split {split!r} in the manifest (it has {', '.join(sorted(manifest.splits))})")
-        shards = manifest.splits[split].shards
-        self.rec_paths = [self.folder / s.name for s in shards]
-        self.idx_paths = [self.folder / s.index for s in shards]
-        offsets, which = [], []
-        for number, (rec, idx) in enumerate(zip(self.rec_paths, self.idx_paths)):
-            if not rec.is_file():
-                raise DatasetError(f"{rec}: shard listed in the manifest is missing; rerun 'imgpipe pack'")
-            offsets.append(read_index(idx)[1])
-            which.append(np.full(len(offsets[-1]), number, dtype=np.int32))
-        self._offsets = np.concatenate(offsets) if offsets else np.zeros(0, np.int64)
-        self._shard = np.concatenate(which) if which else np.zeros(0, np.int32)
-        self._ends = [p.stat().st_size for p in self.rec_paths]
-        self.classes = len(manifest.classes)
+    def __init__(self, shards: ShardSet, delay_s: float) -> None:
+        self.shards = shards
         self.delay_s = delay_s
-        self._fds: dict[int, int] = {}
-        self._pid = -1
 
     def __len__(self) -> int:
-        return int(self._offsets.size)
+        return len(self.shards)
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_fds"], state["_pid"] = {}, -1
-        return state
+    def read(self, i: int) -> tuple[IRHeader, bytes]:
+        item = self.shards.read(i)
+        time.sleep(self.delay_s)
+        return item
 
-    def read(self, index: int) -> bytes:
-        """The raw record (IRHeader + image) at record index ``index``."""
-        if self._pid != os.getpid():
-            self._fds, self._pid = {}, os.getpid()
-        shard = int(self._shard[index])
-        fd = self._fds.get(shard)
-        if fd is None:
-            fd = self._fds[shard] = os.open(self.rec_paths[shard], os.O_RDONLY)
-        record, _ = read_record_at(fd, int(self._offsets[index]), self._ends[shard], self.rec_paths[shard])
-        if self.delay_s:
-            time.sleep(self.delay_s)
-        return record
+
+def open_for_rank(folder: str | os.PathLike, split: str, rank: int) -> ShardSet | DelayedReads:
+    """The split's ShardSet, slowed by the read-delay hook when it is set for ``rank``."""
+    shards = open_shards(folder, split)
+    delay = read_delay_s(rank)
+    return DelayedReads(shards, delay) if delay else shards
 
 
 class TimedDataset:
     """Map-style dataset over one rank's record indices; each item carries its stage times."""
 
-    def __init__(self, source: RecordSource, indices: np.ndarray, image_size: int, seed: int) -> None:
+    def __init__(self, source: ShardSet | DelayedReads, indices: np.ndarray, image_size: int, seed: int) -> None:
         self.source = source
         self.indices = indices
         self.geometry = TrainGeometry(image_size=image_size)
@@ -124,9 +98,8 @@ class TimedDataset:
 
         t0 = time.perf_counter()
         index = int(self.indices[position])
-        record = self.source.read(index)
+        header, payload = self.source.read(index)
         t1 = time.perf_counter()
-        header, payload = unpack_header(record)
         size = self.geometry.image_size
         with Image.open(io.BytesIO(payload)) as img:
             stored = img.size
@@ -201,40 +174,32 @@ class StepTimes:
 
 @dataclass
 class RankStats:
-    """What one rank measured for one (backend, workers) run."""
+    """What one rank measured in one (backend, workers) run.
+
+    ``timed_stages`` is False when the loader does read/decode/collate internally (DALI):
+    those stages are then unknown, not zero.
+    """
 
     rank: int
     batch_size: int
+    timed_stages: bool = True
     steps: list[StepTimes] = field(default_factory=list)
-    start_time: float = 0.0
-    end_time: float = 0.0
 
-    @property
-    def images(self) -> int:
-        return self.batch_size * len(self.steps)
-
-    @property
-    def seconds(self) -> float:
-        return sum(s.total for s in self.steps)
-
-    @property
-    def images_per_s(self) -> float:
-        return self.images / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def data_wait_frac(self) -> float:
-        return sum(s.wait for s in self.steps) / self.seconds if self.seconds > 0 else 0.0
-
-    def batch_ms(self, q: float) -> float:
-        return float(np.percentile([s.total for s in self.steps], q) * 1000) if self.steps else 0.0
+    def summary(self) -> RankSummary:
+        """images/s, data-wait fraction and step percentiles, as the trainer reports them."""
+        records = [StepRecord(s.wait, s.total - s.wait, self.batch_size) for s in self.steps]
+        return summarize(records, self.rank)
 
     def stage_ms(self) -> dict[str, float | None]:
-        """Mean milliseconds per batch of each stage (read/decode/collate are worker time)."""
-        if not self.steps:
-            return {name: None for name in STAGES}
-        return {name: 1000 * float(np.mean([getattr(s, name) for s in self.steps])) for name in STAGES}
+        """Mean milliseconds per batch of each stage (read/decode/collate are summed worker time)."""
+        means: dict[str, float | None] = {}
+        for name in STAGES:
+            untimed = not self.steps or (not self.timed_stages and name in LOADER_STAGES)
+            means[name] = None if untimed else 1000 * float(np.mean([getattr(s, name) for s in self.steps]))
+        return means
 
     @property
-    def own_ms(self) -> float:
-        """Mean step time without the wait for other ranks: what this rank alone would take."""
-        return 1000 * float(np.mean([s.total - s.sync for s in self.steps])) if self.steps else 0.0
+    def own_images_per_s(self) -> float:
+        """images/s without the time spent waiting for other ranks: this rank's speed alone."""
+        own = sum(s.total - s.sync for s in self.steps)
+        return self.batch_size * len(self.steps) / own if own > 0 else 0.0

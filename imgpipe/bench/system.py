@@ -145,11 +145,12 @@ class Sample:
     cached: int
 
 
-def take_sample(proc_root: str = "/proc") -> Sample:
+def take_sample(proc_root: str | os.PathLike = "/proc", t: float | None = None) -> Sample:
+    """Read stat, diskstats and meminfo under ``proc_root`` (a recorded copy in tests), stamped ``t``."""
     root = Path(proc_root)
     mem = parse_meminfo(_read(root / "meminfo"))
     return Sample(
-        t=time.time(),
+        t=time.time() if t is None else t,
         cpu=parse_proc_stat(_read(root / "stat")),
         sectors_read=parse_diskstats(_read(root / "diskstats")),
         mem_available=mem.get("MemAvailable", 0),

@@ -98,6 +98,7 @@ class DaliLoader:
     def __init__(self, spec: _Spec) -> None:
         self._spec = spec
         self._next_epoch = 0
+        self.epoch = 0  # the epoch being (or last) iterated, as TorchLoader.epoch
         start, end = shard_bounds(spec.records, spec.rank, spec.world_size)
         if spec.train:
             self._batches = (spec.records // spec.world_size) // spec.batch_size
@@ -107,11 +108,6 @@ class DaliLoader:
     @property
     def batch_size(self) -> int:
         return self._spec.batch_size
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next ``iter()`` will run."""
-        return self._next_epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Run ``epoch`` on the next ``iter()``; later iterations continue from it."""
@@ -123,9 +119,9 @@ class DaliLoader:
         return self._batches
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        epoch = self._next_epoch
+        self.epoch = self._next_epoch
         self._next_epoch += 1
-        return self._run_epoch(epoch)
+        return self._run_epoch(self.epoch)
 
     def _run_epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
@@ -158,7 +154,7 @@ def _build_pipeline(spec: _Spec, epoch: int) -> Any:
     dali = _import_dali()
     from nvidia.dali import fn, types
 
-    from imgpipe.transforms import ANTIALIAS, CROP_ATTEMPTS, IMAGENET_MEAN, IMAGENET_STD, EvalGeometry, TrainGeometry
+    from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD
 
     seeds = epoch_seeds(spec.seed, spec.rank, epoch)
     gpu = spec.device_id is not None
@@ -185,24 +181,27 @@ def _build_pipeline(spec: _Spec, epoch: int) -> Any:
         )
         decoder = "mixed" if gpu else "cpu"
         size = spec.image_size
-        interp = _interpolation(types)
+        geometry = dali_geometry(size, spec.train)
+        interp = getattr(types, geometry["interpolation"])
         if spec.train:
-            geometry = TrainGeometry(image_size=size)
             images = fn.decoders.image_random_crop(
                 jpegs,
                 device=decoder,
                 output_type=types.RGB,
-                random_area=list(geometry.scale),
-                random_aspect_ratio=list(geometry.ratio),
-                num_attempts=CROP_ATTEMPTS,
+                adjust_orientation=False,
+                random_area=list(geometry["random_area"]),
+                random_aspect_ratio=list(geometry["random_aspect_ratio"]),
+                num_attempts=geometry["num_attempts"],
                 seed=seeds["crop"],
             )
-            images = fn.resize(images, resize_x=size, resize_y=size, interp_type=interp, antialias=ANTIALIAS)
-            mirror = fn.random.coin_flip(probability=geometry.flip_p, seed=seeds["flip"])
+            images = fn.resize(images, resize_x=size, resize_y=size, interp_type=interp, antialias=geometry["antialias"])
+            mirror = fn.random.coin_flip(probability=geometry["flip_probability"], seed=seeds["flip"])
+            crop_pos = {}
         else:
-            images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
-            shorter = EvalGeometry(image_size=size).resize_shorter
-            images = fn.resize(images, resize_shorter=shorter, interp_type=interp, antialias=ANTIALIAS)
+            width, height, crop_x, crop_y = _eval_resize_and_crop(jpegs, geometry["resize_shorter"], size)
+            images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB, adjust_orientation=False)
+            images = fn.resize(images, resize_x=width, resize_y=height, interp_type=interp, antialias=geometry["antialias"])
+            crop_pos = {"crop_pos_x": crop_x, "crop_pos_y": crop_y}
             mirror = 0
         normalize = {}
         if spec.normalize:
@@ -213,18 +212,69 @@ def _build_pipeline(spec: _Spec, epoch: int) -> Any:
             output_layout="HWC" if spec.channels_last else "CHW",
             crop=(size, size),
             mirror=mirror,
+            **crop_pos,
             **normalize,
         )
         pipe.set_outputs(images, labels.gpu() if gpu else labels)
     return pipe
 
 
-def _interpolation(types: Any) -> Any:
-    """DALI's interpolation for the shared ``transforms.INTERPOLATION``."""
-    from imgpipe.transforms import INTERPOLATION
+def _eval_resize_and_crop(jpegs: Any, shorter: int, size: int) -> tuple[Any, Any, Any, Any]:
+    """Per-sample resize target and crop position reproducing torchvision's Resize + CenterCrop arithmetic.
 
-    modes = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC, "nearest": types.INTERP_NN}
-    return modes[INTERPOLATION]
+    ``fn.resize(resize_shorter=...)`` rounds the long side and ``crop_mirror_normalize``
+    rounds the crop anchor half away from zero; torchvision (and so the torch loader,
+    ``transforms.EvalGeometry.crop``) truncates the long side and rounds the anchor half to
+    even. Off by one pixel, the two loaders would differ by 5-15 units on fine detail, so the
+    exact sizes are computed here from the stored JPEG size with DALI arithmetic.
+    """
+    import nvidia.dali.math as dmath
+    from nvidia.dali import fn, types
+
+    shape = fn.cast(fn.peek_image_shape(jpegs, adjust_orientation=False), dtype=types.FLOAT)
+    height, width = shape[0], shape[1]
+    resized_long = dmath.floor(shorter * dmath.max(width, height) / dmath.min(width, height))
+    portrait = fn.cast(width <= height, dtype=types.FLOAT)
+    out_w = portrait * shorter + (1.0 - portrait) * resized_long
+    out_h = portrait * resized_long + (1.0 - portrait) * shorter
+    slack_x, slack_y = out_w - size, out_h - size
+    crop_x = _round_half_even(slack_x * 0.5) / dmath.max(slack_x, 1.0)
+    crop_y = _round_half_even(slack_y * 0.5) / dmath.max(slack_y, 1.0)
+    return out_w, out_h, crop_x, crop_y
+
+
+def _round_half_even(x: Any) -> Any:
+    """Python's round() of a DALI float node holding whole or half values."""
+    import nvidia.dali.math as dmath
+
+    floor = dmath.floor(x)
+    odd = floor - 2.0 * dmath.floor(floor * 0.5)
+    return floor + 2.0 * (x - floor) * odd
+
+
+def dali_geometry(image_size: int, train: bool) -> dict[str, Any]:
+    """The DALI operator arguments of the geometry, all taken from ``imgpipe.transforms`` (shared with the torch loader).
+
+    Train: ``decoders.image_random_crop(random_area, random_aspect_ratio, num_attempts)``,
+    resize to ``crop`` squared, mirror with ``flip_probability``. Eval: resize the shorter side
+    to ``resize_shorter`` then center-crop ``crop``, with torchvision's rounding. Both decode
+    the stored pixels without EXIF rotation, as the torch loader does (``imgpipe pack``
+    applies the orientation when packing). ``interpolation`` names a ``types`` member.
+    """
+    from imgpipe import transforms
+
+    dali_interp = {"bilinear": "INTERP_LINEAR", "bicubic": "INTERP_CUBIC", "nearest": "INTERP_NN"}
+    common = {"crop": image_size, "interpolation": dali_interp[transforms.INTERPOLATION], "antialias": transforms.ANTIALIAS}
+    if not train:
+        return {**common, "resize_shorter": transforms.EvalGeometry(image_size=image_size).resize_shorter}
+    geometry = transforms.TrainGeometry(image_size=image_size)
+    return {
+        **common,
+        "random_area": geometry.scale,
+        "random_aspect_ratio": geometry.ratio,
+        "num_attempts": transforms.CROP_ATTEMPTS,
+        "flip_probability": geometry.flip_p,
+    }
 
 
 def make_dali_loader(

@@ -25,7 +25,7 @@ class DataConfig:
     """Where the packed dataset is and how to load it."""
 
     path: str = ""
-    backend: str = "torch"  # torch | dali
+    backend: str = "torch"  # torch | dali | synthetic (in-memory batches: the compute ceiling)
     workers: int = 4
     image_size: int = 224
     train_split: str = "train"
@@ -99,11 +99,11 @@ class TrainConfig:
         return asdict(self)
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
 
 
 CHOICES = {
-    "data.backend": ("torch", "dali"),
+    "data.backend": ("torch", "dali", "synthetic"),
     "optim.schedule": ("cosine", "step"),
     "train.amp": ("none", "bf16", "fp16"),
     "output.resume": ("no", "auto", "yes"),
@@ -167,8 +167,7 @@ def from_dict(raw: Mapping[str, Any], where: str = "<config>") -> TrainConfig:
         hints = typing.get_type_hints(type(target))
         for key, value in values.items():
             if key not in hints:
-                valid = [f"{section}.{k}" for k in hints]
-                raise ConfigError(f"{where}: unknown key '{section}.{key}'{_suggest(f'{section}.{key}', valid)}")
+                raise ConfigError(f"{where}: unknown key '{section}.{key}'{_suggest(str(key), list(hints), prefix=f'{section}.')}")
             setattr(target, key, _coerce(value, hints[key], f"{section}.{key}", where))
     validate(config, where)
     return config
@@ -252,6 +251,8 @@ def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
     raise ConfigError(f"{where}: {key} must be {type_name}, got {value!r}")
 
 
-def _suggest(name: str, valid: Any) -> str:
+def _suggest(name: str, valid: Any, prefix: str = "") -> str:
     close = difflib.get_close_matches(name, list(valid), n=1)
-    return f"; did you mean {close[0]!r}?" if close else f"; valid: {', '.join(valid)}"
+    if close:
+        return f"; did you mean '{prefix}{close[0]}'?"
+    return f"; valid: {', '.join(prefix + v for v in valid)}"

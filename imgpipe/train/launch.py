@@ -42,8 +42,10 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 1800.0
 DEFAULT_GRACE_S = 30.0
 FAILURE_GRACE_S = 10.0
+SETTLE_S = 1.0
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")
 _PR_SET_PDEATHSIG = 1
+PEER_FAILURE_WORDS = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout", "socket", "nccl")
 
 _stop_signal: int | None = None
 
@@ -280,9 +282,11 @@ def _rank_main(rank: int, world: int, port: int, parent_pid: int, fn: Callable, 
     except KeyboardInterrupt:
         conn.send(("error", "interrupted"))
         sys.exit(130)
-    except Exception as e:  # a bug or a peer's failure: keep the traceback on stderr, send one line
-        traceback.print_exc()
-        conn.send(("error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+    except Exception as e:  # a bug (traceback on stderr) or a peer's failure (one line is enough)
+        line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if not is_peer_failure(line):
+            traceback.print_exc()
+        conn.send(("error", line))
         sys.exit(1)
     conn.send(("ok", result))
 
@@ -306,23 +310,16 @@ def _watch(procs: list, conns: list, forward: "_ForwardStopSignals") -> list:
     while pending:
         waitables = [procs[r].sentinel for r in pending] + [conns[r] for r in pending if not conns[r].closed]
         multiprocessing.connection.wait(waitables, timeout=1.0)
-        for rank in sorted(pending):
-            conn = conns[rank]
-            if not conn.closed and conn.poll():
-                try:
-                    kind, value = conn.recv()
-                except EOFError:
-                    conn.close()
-                else:
-                    (results if kind == "ok" else errors)[rank] = value
-            if procs[rank].exitcode is not None:
-                if not conn.closed and conn.poll(0.2):
-                    continue  # read its last message first
-                pending.discard(rank)
-        failed = [r for r in range(len(procs)) if r not in pending and (procs[r].exitcode != 0 or r in errors)]
+        _collect(procs, conns, pending, results, errors)
+        failed = _failed(procs, pending, errors)
         if failed:
+            settle = time.monotonic() + SETTLE_S  # let the rank that caused it report too
+            while pending and time.monotonic() < settle:
+                time.sleep(0.05)
+                _collect(procs, conns, pending, results, errors)
+            failed = _failed(procs, pending, errors)
             rank = _first_failure(failed, procs, errors)
-            still = sorted(pending)
+            still = sorted(r for r in pending if r != rank)
             _stop(procs, FAILURE_GRACE_S)  # a peer is gone: nothing left worth saving
             raise DistributedError(_failure_message(rank, procs[rank].exitcode, errors.get(rank), still, forward.signum))
         if forward.deadline is not None and time.monotonic() > forward.deadline:
@@ -332,18 +329,41 @@ def _watch(procs: list, conns: list, forward: "_ForwardStopSignals") -> list:
     return [results.get(r) for r in range(len(procs))]
 
 
+def _collect(procs: list, conns: list, pending: set[int], results: dict[int, Any], errors: dict[int, str]) -> None:
+    """Read the ranks' messages; a rank is done once it exited and its pipe is drained."""
+    for rank in sorted(pending):
+        conn = conns[rank]
+        while not conn.closed and conn.poll():
+            try:
+                kind, value = conn.recv()
+            except EOFError:
+                conn.close()
+            else:
+                (results if kind == "ok" else errors)[rank] = value
+        if procs[rank].exitcode is not None and (conn.closed or not conn.poll(0.05)):
+            pending.discard(rank)
+
+
+def _failed(procs: list, pending: set[int], errors: dict[int, str]) -> list[int]:
+    return [r for r in range(len(procs)) if r in errors or (r not in pending and procs[r].exitcode != 0)]
+
+
 def _first_failure(failed: list[int], procs: list, errors: dict[int, str]) -> int:
-    """Prefer a rank that was killed by a signal or failed on its own over one that saw a peer vanish."""
-    peer_words = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout", "gloo", "nccl")
+    """Prefer a rank killed by a signal, then one that failed on its own, over one that saw a peer vanish."""
 
     def order(rank: int) -> tuple[int, int]:
         code = procs[rank].exitcode or 0
         if code < 0:
             return (0, rank)
-        message = errors.get(rank, "").lower()
-        return (2 if any(w in message for w in peer_words) else 1, rank)
+        return (2 if is_peer_failure(errors.get(rank, "")) else 1, rank)
 
     return min(failed, key=order)
+
+
+def is_peer_failure(text: str) -> bool:
+    """Does this error look like the consequence of another rank dying or hanging?"""
+    lowered = text.lower()
+    return any(w in lowered for w in PEER_FAILURE_WORDS)
 
 
 def _failure_message(rank: int, code: int | None, error: str | None, still_running: list[int], signum: int | None) -> str:

@@ -1,0 +1,312 @@
+"""Loader throughput on one synthetic dataset: imgpipe torch vs torchvision vs DALI CPU vs imgpipe DALI.
+
+Every loader gets the same data (``imgpipe.synth`` JPEGs, packed with ``imgpipe.pack``; the
+torchvision baseline reads the source tree), the same transforms (train: RandomResizedCrop
+0.08-1, 3/4-4/3 + flip; val: resize shorter side to size/0.875 + center crop; float32 NCHW
+normalized with ImageNet mean/std), the same batch size and the same worker / thread count.
+
+Each loader runs ``repeats + 1`` epochs per split, round-robin with the others so that a
+busy machine slows them alike; the first is a warm-up (worker start, pipeline build, page
+cache) and the figures are medians over the others. Besides wall-clock images/s, each epoch
+reports images per CPU-second (this process, its threads and its workers): on a shared
+machine that is the steadier measure of efficiency. Per-worker RSS is sampled after every
+epoch (persistent workers; torch-based loaders only: DALI uses threads). The decode-only
+limit decodes every train JPEG once with Pillow in this one process (one core).
+
+    python benchmarks/loaders.py --quick --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import torch
+from PIL import Image
+
+import imgpipe
+from imgpipe.manifest import manifest_path
+from imgpipe.shards import open_shards
+from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalGeometry
+
+LOADERS = ("imgpipe-torch", "torchvision", "dali-plain", "imgpipe-dali")
+TORCH_BASED = ("imgpipe-torch", "torchvision")
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def prepare(work: Path, classes: int, per_class: int, val_per_class: int, workers: int) -> tuple[Path, Path]:
+    """The synthetic source tree and its pack under ``work`` (reused when already there)."""
+    from imgpipe.synth import make_synthetic
+
+    src, rec = work / f"src-{classes}x{per_class}", work / f"rec-{classes}x{per_class}"
+    if not (src / "LOC_val_solution.csv").is_file():
+        make_synthetic(src, classes=classes, per_class=per_class, val_per_class=val_per_class, seed=0, progress=False)
+    if not manifest_path(rec).is_file():
+        imgpipe.pack(src, rec, workers=workers, overwrite=True, progress=False)
+    return src, rec
+
+
+# ----------------------------------------------------------------------------- loaders
+
+
+def imgpipe_torch(rec: Path, train: bool, a: argparse.Namespace) -> Any:
+    return imgpipe.make_torch_loader(rec, "train" if train else "val", batch_size=a.batch_size, train=train, image_size=a.image_size, workers=a.workers)
+
+
+def imgpipe_dali(rec: Path, train: bool, a: argparse.Namespace) -> Any:
+    return imgpipe.make_dali_loader(rec, "train" if train else "val", batch_size=a.batch_size, train=train, image_size=a.image_size, workers=a.workers)
+
+
+def torchvision_baseline(src: Path, train: bool, a: argparse.Namespace) -> Any:
+    """ImageFolder (train) or the flat val folder + its CSV labels, PIL transforms, a plain DataLoader."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+    from torchvision.datasets.folder import default_loader
+
+    from imgpipe.source import scan
+
+    normalize = T.Normalize([m / 255 for m in IMAGENET_MEAN], [s / 255 for s in IMAGENET_STD])
+    if train:
+        tf = T.Compose([T.RandomResizedCrop(a.image_size), T.RandomHorizontalFlip(), T.ToTensor(), normalize])
+        dataset: Any = ImageFolder(str(src / "train"), transform=tf)
+    else:
+        tf = T.Compose([T.Resize(EvalGeometry(image_size=a.image_size).resize_shorter), T.CenterCrop(a.image_size), T.ToTensor(), normalize])
+        items = scan(src, ["val"]).splits["val"]
+        samples = [(str(src / p), int(label)) for p, label in zip(items.paths, items.labels)]
+
+        class ValFolder(torch.utils.data.Dataset):
+            def __len__(self) -> int:
+                return len(samples)
+
+            def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+                path, label = samples[i]
+                return tf(default_loader(path)), label
+
+        dataset = ValFolder()
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=a.batch_size, shuffle=train, drop_last=train, num_workers=a.workers, persistent_workers=a.workers > 0
+    )
+
+
+class PlainDali:
+    """The textbook DALI CPU pipeline: readers.mxnet -> image_random_crop / resize -> crop_mirror_normalize."""
+
+    def __init__(self, rec: Path, train: bool, a: argparse.Namespace) -> None:
+        from nvidia.dali import Pipeline, fn, types
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+        shards = open_shards(rec, "train" if train else "val")
+        size = a.image_size
+        pipe = Pipeline(batch_size=a.batch_size, num_threads=a.workers, device_id=None, seed=0)
+        with pipe:
+            jpegs, labels = fn.readers.mxnet(
+                path=[str(p) for p in shards.rec_paths], index_path=[str(shards.dali_index_path())],
+                random_shuffle=train, pad_last_batch=not train, name="Reader",
+            )
+            if train:
+                images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
+                images = fn.resize(images, resize_x=size, resize_y=size)
+                mirror = fn.random.coin_flip(probability=0.5)
+            else:
+                images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+                images = fn.resize(images, resize_shorter=EvalGeometry(image_size=size).resize_shorter)
+                mirror = 0
+            images = fn.crop_mirror_normalize(
+                images, dtype=types.FLOAT, output_layout="CHW", crop=(size, size), mean=list(IMAGENET_MEAN), std=list(IMAGENET_STD), mirror=mirror
+            )
+            pipe.set_outputs(images, labels)
+        policy = LastBatchPolicy.DROP if train else LastBatchPolicy.PARTIAL
+        self._it = DALIGenericIterator([pipe], ["images", "labels"], reader_name="Reader", last_batch_policy=policy, auto_reset=True)
+
+    def __len__(self) -> int:
+        return len(self._it)
+
+    def __iter__(self) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+        for (out,) in self._it:
+            yield out["images"], out["labels"].reshape(-1).long()
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def child_pids() -> list[int]:
+    """The live child processes of this one: the DataLoader workers."""
+    pids: list[int] = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            pids += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def worker_rss_mb() -> list[float]:
+    """RSS (MB) of each DataLoader worker."""
+    sizes = []
+    for pid in child_pids():
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        sizes.append(next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0) / 1024)
+    return sizes
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process (all threads), its live children and its reaped children."""
+    own, gone = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = own.ru_utime + own.ru_stime + gone.ru_utime + gone.ru_stime
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in child_pids():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
+def one_epoch(loader: Any) -> tuple[int, float, float]:
+    """(images, wall seconds, CPU seconds) of one pass."""
+    start, cpu, images = time.perf_counter(), cpu_seconds(), 0
+    for batch, labels in loader:
+        images += int(labels.numel())
+        assert batch.dtype == torch.float32 and batch.shape[0] == labels.shape[0]
+    return images, time.perf_counter() - start, cpu_seconds() - cpu
+
+
+def decode_only(rec: Path, repeats: int) -> dict[str, float]:
+    """Decoding every train JPEG once with Pillow in this one process: images/s and images per CPU-second."""
+    shards = open_shards(rec, "train")
+    payloads = [shards.read(i)[1] for i in range(len(shards))]
+    rates, per_cpu = [], []
+    for _ in range(repeats):
+        start, cpu = time.perf_counter(), cpu_seconds()
+        for payload in payloads:
+            Image.open(io.BytesIO(payload)).convert("RGB").load()
+        rates.append(len(payloads) / (time.perf_counter() - start))
+        per_cpu.append(len(payloads) / max(cpu_seconds() - cpu, 1e-9))
+    return {"images_per_s": statistics.median(rates), "images_per_cpu_s": statistics.median(per_cpu)}
+
+
+def measure_split(names: list[str], makers: dict[str, Callable[[bool], Any]], train: bool, a: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Round-robin epochs over all loaders (so a busy machine slows them alike); medians after one warm-up."""
+    split = "train" if train else "val"
+    loaders = {name: makers[name](train) for name in names}
+    runs: dict[str, dict[str, list[float]]] = {name: {"rate": [], "per_cpu": [], "rss": []} for name in names}
+    for _ in range(a.repeats + 1):
+        for name, loader in loaders.items():
+            images, wall, cpu = one_epoch(loader)
+            runs[name]["rate"].append(images / wall)
+            runs[name]["per_cpu"].append(images / max(cpu, 1e-9))
+            if name in TORCH_BASED:
+                runs[name]["rss"].append(max(worker_rss_mb(), default=0.0))
+    out = {}
+    for name, run in runs.items():
+        out[name] = {
+            "images_per_s": statistics.median(run["rate"][1:]),
+            "images_per_cpu_s": statistics.median(run["per_cpu"][1:]),
+            "epochs_images_per_s": [round(r, 1) for r in run["rate"]],
+            "worker_rss_mb": [round(r, 1) for r in run["rss"]],
+        }
+        rss = f"  worker RSS MB after each epoch {out[name]['worker_rss_mb']}" if run["rss"] else ""
+        print(f"  {name:14s} {split:5s} {out[name]['images_per_s']:7.1f} images/s {out[name]['images_per_cpu_s']:7.1f} images/CPU-s"
+              f"  epochs {out[name]['epochs_images_per_s']}{rss}", flush=True)
+    del loaders
+    return out
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="10 classes x 40 train, 10 val each, 3 repeats")
+    p.add_argument("--work", type=Path, default=Path("bench-loaders"), help="data folder (reused between runs)")
+    p.add_argument("--classes", type=int, default=20)
+    p.add_argument("--per-class", type=int, default=100)
+    p.add_argument("--val-per-class", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--workers", type=int, default=min(8, len(os.sched_getaffinity(0))), help="DataLoader workers = DALI threads")
+    p.add_argument("--repeats", type=int, default=3, help="measured epochs per loader and split (after one warm-up)")
+    p.add_argument("--only", default=",".join(LOADERS), help=f"comma-separated subset of {', '.join(LOADERS)}")
+    p.add_argument("--json", type=Path, help="also write the figures here")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.classes, a.per_class, a.val_per_class = 10, 40, 10
+    a.repeats = max(1, a.repeats)
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    torch.set_num_threads(1)
+    from imgpipe.loaders.dali import dali_available
+
+    names = [n.strip() for n in a.only.split(",") if n.strip()]
+    unknown = set(names) - set(LOADERS)
+    if unknown:
+        sys.exit(f"unknown loader(s): {', '.join(sorted(unknown))}")
+    if not dali_available():
+        print("nvidia.dali is not installed: skipping the DALI loaders (pip install 'imgpipe[dali]')")
+        names = [n for n in names if "dali" not in n]
+    src, rec = prepare(a.work, a.classes, a.per_class, a.val_per_class, a.workers)
+    cpus = len(os.sched_getaffinity(0))
+    print(f"data: {len(open_shards(rec, 'train'))} train / {len(open_shards(rec, 'val'))} val JPEGs ({src}); "
+          f"batch {a.batch_size}, size {a.image_size}, {a.workers} workers/threads, {cpus} CPUs, medians of {a.repeats} epochs")
+
+    makers: dict[str, Callable[[bool], Any]] = {
+        "imgpipe-torch": lambda train: imgpipe_torch(rec, train, a),
+        "torchvision": lambda train: torchvision_baseline(src, train, a),
+        "dali-plain": lambda train: PlainDali(rec, train, a),
+        "imgpipe-dali": lambda train: imgpipe_dali(rec, train, a),
+    }
+    figures: dict[str, Any] = {"config": {k: str(v) for k, v in vars(a).items()}, "cpus": cpus}
+    figures["decode_only"] = decode_only(rec, a.repeats)
+    d = figures["decode_only"]
+    print(f"  {'decode-only':14s} train {d['images_per_s']:7.1f} images/s {d['images_per_cpu_s']:7.1f} images/CPU-s (Pillow, one process)")
+    for split, train in (("train", True), ("val", False)):
+        figures[split] = measure_split(names, makers, train, a)
+
+    print("\nratios: wall images/s (CPU-efficiency: images per CPU-second); goals from issue 3")
+    ours = figures["train"].get("imgpipe-torch")
+    for other, goal in (("torchvision", 2.0), ("dali-plain", 1.0)):
+        if ours is None or other not in figures["train"]:
+            continue
+        for split in ("train", "val"):
+            mine, theirs = figures[split]["imgpipe-torch"], figures[split][other]
+            wall = mine["images_per_s"] / theirs["images_per_s"]
+            eff = mine["images_per_cpu_s"] / theirs["images_per_cpu_s"]
+            verdict = f"goal >= {goal}x: {'PASS' if wall >= goal else 'MISS'}" if split == "train" else ""
+            print(f"  imgpipe-torch / {other:12s} {split:5s} {wall:5.2f}x ({eff:5.2f}x per CPU-s)  {verdict}")
+            figures[f"ratio_vs_{other}_{split}"] = {"wall": wall, "per_cpu": eff}
+    if ours is not None:
+        per_core = ours["images_per_s"] / min(a.workers, cpus) / d["images_per_s"]
+        per_cpu = ours["images_per_cpu_s"] / d["images_per_cpu_s"]
+        figures["ratio_per_core_vs_decode_only"] = {"wall": per_core, "per_cpu": per_cpu}
+        print(f"  imgpipe-torch per core / decode-only     {per_core:5.2f}x ({per_cpu:5.2f}x per CPU-s)  "
+              f"goal >= 0.8x: {'PASS' if per_core >= 0.8 else 'MISS'}")
+    if "imgpipe-dali" in figures["train"] and "dali-plain" in figures["train"]:
+        for split in ("train", "val"):
+            mine, theirs = figures[split]["imgpipe-dali"], figures[split]["dali-plain"]
+            print(f"  imgpipe-dali / dali-plain          {split:5s} {mine['images_per_s'] / theirs['images_per_s']:5.2f}x "
+                  f"({mine['images_per_cpu_s'] / theirs['images_per_cpu_s']:5.2f}x per CPU-s)")
+    if a.json:
+        a.json.write_text(json.dumps(figures, indent=1, default=float) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

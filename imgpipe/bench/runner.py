@@ -1,0 +1,373 @@
+"""Run the bench: N ranks, each driving its own part of DATA through a loader, for every
+(backend, workers) pair, with real or simulated compute, while the system is sampled.
+
+Ranks are started by :func:`imgpipe.train.launch.launch` (the trainer's launcher: spawn,
+gloo on the CPU, nccl on GPUs, a failed rank stops the others). Every rank runs the runs in
+the same order; before each one rank 0 evicts DATA from the page cache (``--cold``) and
+measures its residency, then all ranks start together at a barrier. Results are gathered
+on rank 0 and returned to the caller.
+
+One step of one rank: ``wait`` (blocked in ``next(loader)``) -> ``h2d`` (pin + copy, GPU
+runs only) -> ``compute`` (``--model``: forward + backward + SGD step; ``--compute-ms``:
+a sleep, like a GPU kernel that leaves the CPU free) -> ``sync`` (all-reduce of the
+gradients, or of one number with --compute-ms: the moment DDP makes ranks wait for each other).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from imgpipe.bench import cache
+from imgpipe.bench.probes import RankStats, StepTimes, TimedDataset, bench_indices, open_for_rank, timed_collate
+from imgpipe.bench.system import SystemSampler, SystemSummary, diskstats_name, summarize
+from imgpipe.diskinfo import DiskInfo, device_for_path
+from imgpipe.errors import ConfigError
+from imgpipe.shards import open_shards
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("torch", "dali")
+WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to run. ``backends`` and ``workers`` are swept; every pair is one run."""
+
+    data: str
+    split: str = "train"
+    gpus: int = 0
+    nproc: int = 1
+    backends: tuple[str, ...] = ("torch",)
+    workers: tuple[int, ...] = (2,)
+    steps: int = 20
+    warmup: int = 2
+    batch_size: int = 32
+    image_size: int = 224
+    model: str | None = None
+    compute_ms: float = 0.0
+    cold: bool = False
+    seed: int = 0
+
+    @property
+    def ranks(self) -> int:
+        return self.gpus if self.gpus else self.nproc
+
+    def check(self) -> None:
+        """Raise ConfigError naming the first invalid option."""
+        if self.gpus < 0 or self.nproc < 1:
+            raise ConfigError(f"--gpus must be >= 0 and --nproc >= 1 (got --gpus {self.gpus} --nproc {self.nproc})")
+        if self.gpus and self.nproc not in (1, self.gpus):
+            raise ConfigError(f"--nproc {self.nproc} differs from --gpus {self.gpus}: one rank per GPU; give only --gpus")
+        if not self.backends or any(b not in BACKENDS for b in self.backends):
+            raise ConfigError(f"--backend must be torch, dali or all (got {','.join(self.backends)})")
+        if not self.workers or any(w < 0 for w in self.workers):
+            raise ConfigError(f"--workers must be counts >= 0, e.g. 1,2,4 (got {','.join(map(str, self.workers))})")
+        if self.steps < 1 or self.warmup < 0:
+            raise ConfigError(f"--steps must be >= 1 (got {self.steps})")
+        if self.batch_size < 1 or self.image_size < 8:
+            raise ConfigError(f"--batch-size must be >= 1 and --image-size >= 8 (got {self.batch_size}, {self.image_size})")
+        if self.model and self.compute_ms:
+            raise ConfigError("give --model NAME or --compute-ms T, not both")
+        if self.compute_ms < 0:
+            raise ConfigError(f"--compute-ms must be >= 0 (got {self.compute_ms})")
+
+
+@dataclass
+class RunResult:
+    """One (backend, workers) run: every rank's steps and the system during the run."""
+
+    backend: str
+    workers: int
+    ranks: list[RankStats]
+    start: float
+    end: float
+    resident_before: float | None
+    system: SystemSummary | None = None
+
+    @property
+    def images_per_s(self) -> float:
+        """All ranks together."""
+        return sum(r.summary().images_per_s for r in self.ranks)
+
+    @property
+    def imbalance(self) -> float:
+        """Slowest rank's own images/s (without waiting for the others) over the fastest's; 1.0 = balanced."""
+        rates = [r.own_images_per_s for r in self.ranks]
+        return min(rates) / max(rates) if rates and max(rates) > 0 else 1.0
+
+
+@dataclass
+class BenchResult:
+    """Everything one ``imgpipe bench`` measured."""
+
+    config: BenchConfig
+    disk: DiskInfo
+    records: int
+    data_bytes: int
+    cpus: int
+    device: str
+    runs: list[RunResult] = field(default_factory=list)
+
+    def best(self, backend: str) -> RunResult | None:
+        """The fastest run of ``backend`` (its best worker count)."""
+        runs = [r for r in self.runs if r.backend == backend]
+        return max(runs, key=lambda r: r.images_per_s) if runs else None
+
+    @property
+    def best_run(self) -> RunResult:
+        return max(self.runs, key=lambda r: r.images_per_s)
+
+
+def resolve_backends(choice: str) -> tuple[str, ...]:
+    """``torch``, ``dali`` or ``all`` -> the backends to run; DALI must be importable when asked for."""
+    from imgpipe.loaders.dali import INSTALL_HINT, dali_available
+
+    if choice == "all":
+        if dali_available():
+            return BACKENDS
+        logger.warning("DALI is not installed: benchmarking the torch backend only (%s)", INSTALL_HINT)
+        return ("torch",)
+    if choice == "dali" and not dali_available():
+        raise ConfigError(f"--backend dali needs NVIDIA DALI: {INSTALL_HINT}, or use --backend torch")
+    if choice not in BACKENDS:
+        raise ConfigError(f"--backend must be torch, dali or all (got {choice!r})")
+    return (choice,)
+
+
+def shard_files(data: str | os.PathLike, split: str) -> list[Path]:
+    """The .rec and .idx files the bench reads (what --cold evicts)."""
+    recs = open_shards(data, split).rec_paths
+    return [p for rec in recs for p in (rec, rec.with_suffix(".idx")) if p.is_file()]
+
+
+def run_bench(config: BenchConfig) -> BenchResult:
+    """Run every (backend, workers) pair on ``config.ranks`` ranks and return the measurements."""
+    config.check()
+    _check_gpus(config)
+    from imgpipe.train.launch import launch
+
+    shards = open_shards(config.data, config.split)  # a bad DATA fails here, in one line
+    disk = device_for_path(config.data)
+    result = BenchResult(
+        config=config,
+        disk=disk,
+        records=len(shards),
+        data_bytes=sum(p.stat().st_size for p in shards.rec_paths),
+        cpus=len(os.sched_getaffinity(0)),
+        device="cuda" if config.gpus else "cpu",
+    )
+    logger.info(
+        "bench: %d rank(s), %s, workers %s, %d steps of %d on %s",
+        config.ranks, "/".join(config.backends), ",".join(map(str, config.workers)), config.steps, config.batch_size, config.data,
+    )
+    with SystemSampler() as sampler:
+        runs = launch(bench_rank, config, gpus=config.gpus, nproc=config.nproc if not config.gpus else None)
+    device = diskstats_name(disk)
+    for run in runs:
+        run.system = summarize(sampler.samples, device, run.start, run.end)
+    result.runs = runs
+    return result
+
+
+def _check_gpus(config: BenchConfig) -> None:
+    if not config.gpus:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"--gpus {config.gpus} needs CUDA but torch sees no GPU; run the ranks on the CPU with --gpus 0 --nproc {config.gpus}"
+        )
+
+
+# ----------------------------------------------------------------------------- on each rank
+
+
+def bench_rank(ctx: Any, config: BenchConfig) -> list[RunResult] | None:
+    """One rank: every run in order; returns all ranks' results on rank 0, None elsewhere."""
+    import torch
+
+    if ctx.device.type == "cpu":
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // ctx.world_size))
+    source = open_for_rank(config.data, config.split, ctx.rank)
+    files = shard_files(config.data, config.split)
+    compute = Compute(config, ctx, len(open_shards(config.data, config.split).classes or []) or 1000)
+    runs: list[RunResult] = []
+    for backend in config.backends:
+        for workers in config.workers:
+            resident = None
+            if ctx.is_main:
+                if config.cold:
+                    cache.evict(files)
+                resident = cache.resident_fraction(files)
+            _barrier(ctx)
+            start = time.time()
+            stats = _run_one(ctx, config, backend, workers, source, compute)
+            gathered = _gather(ctx, stats)
+            if ctx.is_main:
+                runs.append(RunResult(backend, workers, gathered, start, time.time(), resident))
+                logger.info("%s, %d workers: %.1f images/s", backend, workers, runs[-1].images_per_s)
+    return runs if ctx.is_main else None
+
+
+def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, source: Any, compute: "Compute") -> RankStats:
+    import torch
+
+    batches = _torch_batches if backend == "torch" else _dali_batches
+    stats = RankStats(ctx.rank, config.batch_size, timed_stages=backend == "torch")
+    iterator = batches(ctx, config, workers, source)
+    cuda = ctx.device.type == "cuda"
+    run_start = time.perf_counter()
+    try:
+        for step in range(config.warmup + config.steps):
+            t0 = time.perf_counter()
+            images, labels, read, decode, collate = next(iterator)
+            t1 = time.perf_counter()
+            h2d = 0.0
+            if cuda and images.device.type != "cuda":
+                images = images.pin_memory()
+                t_pin = time.perf_counter()
+                collate += t_pin - t1
+                images, labels = images.to(ctx.device, non_blocking=True), labels.to(ctx.device, non_blocking=True)
+                torch.cuda.synchronize(ctx.device)
+                h2d = time.perf_counter() - t_pin
+            t2 = time.perf_counter()
+            compute.step(images, labels)
+            t3 = time.perf_counter()
+            compute.sync()
+            t4 = time.perf_counter()
+            compute.update()
+            t5 = time.perf_counter()
+            if step + 1 == config.warmup:
+                logger.debug("rank %d: %s with %d workers warmed up in %.1fs", ctx.rank, backend, workers, t5 - run_start)
+            if step >= config.warmup:
+                work = (t3 - t2) + (t5 - t4)
+                stats.steps.append(StepTimes(t0 - run_start, t1 - t0, read, decode, collate, h2d, work, t4 - t3))
+    finally:
+        close = getattr(iterator, "close", None)
+        if close:
+            close()
+    return stats
+
+
+def _torch_batches(ctx: Any, config: BenchConfig, workers: int, source: Any) -> Iterator[tuple[Any, Any, float, float, float]]:
+    from torch.utils.data import DataLoader
+
+    count = (config.warmup + config.steps) * config.batch_size
+    indices = bench_indices(
+        len(source), rank=ctx.rank, world_size=ctx.world_size, batch_size=config.batch_size, count=count, seed=config.seed
+    )
+    loader = DataLoader(
+        TimedDataset(source, indices, config.image_size, config.seed),
+        batch_size=config.batch_size,
+        num_workers=workers,
+        collate_fn=timed_collate,
+        drop_last=True,
+        prefetch_factor=2 if workers else None,
+        # ranks started with spawn would spawn their workers too (seconds of imports each run);
+        # fork is what a torchrun-started rank uses on Linux
+        multiprocessing_context=WORKER_START if workers else None,
+    )
+    for batch in loader:
+        yield batch["images"], batch["labels"], batch["read"], batch["decode"], batch["collate"]
+
+
+def _dali_batches(ctx: Any, config: BenchConfig, workers: int, source: Any) -> Iterator[tuple[Any, Any, float, float, float]]:
+    from imgpipe.loaders.dali import make_dali_loader
+
+    loader = make_dali_loader(
+        config.data,
+        config.split,
+        batch_size=config.batch_size,
+        train=True,
+        image_size=config.image_size,
+        workers=max(1, workers),
+        seed=config.seed,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        device=ctx.device if ctx.device.type == "cuda" else None,
+        normalize=False,
+    )
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        for images, labels in loader:
+            yield images, labels, 0.0, 0.0, 0.0
+        epoch += 1
+
+
+class Compute:
+    """The work a rank does on each batch: a torchvision model, or a sleep of ``compute_ms``."""
+
+    def __init__(self, config: BenchConfig, ctx: Any, classes: int) -> None:
+        import torch
+
+        self.ctx = ctx
+        self.sleep_s = config.compute_ms / 1000.0
+        self.model = None
+        self.token = torch.zeros(1, device=ctx.device)
+        if config.model:
+            import torchvision
+
+            try:
+                self.model = torchvision.models.get_model(config.model, num_classes=classes).to(ctx.device)
+            except ValueError:
+                raise ConfigError(
+                    f"--model {config.model!r} is not a torchvision model (e.g. resnet18, resnet50, mobilenet_v3_small)"
+                ) from None
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+            self.loss = torch.nn.CrossEntropyLoss()
+
+    def step(self, images: Any, labels: Any) -> None:
+        if self.model is None:
+            if self.sleep_s:
+                time.sleep(self.sleep_s)
+            return
+        from imgpipe.train.metrics import synchronize
+
+        self.optimizer.zero_grad(set_to_none=True)
+        x = images.to(self.ctx.device).float().div_(255.0)
+        self.loss(self.model(x), labels.to(self.ctx.device)).backward()
+        synchronize(self.ctx.device)
+
+    def sync(self) -> None:
+        """All-reduce the gradients (or one number): where DDP makes the ranks wait for each other."""
+        import torch
+        import torch.distributed as dist
+
+        if self.ctx.distributed:
+            if self.model is None:
+                dist.all_reduce(self.token)
+            else:
+                grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+                flat = torch.cat([g.flatten() for g in grads])
+                dist.all_reduce(flat)
+
+    def update(self) -> None:
+        """The optimizer step (part of compute)."""
+        if self.model is not None:
+            self.optimizer.step()
+
+
+def _barrier(ctx: Any) -> None:
+    if ctx.distributed:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _gather(ctx: Any, stats: RankStats) -> list[RankStats]:
+    if not ctx.distributed:
+        return [stats]
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, stats)
+    return gathered

@@ -1,0 +1,191 @@
+"""The verdict: which bound a bench run hit, in plain words, and what to change next.
+
+The run judged is the fastest one (the best backend and worker count). Rules, in order;
+every threshold is a named constant below:
+
+1. **Straggler** (2+ ranks): the rank that waits most for data waits at least
+   ``STRAGGLER_WAIT_GAP`` (absolute fraction of its step time) more than every other rank.
+   Cause: *I/O* when its read time per batch is ``SLOW_STAGE_RATIO`` times the others'
+   median (or, without stage times, when iowait >= ``IOWAIT_HIGH_PCT``); *decode* when its
+   decode time is; otherwise unknown.
+2. **Input bound**: the ranks' mean data-wait fraction is >= ``DATA_BOUND_WAIT``.
+
+   * *I/O bound* when system iowait >= ``IOWAIT_HIGH_PCT`` (as top's ``wa``), or when reading
+     takes >= ``READ_SHARE_IO`` of the loader's per-batch worker time. Next action: a local
+     SSD for rotational disks and network filesystems, otherwise more workers.
+   * *decode bound* otherwise. Next action: raise workers to K = ceil(loader time per batch
+     / compute time per batch) (what keeps one batch in flight per compute step), the DALI
+     backend, or packing with ``--resize 256``.
+3. **Compute bound** otherwise, with the loader's headroom: workers x compute time / loader
+   time - 1 (how much faster the model could get before the loader limits it).
+
+Notes add what the rules do not decide: DATA warm in the page cache (>= ``WARM_CACHE``
+resident, so the disk was barely measured: use ``--cold``), and the best worker count of
+each backend.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from imgpipe.bench.runner import BenchResult, RunResult
+from imgpipe.bench.system import describe_disk
+
+DATA_BOUND_WAIT = 0.20
+STRAGGLER_WAIT_GAP = 0.15
+SLOW_STAGE_RATIO = 3.0
+IOWAIT_HIGH_PCT = 20.0
+READ_SHARE_IO = 0.5
+WARM_CACHE = 0.9
+MIN_STAGE_MS = 0.05  # stage times below this are noise: a floor for the ratios
+
+BOUNDS = ("io", "decode", "compute", "straggler")
+
+
+@dataclass
+class Verdict:
+    """``bound`` is one of BOUNDS; ``message`` is the one-line verdict with its next action."""
+
+    bound: str
+    message: str
+    backend: str
+    workers: int
+    straggler: int | None = None
+    cause: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _pct(fraction: float) -> str:
+    return f"{100 * fraction:.0f} %"
+
+
+def decide(result: BenchResult) -> Verdict:
+    """Apply the rules of the module docstring to the fastest run of ``result``."""
+    run = result.best_run
+    verdict = _straggler(result, run) or _input_bound(result, run) or _compute_bound(result, run)
+    verdict.notes.extend(_notes(result, run))
+    return verdict
+
+
+def _waits(run: RunResult) -> list[float]:
+    return [r.summary().data_wait_frac for r in run.ranks]
+
+
+def _iowait(run: RunResult) -> float | None:
+    return run.system.iowait_pct if run.system else None
+
+
+def _straggler(result: BenchResult, run: RunResult) -> Verdict | None:
+    if len(run.ranks) < 2:
+        return None
+    waits = _waits(run)
+    slow = max(range(len(waits)), key=waits.__getitem__)
+    others = [w for r, w in enumerate(waits) if r != slow]
+    if waits[slow] - max(others) < STRAGGLER_WAIT_GAP:
+        return None
+    stages = [r.stage_ms() for r in run.ranks]
+    rank = run.ranks[slow].rank
+    cause, detail, action = "unknown", "", f"look at what else runs on rank {rank}'s CPUs and disk"
+    for stage, name in (("read", "I/O"), ("decode", "decode")):
+        mine = stages[slow][stage]
+        rest = [s[stage] for i, s in enumerate(stages) if i != slow]
+        if mine is None or any(v is None for v in rest):
+            continue
+        typical = max(statistics.median(rest), MIN_STAGE_MS)
+        if mine >= SLOW_STAGE_RATIO * typical:
+            verb = "reading its records" if stage == "read" else "decoding its images"
+            cause, detail = name, f"; {name} cause: {verb} takes {mine:.1f} ms per batch against {typical:.1f} ms on the others"
+            break
+    if cause == "unknown" and (_iowait(run) or 0.0) >= IOWAIT_HIGH_PCT:
+        cause, detail = "I/O", f"; I/O cause: {_iowait(run):.0f} % iowait while it waits"
+    if cause == "I/O":
+        action = f"check the disk that serves rank {rank} (a spinning or failing disk, a network mount) and put its data on a local SSD"
+    elif cause == "decode":
+        action = f"give rank {rank} more CPU (other processes on its cores?) or more workers"
+    message = (
+        f"rank {rank} is a straggler: it waits for data {_pct(waits[slow])} of the time, "
+        f"against {_pct(max(others))} on the others{detail}; {action}"
+    )
+    return Verdict("straggler", message, run.backend, run.workers, straggler=rank, cause=cause)
+
+
+def _loader_ms(run: RunResult) -> tuple[float, float, float] | None:
+    """Mean (read, decode + collate, consumer) ms per batch over the ranks; None without stage times."""
+    stages = [r.stage_ms() for r in run.ranks]
+    if any(s["read"] is None for s in stages):
+        return None
+    read = statistics.mean(s["read"] for s in stages)
+    decode = statistics.mean(s["decode"] + s["collate"] for s in stages)
+    consume = statistics.mean(s["h2d"] + s["compute"] for s in stages)
+    return read, decode, consume
+
+
+def _input_bound(result: BenchResult, run: RunResult) -> Verdict | None:
+    wait = statistics.mean(_waits(run))
+    if wait < DATA_BOUND_WAIT:
+        return None
+    iowait = _iowait(run)
+    loader = _loader_ms(run)
+    read_share = loader[0] / (loader[0] + loader[1]) if loader and loader[0] + loader[1] > 0 else None
+    disk = describe_disk(result.disk)
+    slow_disk = bool(result.disk.rotational) or result.disk.network
+    if (iowait is not None and iowait >= IOWAIT_HIGH_PCT) or (read_share is not None and read_share >= READ_SHARE_IO):
+        evidence = f"{iowait:.0f} % iowait" if iowait is not None and iowait >= IOWAIT_HIGH_PCT else f"reading takes {_pct(read_share or 0)} of the loader's time"
+        if slow_disk:
+            action = f"pack to an SSD with `imgpipe pack SRC /ssd/imagenet` (or copy {result.config.data} there) and bench again"
+        else:
+            action = "raise --workers so more reads are in flight, or move DATA to faster storage"
+        message = f"I/O bound: {evidence} on {disk}; ranks wait for data {_pct(wait)} of the time; {action}"
+        return Verdict("io", message, run.backend, run.workers, cause="I/O")
+    target = _workers_needed(run, loader)
+    cores = max(1, result.cpus // max(1, len(run.ranks)))
+    if target is None:
+        raise_workers = "raise workers"
+    elif target > cores:
+        raise_workers = f"raise workers to {target} (more than the {cores} core(s) per rank here: add CPUs)"
+    else:
+        raise_workers = f"raise workers to {target}"
+    options = [raise_workers] + (["use `--backend dali`"] if run.backend != "dali" else []) + ["pack with `--resize 256`"]
+    message = f"decode bound: ranks wait for data {_pct(wait)} of the time while decoding dominates the loader; " + ", ".join(options[:-1]) + f", or {options[-1]}"
+    return Verdict("decode", message, run.backend, run.workers, cause="decode")
+
+
+def _workers_needed(run: RunResult, loader: tuple[float, float, float] | None) -> int | None:
+    """Workers that produce one batch per compute step: ceil(loader ms / compute ms); None if unknown."""
+    if loader is None or loader[2] <= 0:
+        return None
+    return max(run.workers + 1, math.ceil((loader[0] + loader[1]) / loader[2]))
+
+
+def _compute_bound(result: BenchResult, run: RunResult) -> Verdict:
+    wait = statistics.mean(_waits(run))
+    loader = _loader_ms(run)
+    if loader is not None and loader[0] + loader[1] > 0:
+        headroom = max(run.workers, 1) * loader[2] / (loader[0] + loader[1]) - 1
+        message = f"compute bound: the loader has {_pct(max(headroom, 0.0))} headroom (ranks wait for data {_pct(wait)} of the time)"
+    else:
+        message = f"compute bound: the loader keeps up (ranks wait for data {_pct(wait)} of the time)"
+    return Verdict("compute", message, run.backend, run.workers)
+
+
+def _notes(result: BenchResult, run: RunResult) -> list[str]:
+    notes = []
+    if run.resident_before is not None and run.resident_before >= WARM_CACHE and not result.config.cold:
+        notes.append(
+            f"{_pct(run.resident_before)} of DATA was in the page cache, so the disk was barely read; "
+            "rerun with --cold to measure the disk"
+        )
+    backends = sorted({r.backend for r in result.runs})
+    workers = {r.workers for r in result.runs}
+    if len(workers) > 1:
+        for backend in backends:
+            best = result.best(backend)
+            if best is not None:
+                notes.append(f"best for {backend}: {best.workers} workers, {best.images_per_s:.0f} images/s")
+    return notes

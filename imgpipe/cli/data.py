@@ -1,0 +1,65 @@
+"""``imgpipe pack``, ``imgpipe verify`` and ``imgpipe info``: parse options, call the library, print."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from imgpipe.cli import cli
+
+
+@cli.command("pack")
+@click.argument("src", type=click.Path(file_okay=False, path_type=str))
+@click.argument("dst", type=click.Path(file_okay=False, path_type=str))
+@click.option("--splits", default=None, help="Comma-separated splits to pack (default: every split found), e.g. train,val.")
+@click.option("--shard-size", default=None, help="Target shard size, e.g. 256MB (default), 2MB, 1GiB.")
+@click.option("--shards", default=None, help="Shard count instead of --shard-size: N per split, or train=1024,val=64.")
+@click.option("--workers", type=int, default=None, help="Worker processes (default: all CPUs). Output does not depend on it.")
+@click.option("--resize", type=int, default=None, help="Resize so the shorter side is S pixels (never upscales).")
+@click.option("--quality", type=int, default=95, show_default=True, help="JPEG quality of re-encoded images.")
+@click.option("--shuffle/--no-shuffle", default=True, show_default=True, help="Shuffle items (by --seed) before sharding.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the shuffle.")
+@click.option("--overwrite", is_flag=True, help="Delete a previous pack in DST and start again.")
+@click.option("--strict", is_flag=True, help="Exit non-zero if any source file was skipped.")
+@click.option("--num-nodes", type=int, default=1, show_default=True, help="Machines sharing the pack.")
+@click.option("--node-rank", type=int, default=0, show_default=True, help="This machine's rank in 0..num-nodes-1.")
+@click.option("--finalize", is_flag=True, help="Only write the manifest once every node has finished.")
+@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+def pack_command(src: str, dst: str, splits: str | None, no_progress: bool, **options: object) -> None:
+    """Pack an ImageNet-style tree SRC into RecordIO shards in DST."""
+    from imgpipe.packer import pack
+
+    split_list = [s.strip() for s in splits.split(",") if s.strip()] if splits else None
+    report = pack(src, dst, splits=split_list, progress=not no_progress and sys.stderr.isatty(), **options)  # type: ignore[arg-type]
+    click.echo(report.summary())
+
+
+@cli.command("verify")
+@click.argument("dst", type=click.Path(path_type=str))
+@click.option("--decode", is_flag=True, help="Also decode every image.")
+@click.option("--workers", type=int, default=None, help="Worker processes (default: all CPUs).")
+@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@click.option("--max-problems", type=int, default=50, show_default=True, help="Print at most this many problems.")
+def verify_command(dst: str, decode: bool, workers: int | None, no_progress: bool, max_problems: int) -> None:
+    """Check a packed folder (or bare .rec/.idx pairs) for completeness and integrity."""
+    from imgpipe.verifier import verify
+
+    report = verify(dst, decode=decode, workers=workers, progress=not no_progress and sys.stderr.isatty())
+    for problem in report.problems[:max_problems]:
+        click.echo(str(problem))
+    if len(report.problems) > max_problems:
+        click.echo(f"... and {len(report.problems) - max_problems} more problem(s)")
+    click.echo(report.summary())
+    if not report.ok:
+        sys.exit(1)
+
+
+@cli.command("info")
+@click.argument("dst", type=click.Path(path_type=str))
+@click.option("--skipped", "show_skipped", type=int, default=20, show_default=True, help="List at most this many skipped files.")
+def info_command(dst: str, show_skipped: int) -> None:
+    """Print what a packed dataset holds: splits, records, bytes, classes, options, skipped files."""
+    from imgpipe.info import describe, format_info
+
+    click.echo(format_info(describe(dst), show_skipped=show_skipped))

@@ -1,0 +1,383 @@
+"""The torch loader: a DataLoader over a ShardSet whose workers build whole uint8 batches.
+
+Per epoch the ``EpochSampler`` gives this rank's batches; each request sent to a worker is
+``(epoch, record indices)``, and one worker reads, decodes and augments the whole batch
+into one preallocated uint8 NCHW tensor (one IPC round trip per batch). Every random
+choice for record i in epoch e comes from ``seeding.sample_rng(seed, e, i)``, so batches are
+identical whatever the number of workers. Each worker also seeds ``random``, numpy and
+torch from (seed, epoch, rank, worker) whenever the epoch of its requests changes, so user
+code that calls the global generators gets distinct streams per worker, rank and epoch,
+with persistent workers too (torch itself only seeds them once, from the main process's
+torch seed, which DDP scripts set identically on every rank).
+
+Decoding: the crop box is computed from the size in the JPEG header; when the box will be
+scaled down by 2x or more the JPEG is decoded reduced in the DCT domain (Pillow ``draft``)
+and the box mapped into the reduced image; then one bilinear antialiased resize of the box.
+
+Corrupt records: ``on_corrupt="raise"`` stops with the shard, record and source path;
+``"skip"`` replaces the sample by the next decodable sample of the same batch (and its
+label), so every rank's batch count and batch size stay unchanged; ``loader.skipped``
+counts the replaced samples. A batch with no decodable sample at all still raises.
+
+On CUDA, batches come through pinned memory, are copied on a side stream one batch ahead,
+then converted to float, normalized and optionally made channels_last on the GPU.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import warnings
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+
+from imgpipe import seeding
+from imgpipe.codec import jpeg_size
+from imgpipe.distenv import DistEnv
+from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
+from imgpipe.sampler import EpochSampler
+from imgpipe.shards import PathLike, ShardSet, open_shards
+from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry
+
+logger = logging.getLogger(__name__)
+
+ON_CORRUPT = ("raise", "skip")
+DRAFT_MIN_REDUCTION = 2  # decode reduced when the box shrinks by at least this factor
+SampleTransform = Callable[[torch.Tensor], torch.Tensor]
+_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError, ImgpipeError)
+
+
+def default_workers(local_world_size: int = 1) -> int:
+    """min(8, the CPUs available to this process divided among the local ranks), at least 1."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, cpus // max(1, local_world_size)))
+
+
+def decode_sample(payload: bytes, crop_for: Callable[[int, int], Crop], size: int) -> Image.Image:
+    """Decode one image into a ``size`` x ``size`` RGB image along the box ``crop_for(w, h)`` picks."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        image = Image.open(io.BytesIO(payload))
+        stored = jpeg_size(payload) or image.size
+        crop = crop_for(*stored)
+        box = crop.box
+        reduction = min(crop.width, crop.height) / size
+        if image.format == "JPEG" and reduction >= DRAFT_MIN_REDUCTION:
+            wanted = (max(1, int(stored[0] * size / crop.width)), max(1, int(stored[1] * size / crop.height)))
+            image.draft("RGB", wanted)
+            sx, sy = image.size[0] / stored[0], image.size[1] / stored[1]
+            box = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+        if image.mode != "RGB":
+            image = image.convert("RGB")
+        out = image.resize((size, size), Image.Resampling.BILINEAR, box=box)
+    return out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if crop.flip else out
+
+
+def write_chw(image: Image.Image, out: np.ndarray) -> None:
+    """Copy an RGB image into a uint8 CHW array plane by plane (far faster than a strided HWC->CHW copy)."""
+    for channel, band in enumerate(image.split()):
+        out[channel] = np.asarray(band)
+
+
+class BatchDataset(Dataset):
+    """Map-style dataset whose items are whole batches: ``dataset[(epoch, indices)] -> BatchResult``.
+
+    Holds only the ShardSet (numpy arrays) and a few scalars: nothing grows per record.
+    """
+
+    def __init__(
+        self,
+        shards: ShardSet,
+        *,
+        geometry: TrainGeometry | EvalGeometry,
+        seed: int,
+        rank: int,
+        on_corrupt: str = "raise",
+        sample_transform: SampleTransform | None = None,
+    ) -> None:
+        if on_corrupt not in ON_CORRUPT:
+            raise ConfigError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
+        self.shards = shards
+        self.geometry = geometry
+        self.seed = seed
+        self.rank = rank
+        self.on_corrupt = on_corrupt
+        self.sample_transform = sample_transform
+        self._seeded: tuple[int, int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def __getitem__(self, request: tuple[int, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, str | None]:
+        epoch, indices = request
+        self._seed_globals(epoch)
+        size = self.geometry.image_size
+        images = torch.empty((len(indices), 3, size, size), dtype=torch.uint8)
+        labels = torch.empty(len(indices), dtype=torch.int64)
+        bad: list[int] = []
+        for slot, index in enumerate(indices.tolist()):
+            try:
+                labels[slot] = self._decode_into(images[slot], epoch, index)
+            except _DECODE_ERRORS as e:
+                reason = "not a decodable image" if isinstance(e, UnidentifiedImageError) else str(e)
+                message = f"cannot decode {self.shards.describe(index)}: {reason}"
+                if self.on_corrupt == "raise":
+                    return images, labels, np.zeros(0, np.int64), message + "; run 'imgpipe verify' or use on_corrupt='skip'"
+                bad.append(slot)
+        if bad:
+            good = [s for s in range(len(indices)) if s not in bad]
+            if not good:
+                return images, labels, indices[bad], f"no decodable record in a batch of {len(indices)} starting at {self.shards.describe(int(indices[0]))}"
+            for slot in bad:
+                donor = next((s for s in good if s > slot), good[0])
+                images[slot] = images[donor]
+                labels[slot] = labels[donor]
+        return images, labels, indices[bad].astype(np.int64), None
+
+    def _decode_into(self, out: torch.Tensor, epoch: int, index: int) -> int:
+        _, payload = self.shards.read(index)
+        geometry = self.geometry
+        if isinstance(geometry, TrainGeometry):
+            rng = seeding.sample_rng(self.seed, epoch, index)
+            crop_for: Callable[[int, int], Crop] = lambda w, h: geometry.sample(w, h, rng)  # noqa: E731
+        else:
+            crop_for = geometry.crop
+        write_chw(decode_sample(payload, crop_for, geometry.image_size), out.numpy())
+        if self.sample_transform is not None:
+            result = self.sample_transform(out)
+            if result is not out:
+                out.copy_(result)
+        return int(self.shards.labels[index])
+
+    def _seed_globals(self, epoch: int) -> None:
+        info = get_worker_info()
+        if info is None:  # the main process: leave the user's global generators alone
+            return
+        if self._seeded != (epoch, info.id):
+            seeding.seed_worker_globals(self.seed, epoch, self.rank, info.id)
+            self._seeded = (epoch, info.id)
+
+
+class _Requests(Sampler):
+    """The DataLoader's sampler: yields the (epoch, indices) requests the TorchLoader queued for this pass."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.batches: list[np.ndarray] = []
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        return ((self.epoch, batch) for batch in self.batches)
+
+
+def _as_is(batch: Any) -> Any:
+    return batch
+
+
+class TorchLoader:
+    """Iterable of ``(images, labels)`` batches for this rank; each ``iter()`` is the next epoch."""
+
+    def __init__(
+        self,
+        shards: ShardSet,
+        *,
+        sampler: EpochSampler,
+        dataset: BatchDataset,
+        workers: int,
+        device: torch.device,
+        normalize: bool,
+        channels_last: bool,
+        persistent_workers: bool,
+        prefetch_factor: int | None,
+        pin_memory: bool,
+        multiprocessing_context: str | None,
+    ) -> None:
+        self.shards = shards
+        self.sampler = sampler
+        self.dataset = dataset
+        self.device = device
+        self.normalize = normalize
+        self.channels_last = channels_last
+        self.skipped = 0
+        self._requests = _Requests()
+        self._loader = DataLoader(
+            dataset,
+            sampler=self._requests,
+            batch_size=None,
+            collate_fn=_as_is,
+            num_workers=workers,
+            persistent_workers=persistent_workers and workers > 0,
+            prefetch_factor=prefetch_factor if workers > 0 else None,
+            pin_memory=pin_memory,
+            multiprocessing_context=multiprocessing_context if workers > 0 else None,
+        )
+        shape = (1, 3, 1, 1)
+        self._mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float32, device=device).view(shape)
+        self._std = torch.tensor(IMAGENET_STD, dtype=torch.float32, device=device).view(shape)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being (or last) iterated."""
+        return self.sampler.epoch
+
+    @property
+    def batch_size(self) -> int:
+        return self.sampler.batch_size
+
+    def __len__(self) -> int:
+        """This rank's number of batches per epoch."""
+        return len(self.sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` run ``epoch``."""
+        self.sampler.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch and the batches of it already yielded, for a checkpoint."""
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next ``iter()`` yields exactly the batches an uninterrupted run would have yielded next."""
+        self.sampler.load_state_dict(state)
+
+    def close(self) -> None:
+        """Stop the worker processes now (persistent workers otherwise live until the loader is collected)."""
+        iterator, self._loader._iterator = self._loader._iterator, None  # DataLoader keeps its persistent iterator here
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        epoch, batches = self.sampler.begin_epoch()
+        self._requests.epoch, self._requests.batches = epoch, batches
+        results = iter(self._loader)
+        if self.device.type == "cuda":
+            yield from self._cuda_batches(results)
+        else:
+            for result in results:
+                images, labels = self._check(result)
+                self.sampler.mark_consumed()
+                yield self._finish(images), labels
+
+    def _check(self, result: tuple[torch.Tensor, torch.Tensor, np.ndarray, str | None]) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels, skipped, error = result
+        if error is not None:
+            raise DatasetError(error)
+        if len(skipped):
+            self.skipped += len(skipped)
+            for index in skipped.tolist():
+                logger.warning("skipped corrupt %s (replaced by another sample of its batch)", self.shards.describe(index))
+        return images, labels
+
+    def _finish(self, images: torch.Tensor) -> torch.Tensor:
+        if self.normalize:
+            images = images.to(torch.float32).sub_(self._mean).div_(self._std)
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images
+
+    def _cuda_batches(self, results: Iterator[Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Copy one batch ahead on a side stream; convert and normalize there; hand over safely."""
+        stream = torch.cuda.Stream(device=self.device)
+
+        def upload(result: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            images, labels = self._check(result)
+            with torch.cuda.stream(stream):
+                images = images.to(self.device, non_blocking=True)
+                labels = labels.to(self.device, non_blocking=True)
+                return self._finish(images), labels
+
+        pending = None
+        for result in results:
+            ready = upload(result)
+            if pending is not None:
+                yield self._handover(pending, stream)
+            pending = ready
+        if pending is not None:
+            yield self._handover(pending, stream)
+
+    def _handover(self, batch: tuple[torch.Tensor, torch.Tensor], stream: torch.cuda.Stream) -> tuple[torch.Tensor, torch.Tensor]:
+        current = torch.cuda.current_stream(self.device)
+        current.wait_stream(stream)
+        for tensor in batch:
+            tensor.record_stream(current)
+        self.sampler.mark_consumed()
+        return batch
+
+
+def make_torch_loader(
+    path: PathLike | Sequence[PathLike] | ShardSet,
+    split: str = "train",
+    *,
+    batch_size: int,
+    train: bool = True,
+    image_size: int = 224,
+    workers: int | None = None,
+    seed: int = 0,
+    rank: int | None = None,
+    world_size: int | None = None,
+    device: str | torch.device | None = None,
+    normalize: bool = True,
+    channels_last: bool = False,
+    remainder: str = "drop",
+    shuffle: bool | None = None,
+    block_shuffle: int | None = None,
+    shuffle_window: int | None = None,
+    on_corrupt: str = "raise",
+    sample_transform: SampleTransform | None = None,
+    persistent_workers: bool = True,
+    prefetch_factor: int = 2,
+    pin_memory: bool | None = None,
+    multiprocessing_context: str | None = None,
+) -> TorchLoader:
+    """A rank-aware, seeded loader of ``(images, labels)`` over packed shards (see the module docstring).
+
+    ``remainder``: "drop" or "pad" for train (every rank gets the same full batches); eval
+    (``train=False``) yields every record exactly once across ranks. ``block_shuffle``:
+    block size for block-wise shuffling on slow storage (``shuffle_window`` records per
+    shuffle window). ``sample_transform``: optional user callable on each uint8 CHW sample
+    (same shape out), run in the workers after imgpipe's geometry.
+    """
+    env = DistEnv.detect(rank, world_size)
+    shards = path if isinstance(path, ShardSet) else open_shards(path, split)
+    if len(shards) == 0:
+        raise DatasetError(f"split {split!r} of {path} has no records")
+    geometry: TrainGeometry | EvalGeometry = TrainGeometry(image_size=image_size) if train else EvalGeometry(image_size=image_size)
+    sampler = EpochSampler(
+        len(shards),
+        batch_size=batch_size,
+        train=train,
+        shuffle=shuffle,
+        seed=seed,
+        rank=env.rank,
+        world_size=env.world_size,
+        remainder=remainder,
+        block_size=block_shuffle,
+        window=shuffle_window,
+    )
+    dataset = BatchDataset(shards, geometry=geometry, seed=seed, rank=env.rank, on_corrupt=on_corrupt, sample_transform=sample_transform)
+    shards.labels  # noqa: B018  (bare .rec files: read header labels once here, not in every worker)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    workers = default_workers(env.local_world_size) if workers is None else int(workers)
+    if workers < 0:
+        raise ConfigError(f"workers must be >= 0, got {workers}")
+    return TorchLoader(
+        shards,
+        sampler=sampler,
+        dataset=dataset,
+        workers=workers,
+        device=device,
+        normalize=normalize,
+        channels_last=channels_last,
+        persistent_workers=persistent_workers,
+        prefetch_factor=prefetch_factor,
+        pin_memory=device.type == "cuda" if pin_memory is None else pin_memory,
+        multiprocessing_context=multiprocessing_context,
+    )

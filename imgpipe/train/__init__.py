@@ -1,0 +1,41 @@
+"""``imgpipe train``: a DDP trainer that runs however it is launched and says where the time goes.
+
+``run(config, gpus=..., nproc=...)`` launches the ranks (see :mod:`imgpipe.train.launch`) and
+returns rank 0's :class:`TrainResult`. Modules: config, launch, data, loop, checkpoint, metrics.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+from imgpipe.train.config import TrainConfig, default_yaml, load_config
+
+__all__ = ["TrainConfig", "TrainResult", "default_yaml", "demo_config_path", "load_config", "run"]
+
+
+def run(config: TrainConfig, *, gpus: int | None = None, nproc: int | None = None, backend: str | None = None) -> Any:
+    """Train with ``config`` on the ranks that gpus/nproc or the launcher's environment give; returns a TrainResult."""
+    from imgpipe.train.launch import launch
+
+    return launch(_train_rank, config, gpus=gpus, nproc=nproc, backend=backend, timeout_s=config.train.timeout_s)
+
+
+def _train_rank(ctx: Any, config: TrainConfig) -> Any:
+    """The per-rank entry point; imports torch only in the ranks, not in a launcher that spawns them."""
+    from imgpipe.train.loop import train_rank
+
+    return train_rank(ctx, config)
+
+
+def demo_config_path() -> str:
+    """Path of the bundled demo config (a short 2-process CPU run; set data.path and output.dir)."""
+    return str(resources.files("imgpipe.train").joinpath("demo.yaml"))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TrainResult":
+        from imgpipe.train.loop import TrainResult
+
+        return TrainResult
+    raise AttributeError(f"module 'imgpipe.train' has no attribute {name!r}")

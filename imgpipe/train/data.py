@@ -1,0 +1,117 @@
+"""The trainer's data: train/val loaders for a config (torch, DALI, or synthetic in-memory batches).
+
+``synthetic`` serves one fixed random batch from device memory, as many times per epoch as
+the real train split would give: training on it measures the compute ceiling, with no
+decoding and no data wait, to compare the real loaders against.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+from imgpipe.errors import ConfigError, DatasetError
+from imgpipe.manifest import Manifest, load_manifest
+from imgpipe.sampler import batch_count
+from imgpipe.train.config import TrainConfig
+from imgpipe.train.launch import RankContext
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainData:
+    """The loaders of one rank plus what the trainer needs to know about the dataset."""
+
+    train: Any
+    val: Any | None
+    classes: list[str]
+    val_records: int
+
+
+def build_data(config: TrainConfig, ctx: RankContext) -> TrainData:
+    """Open the manifest and build this rank's loaders as the config says."""
+    if not config.data.path:
+        raise ConfigError("data.path is not set: point it at a folder made by 'imgpipe pack' (--set data.path=DIR)")
+    manifest = load_manifest(config.data.path)
+    for split in (config.data.train_split,):
+        if split not in manifest.splits:
+            raise DatasetError(f"{config.data.path}: no split {split!r} (has {', '.join(sorted(manifest.splits))}); set data.train_split")
+    val_split = config.data.val_split if config.train.validate else ""
+    if val_split and val_split not in manifest.splits:
+        logger.warning("%s has no split %r: skipping validation", config.data.path, val_split)
+        val_split = ""
+    kwargs = dict(
+        image_size=config.data.image_size,
+        workers=config.data.workers,
+        seed=config.train.seed,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        device=ctx.device,
+        normalize=True,
+        channels_last=config.train.channels_last,
+    )
+    backend = config.data.backend
+    if backend == "synthetic":
+        train = SyntheticBatches(manifest, config, ctx)
+        val = None
+        val_split = ""
+    else:
+        make = _loader_factory(backend)
+        train = make(config.data.path, config.data.train_split, batch_size=config.train.batch_size, train=True, **kwargs)
+        val = make(config.data.path, val_split, batch_size=config.train.batch_size, train=False, **kwargs) if val_split else None
+    return TrainData(train, val, list(manifest.classes), manifest.splits[val_split].records if val_split else 0)
+
+
+def _loader_factory(backend: str) -> Any:
+    if backend == "torch":
+        from imgpipe.loaders.torch import make_torch_loader
+
+        return make_torch_loader
+    if backend == "dali":
+        from imgpipe.loaders.dali import make_dali_loader
+
+        return make_dali_loader
+    raise ConfigError(f"data.backend must be torch, dali or synthetic, got {backend!r}")
+
+
+class SyntheticBatches:
+    """One random batch kept on the device, yielded ``len(self)`` times per epoch (the compute ceiling)."""
+
+    def __init__(self, manifest: Manifest, config: TrainConfig, ctx: RankContext) -> None:
+        records = manifest.splits[config.data.train_split].records
+        self.batches = batch_count(records, rank=ctx.rank, world_size=ctx.world_size, batch_size=config.train.batch_size)
+        if self.batches == 0:
+            raise DatasetError(f"{config.data.path}: {records} records cannot fill one batch per rank; lower train.batch_size")
+        generator = torch.Generator().manual_seed(config.train.seed + ctx.rank)
+        size, n = config.data.image_size, config.train.batch_size
+        images = torch.randn(n, 3, size, size, generator=generator).to(ctx.device)
+        if config.train.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        self.images = images
+        self.labels = torch.randint(0, len(manifest.classes), (n,), generator=generator).to(ctx.device)
+        self.epoch = 0
+        self._start = 0
+        self._consumed = 0
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self._start = epoch, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "batches": self._consumed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self._start = int(state["epoch"]), int(state["batches"])
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self._consumed = self._start
+        for _ in range(self._start, self.batches):
+            self._consumed += 1
+            yield self.images, self.labels
+        self._start = 0

@@ -1,0 +1,488 @@
+"""One rank's training run: model, DDP, optimizer, the epoch loop, validation, metrics, checkpoints.
+
+Every rank runs :func:`train_rank`; decisions that must agree across ranks (stop on a signal,
+checkpoint) are taken by every rank at the same optimizer step, and only rank 0 prints, logs
+and writes files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import random
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from imgpipe.errors import ConfigError, TrainError
+from imgpipe.train import checkpoint as ckpt
+from imgpipe.train.config import TrainConfig, save_config
+from imgpipe.train.data import TrainData, build_data
+from imgpipe.train.launch import RankContext, install_stop_handlers, stop_requested
+from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gather_summaries, global_images_per_s, imbalance
+
+logger = logging.getLogger(__name__)
+
+UNUSED_PARAMS_TEXT = "Expected to have finished reduction in the prior iteration"
+
+
+@dataclass
+class TrainResult:
+    """What a run did: rank 0's view (all metrics are all-reduced over the ranks)."""
+
+    output_dir: str
+    epochs_completed: int
+    step: int
+    train_loss: list[float] = field(default_factory=list)  # per epoch
+    train_top1: list[float] = field(default_factory=list)
+    val_top1: float | None = None
+    val_top5: float | None = None
+    val_samples: int = 0
+    images_per_s: float = 0.0
+    imbalance: float = 1.0
+    stopped_by: str | None = None  # "SIGTERM"/"SIGINT" when a signal stopped the run
+    checkpoint: str | None = None
+
+
+@dataclass
+class _State:
+    epoch: int = 0  # the epoch being run
+    epoch_step: int = 0  # optimizer steps done in it
+    step: int = 0  # optimizer steps done in the whole run
+
+
+def train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
+    """Train as this rank (``launch(train_rank, config, ...)``); rank 0 returns the TrainResult, others None."""
+    if not ctx.is_main:
+        logging.getLogger("imgpipe").setLevel(logging.WARNING)
+    install_stop_handlers()
+    _seed_everything(config.train.seed, ctx.rank, config.train.deterministic, ctx.device)
+    data = build_data(config, ctx)
+    num_classes = config.model.num_classes or len(data.classes)
+    run = _Run(ctx, config, data, num_classes)
+    try:
+        result = run.fit()
+        return result if ctx.is_main else None
+    except torch.cuda.OutOfMemoryError as e:
+        raise TrainError(_oom_message(ctx, config, str(e))) from None
+    except RuntimeError as e:
+        text = str(e)
+        if "illegal memory access" in text:
+            raise TrainError(_oom_message(ctx, config, text, disguised=True)) from None
+        if UNUSED_PARAMS_TEXT in text:
+            raise TrainError(
+                f"DDP found parameters of model {config.model.name!r} that got no gradient in a step: set "
+                "train.find_unused_parameters: true (slower), or make every output of the model take part in the loss"
+            ) from None
+        raise
+    finally:
+        run.close()
+
+
+class _Run:
+    """The objects of one run and the steps of the loop."""
+
+    def __init__(self, ctx: RankContext, config: TrainConfig, data: TrainData, num_classes: int) -> None:
+        self.ctx, self.config, self.data = ctx, config, data
+        self.device = ctx.device
+        self.out = Path(config.output.dir)
+        self.accum = config.train.grad_accum
+        self.steps_per_epoch = len(data.train) // self.accum
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"train.grad_accum {self.accum} is more than the {len(data.train)} batches per epoch of each rank")
+        self.total_steps = self.steps_per_epoch * config.train.epochs
+        self.global_batch = config.train.batch_size * ctx.world_size * self.accum
+        self.model, self.ddp = build_model(config, num_classes, ctx)
+        self.optimizer = build_optimizer(self.model, config, self.global_batch)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(config, self.steps_per_epoch))
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.train.amp == "fp16")
+        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=config.optim.label_smoothing)
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.train.amp)
+        self.topk = min(5, num_classes)
+        self.state = _State()
+        self.timer = StepTimer(self.device)
+        self.jsonl = JsonlWriter(self.out / "metrics.jsonl", enabled=ctx.is_main)
+        self.tb = _tensorboard(self.out / "tensorboard") if ctx.is_main and config.output.tensorboard else None
+        self.result = TrainResult(output_dir=str(self.out), epochs_completed=0, step=0)
+        self._resume_loader: dict[str, Any] | None = None
+        self._saved_step = -1
+        self._epoch_totals = torch.zeros(4, dtype=torch.float64, device=self.device)
+        if ctx.is_main:
+            save_config(config, self.out)
+            logger.info(
+                "training %s on %d rank(s) (%s): %d steps/epoch, global batch %d, lr %.4g",
+                config.model.name, ctx.world_size, self.device, self.steps_per_epoch, self.global_batch,
+                config.optim.base_lr * self.global_batch / 256,
+            )
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self) -> TrainResult:
+        self._maybe_resume()
+        every_epochs = self.config.output.checkpoint_every_epochs
+        while self.state.epoch < self.config.train.epochs:
+            stop = self._train_epoch()
+            if self.state.epoch_step == self.steps_per_epoch:
+                self._end_of_epoch()
+                self.state.epoch, self.state.epoch_step = self.state.epoch + 1, 0
+                if not stop and every_epochs and self.state.epoch % every_epochs == 0:
+                    self._save()
+            if stop:
+                break
+        if self._saved_step != self.state.step:
+            self._save(stopping=self.result.stopped_by is not None)
+        self.result.step = self.state.step
+        self.result.epochs_completed = self.state.epoch
+        return self.result
+
+    def _train_epoch(self) -> bool:
+        """Run (the rest of) one epoch; True when the run must stop now (signal or max_steps)."""
+        state, loader = self.state, self.data.train
+        if self._resume_loader is not None:
+            loader.load_state_dict(self._resume_loader)
+            self._resume_loader = None
+        else:
+            loader.set_epoch(state.epoch)
+        self.model.train()
+        self.timer.reset()
+        totals = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss sum, top-1, top-k, samples
+        micro_total = self.steps_per_epoch * self.accum
+        micro = state.epoch_step * self.accum
+        bar = tqdm(total=self.steps_per_epoch, initial=state.epoch_step, desc=f"epoch {state.epoch}", disable=not self.ctx.is_main, leave=False)
+        try:
+            for images, labels in self.timer.iterate(loader):
+                if micro >= micro_total:
+                    break
+                final = (micro + 1) % self.accum == 0
+                with self.timer.compute(images=labels.shape[0]):
+                    loss = self._forward_backward(images, labels, final, totals)
+                    if final:
+                        self._optimizer_step()
+                micro += 1
+                if not final:
+                    continue
+                state.epoch_step += 1
+                state.step += 1
+                bar.update(1)
+                if state.step % self.config.train.log_every == 0:
+                    self._log_step(loss, bar)
+                if self._agree_to_stop():
+                    return True
+                if self._checkpoint_due():
+                    self._save()
+        finally:
+            bar.close()
+            self._epoch_totals = totals
+        return False
+
+    def _forward_backward(self, images: torch.Tensor, labels: torch.Tensor, final: bool, totals: torch.Tensor) -> torch.Tensor:
+        sync = contextlib.nullcontext() if final or not self.ctx.distributed else self.ddp.no_sync()
+        with sync:
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None):
+                output = self.ddp(images)
+                loss = self.criterion(output, labels)
+            self.scaler.scale(loss / self.accum).backward()
+        with torch.no_grad():
+            top1, topk = _correct(output.detach(), labels, self.topk)
+            totals += torch.stack([loss.detach().double() * labels.shape[0], top1, topk, torch.tensor(labels.shape[0], device=self.device, dtype=torch.float64)])
+        return loss.detach()
+
+    def _optimizer_step(self) -> None:
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+
+    def _agree_to_stop(self) -> bool:
+        """True on every rank when any rank got SIGTERM/SIGINT or max_steps is reached."""
+        signum = stop_requested()
+        flag = torch.tensor([signum or 0], dtype=torch.int64, device=self.device)
+        if self.ctx.distributed:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if int(flag.item()):
+            self.result.stopped_by = signal.Signals(int(flag.item())).name
+            logger.warning("%s: stopping all ranks at step %d and writing a checkpoint", self.result.stopped_by, self.state.step)
+            return True
+        return self._max_steps_reached()
+
+    def _max_steps_reached(self) -> bool:
+        return self.config.train.max_steps is not None and self.state.step >= self.config.train.max_steps
+
+    def _checkpoint_due(self) -> bool:
+        every = self.config.output.checkpoint_every_steps
+        return bool(every) and self.state.step % every == 0 and self.state.epoch_step < self.steps_per_epoch
+
+    # ------------------------------------------------------------------ epoch end
+
+    def _end_of_epoch(self) -> None:
+        totals = self._epoch_totals
+        if self.ctx.distributed:
+            dist.all_reduce(totals)
+        loss_sum, top1, topk, samples = totals.tolist()
+        summaries = gather_summaries(self.timer.summary(self.ctx.rank))
+        record: dict[str, Any] = {
+            "kind": "epoch",
+            "epoch": self.state.epoch,
+            "step": self.state.step,
+            "train_loss": loss_sum / max(samples, 1),
+            "train_top1": top1 / max(samples, 1),
+            f"train_top{self.topk}": topk / max(samples, 1),
+            "train_samples": int(samples),
+            "images_per_s": global_images_per_s(summaries),
+            "imbalance": imbalance(summaries),
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "ranks": [s.to_dict() for s in summaries],
+        }
+        if self.data.val is not None:
+            record.update(self._validate())
+        self.result.train_loss.append(record["train_loss"])
+        self.result.train_top1.append(record["train_top1"])
+        self.result.images_per_s, self.result.imbalance = record["images_per_s"], record["imbalance"]
+        if self.ctx.is_main:
+            lines = [
+                f"epoch {self.state.epoch}: step {self.state.step}, train loss {record['train_loss']:.4f}, "
+                f"top-1 {record['train_top1']:.4f}, top-{self.topk} {record[f'train_top{self.topk}']:.4f} ({int(samples)} samples, all ranks)",
+                format_rank_table(summaries),
+            ]
+            if "val_top1" in record:
+                lines.append(
+                    f"val: {record['val_samples']} samples, loss {record['val_loss']:.4f}, "
+                    f"top-1 {record['val_top1']:.4f}, top-{self.topk} {record[f'val_top{self.topk}']:.4f}"
+                )
+            tqdm.write("\n".join(lines))
+            self.jsonl.write(record)
+            if self.tb is not None:
+                for key, value in record.items():
+                    if isinstance(value, float):
+                        self.tb.add_scalar(f"epoch/{key}", value, self.state.step)
+                self.tb.flush()
+
+    def _validate(self) -> dict[str, Any]:
+        """Exact validation: every val record once across ranks; counts are all-reduced."""
+        module = self.model
+        _broadcast_buffers(module, self.ctx)
+        module.eval()
+        totals = torch.zeros(4, dtype=torch.float64, device=self.device)
+        self.data.val.set_epoch(self.state.epoch)
+        with torch.no_grad():
+            for images, labels in self.data.val:
+                with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None):
+                    output = module(images)
+                    loss = self.criterion(output.float(), labels)
+                top1, topk = _correct(output, labels, self.topk)
+                totals += torch.stack([loss.double() * labels.shape[0], top1, topk, torch.tensor(labels.shape[0], device=self.device, dtype=torch.float64)])
+        if self.ctx.distributed:
+            dist.all_reduce(totals)
+        module.train()
+        loss_sum, top1, topk, samples = totals.tolist()
+        samples = int(samples)
+        if samples != self.data.val_records:
+            logger.error("validation saw %d samples but split %r has %d records", samples, self.config.data.val_split, self.data.val_records)
+        self.result.val_top1, self.result.val_top5, self.result.val_samples = top1 / max(samples, 1), topk / max(samples, 1), samples
+        return {
+            "val_samples": samples,
+            "val_loss": loss_sum / max(samples, 1),
+            "val_top1": top1 / max(samples, 1),
+            f"val_top{self.topk}": topk / max(samples, 1),
+        }
+
+    def _log_step(self, loss: torch.Tensor, bar: Any) -> None:
+        if not self.ctx.is_main:
+            return
+        last = self.timer.records[-1] if self.timer.records else None
+        value = float(loss.float().item())
+        lr = self.optimizer.param_groups[0]["lr"]
+        bar.set_postfix(loss=f"{value:.3f}", lr=f"{lr:.3g}")
+        self.jsonl.write({
+            "kind": "step", "epoch": self.state.epoch, "step": self.state.step, "loss": value, "lr": lr,
+            "data_s": last.data_s if last else None, "compute_s": last.compute_s if last else None,
+        })
+        if self.tb is not None:
+            self.tb.add_scalar("step/loss_rank0", value, self.state.step)
+            self.tb.add_scalar("step/lr", lr, self.state.step)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _save(self, stopping: bool = False) -> None:
+        """Every rank calls this at the same step (RNG states are gathered); rank 0 writes."""
+        rngs = _gather_objects(ckpt.rng_state(), self.ctx)
+        self._saved_step = self.state.step
+        if not self.ctx.is_main:
+            return
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "epoch": self.state.epoch,
+            "epoch_step": self.state.epoch_step,
+            "step": self.state.step,
+            "loader": _loader_state(self.data.train) if self.state.epoch_step else None,
+            "rng": rngs,
+            "world_size": self.ctx.world_size,
+            "config": self.config.to_dict(),
+        }
+        path = ckpt.save_checkpoint(ckpt.checkpoint_path(self.out), state)
+        self.result.checkpoint = str(path)
+        logger.info("checkpoint: %s (epoch %d, step %d)%s", path, self.state.epoch, self.state.step, "; resume with --resume" if stopping else "")
+
+    def _maybe_resume(self) -> None:
+        mode = self.config.output.resume
+        path = ckpt.checkpoint_path(self.out)
+        if mode == "no" or (mode == "auto" and not path.exists()):
+            return
+        saved = ckpt.load_checkpoint(path)
+        if saved["world_size"] != self.ctx.world_size:
+            logger.warning("checkpoint was written by %d ranks, resuming on %d: the batch order changes", saved["world_size"], self.ctx.world_size)
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.scaler.load_state_dict(saved["scaler"])
+        self.state = _State(epoch=int(saved["epoch"]), epoch_step=int(saved["epoch_step"]), step=int(saved["step"]))
+        if saved["loader"] is not None:
+            self._resume_loader = saved["loader"]
+        rngs = saved["rng"]
+        ckpt.set_rng_state(rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else rngs[0])
+        logger.info("resumed from %s at epoch %d, step %d", path, self.state.epoch, self.state.step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None
+
+
+# ----------------------------------------------------------------------------- building blocks
+
+
+def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(model, what to call it through): the torchvision model on this rank's device, DDP-wrapped when distributed."""
+    import torchvision
+
+    try:
+        model = torchvision.models.get_model(config.model.name, num_classes=num_classes)
+    except ValueError:
+        known = torchvision.models.list_models(module=torchvision.models)
+        import difflib
+
+        close = difflib.get_close_matches(config.model.name, known, n=3)
+        raise ConfigError(f"model.name {config.model.name!r} is not a torchvision classification model" + (f"; did you mean {', '.join(close)}?" if close else "")) from None
+    if config.train.sync_bn and ctx.distributed:
+        logger.warning("train.sync_bn: every BatchNorm layer now all-reduces its statistics in every step; expect a slower step (worth it only for small per-rank batches)")
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
+    model = model.to(ctx.device, memory_format=memory_format)
+    misplaced = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.device != ctx.device]
+    if misplaced:
+        raise TrainError(f"rank {ctx.rank}: {misplaced[0]} of model {config.model.name!r} is on {dict(model.named_parameters()).get(misplaced[0], 'another device')} not on {ctx.device}; move the model to the rank's device before DDP")
+    if not ctx.distributed:
+        return model, model
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model,
+        device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+        find_unused_parameters=config.train.find_unused_parameters,
+    )
+    return model, ddp
+
+
+def build_optimizer(model: torch.nn.Module, config: TrainConfig, global_batch: int) -> torch.optim.Optimizer:
+    """SGD with lr = base_lr * global_batch / 256 and no weight decay on BN and bias parameters (ndim <= 1)."""
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (no_decay if param.ndim <= 1 else decay).append(param)
+    groups = [{"params": decay, "weight_decay": config.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.SGD(
+        groups,
+        lr=config.optim.base_lr * global_batch / 256,
+        momentum=config.optim.momentum,
+        nesterov=config.optim.nesterov and config.optim.momentum > 0,
+    )
+
+
+def lr_schedule(config: TrainConfig, steps_per_epoch: int) -> Any:
+    """Multiplier of the scaled lr at optimizer step s: linear warmup, then cosine to 0 or step decay."""
+    warmup = int(round(config.optim.warmup_epochs * steps_per_epoch))
+    total = max(1, config.train.epochs * steps_per_epoch)
+    boundaries = [e * steps_per_epoch for e in config.optim.step_epochs]
+    gamma, cosine = config.optim.step_gamma, config.optim.schedule == "cosine"
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if cosine:
+            progress = (step - warmup) / max(1, total - warmup)
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return gamma ** sum(step >= b for b in boundaries)
+
+    return factor
+
+
+def _correct(output: torch.Tensor, labels: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    top = output.topk(k, dim=1).indices
+    hits = top.eq(labels.view(-1, 1))
+    return hits[:, 0].sum().double(), hits.any(dim=1).sum().double()
+
+
+def _broadcast_buffers(module: torch.nn.Module, ctx: RankContext) -> None:
+    """Give every rank rank 0's BatchNorm statistics, so validation is the same model everywhere."""
+    if ctx.distributed:
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=0)
+
+
+def _gather_objects(value: Any, ctx: RankContext) -> list[Any]:
+    if not ctx.distributed:
+        return [value]
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def _loader_state(loader: Any) -> dict[str, Any] | None:
+    return loader.state_dict() if hasattr(loader, "state_dict") else None
+
+
+def _seed_everything(seed: int, rank: int, deterministic: bool, device: torch.device) -> None:
+    """Same model init on every rank (torch seed), distinct python/numpy streams per rank."""
+    random.seed(seed * 1000 + rank)
+    np.random.seed(seed * 1000 + rank)
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    elif device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+
+
+def _tensorboard(folder: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        logger.debug("tensorboard not installed: metrics go to metrics.jsonl only")
+        return None
+    return SummaryWriter(str(folder))
+
+
+def _oom_message(ctx: RankContext, config: TrainConfig, text: str, disguised: bool = False) -> str:
+    memory = ""
+    if ctx.device.type == "cuda":
+        with contextlib.suppress(Exception):
+            free, total = torch.cuda.mem_get_info(ctx.device)
+            peak = torch.cuda.max_memory_allocated(ctx.device)
+            memory = f"; peak allocated {peak / 2**30:.1f} GiB, free {free / 2**30:.1f} of {total / 2**30:.1f} GiB"
+    what = "CUDA error 'illegal memory access' (most often an out-of-memory in disguise)" if disguised else "CUDA out of memory"
+    return (
+        f"rank {ctx.rank}: {what} with train.batch_size={config.train.batch_size} per process, model {config.model.name}, "
+        f"image_size {config.data.image_size}, amp {config.train.amp}{memory}; lower train.batch_size (keep the global batch "
+        f"with train.grad_accum), use train.amp: bf16, and check that no other process holds this GPU (nvidia-smi)"
+    )
+

@@ -1,0 +1,337 @@
+"""``imgpipe verify``: is a packed folder complete and intact? Every problem is located.
+
+With a manifest, each shard is checked against it: size and sha256 of the .rec and .idx,
+the framing of every record, that the .idx lists exactly the record starts in order with
+keys equal to the IRHeader ids, record counts, labels (integral, in range, equal to the
+labels sidecar), each record's crc32 against the checksum sidecar, and the sidecars
+themselves. ``decode=True`` also decodes every image with Pillow. Bare .rec/.idx pairs
+(e.g. from im2rec) get the framing and index checks. Shards are checked in parallel.
+
+A problem reads ``file: record K (offset O, source S): what``, where K is the record's
+index in its split (for a bare pair: in its file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import multiprocessing as mp
+import os
+import zlib
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from imgpipe.errors import DatasetError, RecordIOError
+from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, sha256_file
+from imgpipe.recordio import iter_frames, read_index, unpack_header
+
+logger = logging.getLogger(__name__)
+
+MAX_PROBLEMS_PER_SHARD = 100
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong, and where."""
+
+    file: str
+    message: str
+    record: int | None = None
+    offset: int | None = None
+    source: str | None = None
+
+    def __str__(self) -> str:
+        where = []
+        if self.offset is not None:
+            where.append(f"offset {self.offset}")
+        if self.source is not None:
+            where.append(f"source {self.source}")
+        location = ""
+        if self.record is not None:
+            location = f" record {self.record}" + (f" ({', '.join(where)})" if where else "")
+        elif where:
+            location = f" {', '.join(where)}"
+        return f"{self.file}:{location}: {self.message}" if location else f"{self.file}: {self.message}"
+
+
+@dataclass
+class VerifyReport:
+    """The result of a verify run; ``ok`` only when the dataset is complete and intact."""
+
+    path: Path
+    problems: list[Problem] = field(default_factory=list)
+    shards: int = 0
+    records: int = 0
+    bytes: int = 0
+    decoded: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        checks = "checked" + (" and decoded" if self.decoded else "")
+        state = "OK" if self.ok else f"{len(self.problems)} problem(s)"
+        return f"{self.path}: {state}: {checks} {self.records:,} records in {self.shards} shard(s), {self.bytes / 1e6:,.1f} MB"
+
+
+@dataclass(frozen=True)
+class ShardCheck:
+    """One shard to check (plain data for a worker process)."""
+
+    rec: Path
+    idx: Path
+    expected: ShardInfo | None = None  # None for a bare pair
+    first_record: int = 0
+    labels: np.ndarray | None = None
+    crc32: np.ndarray | None = None
+    sources: Sequence[str] | None = None
+    num_classes: int | None = None
+    decode: bool = False
+
+
+@dataclass
+class ShardOutcome:
+    problems: list[Problem]
+    records: int
+    bytes: int
+
+
+def verify(dst: str | os.PathLike, *, decode: bool = False, workers: int | None = None, progress: bool = True) -> VerifyReport:
+    """Check a packed folder, or a bare .rec (or a folder of them); see the module docstring."""
+    path = Path(dst)
+    report = VerifyReport(path=path, decoded=decode)
+    if path.is_dir() and (path / MANIFEST_NAME).exists():
+        manifest = load_manifest(path)
+        checks = _manifest_checks(path, manifest, decode, report.problems)
+    elif path.is_file() and path.suffix == ".rec":
+        checks = [ShardCheck(path, path.with_suffix(".idx"), decode=decode)]
+    elif path.is_dir():
+        recs = sorted(path.glob("*.rec"))
+        if not recs:
+            raise DatasetError(f"{path}: no {MANIFEST_NAME} and no .rec files; give a folder made by 'imgpipe pack' or a .rec file")
+        checks = [ShardCheck(rec, rec.with_suffix(".idx"), decode=decode) for rec in recs]
+    else:
+        raise DatasetError(f"{path}: not found; give a folder made by 'imgpipe pack', or a .rec file")
+    for outcome in _run(checks, workers, progress):
+        report.problems += outcome.problems
+        report.records += outcome.records
+        report.bytes += outcome.bytes
+        report.shards += 1
+    return report
+
+
+def _manifest_checks(folder: Path, manifest: Manifest, decode: bool, problems: list[Problem]) -> list[ShardCheck]:
+    """Check the sidecars of every split; return the shard checks."""
+    checks = []
+    classes = len(manifest.classes)
+    for name, split in manifest.splits.items():
+        total = split.records
+        sources = _load_sources(folder / split.sources, split.sources_sha256, total, problems)
+        labels = _load_array(folder / split.labels, split.labels_sha256, total, np.int32, problems)
+        if labels is not None and labels.size and (labels.min() < 0 or labels.max() >= classes):
+            bad = int(np.argmax((labels < 0) | (labels >= classes)))
+            problems.append(Problem(split.labels, f"label {labels[bad]} is outside 0..{classes - 1}", record=bad))
+        crcs = None
+        if split.checksums:
+            crcs = _load_array(folder / split.checksums, split.checksums_sha256, total, np.uint32, problems)
+        first = 0
+        for shard in split.shards:
+            stop = first + shard.records
+            checks.append(
+                ShardCheck(
+                    rec=folder / shard.name,
+                    idx=folder / shard.index,
+                    expected=shard,
+                    first_record=first,
+                    labels=None if labels is None else labels[first:stop],
+                    crc32=None if crcs is None else crcs[first:stop],
+                    sources=None if sources is None else sources[first:stop],
+                    num_classes=classes,
+                    decode=decode,
+                )
+            )
+            first = stop
+    return checks
+
+
+def _load_sources(path: Path, sha: str, count: int, problems: list[Problem]) -> list[str] | None:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        problems.append(Problem(path.name, "missing sidecar of source paths"))
+        return None
+    if hashlib.sha256(data).hexdigest() != sha:
+        problems.append(Problem(path.name, "sha256 differs from the manifest"))
+    lines = data.decode("utf-8", "surrogateescape").splitlines()
+    if len(lines) != count:
+        problems.append(Problem(path.name, f"{len(lines)} lines, the manifest counts {count} records"))
+        return None
+    return lines
+
+
+def _load_array(path: Path, sha: str, count: int, dtype: type, problems: list[Problem]) -> np.ndarray | None:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        problems.append(Problem(path.name, "missing sidecar"))
+        return None
+    if hashlib.sha256(data).hexdigest() != sha:
+        problems.append(Problem(path.name, "sha256 differs from the manifest"))
+    try:
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        problems.append(Problem(path.name, f"not a readable .npy file ({e})"))
+        return None
+    if array.ndim != 1 or array.shape[0] != count:
+        problems.append(Problem(path.name, f"holds {array.shape} values, the manifest counts {count} records"))
+        return None
+    return array.astype(dtype, copy=False)
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def _run(checks: list[ShardCheck], workers: int | None, progress: bool) -> list[ShardOutcome]:
+    workers = max(1, min(workers or len(os.sched_getaffinity(0)), len(checks)))
+    outcomes: list[ShardOutcome | None] = [None] * len(checks)
+    with tqdm(total=len(checks), unit="shard", desc="verify", disable=not progress, dynamic_ncols=True) as bar:
+        if workers == 1:
+            for k, check in enumerate(checks):
+                outcomes[k] = check_shard(check)
+                bar.update(1)
+        else:
+            context = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+            with ProcessPoolExecutor(workers, mp_context=context) as pool:
+                futures = {pool.submit(check_shard, check): k for k, check in enumerate(checks)}
+                for future in as_completed(futures):
+                    outcomes[futures[future]] = future.result()
+                    bar.update(1)
+    return [o for o in outcomes if o is not None]
+
+
+# ----------------------------------------------------------------------------- one shard
+
+
+def check_shard(check: ShardCheck) -> ShardOutcome:
+    """Every check of one .rec/.idx pair; never raises for a broken file."""
+    name = check.rec.name
+    problems: list[Problem] = []
+    expected = check.expected
+    if not check.rec.exists():
+        what = f" ({expected.records} records, {expected.bytes} bytes expected)" if expected else ""
+        return ShardOutcome([Problem(name, f"missing shard{what}")], 0, 0)
+    size = check.rec.stat().st_size
+    if expected is not None:
+        if size != expected.bytes:
+            problems.append(Problem(name, f"{size} bytes, the manifest says {expected.bytes} (truncated or changed)"))
+        elif sha256_file(check.rec) != expected.sha256:
+            problems.append(Problem(name, "sha256 differs from the manifest (the file changed since packing)"))
+    starts, ids = _scan_records(check, problems)
+    _check_index(check, starts, ids, problems)
+    if expected is not None and len(starts) != expected.records:
+        problems.append(Problem(name, f"{len(starts)} readable records, the manifest says {expected.records}"))
+    if len(problems) > MAX_PROBLEMS_PER_SHARD:
+        more = len(problems) - MAX_PROBLEMS_PER_SHARD
+        problems = problems[:MAX_PROBLEMS_PER_SHARD] + [Problem(name, f"... and {more} more problem(s) in this shard")]
+    return ShardOutcome(problems, len(starts), size)
+
+
+def _locate(check: ShardCheck, k: int) -> tuple[int, str | None]:
+    """Split-wide record number and source path of the shard's k-th record."""
+    source = check.sources[k] if check.sources is not None and k < len(check.sources) else None
+    return check.first_record + k, source
+
+
+def _scan_records(check: ShardCheck, problems: list[Problem]) -> tuple[list[int], list[int]]:
+    """Walk the frames of the .rec; check each record; return record starts and IRHeader ids."""
+    name = check.rec.name
+    starts: list[int] = []
+    ids: list[int] = []
+    k = 0
+    try:
+        for offset, record in iter_frames(check.rec):
+            starts.append(offset)
+            number, source = _locate(check, k)
+            try:
+                header, payload = unpack_header(record, check.rec, offset)
+            except RecordIOError as e:
+                problems.append(Problem(name, e.problem, number, offset, source))
+                ids.append(-1)
+                k += 1
+                continue
+            ids.append(int(header.id))
+            for message in _record_problems(check, k, record, header, payload):
+                problems.append(Problem(name, message, number, offset, source))
+            k += 1
+    except RecordIOError as e:
+        number, source = _locate(check, k)
+        problems.append(Problem(name, f"framing broken: {e.problem}", number, e.offset, source))
+    return starts, ids
+
+
+def _record_problems(check: ShardCheck, k: int, record: bytes, header: object, payload: bytes) -> list[str]:
+    found = []
+    if check.crc32 is not None and k < len(check.crc32) and zlib.crc32(record) != int(check.crc32[k]):
+        found.append("checksum mismatch: the record's bytes changed since packing")
+    if check.expected is not None:
+        label = header.label  # type: ignore[attr-defined]
+        if header.flag != 0:  # type: ignore[attr-defined]
+            found.append(f"IRHeader flag {header.flag}: expected one scalar label")  # type: ignore[attr-defined]
+        elif label != int(label) or not 0 <= label < (check.num_classes or 0):
+            found.append(f"label {label} is not a class index in 0..{(check.num_classes or 0) - 1}")
+        elif check.labels is not None and k < len(check.labels) and int(label) != int(check.labels[k]):
+            found.append(f"label {int(label)} differs from the labels sidecar ({int(check.labels[k])})")
+    if check.decode:
+        error = _decode_error(payload)
+        if error:
+            found.append(f"image does not decode: {error}")
+    return found
+
+
+def _decode_error(payload: bytes) -> str | None:
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(payload)) as image:
+            image.load()
+    except Exception as e:  # Pillow raises many types for bad data
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _check_index(check: ShardCheck, starts: list[int], ids: list[int], problems: list[Problem]) -> None:
+    """The .idx must list each record start once, in order, under the record's IRHeader id."""
+    name = check.idx.name
+    if not check.idx.exists():
+        problems.append(Problem(name, "missing index file"))
+        return
+    if check.expected is not None:
+        size = check.idx.stat().st_size
+        if size != check.expected.index_bytes:
+            problems.append(Problem(name, f"{size} bytes, the manifest says {check.expected.index_bytes}"))
+        elif sha256_file(check.idx) != check.expected.index_sha256:
+            problems.append(Problem(name, "sha256 differs from the manifest (the index changed since packing)"))
+    try:
+        keys, offsets = read_index(check.idx)
+    except RecordIOError as e:
+        problems.append(Problem(name, e.problem, offset=e.offset))
+        return
+    start_set = set(starts)
+    for k, (key, offset) in enumerate(zip(keys.tolist(), offsets.tolist())):
+        number, source = _locate(check, k)
+        if k < len(starts) and offset == starts[k]:
+            if key != ids[k] and ids[k] >= 0:
+                problems.append(Problem(name, f"line {k + 1}: key {key} but the record's IRHeader id is {ids[k]}", number, offset, source))
+        elif offset in start_set:
+            problems.append(Problem(name, f"line {k + 1}: offset {offset} is the start of another record (out of order)", number, offset, source))
+        else:
+            problems.append(Problem(name, f"line {k + 1}: offset {offset} is not the start of a record", number, offset, source))
+    if len(keys) != len(starts):
+        problems.append(Problem(name, f"{len(keys)} index lines for {len(starts)} records in {check.rec.name}"))

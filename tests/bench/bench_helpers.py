@@ -1,0 +1,80 @@
+"""Helpers for the bench tests: tiny packed folders made on the fly and hand-made measurements."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from imgpipe.bench.probes import RankStats, StepTimes
+from imgpipe.bench.runner import BenchConfig, BenchResult, RunResult
+from imgpipe.bench.system import SystemSummary
+from imgpipe.diskinfo import DiskInfo
+from imgpipe.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
+from imgpipe.recordio import IndexedRecordWriter, IRHeader, pack_header
+
+DATA = Path(__file__).parent / "data"
+
+
+def _jpeg(rng: np.random.Generator, width: int, height: int) -> bytes:
+    pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=95)
+    return out.getvalue()
+
+
+def make_pack(dst: Path, *, records: int, classes: int = 4, side: tuple[int, int] = (64, 160), shards: int = 2, seed: int = 0) -> Path:
+    """A real packed train split: noisy JPEGs (``side`` = min/max px) in ``shards`` shards, sidecars, manifest."""
+    dst.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    wnids = [f"n{k:08d}" for k in range(classes)]
+    labels = (np.arange(records) % classes).astype(np.int32)
+    bounds = np.linspace(0, records, shards + 1).round().astype(int)
+    infos = []
+    for s in range(shards):
+        rec, idx = dst / f"train-{s:05d}-of-{shards:05d}.rec", dst / f"train-{s:05d}-of-{shards:05d}.idx"
+        with IndexedRecordWriter(rec, idx) as writer:
+            for i in range(bounds[s], bounds[s + 1]):
+                w, h = (int(v) for v in rng.integers(side[0], side[1] + 1, size=2))
+                writer.write(i, pack_header(IRHeader(0, float(labels[i]), i, 0), _jpeg(rng, w, h)))
+        infos.append(ShardInfo(rec.name, idx.name, int(bounds[s + 1] - bounds[s]), rec.stat().st_size, sha256_file(rec),
+                               idx.stat().st_size, sha256_file(idx)))
+    (dst / "train.sources.txt").write_text("".join(f"train/{wnids[l]}/{i}.JPEG\n" for i, l in enumerate(labels)))
+    np.save(dst / "train.labels.npy", labels, allow_pickle=False)
+    split = SplitInfo(infos, "train.sources.txt", sha256_file(dst / "train.sources.txt"), "train.labels.npy",
+                      sha256_file(dst / "train.labels.npy"))
+    write_manifest(dst, Manifest(classes=wnids, splits={"train": split}, options={}, source="/nowhere"))
+    return dst
+
+
+def rank_stats(rank: int, *, wait: float, read: float = 0.001, decode: float = 0.004, compute: float = 0.02, sync: float = 0.0,
+               steps: int = 10, batch: int = 8, timed: bool = True) -> RankStats:
+    """A rank whose every step has the given stage times (seconds)."""
+    stats = RankStats(rank, batch, timed_stages=timed)
+    start = 0.0
+    for _ in range(steps):
+        stats.steps.append(StepTimes(start, wait, read, decode, 0.0002, 0.0, compute, sync))
+        start += wait + compute + sync
+    return stats
+
+
+def system(iowait: float = 1.0, cpu: float = 50.0) -> SystemSummary:
+    return SystemSummary(seconds=2.0, samples=9, cpu_util_pct=cpu, iowait_pct=iowait, iowait_max_pct=iowait,
+                         read_mb_s=5.0, mem_available_mb=1000.0, cached_mb=500.0)
+
+
+SSD = DiskInfo("/dev/nvme0n1p2", "/", "ext4", False, False)
+HDD = DiskInfo("/dev/sdb1", "/data", "ext4", True, False)
+
+
+def result(runs: list[RunResult], *, disk: DiskInfo = SSD, cold: bool = False, cpus: int = 8, **config: object) -> BenchResult:
+    """A BenchResult around hand-made runs."""
+    ranks = len(runs[0].ranks)
+    cfg = BenchConfig(data="/data/imagenet", nproc=ranks, cold=cold, workers=tuple(sorted({r.workers for r in runs})), **config)
+    return BenchResult(cfg, disk, records=1000, data_bytes=10**8, cpus=cpus, device="cpu", runs=runs)
+
+
+def run(ranks: list[RankStats], *, workers: int = 2, iowait: float = 1.0, resident: float | None = 0.0, backend: str = "torch") -> RunResult:
+    return RunResult(backend, workers, ranks, 0.0, 2.0, resident, system(iowait))

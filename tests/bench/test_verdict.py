@@ -1,0 +1,104 @@
+"""The verdict rules on hand-made measurements: each documented threshold decides something."""
+
+from __future__ import annotations
+
+from bench_helpers import DATA, HDD, SSD, rank_stats, result, run
+
+from imgpipe.bench import verdict as rules
+from imgpipe.bench.system import summarize, take_sample
+from imgpipe.bench.verdict import decide
+
+
+def test_recorded_47_percent_iowait_on_a_spinning_disk_is_io_bound() -> None:
+    recorded = DATA / "hdd_iowait"
+    samples = [take_sample(recorded / "before", t=0.0), take_sample(recorded / "after", t=1.25)]
+    ranks = [rank_stats(0, wait=0.030, read=0.004, decode=0.006), rank_stats(1, wait=0.028, read=0.004, decode=0.006)]
+    measured = run(ranks, iowait=0.0)
+    measured.system = summarize(samples, "sdb1", 0.0, 1.25)
+    v = decide(result([measured], disk=HDD))
+    assert v.bound == "io"
+    assert v.message.startswith("I/O bound: 47 % iowait on rotational /dev/sdb1")
+    assert "imgpipe pack" in v.message and "SSD" in v.message
+
+
+def test_slow_reads_without_iowait_are_io_bound_and_fast_disks_get_no_ssd_advice() -> None:
+    ranks = [rank_stats(r, wait=0.03, read=0.04, decode=0.01) for r in range(2)]
+    v = decide(result([run(ranks, iowait=2.0)], disk=SSD))
+    assert v.bound == "io" and "reading takes 80 % of the loader's time" in v.message
+    assert "SSD" not in v.message and "--workers" in v.message
+
+
+def test_decode_bound_names_workers_dali_and_resize() -> None:
+    ranks = [rank_stats(r, wait=0.05, read=0.001, decode=0.10, compute=0.02) for r in range(2)]
+    v = decide(result([run(ranks, workers=1)], cpus=16))
+    assert v.bound == "decode"
+    # loader 101.2 ms per batch against 20 ms of compute: 6 workers keep up
+    assert "raise workers to 6" in v.message
+    assert "--backend dali" in v.message and "--resize 256" in v.message
+
+
+def test_decode_bound_beyond_the_cores_says_so_and_dali_runs_are_not_told_to_use_dali() -> None:
+    ranks = [rank_stats(0, wait=0.05, read=0.001, decode=0.30, compute=0.02)]
+    v = decide(result([run(ranks, workers=2)], cpus=4))
+    assert "more than the 4 core(s) per rank" in v.message
+    dali = [rank_stats(0, wait=0.05, timed=False)]
+    v = decide(result([run(dali, backend="dali")], cpus=4, backends=("dali",)))
+    assert v.bound == "decode" and "--backend dali" not in v.message and "--resize 256" in v.message
+
+
+def test_compute_bound_reports_headroom() -> None:
+    ranks = [rank_stats(r, wait=0.001, read=0.001, decode=0.009, compute=0.02) for r in range(2)]
+    v = decide(result([run(ranks, workers=2)]))
+    assert v.bound == "compute"
+    # 2 workers x 20 ms compute / 10.2 ms of loader work = 3.9x: 292 % headroom
+    assert v.message.startswith("compute bound: the loader has 292 % headroom")
+
+
+def test_data_wait_threshold_is_the_boundary() -> None:
+    below = rules.DATA_BOUND_WAIT * 0.9
+    wait_s = below * 0.02 / (1 - below)  # wait / (wait + compute) = just below the threshold
+    v = decide(result([run([rank_stats(0, wait=wait_s, decode=0.1)])]))
+    assert v.bound == "compute"
+    above = rules.DATA_BOUND_WAIT * 1.1
+    wait_s = above * 0.02 / (1 - above)
+    assert decide(result([run([rank_stats(0, wait=wait_s, decode=0.1)])])).bound == "decode"
+
+
+def test_straggler_with_slow_reads_has_an_io_cause() -> None:
+    ranks = [
+        rank_stats(0, wait=0.001, read=0.001, sync=0.02),
+        rank_stats(1, wait=0.0152, read=0.160),
+        rank_stats(2, wait=0.0008, read=0.0012, sync=0.02),
+    ]
+    v = decide(result([run(ranks)]))
+    assert v.bound == "straggler" and v.straggler == 1 and v.cause == "I/O"
+    assert v.message.startswith("rank 1 is a straggler: it waits for data 43 % of the time, against 2 % on the others; I/O cause")
+    assert "160.0 ms per batch against 1.1 ms" in v.message
+
+
+def test_straggler_with_slow_decode_and_with_no_visible_cause() -> None:
+    decode = [rank_stats(0, wait=0.001, sync=0.02), rank_stats(1, wait=0.02, decode=0.08)]
+    v = decide(result([run(decode)]))
+    assert v.straggler == 1 and v.cause == "decode"
+    unknown = [rank_stats(0, wait=0.001, sync=0.02), rank_stats(1, wait=0.02)]
+    v = decide(result([run(unknown)]))
+    assert v.straggler == 1 and v.cause == "unknown"
+    v = decide(result([run(unknown, iowait=35.0)]))
+    assert v.cause == "I/O" and "35 % iowait" in v.message
+
+
+def test_small_wait_differences_are_not_stragglers() -> None:
+    gap = rules.STRAGGLER_WAIT_GAP * 0.5
+    ranks = [rank_stats(0, wait=0.001), rank_stats(1, wait=0.001 + gap * 0.02)]
+    assert decide(result([run(ranks)])).bound != "straggler"
+
+
+def test_notes_warm_cache_and_best_workers() -> None:
+    fast = run([rank_stats(0, wait=0.001, compute=0.01)], workers=4, resident=1.0)
+    slow = run([rank_stats(0, wait=0.001, compute=0.03)], workers=1, resident=1.0)
+    v = decide(result([slow, fast]))
+    assert v.workers == 4  # the fastest run is judged
+    assert any("rerun with --cold" in n for n in v.notes)
+    assert "best for torch: 4 workers" in " ".join(v.notes)
+    v = decide(result([run([rank_stats(0, wait=0.001)], resident=1.0)], cold=True))
+    assert not any("--cold" in n for n in v.notes)

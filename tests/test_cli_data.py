@@ -1,0 +1,90 @@
+"""`imgpipe pack`, `imgpipe verify` and `imgpipe info` as a user runs them: real subprocesses."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from imgpipe.manifest import load_manifest
+from imgpipe.recordio import FRAME_HEADER, IR_SIZE, read_index
+from imgpipe.synth import make_synthetic
+
+
+def imgpipe(*args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "imgpipe", *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("imgpipe: error:")]
+    assert len(errors) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+@pytest.mark.timeout(120)
+def test_pack_verify_info_round_trip(synth_tree: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "out"
+    packed = imgpipe("pack", synth_tree, dst, "--shards", "train=2,val=1", "--workers", "2", "--seed", "7")
+    assert packed.returncode == 0, packed.stderr
+    assert f"packed 60 records (train 48, val 12) into {dst}" in packed.stdout
+    manifest = load_manifest(dst)
+    assert manifest.options["seed"] == 7 and manifest.options["shards"] == {"train": 2, "val": 1}
+
+    verified = imgpipe("verify", dst, "--decode", "--workers", "2")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert verified.stdout.strip() == f"{dst}: OK: checked and decoded 60 records in 3 shard(s), {manifest.splits['train'].bytes / 1e6 + manifest.splits['val'].bytes / 1e6:,.1f} MB"
+
+    info = imgpipe("info", dst)
+    assert info.returncode == 0, info.stderr
+    assert "train            48 records" in info.stdout and "val              12 records" in info.stdout
+    assert f"classes: 4: {', '.join(manifest.classes)}" in info.stdout
+    assert "seed=7" in info.stdout and "skipped: 0" in info.stdout
+
+    again = imgpipe("pack", synth_tree, dst, "--shards", "train=2,val=1", "--seed", "8")
+    assert_one_line_error(again, "different options (seed 7 -> 8)", "--overwrite")
+
+
+@pytest.mark.timeout(120)
+def test_verify_exits_non_zero_and_locates_a_corrupt_record(packed_dir: Path, tmp_path: Path) -> None:
+    dst = Path(shutil.copytree(packed_dir, tmp_path / "copy"))
+    shard = load_manifest(dst).splits["train"].shards[1]
+    first = load_manifest(dst).splits["train"].shards[0].records
+    _, offsets = read_index(dst / shard.index)
+    data = bytearray((dst / shard.name).read_bytes())
+    data[int(offsets[4]) + FRAME_HEADER.size + IR_SIZE + 50] ^= 1
+    (dst / shard.name).write_bytes(bytes(data))
+    result = imgpipe("verify", dst)
+    assert result.returncode == 1
+    assert f"{shard.name}: record {first + 4} (offset {offsets[4]}, source train/" in result.stdout
+    assert "checksum mismatch" in result.stdout
+    assert f"{dst}: 2 problem(s)" in result.stdout
+
+
+@pytest.mark.timeout(120)
+def test_strict_exit_code_and_skip_summary(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    make_synthetic(src, classes=2, per_class=3, val_per_class=1, quirks=True, min_side=32, max_side=64, progress=False)
+    lenient = imgpipe("pack", src, tmp_path / "a", "--workers", "1")
+    assert lenient.returncode == 0, lenient.stderr
+    assert "skipped 3 file(s):" in lenient.stdout and "5 repaired" in lenient.stdout
+    strict = imgpipe("pack", src, tmp_path / "b", "--workers", "1", "--strict")
+    assert_one_line_error(strict, "--strict: 3 source file(s) were skipped")
+    info = imgpipe("info", tmp_path / "a")
+    assert "skipped: 3" in info.stdout
+
+
+@pytest.mark.timeout(120)
+def test_user_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
+    assert_one_line_error(imgpipe("pack", tmp_path / "missing", tmp_path / "out"), "no such folder", "missing")
+    (tmp_path / "noimages" / "n01").mkdir(parents=True)
+    (tmp_path / "noimages" / "n01" / "readme.txt").write_text("hi")
+    assert_one_line_error(imgpipe("pack", tmp_path / "noimages", tmp_path / "out"), "no images found")
+    assert_one_line_error(imgpipe("pack", tmp_path / "noimages", tmp_path / "out", "--shard-size", "lots"), "--shard-size 'lots'")
+    assert_one_line_error(imgpipe("verify", tmp_path / "nowhere"), "not found")
+    assert_one_line_error(imgpipe("info", tmp_path / "noimages"), "no manifest")

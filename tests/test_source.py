@@ -1,0 +1,195 @@
+"""imgpipe.source: the three accepted layouts, class order, val labels, filtering and errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torchvision.datasets import ImageFolder
+
+from imgpipe.errors import DatasetError
+from imgpipe.source import scan
+
+WNIDS = ["n02000000", "n01000000", "n03000000"]  # unsorted on purpose
+
+
+def touch(path: Path, data: bytes = b"x") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def make_train(train: Path, per_class: int = 2) -> None:
+    for wnid in WNIDS:
+        for k in range(per_class):
+            touch(train / wnid / f"{wnid}_{k}.JPEG")
+
+
+def write_csv(path: Path, rows: list[tuple[str, str]], header: str = "ImageId,PredictionString") -> None:
+    lines = [header] + [f"{image_id},{wnid} 1 2 30 40 {wnid} 5 6 7 8" for image_id, wnid in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+VAL_ROWS = [("ILSVRC2012_val_00000003", "n03000000"), ("ILSVRC2012_val_00000001", "n02000000"), ("ILSVRC2012_val_00000002", "n01000000")]
+
+
+def make_flat_val(val: Path, csv: Path, rows: list[tuple[str, str]] = VAL_ROWS) -> None:
+    for image_id, _ in rows:
+        touch(val / f"{image_id}.JPEG")
+    write_csv(csv, rows)
+
+
+def test_imagenet_root_with_flat_val_and_csv(tmp_path: Path) -> None:
+    make_train(tmp_path / "train")
+    make_flat_val(tmp_path / "val", tmp_path / "LOC_val_solution.csv")
+    tree = scan(tmp_path)
+    assert tree.layout == "imagenet" and tree.root == tmp_path
+    assert tree.classes == sorted(WNIDS)
+    train = tree.splits["train"]
+    assert train.paths == [f"train/{w}/{w}_{k}.JPEG" for w in sorted(WNIDS) for k in range(2)]
+    assert train.labels.dtype == np.int32 and train.labels.tolist() == [0, 0, 1, 1, 2, 2]
+    val = tree.splits["val"]
+    assert val.paths == [f"val/ILSVRC2012_val_0000000{k}.JPEG" for k in (1, 2, 3)]
+    assert val.labels.dtype == np.int32
+    assert [tree.classes[i] for i in val.labels] == ["n02000000", "n01000000", "n03000000"]
+    assert list(tree.splits) == ["train", "val"]
+
+
+def test_imagenet_root_with_class_folder_val(tmp_path: Path) -> None:
+    make_train(tmp_path / "train")
+    touch(tmp_path / "val" / "n03000000" / "a.jpg")
+    touch(tmp_path / "val" / "n01000000" / "b.png")
+    tree = scan(tmp_path)
+    assert tree.splits["val"].paths == ["val/n01000000/b.png", "val/n03000000/a.jpg"]
+    assert tree.splits["val"].labels.tolist() == [0, 2]
+
+
+def test_kaggle_layout(tmp_path: Path) -> None:
+    data = tmp_path / "ILSVRC" / "Data" / "CLS-LOC"
+    make_train(data / "train", per_class=1)
+    make_flat_val(data / "val", tmp_path / "LOC_val_solution.csv")
+    touch(data / "test" / "ILSVRC2012_test_00000001.JPEG")
+    tree = scan(tmp_path)
+    assert tree.layout == "kaggle" and set(tree.splits) == {"train", "val"}
+    assert tree.splits["train"].paths[0] == "ILSVRC/Data/CLS-LOC/train/n01000000/n01000000_0.JPEG"
+    assert tree.splits["val"].paths[0] == "ILSVRC/Data/CLS-LOC/val/ILSVRC2012_val_00000001.JPEG"
+    assert tree.splits["val"].labels.tolist() == [1, 0, 2]
+    assert all((tmp_path / p).is_file() for p in tree.splits["train"].paths + tree.splits["val"].paths)
+
+
+def test_kaggle_data_folder_given_directly_finds_the_csv_above(tmp_path: Path) -> None:
+    data = tmp_path / "ILSVRC" / "Data" / "CLS-LOC"
+    make_train(data / "train", per_class=1)
+    make_flat_val(data / "val", tmp_path / "LOC_val_solution.csv")
+    tree = scan(data)
+    assert tree.layout == "imagenet" and tree.splits["val"].paths[0] == "val/ILSVRC2012_val_00000001.JPEG"
+    assert tree.splits["val"].labels.tolist() == [1, 0, 2]
+
+
+def test_class_folder_tree_matches_torchvision_image_folder(tmp_path: Path) -> None:
+    root = tmp_path / "pets"
+    for name in ["cat/b.jpg", "cat/a.PNG", "cat/z/inner.jpeg", "cat/y.JPG", "Dog/1.bmp", "dog/x.webp", "bird/deep/er/e.tif"]:
+        touch(root / name)
+    touch(root / "cat" / "notes.txt")
+    reference = ImageFolder(str(root), loader=lambda path: path)
+    touch(root / ".hidden" / "h.jpg")  # hidden files and folders: ImageFolder takes them, imgpipe ignores them
+    touch(root / "cat" / "._a.jpg")
+    tree = scan(root)
+    assert tree.layout == "class-folders" and list(tree.splits) == ["train"]
+    assert tree.classes == reference.classes == ["Dog", "bird", "cat", "dog"]
+    got = [(str(root / p), int(label)) for p, label in zip(tree.splits["train"].paths, tree.splits["train"].labels)]
+    assert got == [(os.path.normpath(p), label) for p, label in reference.samples]
+
+
+def test_more_image_extensions_than_torchvision_and_any_case(tmp_path: Path) -> None:
+    for name in ["a.GIF", "b.jpe", "c.JFIF", "d.Jpeg", "e.pgm", "f.xml", "g", "h.jpeg.bak"]:
+        touch(tmp_path / "c" / name)
+    assert scan(tmp_path).splits["train"].paths == ["c/a.GIF", "c/b.jpe", "c/c.JFIF", "c/d.Jpeg", "c/e.pgm"]
+
+
+def test_empty_class_keeps_its_label(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    touch(tmp_path / "a" / "1.jpg")
+    (tmp_path / "b").mkdir()
+    touch(tmp_path / "c" / "2.jpg")
+    tree = scan(tmp_path)
+    assert tree.classes == ["a", "b", "c"] and tree.splits["train"].labels.tolist() == [0, 2]
+    assert "no images" in caplog.text
+
+
+def test_split_filter(tmp_path: Path) -> None:
+    make_train(tmp_path / "train")
+    touch(tmp_path / "val" / "ILSVRC2012_val_00000001.JPEG")  # flat val without its CSV
+    assert list(scan(tmp_path, splits=["train"]).splits) == ["train"]
+    with pytest.raises(DatasetError, match="LOC_val_solution.csv"):
+        scan(tmp_path)
+    with pytest.raises(DatasetError, match=r"split 'test' not found .*train, val"):
+        scan(tmp_path, splits=["train", "test"])
+
+
+def test_val_csv_next_to_val_in_a_nested_root(tmp_path: Path) -> None:
+    make_train(tmp_path / "train")
+    make_flat_val(tmp_path / "val", tmp_path / "val" / "LOC_val_solution.csv")
+    assert scan(tmp_path).splits["val"].labels.tolist() == [1, 0, 2]
+
+
+def test_val_wnid_not_in_train_names_the_csv_line(tmp_path: Path) -> None:
+    make_train(tmp_path / "train")
+    rows = VAL_ROWS[:2] + [("ILSVRC2012_val_00000009", "n09999999")]
+    make_flat_val(tmp_path / "val", tmp_path / "LOC_val_solution.csv", rows)
+    with pytest.raises(DatasetError, match=r"LOC_val_solution.csv: line 4: class 'n09999999' of ILSVRC2012_val_00000009"):
+        scan(tmp_path)
+
+
+def test_val_image_without_a_csv_row(tmp_path: Path) -> None:
+    make_train(tmp_path / "train")
+    make_flat_val(tmp_path / "val", tmp_path / "LOC_val_solution.csv")
+    touch(tmp_path / "val" / "extra.JPEG")
+    with pytest.raises(DatasetError, match=r"val/extra.JPEG: no row for 'extra'"):
+        scan(tmp_path)
+
+
+def test_bad_csv_header_and_rows(tmp_path: Path) -> None:
+    make_train(tmp_path / "train")
+    make_flat_val(tmp_path / "val", tmp_path / "LOC_val_solution.csv")
+    write_csv(tmp_path / "LOC_val_solution.csv", VAL_ROWS, header="id,label")
+    with pytest.raises(DatasetError, match="line 1 must be the header"):
+        scan(tmp_path)
+    (tmp_path / "LOC_val_solution.csv").write_text("ImageId,PredictionString\nILSVRC2012_val_00000001,\n")
+    with pytest.raises(DatasetError, match="line 2: expected"):
+        scan(tmp_path)
+
+
+def test_val_class_not_in_train(tmp_path: Path) -> None:
+    make_train(tmp_path / "train")
+    touch(tmp_path / "val" / "n07777777" / "x.JPEG")
+    with pytest.raises(DatasetError, match="n07777777.*not a train class"):
+        scan(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda root: touch(root / "a.jpg"), "accepted layouts"),
+        (lambda root: touch(root / "train" / "a.jpg"), "no class folders inside"),
+        (lambda root: None, "accepted layouts"),
+    ],
+    ids=["flat-images", "flat-train", "empty"],
+)
+def test_unknown_layouts_are_explained(tmp_path: Path, build, message: str) -> None:
+    build(tmp_path)
+    with pytest.raises(DatasetError, match=message):
+        scan(tmp_path)
+
+
+def test_missing_source(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match="source folder not found"):
+        scan(tmp_path / "nope")
+
+
+@pytest.mark.timeout(30)
+def test_symlink_loop_terminates(tmp_path: Path) -> None:
+    touch(tmp_path / "a" / "1.jpg")
+    os.symlink(tmp_path / "a", tmp_path / "a" / "loop")
+    paths = scan(tmp_path).splits["train"].paths
+    assert paths[0] == "a/1.jpg" and len(paths) < 10

@@ -1,0 +1,189 @@
+"""imgpipe.verify finds and locates each injected fault in a real packed folder, and passes a clean one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from imgpipe.errors import DatasetError
+from imgpipe.manifest import load_manifest
+from imgpipe.recordio import FRAME_HEADER, IR_SIZE, IndexedRecordWriter, IRHeader, pack_header, read_index
+from imgpipe.verifier import verify
+
+
+@pytest.fixture
+def dataset(packed_dir: Path, tmp_path: Path) -> Path:
+    """A private copy of the session's packed folder, to break."""
+    return Path(shutil.copytree(packed_dir, tmp_path / "packed"))
+
+
+def shard(dst: Path, split: str, number: int) -> tuple[Path, Path, int]:
+    """(.rec, .idx, split-wide index of the shard's first record)."""
+    manifest = load_manifest(dst)
+    shards = manifest.splits[split].shards
+    first = sum(s.records for s in shards[:number])
+    return dst / shards[number].name, dst / shards[number].index, first
+
+
+def problem_lines(dst: Path, **kwargs) -> list[str]:
+    report = verify(dst, workers=1, progress=False, **kwargs)
+    assert not report.ok
+    return [str(p) for p in report.problems]
+
+
+def source_of(dst: Path, split: str, record: int) -> str:
+    return (dst / f"{split}.sources.txt").read_text().splitlines()[record]
+
+
+@pytest.mark.timeout(60)
+def test_a_clean_pack_verifies_with_and_without_decoding(packed_dir: Path) -> None:
+    plain = verify(packed_dir, workers=2, progress=False)
+    assert plain.ok, plain.problems
+    assert plain.records == sum(s.records for s in load_manifest(packed_dir).splits.values()) == 60
+    assert plain.shards == 3
+    decoded = verify(packed_dir, decode=True, workers=1, progress=False)
+    assert decoded.ok and decoded.decoded
+
+
+def test_flipped_payload_byte_is_located(dataset: Path) -> None:
+    rec, idx, first = shard(dataset, "train", 1)
+    _, offsets = read_index(idx)
+    k = 3
+    position = int(offsets[k]) + FRAME_HEADER.size + IR_SIZE + 200
+    data = bytearray(rec.read_bytes())
+    data[position] ^= 0x40
+    rec.write_bytes(bytes(data))
+    lines = problem_lines(dataset)
+    expected = f"{rec.name}: record {first + k} (offset {offsets[k]}, source {source_of(dataset, 'train', first + k)}): checksum mismatch"
+    assert any(line.startswith(expected) for line in lines), lines
+    assert any(line.startswith(f"{rec.name}: sha256 differs") for line in lines)
+
+
+def test_truncated_shard_is_located(dataset: Path) -> None:
+    rec, idx, first = shard(dataset, "train", 0)
+    keys, offsets = read_index(idx)
+    with open(rec, "r+b") as f:
+        f.truncate(rec.stat().st_size - 100)
+    lines = problem_lines(dataset)
+    last = len(keys) - 1
+    assert any(line.startswith(f"{rec.name}:") and "truncated" in line for line in lines), lines
+    assert any(line.startswith(f"{rec.name}: record {first + last} (offset {offsets[last]}") and "framing broken" in line for line in lines)
+    assert any(line.startswith(f"{idx.name}: record {first + last} (offset {offsets[last]}") for line in lines)
+
+
+def test_missing_shard_is_named(dataset: Path) -> None:
+    rec, _, _ = shard(dataset, "val", 0)
+    rec.unlink()
+    lines = problem_lines(dataset)
+    assert lines == [f"{rec.name}: missing shard (12 records, {load_manifest(dataset).splits['val'].bytes} bytes expected)"]
+
+
+def test_edited_index_line_is_located(dataset: Path) -> None:
+    rec, idx, first = shard(dataset, "train", 1)
+    lines = idx.read_text().splitlines(keepends=True)
+    key, offset = lines[2].split("\t")
+    lines[2] = f"{key}\t{int(offset) + 4}\n"
+    idx.write_text("".join(lines))
+    found = problem_lines(dataset)
+    assert any(
+        line.startswith(f"{idx.name}: record {first + 2} (offset {int(offset) + 4}") and "line 3" in line and "not the start of a record" in line
+        for line in found
+    ), found
+
+
+def test_changed_label_is_located(dataset: Path) -> None:
+    rec, idx, first = shard(dataset, "train", 0)
+    _, offsets = read_index(idx)
+    k = 5
+    label_at = int(offsets[k]) + FRAME_HEADER.size + 4  # IRHeader <IfQQ>: flag, then the float label
+    with open(rec, "r+b") as f:
+        f.seek(label_at)
+        old = struct.unpack("<f", f.read(4))[0]
+        f.seek(label_at)
+        f.write(struct.pack("<f", (old + 1) % 4))
+    lines = problem_lines(dataset)
+    prefix = f"{rec.name}: record {first + k} (offset {offsets[k]}, source {source_of(dataset, 'train', first + k)}): "
+    assert prefix + f"label {int((old + 1) % 4)} differs from the labels sidecar ({int(old)})" in lines, lines
+    assert prefix + "checksum mismatch: the record's bytes changed since packing" in lines
+
+
+def test_decode_finds_an_image_that_does_not_decode(dataset: Path) -> None:
+    rec, idx, first = shard(dataset, "val", 0)
+    _, offsets = read_index(idx)
+    start = int(offsets[1]) + FRAME_HEADER.size + IR_SIZE
+    with open(rec, "r+b") as f:
+        f.seek(start)
+        f.write(b"\0" * 16)  # wipe the JPEG's SOI and first marker
+    plain = problem_lines(dataset)
+    assert not any("does not decode" in line for line in plain)
+    decoded = problem_lines(dataset, decode=True)
+    assert any(line.startswith(f"{rec.name}: record {first + 1} (offset {offsets[1]}") and "does not decode" in line for line in decoded)
+
+
+def test_broken_sidecars_are_reported(dataset: Path) -> None:
+    sources = dataset / "train.sources.txt"
+    sources.write_text("".join(sources.read_text().splitlines(keepends=True)[:-1]))
+    labels = np.load(dataset / "val.labels.npy")
+    labels[0] = 99
+    np.save(dataset / "val.labels.npy", labels)
+    lines = problem_lines(dataset)
+    assert "train.sources.txt: sha256 differs from the manifest" in lines
+    assert "train.sources.txt: 47 lines, the manifest counts 48 records" in lines
+    assert "val.labels.npy: record 0: label 99 is outside 0..3" in lines
+
+
+def write_bare_pair(folder: Path, count: int = 5) -> tuple[Path, Path]:
+    rec, idx = folder / "data.rec", folder / "data.idx"
+    with IndexedRecordWriter(rec, idx) as writer:
+        for k in range(count):
+            writer.write(k * 2, pack_header(IRHeader(0, float(k % 3), k * 2, 0), os.urandom(50 + k)))
+    return rec, idx
+
+
+def test_bare_rec_idx_pairs_without_a_manifest(tmp_path: Path) -> None:
+    rec, idx = write_bare_pair(tmp_path)
+    assert verify(rec, progress=False).ok
+    assert verify(tmp_path, progress=False).records == 5
+    lines = idx.read_text().splitlines(keepends=True)
+    lines[1] = lines[1].replace("2\t", "7\t", 1)
+    idx.write_text("".join(lines))
+    report = verify(rec, progress=False)
+    assert [str(p) for p in report.problems] == [
+        f"data.idx: record 1 (offset {read_index(idx)[1][1]}): line 2: key 7 but the record's IRHeader id is 2"
+    ]
+    idx.unlink()
+    assert [str(p) for p in verify(tmp_path, progress=False).problems] == ["data.idx: missing index file"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetError, match="no manifest.json and no .rec files"):
+        verify(tmp_path / "empty", progress=False)
+    with pytest.raises(DatasetError, match="not found"):
+        verify(tmp_path / "missing", progress=False)
+
+
+@pytest.mark.interop
+@pytest.mark.timeout(120)
+def test_im2rec_output_verifies(synth_tree: Path, tmp_path: Path) -> None:
+    mxnet_python = os.environ.get("IMGPIPE_MXNET_PYTHON")
+    if not mxnet_python or not Path(mxnet_python).exists():
+        pytest.skip("IMGPIPE_MXNET_PYTHON is not set to the MXNet venv's python (make test sets it)")
+    im2rec = subprocess.run(
+        [mxnet_python, "-c", "import mxnet, os; print(os.path.join(os.path.dirname(mxnet.__file__), 'tools', 'im2rec.py'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    prefix = tmp_path / "im2rec" / "train"
+    prefix.parent.mkdir()
+    images = sorted((synth_tree / "train").glob("*/*.JPEG"))
+    classes = sorted({p.parent.name for p in images})
+    lines = [f"{k}\t{classes.index(p.parent.name)}\t{p.relative_to(synth_tree / 'train')}\n" for k, p in enumerate(images)]
+    prefix.with_suffix(".lst").write_text("".join(lines))  # what im2rec --list writes (one MXNet start-up less)
+    subprocess.run([mxnet_python, im2rec, "--pass-through", "--num-thread", "1", str(prefix), str(synth_tree / "train")],
+                   check=True, capture_output=True)  # fmt: skip
+    report = verify(prefix.parent, decode=True, progress=False)
+    assert report.ok, report.problems
+    assert report.records == 48

@@ -1,0 +1,118 @@
+"""launch(): one process, N spawned gloo ranks, torchrun-style env, failures named by rank, no orphans."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from imgpipe.errors import DistributedError
+from imgpipe.train.launch import check_launcher_env, free_port
+
+sys.path.insert(0, str(Path(__file__).parent))
+from proctree import descendants, quiet_env, wait_gone  # noqa: E402
+
+HELPER = str(Path(__file__).parent / "launch_helper.py")
+
+
+def run_helper(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, HELPER, *args], env=env or quiet_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def test_free_port_is_bindable() -> None:
+    import socket
+
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"RANK": "0"}, {"WORLD_SIZE": "2"}, {"LOCAL_RANK": "1"}, {"RANK": "1", "LOCAL_RANK": "1"}],
+)
+def test_partial_launcher_env_is_one_clear_error(env: dict[str, str]) -> None:
+    with pytest.raises(DistributedError, match="start with torchrun"):
+        check_launcher_env(env)
+
+
+def test_complete_envs_pass() -> None:
+    check_launcher_env({})
+    check_launcher_env({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
+    check_launcher_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "LOCAL_RANK": "0"})
+
+
+@pytest.mark.timeout(120)
+def test_plain_run_is_one_process_without_a_group() -> None:
+    done = run_helper("ok")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result == {"rank": 0, "world_size": 1, "source": "single", "device": "cpu", "backend": None, "sum": 1.0, "ranks": [0]}
+
+
+@pytest.mark.timeout(120)
+def test_only_rank_set_fails_with_one_line_not_keyerror() -> None:
+    done = run_helper("ok", env=quiet_env(RANK="1"))
+    assert done.returncode == 1
+    assert "KeyError" not in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "imgpipe: error: RANK set but WORLD_SIZE not: start with torchrun (or --gpus N / --nproc N), or unset these variables to run one process"
+    ]
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_env_without_master_addr_names_the_variable() -> None:
+    done = run_helper("ok", env=quiet_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0"))
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert "MASTER_ADDR is not set for a 2-rank job (from torchrun)" in done.stderr
+
+
+@pytest.mark.timeout(180)
+def test_two_spawned_gloo_ranks() -> None:
+    done = run_helper("ok", "--nproc", "2")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["rank"] == 0 and result["world_size"] == 2 and result["backend"] == "gloo"
+    assert result["sum"] == 3.0  # 1 + 2 all-reduced
+    assert [r for r, _ in result["ranks"]] == [0, 1]
+    assert len({port for _, port in result["ranks"]}) == 1
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("fail", "rank 1 failed: rank one cannot go on: bad shard x.rec"),
+    ],
+)
+def test_a_failing_rank_is_named_and_the_others_stopped(mode: str, expected: str) -> None:
+    proc = subprocess.Popen([sys.executable, HELPER, mode, "--nproc", "2"], env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: set[int] = set()
+    while proc.poll() is None:
+        seen.update(descendants(proc.pid))
+        time.sleep(0.2)
+    stderr = proc.stderr.read()
+    assert proc.returncode == 1
+    assert expected in stderr, stderr
+    assert len(seen) >= 2
+    assert wait_gone(sorted(seen), 10) == []
+
+
+@pytest.mark.timeout(180)
+def test_a_hanging_rank_makes_everyone_exit_after_the_timeout() -> None:
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, HELPER, "hang", "--nproc", "2", "--timeout", "4"], env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: set[int] = set()
+    while proc.poll() is None:
+        seen.update(descendants(proc.pid))
+        time.sleep(0.2)
+    stderr = proc.stderr.read()
+    assert proc.returncode == 1
+    assert "rank 0 failed" in stderr and "stopped the other ranks (1)" in stderr, stderr
+    assert time.monotonic() - start < 150
+    assert wait_gone(sorted(seen), 10) == []

@@ -1,0 +1,194 @@
+"""`imgpipe train` end to end on CPU: 2 gloo ranks learn, torchrun, bit-exact resume, kill -9, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from proctree import descendants, quiet_env, rank_processes, wait_gone  # noqa: E402
+
+VAL_RECORDS = 40  # 4 classes x 10
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A learnable synthetic ImageNet (4 classes, 40 train + 10 val images each), packed in 2 shards per split."""
+    from imgpipe.packer import pack
+    from imgpipe.synth import make_synthetic
+
+    root = tmp_path_factory.mktemp("train-data")
+    make_synthetic(root / "src", classes=4, per_class=40, val_per_class=10, min_side=64, max_side=128, progress=False)
+    pack(root / "src", root / "packed", shards=2, workers=1, progress=False)
+    return root / "packed"
+
+
+def write_config(folder: Path, packed: Path, **train: object) -> Path:
+    """resnet18 at 32 px, batch 16 per rank: 5 optimizer steps per epoch on 2 ranks."""
+    config = {
+        "data": {"path": str(packed), "workers": 1, "image_size": 32},
+        "model": {"name": "resnet18"},
+        "optim": {"base_lr": 0.4, "warmup_epochs": 0.5, "label_smoothing": 0.0},
+        "train": {"epochs": 3, "batch_size": 16, "seed": 0, "timeout_s": 60, "log_every": 1, **train},
+        "output": {"dir": str(folder / "run"), "tensorboard": False},
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def imgpipe_train(config: Path, *args: str, timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "imgpipe", "train", "--config", str(config), *args]
+    return subprocess.run(cmd, env=env or quiet_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def epochs_of(run: Path) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == "epoch"]
+
+
+def model_state(run: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
+
+
+@pytest.fixture(scope="module")
+def learned(packed: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
+    folder = tmp_path_factory.mktemp("learn")
+    done = imgpipe_train(write_config(folder, packed), "--gpus", "0", "--nproc", "2")
+    return done, folder / "run"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_ranks_learn_and_report_where_the_time_goes(learned: tuple[subprocess.CompletedProcess, Path]) -> None:
+    done, run = learned
+    assert done.returncode == 0, done.stderr[-3000:]
+    epochs = epochs_of(run)
+    assert [e["epoch"] for e in epochs] == [0, 1, 2]
+    assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
+    assert epochs[-1]["val_top1"] > 0.5  # chance is 0.25
+    assert all(e["val_samples"] == VAL_RECORDS for e in epochs)
+    assert all(e["train_samples"] == 160 for e in epochs)  # 5 steps x 16 x 2 ranks
+    assert [r["rank"] for r in epochs[-1]["ranks"]] == [0, 1]
+    out = done.stdout
+    assert out.count(f"val: {VAL_RECORDS} samples") == 3
+    assert out.count("rank   images/s  data-wait %  step p50 ms  step p95 ms") == 3
+    table = out.split("rank   images/s")[-1].splitlines()
+    assert [line.split()[0] for line in table[1:3]] == ["0", "1"]
+    assert "load balance (slowest/fastest images/s)" in out
+    assert out.count("done: 3 epoch(s), 15 steps") == 1  # only rank 0 prints
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["train"]["batch_size"] == 16 and saved["model"]["name"] == "resnet18"
+    state = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert state["step"] == 15 and state["epoch"] == 3 and len(state["rng"]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_interrupted_and_resumed_run_ends_bit_exact(packed: Path, learned: tuple[subprocess.CompletedProcess, Path], tmp_path: Path) -> None:
+    config = write_config(tmp_path, packed)
+    first = imgpipe_train(config, "--gpus", "0", "--nproc", "2", "--set", "train.max_steps=7")
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = torch.load(tmp_path / "run" / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert (saved["epoch"], saved["epoch_step"], saved["step"]) == (1, 2, 7)  # mid-epoch
+    assert saved["loader"]["batches"] == 2
+    second = imgpipe_train(config, "--gpus", "0", "--nproc", "2", "--resume")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stderr
+    resumed, uninterrupted = model_state(tmp_path / "run"), model_state(learned[1])
+    assert resumed.keys() == uninterrupted.keys()
+    different = [k for k in resumed if not torch.equal(resumed[k], uninterrupted[k])]
+    assert different == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_same_run_under_torchrun(packed: Path, tmp_path: Path) -> None:
+    config = write_config(tmp_path, packed, epochs=1)
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0"]
+    done = subprocess.run(cmd, env=quiet_env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count(f"val: {VAL_RECORDS} samples") == 1
+    assert done.stdout.count("done: 1 epoch(s), 5 steps") == 1
+    assert [r["rank"] for r in epochs_of(tmp_path / "run")[0]["ranks"]] == [0, 1]
+
+
+@pytest.mark.timeout(120)
+def test_plain_run_without_launcher_on_synthetic_batches(packed: Path, tmp_path: Path) -> None:
+    config = write_config(tmp_path, packed, max_steps=2, validate=False)
+    done = imgpipe_train(config, "--set", "data.backend=synthetic")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "done: 0 epoch(s), 2 steps" in done.stdout
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["world_size"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_only_rank_set_is_one_line_not_keyerror(packed: Path, tmp_path: Path) -> None:
+    done = imgpipe_train(write_config(tmp_path, packed), env=quiet_env(RANK="1"))
+    assert done.returncode == 1
+    assert "KeyError" not in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.startswith("imgpipe: error: RANK set but WORLD_SIZE not")
+
+
+def start_long_run(config: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0", "--nproc", "2"]
+    return subprocess.Popen(cmd, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_steps(proc: subprocess.Popen, run: Path, steps: int, timeout: float = 150) -> set[int]:
+    """Wait until rank 0 logged ``steps`` steps; return every descendant seen meanwhile."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        seen.update(descendants(proc.pid))
+        metrics = run / "metrics.jsonl"
+        if metrics.exists() and sum('"kind": "step"' in line for line in metrics.read_text().splitlines()) >= steps:
+            seen.update(descendants(proc.pid))
+            return seen
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"training did not reach step {steps}: {proc.communicate()[1][-2000:]}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_kill_9_one_rank_stops_everything_and_names_it(packed: Path, tmp_path: Path) -> None:
+    proc = start_long_run(write_config(tmp_path, packed, epochs=50, timeout_s=30))
+    seen = wait_for_steps(proc, tmp_path / "run", 2)
+    ranks = rank_processes(proc.pid)
+    assert len(ranks) == 2
+    assert len(seen) >= 4  # 2 ranks and their DataLoader workers
+    os.kill(ranks[1], signal.SIGKILL)
+    start = time.monotonic()
+    _, stderr = proc.communicate(timeout=90)
+    assert time.monotonic() - start < 60  # well inside the 30 s process-group timeout + grace
+    assert proc.returncode != 0
+    assert "imgpipe: error: rank 1 exited with code -9 (killed by SIGKILL); stopped the other ranks (0)" in stderr, stderr[-3000:]
+    assert wait_gone(sorted(seen), 20) == []  # no orphans: ranks and loader workers are gone
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigterm_writes_a_checkpoint_and_stops_every_process(packed: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = start_long_run(write_config(tmp_path, packed, epochs=50))
+    seen = wait_for_steps(proc, run, 3)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr[-3000:]
+    assert "stopped by SIGTERM at step" in stderr
+    state = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=True)
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert state["step"] >= max(r["step"] for r in logged if r["kind"] == "step") >= 3
+    assert wait_gone(sorted(seen), 20) == []
