@@ -7,13 +7,15 @@ kept byte-exact. Anything that DALI, MXNet (OpenCV) and Pillow would read differ
 decoded with Pillow and re-encoded as a baseline RGB JPEG ("repaired"): CMYK/YCCK,
 grayscale, RGB-coded or 12-bit or arithmetic-coded JPEGs, other formats (PNG, GIF, BMP,
 WebP, ...) whatever their name, and an EXIF orientation other than 1 (applied, then the
-EXIF block is dropped, because OpenCV applies it and DALI and Pillow do not).
+EXIF block is dropped: OpenCV and DALI's decoder (``adjust_orientation=True`` by default)
+turn the picture, while Pillow and so torchvision do not).
 
 Truncated beyond repair: a JPEG whose data stops before its EOI marker is skipped without
 decoding ("truncated JPEG"); Pillow refuses such a file too unless ``LOAD_TRUNCATED_IMAGES``
 is set, and DALI and OpenCV would fill the missing part with grey. Zero padding after the
 EOI is allowed and kept; other bytes after the EOI are cut off (lossless, "repaired").
-Files Pillow cannot open or decode (empty, not an image, corrupt) are skipped with the
+Files Pillow cannot open or decode (empty, not an image, corrupt, or truncated other
+formats, with Pillow's default ``LOAD_TRUNCATED_IMAGES = False``) are skipped with the
 reason. The fast path does not check the entropy-coded data: ``imgpipe verify --decode``
 does. Re-encoding is deterministic: the same input always gives the same bytes.
 """

@@ -194,7 +194,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> list[RunResult] | None:
     """One rank: every run in order; returns all ranks' results on rank 0, None elsewhere."""
     import torch
 
-    if ctx.device.type == "cpu":
+    if ctx.device.type == "cpu" and ctx.world_size > 1:  # ranks share the cores
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // ctx.world_size))
     source = open_for_rank(config.data, config.split, ctx.rank)
     files = shard_files(config.data, config.split)
