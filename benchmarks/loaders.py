@@ -9,8 +9,9 @@ Each loader runs ``repeats + 1`` epochs per split, round-robin with the others s
 busy machine slows them alike; the first is a warm-up (worker start, pipeline build, page
 cache) and the figures are medians over the others. Besides wall-clock images/s, each epoch
 reports images per CPU-second (this process, its threads and its workers): on a shared
-machine that is the steadier measure of efficiency. Per-worker RSS is sampled after every
-epoch (persistent workers; torch-based loaders only: DALI uses threads). The decode-only
+machine that is the steadier measure of efficiency. Per-worker memory is sampled after every
+epoch (persistent workers; torch-based loaders only: DALI uses threads): RSS, and the
+private part (pages not shared with the parent), which is what copy-on-read growth shows in. The decode-only
 limit decodes every train JPEG once with Pillow in this one process (one core).
 
     python benchmarks/loaders.py --quick --workers 2
@@ -127,7 +128,7 @@ class PlainDali:
             )
             pipe.set_outputs(images, labels)
         policy = LastBatchPolicy.DROP if train else LastBatchPolicy.PARTIAL
-        self._it = DALIGenericIterator([pipe], ["images", "labels"], reader_name="Reader", last_batch_policy=policy, auto_reset=True)
+        self._it = DALIGenericIterator([pipe], ["images", "labels"], reader_name="Reader", last_batch_policy=policy)
 
     def __len__(self) -> int:
         return len(self._it)
@@ -151,16 +152,14 @@ def child_pids() -> list[int]:
     return pids
 
 
-def worker_rss_mb() -> list[float]:
-    """RSS (MB) of each DataLoader worker."""
-    sizes = []
-    for pid in child_pids():
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        sizes.append(next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0) / 1024)
-    return sizes
+def memory_mb(pid: int) -> tuple[float, float]:
+    """(RSS, private) MB of a process; private = its own pages, not the ones shared with the parent."""
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0.0, 0.0
+    fields = {line.split(":")[0]: int(line.split()[1]) for line in rollup.splitlines()[1:] if line.endswith("kB")}
+    return fields.get("Rss", 0) / 1024, (fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)) / 1024
 
 
 def cpu_seconds() -> float:
@@ -204,14 +203,19 @@ def measure_split(names: list[str], makers: dict[str, Callable[[bool], Any]], tr
     """Round-robin epochs over all loaders (so a busy machine slows them alike); medians after one warm-up."""
     split = "train" if train else "val"
     loaders = {name: makers[name](train) for name in names}
-    runs: dict[str, dict[str, list[float]]] = {name: {"rate": [], "per_cpu": [], "rss": []} for name in names}
+    runs: dict[str, dict[str, list[Any]]] = {name: {"rate": [], "per_cpu": [], "rss": [], "private": []} for name in names}
+    workers: dict[str, set[int]] = {name: set() for name in names}
     for _ in range(a.repeats + 1):
         for name, loader in loaders.items():
+            before = set(child_pids())
             images, wall, cpu = one_epoch(loader)
             runs[name]["rate"].append(images / wall)
             runs[name]["per_cpu"].append(images / max(cpu, 1e-9))
-            if name in TORCH_BASED:
-                runs[name]["rss"].append(max(worker_rss_mb(), default=0.0))
+            if name in TORCH_BASED:  # its workers: the children that appeared during its first epoch
+                workers[name] |= (set(child_pids()) - before) if not workers[name] else set()
+                sizes = [memory_mb(pid) for pid in sorted(workers[name])]
+                runs[name]["rss"].append(max((r for r, _ in sizes), default=0.0))
+                runs[name]["private"].append(max((p for _, p in sizes), default=0.0))
     out = {}
     for name, run in runs.items():
         out[name] = {
@@ -219,10 +223,11 @@ def measure_split(names: list[str], makers: dict[str, Callable[[bool], Any]], tr
             "images_per_cpu_s": statistics.median(run["per_cpu"][1:]),
             "epochs_images_per_s": [round(r, 1) for r in run["rate"]],
             "worker_rss_mb": [round(r, 1) for r in run["rss"]],
+            "worker_private_mb": [round(r, 1) for r in run["private"]],
         }
-        rss = f"  worker RSS MB after each epoch {out[name]['worker_rss_mb']}" if run["rss"] else ""
+        mem = f"  worker MB after each epoch: RSS {out[name]['worker_rss_mb']} private {out[name]['worker_private_mb']}" if run["rss"] else ""
         print(f"  {name:14s} {split:5s} {out[name]['images_per_s']:7.1f} images/s {out[name]['images_per_cpu_s']:7.1f} images/CPU-s"
-              f"  epochs {out[name]['epochs_images_per_s']}{rss}", flush=True)
+              f"  epochs {out[name]['epochs_images_per_s']}{mem}", flush=True)
     del loaders
     return out
 

@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 SHARD_FILE = re.compile(r"^[^/]+-\d{5}-of-\d{5}\.(rec|idx)$")
 SIDECAR_SUFFIXES = (".sources.txt", ".labels.npy", ".crc32.npy")
+STALE_TMP_S = 600.0  # an atomic write takes milliseconds: a temp file this old belongs to a killed process
 
 
 @dataclass
@@ -132,7 +133,7 @@ def pack(
     try:
         report = PackReport(dst=dst_path, shards_total=len(plan.shards))
         mine = [] if finalize else [s for k, s in enumerate(plan.shards) if k % num_nodes == node_rank]
-        _remove_stale_tmp(dst_path, mine, everything=num_nodes == 1 or finalize)
+        _remove_stale_tmp(dst_path, mine, everything=num_nodes == 1)
         todo = [s for s in mine if not _finished(journal, dst_path, s)]
         report.shards_reused = len(mine) - len(todo)
         if todo:
@@ -149,6 +150,8 @@ def pack(
                 f"run every --node-rank 0..{num_nodes - 1} first, then --finalize"
             )
         if not pending:
+            if num_nodes > 1:  # every shard is journaled; what is left is a killed node's atomic-write temp file
+                _remove_stale_tmp(dst_path, plan.shards, everything=False, older_than_s=STALE_TMP_S)
             _finalize(plan, journal, src_path, dst_path, report)
     finally:
         os.close(lock_fd)
@@ -242,15 +245,20 @@ def remove_pack_outputs(dst: Path) -> None:
             path.unlink()
 
 
-def _remove_stale_tmp(dst: Path, mine: Iterable[ShardSpec], everything: bool) -> None:
-    """Remove temp files a killed run left: of this node's shards, or all of them for a single node."""
+def _remove_stale_tmp(dst: Path, mine: Iterable[ShardSpec], everything: bool, older_than_s: float = 0.0) -> None:
+    """Remove temp files a killed run left: of this node's shards, or every temp file when no
+    other node can be writing (single node), or those older than ``older_than_s`` seconds."""
     stale = [p for spec in mine for p in tmp_names(dst, spec)]
-    if everything:
+    if everything or older_than_s:
         stale += [p for folder in (dst, dst / JOURNAL_DIR) if folder.is_dir() for p in folder.glob(".*.tmp")]
+    now = time.time()
     for path in stale:
-        if path.exists():
-            logger.debug("removing %s left by an interrupted run", path)
-            path.unlink(missing_ok=True)
+        try:
+            if everything or not older_than_s or now - path.stat().st_mtime > older_than_s:
+                logger.debug("removing %s left by an interrupted run", path)
+                path.unlink()
+        except FileNotFoundError:
+            continue
 
 
 def _finished(journal: Journal, dst: Path, spec: ShardSpec) -> bool:
@@ -397,7 +405,7 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
     repairs: Counter[str] = Counter()
     for name, split in plan.splits.items():
         kept: list[np.ndarray] = []
-        crcs: list[int] = []
+        crcs: list[np.ndarray] = []
         shard_infos = []
         for spec in split.shards:
             entry = journal.read_entry(spec.name)
@@ -406,7 +414,7 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
             gone = {pos for pos, _ in entry.skipped}
             positions = np.array([p for p in range(spec.start, spec.stop) if p not in gone], dtype=np.int64)
             kept.append(positions)
-            crcs += entry.crc32
+            crcs.append(np.array(entry.crc32, dtype=np.uint32))
             skipped += [Skipped(name, split.paths[pos], reason) for pos, reason in entry.skipped]
             actions.update(entry.actions)
             repairs.update(entry.repairs)
@@ -422,7 +430,7 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
             labels=f"{name}.labels.npy",
             labels_sha256=_write_sidecar(dst / f"{name}.labels.npy", _npy_bytes(split.labels[order].astype(np.int32))),
             checksums=f"{name}.crc32.npy",
-            checksums_sha256=_write_sidecar(dst / f"{name}.crc32.npy", _npy_bytes(np.array(crcs, dtype=np.uint32))),
+            checksums_sha256=_write_sidecar(dst / f"{name}.crc32.npy", _npy_bytes(np.concatenate(crcs))),
         )
         report.records[name] = int(order.size)
     manifest = Manifest(classes=plan.classes, splits=splits, options=plan.options, source=str(src), skipped=skipped)

@@ -15,7 +15,9 @@ text, one ``key\\toffset`` line per record, in write order.
 
 Readers never trust a length field: every length is checked against the bytes that are
 really there before anything is allocated, and a malformed file raises RecordIOError
-naming the file and the offset.
+naming the file and the offset. They are stricter than dmlc's ``NextRecord``, which
+resizes its buffer to whatever a length word says and accepts any cflag order: a cflag
+above 3, or 2/3 without a 1 before it, is refused here (dmlc never writes either).
 """
 
 from __future__ import annotations
@@ -219,22 +221,48 @@ def format_index_line(key: int, offset: int) -> str:
 def read_index(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     """Parse a .idx file into (keys, offsets) int64 arrays, in file order.
 
-    The exact ``key<TAB>offset<LF>`` text that MXNet and imgpipe write is parsed without a
-    Python loop (1.28 M lines in about 0.2 s); any other text (CRLF, spaces, blank lines, no
-    final newline) goes through a line-by-line parser that names the first bad line.
+    The exact ``key<TAB>offset<LF>`` text that MXNet and imgpipe write is parsed a chunk of
+    whole lines at a time without a Python loop (1.28 M lines: about 0.1 s, and little memory
+    beyond the two arrays); any other text (CRLF, spaces, blank lines, no final newline) goes
+    through a line-by-line parser that names the first bad line.
     """
     path = Path(path)
-    text = path.read_bytes()
-    values = _parse_canonical_index(text)
-    if values is None:
-        values = _parse_index_lines(path, text)
-    del text
-    pairs = values.reshape(-1, 2)
-    return pairs[:, 0].copy(), pairs[:, 1].copy()
+    parsed = _read_canonical_index(path)
+    if parsed is None:
+        values = _parse_index_lines(path, path.read_bytes())
+        parsed = values[0::2].copy(), values[1::2].copy()
+    return parsed
 
 
 _INT64 = np.iinfo(np.int64)
 _INDEX_CHARS = b"0123456789-\t\n"
+_INDEX_CHUNK = 1 << 20
+_INDEX_LINE_MAX = 64  # the longest canonical line, "-9223372036854775808\t9223372036854775807\n", is 41 bytes
+
+
+def _read_canonical_index(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """(keys, offsets) of an index in MXNet's exact text form, or None if the file is not exactly that."""
+    with open(path, "rb", buffering=0) as f:
+        chunk = max(1, min(_INDEX_CHUNK, os.fstat(f.fileno()).st_size))  # read(n) allocates n bytes up front
+        lines = sum(block.count(b"\n") for block in iter(lambda: f.read(chunk), b""))
+        f.seek(0)
+        keys, offsets = np.empty(lines, np.int64), np.empty(lines, np.int64)
+        done, tail = 0, b""
+        while block := f.read(chunk):
+            tail += block
+            cut = tail.rfind(b"\n") + 1
+            if len(tail) - cut > _INDEX_LINE_MAX:
+                return None
+            if not cut:
+                continue
+            values = _parse_canonical_index(tail[:cut])
+            tail = tail[cut:]
+            if values is None or done + values.size // 2 > lines:
+                return None
+            keys[done : done + values.size // 2] = values[0::2]
+            offsets[done : done + values.size // 2] = values[1::2]
+            done += values.size // 2
+    return (keys, offsets) if not tail and done == lines else None
 
 
 def _parse_canonical_index(text: bytes) -> np.ndarray | None:
@@ -244,8 +272,7 @@ def _parse_canonical_index(text: bytes) -> np.ndarray | None:
     if text[0] in b"\t\n" or not text.endswith(b"\n") or text.translate(None, _INDEX_CHARS):
         return None
     chars = np.frombuffer(text, dtype=np.uint8)
-    chunk = 1 << 20
-    seps = np.concatenate([c[(c == 9) | (c == 10)] for c in (chars[i : i + chunk] for i in range(0, chars.size, chunk))])
+    seps = chars[(chars == 9) | (chars == 10)]
     if not ((seps[0::2] == 9).all() and (seps[1::2] == 10).all()) or seps.size % 2:
         return None
     with warnings.catch_warnings():
@@ -269,16 +296,27 @@ def _parse_index_lines(path: Path, text: bytes) -> np.ndarray:
         fields = line.split()
         if fields:
             if len(fields) != 2 or not all(f.lstrip(b"-").isdigit() and f.count(b"-") <= f.startswith(b"-") for f in fields):
-                shown = line.strip()[:60].decode("utf-8", "replace")
-                raise RecordIOError(path, offset, f"line {number} is not 'key<TAB>offset': {shown!r}")
-            key, position = int(fields[0]), int(fields[1])
-            if not _INT64.min <= key <= _INT64.max:
-                raise RecordIOError(path, offset, f"line {number}: key {key} does not fit in 64 bits")
-            if not 0 <= position <= _INT64.max:
-                raise RecordIOError(path, offset, f"line {number}: offset {position} is not a valid file offset")
+                raise RecordIOError(path, offset, f"line {number} is not 'key<TAB>offset': {_shown(line.strip())}")
+            key, position = (_int64_or_none(f) for f in fields)
+            if key is None:
+                raise RecordIOError(path, offset, f"line {number}: key {_shown(fields[0])} does not fit in 64 bits")
+            if position is None or position < 0:
+                raise RecordIOError(path, offset, f"line {number}: offset {_shown(fields[1])} is not a valid file offset")
             values += (key, position)
         offset += len(line)
     return np.array(values, dtype=np.int64)
+
+
+def _int64_or_none(field: bytes) -> int | None:
+    """The value of a ``-?[0-9]+`` field, or None outside int64 (checked before int() sees a huge string)."""
+    if len(field.lstrip(b"-").lstrip(b"0")) > 19:
+        return None
+    value = int(field)
+    return value if _INT64.min <= value <= _INT64.max else None
+
+
+def _shown(text: bytes) -> str:
+    return repr(text[:40].decode("utf-8", "replace")) + ("..." if len(text) > 40 else "")
 
 
 # ----------------------------------------------------------------------------- writer

@@ -118,12 +118,15 @@ class ShardSet:
         ``$XDG_CACHE_HOME/imgpipe`` when that folder is read-only) and reused while the
         shards are unchanged.
         """
+        if not len(self):
+            raise DatasetError(f"split {self.split!r} has no records: nothing for DALI to read")
         sizes = np.array([p.stat().st_size for p in self.rec_paths], dtype=np.int64)
         fingerprint = hashlib.sha256()
         for path, size in zip(self.rec_paths, sizes.tolist()):
             fingerprint.update(f"{path.resolve()}\0{size}\0{path.stat().st_mtime_ns}\n".encode())
         tag = fingerprint.hexdigest()[:16]
-        name = f"{self.split}.{tag}.dali-index"
+        prefix = self.split if self._sources_path is not None else self.rec_paths[0].stem
+        name = f"{prefix}.{tag}.dali-index"
         candidates = [self.rec_paths[0].parent / name, _cache_dir() / name]
         for candidate in candidates:
             if candidate.is_file():
@@ -134,9 +137,14 @@ class ShardSet:
             try:
                 candidate.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_bytes(candidate, text)
-                return candidate
             except OSError as e:
                 logger.debug("cannot write the DALI index at %s: %s", candidate, e)
+                continue
+            if self._sources_path is not None and candidate == candidates[0]:  # a packed split: older indexes are stale
+                for stale in candidate.parent.glob(f"{prefix}.*.dali-index"):
+                    if stale != candidate:
+                        stale.unlink(missing_ok=True)
+            return candidate
         raise DatasetError(f"cannot write a DALI index next to {self.rec_paths[0]} nor in {candidates[-1].parent}; set XDG_CACHE_HOME")
 
     # ------------------------------------------------------------------ process safety
@@ -262,10 +270,10 @@ def _expand(path: PathLike | Sequence[PathLike]) -> list[Path]:
         else:
             recs.append(Path(text))
     for rec in recs:
-        if rec.suffix != ".rec":
+        if not rec.exists():
+            raise DatasetError(f"{rec}: no such file or folder")
+        if rec.suffix != ".rec" or not rec.is_file():
             raise DatasetError(f"{rec}: expected a .rec file (or a folder made by 'imgpipe pack')")
-        if not rec.is_file():
-            raise DatasetError(f"{rec}: no such file")
     return recs
 
 

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from imgpipe.errors import DatasetError, RecordIOError
 from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, sha256_file
-from imgpipe.recordio import iter_frames, read_index, unpack_header
+from imgpipe.recordio import IRHeader, iter_frames, read_index, unpack_header
 
 logger = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ def _load_array(path: Path, sha: str, count: int, dtype: type, problems: list[Pr
 
 
 def _run(checks: list[ShardCheck], workers: int | None, progress: bool) -> list[ShardOutcome]:
-    workers = max(1, min(workers or len(os.sched_getaffinity(0)), len(checks)))
+    workers = max(1, min(workers or os.cpu_count() or 1, len(checks)))
     outcomes: list[ShardOutcome | None] = [None] * len(checks)
     with tqdm(total=len(checks), unit="shard", desc="verify", disable=not progress, dynamic_ncols=True) as bar:
         if workers == 1:
@@ -266,6 +266,8 @@ def _scan_records(check: ShardCheck, problems: list[Problem]) -> tuple[list[int]
                 ids.append(-1)
                 k += 1
                 continue
+            if check.expected is not None and ids and int(header.id) <= ids[-1]:  # imgpipe ids increase; im2rec's need not
+                problems.append(Problem(name, f"IRHeader id {header.id} does not increase (previous record: {ids[-1]})", number, offset, source))
             ids.append(int(header.id))
             for message in _record_problems(check, k, record, header, payload):
                 problems.append(Problem(name, message, number, offset, source))
@@ -276,14 +278,14 @@ def _scan_records(check: ShardCheck, problems: list[Problem]) -> tuple[list[int]
     return starts, ids
 
 
-def _record_problems(check: ShardCheck, k: int, record: bytes, header: object, payload: bytes) -> list[str]:
+def _record_problems(check: ShardCheck, k: int, record: bytes, header: IRHeader, payload: bytes) -> list[str]:
     found = []
     if check.crc32 is not None and k < len(check.crc32) and zlib.crc32(record) != int(check.crc32[k]):
         found.append("checksum mismatch: the record's bytes changed since packing")
     if check.expected is not None:
-        label = header.label  # type: ignore[attr-defined]
-        if header.flag != 0:  # type: ignore[attr-defined]
-            found.append(f"IRHeader flag {header.flag}: expected one scalar label")  # type: ignore[attr-defined]
+        label = header.label
+        if header.flag != 0:
+            found.append(f"IRHeader flag {header.flag}: expected one scalar label")
         elif label != int(label) or not 0 <= label < (check.num_classes or 0):
             found.append(f"label {label} is not a class index in 0..{(check.num_classes or 0) - 1}")
         elif check.labels is not None and k < len(check.labels) and int(label) != int(check.labels[k]):

@@ -210,3 +210,12 @@ def test_without_dali_the_error_says_how_to_install(indexed: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "ERROR:" in result.stdout and "pip install 'imgpipe[dali]'" in result.stdout
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_eval_epoch_restarts_cleanly_after_an_early_break(indexed: Path) -> None:
+    dl = loader(indexed, batch_size=4, train=False)
+    full = epoch_labels(dl)
+    for _ in dl:
+        break  # abandon the epoch after one batch
+    assert epoch_labels(dl) == full == [list(range(k, min(k + 4, RECORDS))) for k in range(0, RECORDS, 4)]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from imgpipe import recordio
@@ -18,7 +18,13 @@ from imgpipe.errors import RecordIOError
 from imgpipe.recordio import MAGIC, MAGIC_BYTES, IRHeader
 
 SLACK = 64 * 1024  # Python object overheads, exception objects, tracemalloc's own records
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# no explain phase: its line tracer allocates inside the measured read when a stored failure is replayed
+FUZZ = settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+)
 
 
 def valid_shard() -> tuple[bytes, bytes, list[int]]:
@@ -44,6 +50,8 @@ WORD_VALUES = st.sampled_from(
 def rec_mutation(draw: st.DrawFn, data: bytes) -> bytes:
     buf = bytearray(data)
     kind = draw(st.sampled_from(["truncate", "flip", "word", "label_count", "append", "insert"]))
+    if len(buf) < 4:  # truncated to almost nothing: only growing it still makes sense
+        kind = "append"
     if kind == "truncate":
         del buf[draw(st.integers(0, len(buf))) :]
     elif kind == "flip":

@@ -144,3 +144,25 @@ def test_bad_arguments_raise_config_errors() -> None:
         EpochSampler(10, batch_size=2, remainder="wrap", rank=0, world_size=1)
     with pytest.raises(ConfigError, match="batch_size"):
         EpochSampler(10, batch_size=0, rank=0, world_size=1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 200), world=st.integers(1, 4), batch=st.integers(1, 9), epoch=st.integers(0, 5), data=st.data())
+def test_resume_at_any_batch_matches_an_uninterrupted_epoch(n: int, world: int, batch: int, epoch: int, data) -> None:
+    rank = data.draw(st.integers(0, world - 1))
+    make = lambda: EpochSampler(n, batch_size=batch, seed=9, rank=rank, world_size=world, remainder="pad", block_size=3)  # noqa: E731
+    whole = make()
+    whole.set_epoch(epoch)
+    expected = [b.tolist() for b in whole]
+    consumed = data.draw(st.integers(0, len(expected)))
+    first = make()
+    first.set_epoch(epoch)
+    it = iter(first)
+    head = [next(it).tolist() for _ in range(consumed)]
+    resumed = make()
+    resumed.load_state_dict(first.state_dict())
+    rest = [b.tolist() for b in resumed]
+    if consumed < len(expected):
+        assert head + rest == expected
+    else:  # the epoch was complete: resuming starts the next one
+        assert head == expected and rest == [b.tolist() for b in whole.batches(epoch + 1)]

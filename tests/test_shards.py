@@ -128,7 +128,8 @@ def test_dali_index_offsets_run_on_across_files(tiny: Path) -> None:
     assert s.dali_index_path() == path and path.stat().st_mtime_ns == mtime  # reused while up to date
     with open(s.rec_paths[-1], "ab") as f:
         f.write(b"\0" * 4)
-    assert open_shards(tiny).dali_index_path() != path  # the shards changed: a new index
+    fresh = open_shards(tiny).dali_index_path()
+    assert fresh != path and fresh.is_file() and not path.exists()  # the shards changed: a new index, the stale one gone
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
@@ -185,3 +186,5 @@ def test_missing_split_and_paths(tiny: Path) -> None:
         open_shards(str(tiny / "nothing-*.rec"))
     with pytest.raises(DatasetError, match="expected a .rec file"):
         open_shards(tiny / "manifest.json")
+    with pytest.raises(DatasetError, match="no such file or folder"):
+        open_shards(tiny / "nowhere")

@@ -66,9 +66,23 @@ def test_output_contract_normalized_and_uint8(tiny: Path) -> None:
     assert np.concatenate([b[1] for b in raw_batches]).tolist() == labels[order].tolist()
 
 
-def test_channels_last_layout(tiny: Path) -> None:
-    x, _ = next(iter(make_torch_loader(tiny, batch_size=4, image_size=SIZE, workers=0, rank=0, world_size=1, channels_last=True)))
-    assert x.is_contiguous(memory_format=torch.channels_last) and x.shape == (4, 3, SIZE, SIZE)
+@pytest.mark.parametrize("normalize", [False, True])
+def test_channels_last_holds_the_same_values(tiny: Path, normalize: bool) -> None:
+    kw = dict(batch_size=4, image_size=SIZE, workers=1, rank=0, world_size=1, normalize=normalize, sample_transform=_stamp_first_pixel)
+    plain = list(make_torch_loader(tiny, **kw))
+    last = list(make_torch_loader(tiny, channels_last=True, **kw))
+    assert len(plain) == len(last) == 10
+    for (xp, yp), (xl, yl) in zip(plain, last):
+        assert xp.is_contiguous() and xl.is_contiguous(memory_format=torch.channels_last) and xl.shape == (4, 3, SIZE, SIZE)
+        assert torch.equal(xp, xl) and torch.equal(yp, yl)
+    assert float(plain[0][0][0, 1, 2, 3]) == pytest.approx(7 if not normalize else (7 - IMAGENET_MEAN[1]) / IMAGENET_STD[1], rel=1e-6)
+
+
+def _stamp_first_pixel(image: torch.Tensor) -> torch.Tensor:
+    """A user transform that returns a new tensor: the loader copies it into the batch slot."""
+    image = image.clone()
+    image[1, 2, 3] = 7
+    return image
 
 
 def test_train_pixels_are_the_seeded_crop_of_the_record(tiny: Path) -> None:
@@ -237,6 +251,15 @@ def test_ranks_get_disjoint_parts_and_equal_batch_counts(tiny: Path, world: int)
     assert counts == {40 // (2 * world)}
     indices = np.concatenate([loader.sampler.indices(0) for loader in loaders])
     assert len(np.unique(indices)) == len(indices)
+
+
+def test_bare_rec_glob_and_block_shuffle(tiny: Path) -> None:
+    packed = _run(_uint8(tiny, seed=1, block_shuffle=4, shuffle_window=8))
+    bare = _run(_uint8(str(tiny / "train-*.rec"), seed=1, block_shuffle=4, shuffle_window=8))  # labels from the IRHeaders
+    assert _equal(packed, bare)
+    order = np.concatenate(_uint8(tiny, seed=1, block_shuffle=4, shuffle_window=8).sampler.batches(0))
+    assert not np.array_equal(order, np.sort(order))
+    assert not _equal(packed, _run(_uint8(tiny, seed=1)))
 
 
 def test_eval_ranks_see_every_record_once(tiny: Path) -> None:

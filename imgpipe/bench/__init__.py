@@ -11,13 +11,16 @@ from imgpipe.bench.runner import BenchConfig, BenchResult
 from imgpipe.bench.verdict import Verdict
 
 
-def bench(config: BenchConfig) -> tuple[BenchResult, Verdict]:
-    """Run the bench described by ``config``; return the measurements and the verdict."""
+def bench(config: BenchConfig) -> tuple[BenchResult, Verdict] | None:
+    """Run the bench described by ``config``; return the measurements and the verdict.
+
+    None on the ranks other than 0 when torchrun or SLURM started this process.
+    """
     from imgpipe.bench.runner import run_bench
     from imgpipe.bench.verdict import decide
 
     result = run_bench(config)
-    return result, decide(result)
+    return None if result is None else (result, decide(result))
 
 
 __all__ = ["BenchConfig", "BenchResult", "Verdict", "bench"]

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from imgpipe import __version__
-from imgpipe.bench.probes import STAGES, RankStats
+from imgpipe.bench.stats import STAGES, RankStats
 from imgpipe.bench.runner import BenchResult, RunResult
 from imgpipe.bench.system import describe_disk
-from imgpipe.bench.verdict import Verdict
+from imgpipe.bench.verdict import Verdict, plural
 from imgpipe.errors import ConfigError
 from imgpipe.manifest import atomic_write_bytes
 
@@ -128,7 +128,7 @@ def format_report(result: BenchResult, verdict: Verdict) -> str:
             f"{_num(100 * run.resident_before if run.resident_before is not None else None, 8, 0)}"
         )
     judged = next(r for r in result.runs if r.backend == verdict.backend and r.workers == verdict.workers)
-    lines += ["", f"ranks of {judged.backend} with {judged.workers} workers (stage times: ms per batch; read/decode/collate are worker time)"]
+    lines += ["", f"ranks of {judged.backend} with {plural(judged.workers, 'worker')} (stage times: ms per batch; read and decode are worker time)"]
     lines.append(
         f"{'rank':>4} {'images/s':>9} {'wait %':>6} {'p50 ms':>7} {'p95 ms':>7} " + " ".join(f"{s:>7}" for s in STAGES)
     )
@@ -172,9 +172,9 @@ def write_plot(path: str | os.PathLike, result: BenchResult, verdict: Verdict) -
             timeline.broken_barh(spans, (row - 0.4, 0.8), color=colors[label], label=label if row == 0 else None)
     timeline.set_yticks(range(len(judged.ranks)), [f"rank {r.rank}" for r in judged.ranks])
     timeline.set_xlabel("seconds since the run started")
-    timeline.set_title(f"{judged.backend}, {judged.workers} workers: where each rank's time goes")
+    timeline.set_title(f"{judged.backend}, {plural(judged.workers, 'worker')}: where each rank's time goes")
     timeline.legend(loc="upper right", fontsize="small")
-    labels = [f"{r.backend}\n{r.workers} workers" for r in result.runs]
+    labels = [f"{r.backend}\n{plural(r.workers, 'worker')}" for r in result.runs]
     bars.bar(range(len(result.runs)), [r.images_per_s for r in result.runs], color=["tab:green" if r is judged else "tab:olive" for r in result.runs])
     bars.set_xticks(range(len(result.runs)), labels)
     bars.set_ylabel("images/s (all ranks)")

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from imgpipe.bench import cache
-from imgpipe.bench.probes import RankStats, StepTimes, TimedDataset, bench_indices, open_for_rank, timed_collate
+from imgpipe.bench.stats import RankStats, StepTimes
 from imgpipe.bench.system import SystemSampler, SystemSummary, diskstats_name, summarize
 from imgpipe.diskinfo import DiskInfo, device_for_path
-from imgpipe.errors import ConfigError
+from imgpipe.errors import ConfigError, DatasetError
 from imgpipe.shards import open_shards
 
 logger = logging.getLogger(__name__)
@@ -147,8 +147,11 @@ def shard_files(data: str | os.PathLike, split: str) -> list[Path]:
     return [p for rec in recs for p in (rec, rec.with_suffix(".idx")) if p.is_file()]
 
 
-def run_bench(config: BenchConfig) -> BenchResult:
-    """Run every (backend, workers) pair on ``config.ranks`` ranks and return the measurements."""
+def run_bench(config: BenchConfig) -> BenchResult | None:
+    """Run every (backend, workers) pair on ``config.ranks`` ranks and return the measurements.
+
+    Under torchrun or SLURM this process is one of the ranks: rank 0 gets the result, the others None.
+    """
     config.check()
     _check_gpus(config)
     from imgpipe.train.launch import launch
@@ -169,6 +172,8 @@ def run_bench(config: BenchConfig) -> BenchResult:
     )
     with SystemSampler() as sampler:
         runs = launch(bench_rank, config, gpus=config.gpus, nproc=config.nproc if not config.gpus else None)
+    if runs is None:
+        return None
     device = diskstats_name(disk)
     for run in runs:
         run.system = summarize(sampler.samples, device, run.start, run.end)
@@ -196,9 +201,11 @@ def bench_rank(ctx: Any, config: BenchConfig) -> list[RunResult] | None:
 
     if ctx.device.type == "cpu" and ctx.world_size > 1:  # ranks share the cores
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // ctx.world_size))
-    source = open_for_rank(config.data, config.split, ctx.rank)
+    from imgpipe.bench.probes import open_for_rank
+
+    reads = open_for_rank(config.data, config.split, ctx.rank)
     files = shard_files(config.data, config.split)
-    compute = Compute(config, ctx, len(open_shards(config.data, config.split).classes or []) or 1000)
+    compute = Compute(config, ctx, len(reads.classes or []) or 1000)
     runs: list[RunResult] = []
     for backend in config.backends:
         for workers in config.workers:
@@ -209,7 +216,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> list[RunResult] | None:
                 resident = cache.resident_fraction(files)
             _barrier(ctx)
             start = time.time()
-            stats = _run_one(ctx, config, backend, workers, source, compute)
+            stats = _run_one(ctx, config, backend, workers, reads, compute)
             gathered = _gather(ctx, stats)
             if ctx.is_main:
                 runs.append(RunResult(backend, workers, gathered, start, time.time(), resident))
@@ -217,39 +224,19 @@ def bench_rank(ctx: Any, config: BenchConfig) -> list[RunResult] | None:
     return runs if ctx.is_main else None
 
 
-def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, source: Any, compute: "Compute") -> RankStats:
-    import torch
-
+def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, reads: Any, compute: "Compute") -> RankStats:
+    """Warm up, line the ranks up at a barrier, then measure ``config.steps`` steps."""
     batches = _torch_batches if backend == "torch" else _dali_batches
     stats = RankStats(ctx.rank, config.batch_size, timed_stages=backend == "torch")
-    iterator = batches(ctx, config, workers, source)
-    cuda = ctx.device.type == "cuda"
-    run_start = time.perf_counter()
+    iterator = batches(ctx, config, workers, reads)
     try:
-        for step in range(config.warmup + config.steps):
-            t0 = time.perf_counter()
-            images, labels, read, decode, collate = next(iterator)
-            t1 = time.perf_counter()
-            h2d = 0.0
-            if cuda and images.device.type != "cuda":
-                images = images.pin_memory()
-                t_pin = time.perf_counter()
-                collate += t_pin - t1
-                images, labels = images.to(ctx.device, non_blocking=True), labels.to(ctx.device, non_blocking=True)
-                torch.cuda.synchronize(ctx.device)
-                h2d = time.perf_counter() - t_pin
-            t2 = time.perf_counter()
-            compute.step(images, labels)
-            t3 = time.perf_counter()
-            compute.sync()
-            t4 = time.perf_counter()
-            compute.update()
-            t5 = time.perf_counter()
-            if step + 1 == config.warmup:
-                logger.debug("rank %d: %s with %d workers warmed up in %.1fs", ctx.rank, backend, workers, t5 - run_start)
-            if step >= config.warmup:
-                work = (t3 - t2) + (t5 - t4)
-                stats.steps.append(StepTimes(t0 - run_start, t1 - t0, read, decode, collate, h2d, work, t4 - t3))
+        warm_start = time.perf_counter()
+        for _ in range(config.warmup):
+            _step(ctx, iterator, compute, 0.0)
+        logger.debug("rank %d: %s with %d workers warmed up in %.1fs", ctx.rank, backend, workers, time.perf_counter() - warm_start)
+        _barrier(ctx)
+        origin = time.perf_counter()
+        stats.steps = [_step(ctx, iterator, compute, origin) for _ in range(config.steps)]
     finally:
         close = getattr(iterator, "close", None)
         if close:
@@ -257,29 +244,59 @@ def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, source: 
     return stats
 
 
-def _torch_batches(ctx: Any, config: BenchConfig, workers: int, source: Any) -> Iterator[tuple[Any, Any, float, float, float]]:
+def _step(ctx: Any, iterator: Iterator[tuple[Any, Any, float, float, float]], compute: "Compute", origin: float) -> StepTimes:
+    """One training step, timed stage by stage; ``start`` is relative to ``origin``."""
+    t0 = time.perf_counter()
+    images, labels, read, decode, collate = next(iterator)
+    t1 = time.perf_counter()
+    h2d = 0.0
+    if ctx.device.type == "cuda" and images.device.type != "cuda":
+        import torch
+
+        images = images.pin_memory()
+        t_pin = time.perf_counter()
+        collate += t_pin - t1
+        images, labels = images.to(ctx.device, non_blocking=True), labels.to(ctx.device, non_blocking=True)
+        torch.cuda.synchronize(ctx.device)
+        h2d = time.perf_counter() - t_pin
+    t2 = time.perf_counter()
+    compute.step(images, labels)
+    t3 = time.perf_counter()
+    compute.sync()
+    t4 = time.perf_counter()
+    compute.update()
+    t5 = time.perf_counter()
+    return StepTimes(t0 - origin, t1 - t0, read, decode, collate, h2d, (t3 - t2) + (t5 - t4), t4 - t3)
+
+
+def _torch_batches(ctx: Any, config: BenchConfig, workers: int, reads: Any) -> Iterator[tuple[Any, Any, float, float, float]]:
     from torch.utils.data import DataLoader
 
-    count = (config.warmup + config.steps) * config.batch_size
-    indices = bench_indices(
-        len(source), rank=ctx.rank, world_size=ctx.world_size, batch_size=config.batch_size, count=count, seed=config.seed
+    from imgpipe.bench.probes import as_is, bench_requests, make_timed_dataset
+
+    requests = bench_requests(
+        len(reads), rank=ctx.rank, world_size=ctx.world_size, batch_size=config.batch_size,
+        batches=config.warmup + config.steps, seed=config.seed,
     )
+    dataset = make_timed_dataset(reads, image_size=config.image_size, seed=config.seed, rank=ctx.rank, channels_last=ctx.device.type == "cuda")
     loader = DataLoader(
-        TimedDataset(source, indices, config.image_size, config.seed),
-        batch_size=config.batch_size,
+        dataset,
+        sampler=requests,
+        batch_size=None,
+        collate_fn=as_is,
         num_workers=workers,
-        collate_fn=timed_collate,
-        drop_last=True,
         prefetch_factor=2 if workers else None,
         # ranks started with spawn would spawn their workers too (seconds of imports each run);
         # fork is what a torchrun-started rank uses on Linux
         multiprocessing_context=WORKER_START if workers else None,
     )
-    for batch in loader:
-        yield batch["images"], batch["labels"], batch["read"], batch["decode"], batch["collate"]
+    for images, labels, read, decode, error in loader:
+        if error is not None:
+            raise DatasetError(error)
+        yield images, labels, read, decode, 0.0
 
 
-def _dali_batches(ctx: Any, config: BenchConfig, workers: int, source: Any) -> Iterator[tuple[Any, Any, float, float, float]]:
+def _dali_batches(ctx: Any, config: BenchConfig, workers: int, reads: Any) -> Iterator[tuple[Any, Any, float, float, float]]:
     from imgpipe.loaders.dali import make_dali_loader
 
     loader = make_dali_loader(

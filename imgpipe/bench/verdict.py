@@ -5,17 +5,17 @@ every threshold is a named constant below:
 
 1. **Straggler** (2+ ranks): the rank that waits most for data waits at least
    ``STRAGGLER_WAIT_GAP`` (absolute fraction of its step time) more than every other rank.
-   Cause: *I/O* when its read time per batch is ``SLOW_STAGE_RATIO`` times the others'
-   median (or, without stage times, when iowait >= ``IOWAIT_HIGH_PCT``); *decode* when its
-   decode time is; otherwise unknown.
+   Cause: *I/O* when its read time per batch is >= ``SLOW_STAGE_RATIO`` times the others'
+   median; *decode* when its decode time is; else *I/O* when iowait >= ``IOWAIT_HIGH_PCT``;
+   otherwise unknown. An I/O cause on a rotational or network disk gets the SSD advice.
 2. **Input bound**: the ranks' mean data-wait fraction is >= ``DATA_BOUND_WAIT``.
 
    * *I/O bound* when system iowait >= ``IOWAIT_HIGH_PCT`` (as top's ``wa``), or when reading
      takes >= ``READ_SHARE_IO`` of the loader's per-batch worker time. Next action: a local
      SSD for rotational disks and network filesystems, otherwise more workers.
-   * *decode bound* otherwise. Next action: raise workers to K = ceil(loader time per batch
-     / compute time per batch) (what keeps one batch in flight per compute step), the DALI
-     backend, or packing with ``--resize 256``.
+   * *decode bound* otherwise. Next action: raise workers to K = max(workers + 1,
+     ceil(worker time per batch / the rank's own time per batch)) (enough workers to make
+     one batch per step), the DALI backend, or packing with ``--resize 256``.
 3. **Compute bound** otherwise, with the loader's headroom: workers x compute time / loader
    time - 1 (how much faster the model could get before the loader limits it).
 
@@ -41,6 +41,7 @@ IOWAIT_HIGH_PCT = 20.0
 READ_SHARE_IO = 0.5
 WARM_CACHE = 0.9
 MIN_STAGE_MS = 0.05  # stage times below this are noise: a floor for the ratios
+MAX_HEADROOM_SHOWN = 10.0  # beyond 1000 % the exact figure says nothing more
 
 BOUNDS = ("io", "decode", "compute", "straggler")
 
@@ -59,6 +60,11 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 worker``, ``2 workers``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _pct(fraction: float) -> str:
@@ -102,10 +108,16 @@ def _straggler(result: BenchResult, run: RunResult) -> Verdict | None:
             verb = "reading its records" if stage == "read" else "decoding its images"
             cause, detail = name, f"; {name} cause: {verb} takes {mine:.1f} ms per batch against {typical:.1f} ms on the others"
             break
-    if cause == "unknown" and (_iowait(run) or 0.0) >= IOWAIT_HIGH_PCT:
-        cause, detail = "I/O", f"; I/O cause: {_iowait(run):.0f} % iowait while it waits"
+    high_iowait = (_iowait(run) or 0.0) >= IOWAIT_HIGH_PCT
+    if cause == "unknown" and high_iowait:
+        cause, detail = "I/O", "; I/O cause"
+    if cause == "I/O" and high_iowait:
+        detail += f" ({_iowait(run):.0f} % iowait on {describe_disk(result.disk)})"
     if cause == "I/O":
-        action = f"check the disk that serves rank {rank} (a spinning or failing disk, a network mount) and put its data on a local SSD"
+        if result.disk.rotational or result.disk.network:
+            action = f"pack to an SSD with `imgpipe pack SRC /ssd/imagenet` (or copy {result.config.data} there) and bench again"
+        else:
+            action = f"check the disk that serves rank {rank} (a slow or failing disk, a network mount) and put its data on a local SSD"
     elif cause == "decode":
         action = f"give rank {rank} more CPU (other processes on its cores?) or more workers"
     message = (
@@ -116,13 +128,17 @@ def _straggler(result: BenchResult, run: RunResult) -> Verdict | None:
 
 
 def _loader_ms(run: RunResult) -> tuple[float, float, float] | None:
-    """Mean (read, decode + collate, consumer) ms per batch over the ranks; None without stage times."""
+    """Mean (read, decode, consumer) ms per batch over the ranks; None without stage times.
+
+    read and decode are the workers' time per batch; the consumer is the rank's own work on
+    a batch (collate + h2d + compute), the time a worker has to produce the next one.
+    """
     stages = [r.stage_ms() for r in run.ranks]
     if any(s["read"] is None for s in stages):
         return None
     read = statistics.mean(s["read"] for s in stages)
-    decode = statistics.mean(s["decode"] + s["collate"] for s in stages)
-    consume = statistics.mean(s["h2d"] + s["compute"] for s in stages)
+    decode = statistics.mean(s["decode"] for s in stages)
+    consume = statistics.mean(s["collate"] + s["h2d"] + s["compute"] for s in stages)
     return read, decode, consume
 
 
@@ -168,7 +184,8 @@ def _compute_bound(result: BenchResult, run: RunResult) -> Verdict:
     loader = _loader_ms(run)
     if loader is not None and loader[0] + loader[1] > 0:
         headroom = max(run.workers, 1) * loader[2] / (loader[0] + loader[1]) - 1
-        message = f"compute bound: the loader has {_pct(max(headroom, 0.0))} headroom (ranks wait for data {_pct(wait)} of the time)"
+        shown = f"over {_pct(MAX_HEADROOM_SHOWN)}" if headroom > MAX_HEADROOM_SHOWN else _pct(max(headroom, 0.0))
+        message = f"compute bound: the loader has {shown} headroom (ranks wait for data {_pct(wait)} of the time)"
     else:
         message = f"compute bound: the loader keeps up (ranks wait for data {_pct(wait)} of the time)"
     return Verdict("compute", message, run.backend, run.workers)
@@ -187,5 +204,5 @@ def _notes(result: BenchResult, run: RunResult) -> list[str]:
         for backend in backends:
             best = result.best(backend)
             if best is not None:
-                notes.append(f"best for {backend}: {best.workers} workers, {best.images_per_s:.0f} images/s")
+                notes.append(f"best for {backend}: {plural(best.workers, 'worker')}, {best.images_per_s:.0f} images/s")
     return notes

@@ -24,7 +24,7 @@ def _counts(text: str) -> tuple[int, ...]:
 @click.option("--gpus", type=int, default=None, help="GPU ranks to start (one per GPU). Default: every GPU torch sees, or 0 without CUDA.")
 @click.option("--nproc", type=int, default=1, show_default=True, help="CPU ranks to start with --gpus 0.")
 @click.option("--backend", type=click.Choice(["torch", "dali", "all"]), default="torch", show_default=True, help="Loader(s) to measure.")
-@click.option("--workers", default="2", show_default=True, help="Loader worker counts to sweep, e.g. 1,2,4; the best is reported per backend.")
+@click.option("--workers", default=None, help="Loader worker counts to sweep, e.g. 1,2,4; the best is reported per backend. Default: the loaders' default for this many ranks.")
 @click.option("--steps", type=int, default=30, show_default=True, help="Measured steps per rank and run (after --warmup).")
 @click.option("--warmup", type=int, default=3, show_default=True, help="Steps run first and not measured (worker start-up).")
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Images per batch per rank.")
@@ -36,7 +36,7 @@ def _counts(text: str) -> tuple[int, ...]:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the results as JSON (schema: docs/bench-json.md).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write per-rank timelines and throughput as a PNG (needs imgpipe[plot]).")
 def bench_command(
-    data: str, split: str, gpus: int | None, nproc: int, backend: str, workers: str, steps: int, warmup: int, batch_size: int,
+    data: str, split: str, gpus: int | None, nproc: int, backend: str, workers: str | None, steps: int, warmup: int, batch_size: int,
     image_size: int, model: str | None, compute_ms: float, cold: bool, seed: int, json_path: str | None, plot_path: str | None,
 ) -> None:
     """Find the bottleneck of loading DATA (a folder made by `imgpipe pack`), rank by rank, and say what to change."""
@@ -48,12 +48,19 @@ def bench_command(
         import torch
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if workers is None:
+        from imgpipe.loaders.torch import default_workers
+
+        workers = str(default_workers(gpus or nproc))
     config = BenchConfig(
         data=data, split=split, gpus=gpus, nproc=nproc, backends=resolve_backends(backend), workers=_counts(workers),
         steps=steps, warmup=warmup, batch_size=batch_size, image_size=image_size, model=model, compute_ms=compute_ms,
         cold=cold, seed=seed,
     )
-    result, verdict = bench(config)
+    outcome = bench(config)
+    if outcome is None:  # a non-zero rank under torchrun/SLURM: rank 0 reports
+        return
+    result, verdict = outcome
     click.echo(format_report(result, verdict))
     if json_path:
         click.echo(f"json: {write_json(json_path, to_dict(result, verdict))}")

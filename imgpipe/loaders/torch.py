@@ -19,8 +19,9 @@ Corrupt records: ``on_corrupt="raise"`` stops with the shard, record and source 
 label), so every rank's batch count and batch size stay unchanged; ``loader.skipped``
 counts the replaced samples. A batch with no decodable sample at all still raises.
 
-On CUDA, batches come through pinned memory, are copied on a side stream one batch ahead,
-then converted to float, normalized and optionally made channels_last on the GPU.
+On CUDA (and whenever ``channels_last`` is asked) workers lay batches out channels_last, so
+each image is one memcpy; batches come through pinned memory, are copied on a side stream
+one batch ahead, then converted to float, normalized and laid out as asked on the GPU.
 """
 
 from __future__ import annotations
@@ -78,16 +79,27 @@ def decode_sample(payload: bytes, crop_for: Callable[[int, int], Crop], size: in
     return out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if crop.flip else out
 
 
-def write_chw(image: Image.Image, out: np.ndarray) -> None:
-    """Copy an RGB image into a uint8 CHW array plane by plane (far faster than a strided HWC->CHW copy)."""
-    for channel, band in enumerate(image.split()):
-        out[channel] = np.asarray(band)
+def write_pixels(image: Image.Image, out: torch.Tensor) -> None:
+    """Copy an RGB image into one uint8 CHW slot of a batch, in whichever memory layout the batch has.
+
+    A channels_last slot is one memcpy of the HWC pixels; a contiguous slot is filled plane by
+    plane (torch's strided HWC->CHW uint8 copy is many times slower).
+    """
+    if out.is_contiguous():
+        planes = out.numpy()
+        for channel, band in enumerate(image.split()):
+            planes[channel] = np.asarray(band)
+    else:
+        out.permute(1, 2, 0).numpy()[...] = np.asarray(image)
 
 
 class BatchDataset(Dataset):
-    """Map-style dataset whose items are whole batches: ``dataset[(epoch, indices)] -> BatchResult``.
+    """Map-style dataset whose items are whole batches.
 
-    Holds only the ShardSet (numpy arrays) and a few scalars: nothing grows per record.
+    ``dataset[(epoch, indices)]`` returns ``(images uint8 NCHW, labels int64, skipped record
+    indices, error message or None)``; errors travel as data so the main process raises them
+    as one-line ``DatasetError``s instead of torch's multi-line worker traceback. Holds only
+    the ShardSet (numpy arrays) and a few scalars: nothing grows per record.
     """
 
     def __init__(
@@ -99,6 +111,7 @@ class BatchDataset(Dataset):
         rank: int,
         on_corrupt: str = "raise",
         sample_transform: SampleTransform | None = None,
+        channels_last: bool = False,
     ) -> None:
         if on_corrupt not in ON_CORRUPT:
             raise ConfigError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
@@ -108,6 +121,7 @@ class BatchDataset(Dataset):
         self.rank = rank
         self.on_corrupt = on_corrupt
         self.sample_transform = sample_transform
+        self.channels_last = channels_last
         self._seeded: tuple[int, int] | None = None
 
     def __len__(self) -> int:
@@ -117,7 +131,7 @@ class BatchDataset(Dataset):
         epoch, indices = request
         self._seed_globals(epoch)
         size = self.geometry.image_size
-        images = torch.empty((len(indices), 3, size, size), dtype=torch.uint8)
+        images = torch.empty((len(indices), 3, size, size), dtype=torch.uint8, memory_format=self._memory_format)
         labels = torch.empty(len(indices), dtype=torch.int64)
         bad: list[int] = []
         for slot, index in enumerate(indices.tolist()):
@@ -130,7 +144,7 @@ class BatchDataset(Dataset):
                     return images, labels, np.zeros(0, np.int64), message + "; run 'imgpipe verify' or use on_corrupt='skip'"
                 bad.append(slot)
         if bad:
-            good = [s for s in range(len(indices)) if s not in bad]
+            good = sorted(set(range(len(indices))) - set(bad))
             if not good:
                 return images, labels, indices[bad], f"no decodable record in a batch of {len(indices)} starting at {self.shards.describe(int(indices[0]))}"
             for slot in bad:
@@ -147,12 +161,16 @@ class BatchDataset(Dataset):
             crop_for: Callable[[int, int], Crop] = lambda w, h: geometry.sample(w, h, rng)  # noqa: E731
         else:
             crop_for = geometry.crop
-        write_chw(decode_sample(payload, crop_for, geometry.image_size), out.numpy())
+        write_pixels(decode_sample(payload, crop_for, geometry.image_size), out)
         if self.sample_transform is not None:
             result = self.sample_transform(out)
             if result is not out:
                 out.copy_(result)
         return int(self.shards.labels[index])
+
+    @property
+    def _memory_format(self) -> torch.memory_format:
+        return torch.channels_last if self.channels_last else torch.contiguous_format
 
     def _seed_globals(self, epoch: int) -> None:
         info = get_worker_info()
@@ -279,8 +297,8 @@ class TorchLoader:
     def _finish(self, images: torch.Tensor) -> torch.Tensor:
         if self.normalize:
             images = images.to(torch.float32).sub_(self._mean).div_(self._std)
-        if self.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
+        # workers build channels_last (HWC) batches for a GPU or when asked; convert only if needed
+        images = images.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
         return images
 
     def _cuda_batches(self, results: Iterator[Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -339,11 +357,15 @@ def make_torch_loader(
 ) -> TorchLoader:
     """A rank-aware, seeded loader of ``(images, labels)`` over packed shards (see the module docstring).
 
-    ``remainder``: "drop" or "pad" for train (every rank gets the same full batches); eval
-    (``train=False``) yields every record exactly once across ranks. ``block_shuffle``:
-    block size for block-wise shuffling on slow storage (``shuffle_window`` records per
-    shuffle window). ``sample_transform``: optional user callable on each uint8 CHW sample
-    (same shape out), run in the workers after imgpipe's geometry.
+    ``path``: a packed folder, bare .rec files (path, list or glob) or a ShardSet.
+    ``workers``: DataLoader worker processes (default ``default_workers()``; 0 decodes in
+    this process). ``remainder``: "drop" or "pad" for train, so every rank gets the same
+    full batches; eval (``train=False``) yields every record exactly once across ranks.
+    ``block_shuffle``: block size for block-wise shuffling on slow storage, with
+    ``shuffle_window`` records per shuffle window. ``on_corrupt``: "raise" or "skip"
+    (``loader.skipped`` counts). ``sample_transform``: optional user callable on each
+    uint8 CHW sample (same shape out), run in the workers after imgpipe's geometry.
+    ``loader.close()`` stops persistent workers.
     """
     env = DistEnv.detect(rank, world_size)
     shards = path if isinstance(path, ShardSet) else open_shards(path, split)
@@ -362,9 +384,17 @@ def make_torch_loader(
         block_size=block_shuffle,
         window=shuffle_window,
     )
-    dataset = BatchDataset(shards, geometry=geometry, seed=seed, rank=env.rank, on_corrupt=on_corrupt, sample_transform=sample_transform)
-    shards.labels  # noqa: B018  (bare .rec files: read header labels once here, not in every worker)
     device = torch.device(device) if device is not None else torch.device("cpu")
+    dataset = BatchDataset(
+        shards,
+        geometry=geometry,
+        seed=seed,
+        rank=env.rank,
+        on_corrupt=on_corrupt,
+        sample_transform=sample_transform,
+        channels_last=channels_last or device.type == "cuda",  # HWC slots: one memcpy per image
+    )
+    shards.labels  # noqa: B018  (bare .rec files: read header labels once here, not in every worker)
     workers = default_workers(env.local_world_size) if workers is None else int(workers)
     if workers < 0:
         raise ConfigError(f"workers must be >= 0, got {workers}")

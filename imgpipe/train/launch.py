@@ -248,7 +248,7 @@ def _spawn(fn: Callable[[RankContext, Any], T], arg: Any, ranks: int, *, use_cud
         parent_end, child_end = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=_rank_main,
-            args=(rank, ranks, port, os.getpid(), fn, arg, use_cuda, backend, timeout_s, child_end),
+            args=(rank, ranks, port, os.getpid(), logging.getLogger().getEffectiveLevel(), fn, arg, use_cuda, backend, timeout_s, child_end),
             name=f"imgpipe-rank{rank}",
         )
         procs.append(proc)
@@ -263,9 +263,13 @@ def _spawn(fn: Callable[[RankContext, Any], T], arg: Any, ranks: int, *, use_cud
     return results[0]
 
 
-def _rank_main(rank: int, world: int, port: int, parent_pid: int, fn: Callable, arg: Any, use_cuda: bool, backend: str | None, timeout_s: float, conn: Any) -> None:
-    """Entry point of a spawned rank: die with the parent, set the torchrun variables, run, report."""
+def _rank_main(
+    rank: int, world: int, port: int, parent_pid: int, log_level: int, fn: Callable, arg: Any, use_cuda: bool, backend: str | None, timeout_s: float, conn: Any
+) -> None:
+    """Entry point of a spawned rank: die with the parent, log like it, set the torchrun variables, run, report."""
     _die_with_parent(parent_pid)
+    prefix = "imgpipe" if rank == 0 else f"imgpipe[rank {rank}]"
+    logging.basicConfig(level=log_level, format=f"{prefix}: %(levelname)s: %(message)s", stream=sys.stderr)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),

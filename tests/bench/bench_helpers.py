@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from imgpipe.bench.probes import RankStats, StepTimes
+from imgpipe.bench.stats import RankStats, StepTimes
 from imgpipe.bench.runner import BenchConfig, BenchResult, RunResult
 from imgpipe.bench.system import SystemSummary
 from imgpipe.diskinfo import DiskInfo
@@ -56,7 +56,7 @@ def rank_stats(rank: int, *, wait: float, read: float = 0.001, decode: float = 0
     stats = RankStats(rank, batch, timed_stages=timed)
     start = 0.0
     for _ in range(steps):
-        stats.steps.append(StepTimes(start, wait, read, decode, 0.0002, 0.0, compute, sync))
+        stats.steps.append(StepTimes(start, wait, read, decode, 0.0, 0.0, compute, sync))
         start += wait + compute + sync
     return stats
 

@@ -15,6 +15,7 @@ from imgpipe.bench.report import SCHEMA_VERSION, format_report, to_dict, write_j
 from imgpipe.bench.verdict import decide
 from imgpipe.errors import ConfigError
 
+
 def sample_result() -> Any:
     ranks = [rank_stats(0, wait=0.001, sync=0.02), rank_stats(1, wait=0.02, read=0.09)]
     measured = run(ranks, workers=2, resident=0.25)

@@ -32,7 +32,7 @@ def test_decode_bound_names_workers_dali_and_resize() -> None:
     ranks = [rank_stats(r, wait=0.05, read=0.001, decode=0.10, compute=0.02) for r in range(2)]
     v = decide(result([run(ranks, workers=1)], cpus=16))
     assert v.bound == "decode"
-    # loader 101.2 ms per batch against 20 ms of compute: 6 workers keep up
+    # loader 101 ms per batch against 20 ms of compute: 6 workers keep up
     assert "raise workers to 6" in v.message
     assert "--backend dali" in v.message and "--resize 256" in v.message
 
@@ -50,8 +50,8 @@ def test_compute_bound_reports_headroom() -> None:
     ranks = [rank_stats(r, wait=0.001, read=0.001, decode=0.009, compute=0.02) for r in range(2)]
     v = decide(result([run(ranks, workers=2)]))
     assert v.bound == "compute"
-    # 2 workers x 20 ms compute / 10.2 ms of loader work = 3.9x: 292 % headroom
-    assert v.message.startswith("compute bound: the loader has 292 % headroom")
+    # 2 workers x 20 ms compute / 10 ms of loader work = 4x: 300 % headroom
+    assert v.message.startswith("compute bound: the loader has 300 % headroom")
 
 
 def test_data_wait_threshold_is_the_boundary() -> None:
@@ -84,7 +84,16 @@ def test_straggler_with_slow_decode_and_with_no_visible_cause() -> None:
     v = decide(result([run(unknown)]))
     assert v.straggler == 1 and v.cause == "unknown"
     v = decide(result([run(unknown, iowait=35.0)]))
-    assert v.cause == "I/O" and "35 % iowait" in v.message
+    assert v.cause == "I/O" and "I/O cause (35 % iowait on non-rotational /dev/nvme0n1p2)" in v.message
+
+
+def test_the_two_day_story_one_rank_starved_by_a_spinning_disk() -> None:
+    """One GPU busy, the other waiting, 47 % iowait on an HDD: the straggler, its cause and the SSD fix."""
+    ranks = [rank_stats(0, wait=0.002, read=0.002, sync=0.05), rank_stats(1, wait=0.05, read=0.4)]
+    v = decide(result([run(ranks, iowait=47.4)], disk=HDD))
+    assert (v.bound, v.straggler, v.cause) == ("straggler", 1, "I/O")
+    assert "47 % iowait on rotational /dev/sdb1" in v.message
+    assert "pack to an SSD with `imgpipe pack" in v.message
 
 
 def test_small_wait_differences_are_not_stragglers() -> None:

@@ -33,10 +33,10 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "packed"
 
 
-def write_config(folder: Path, packed: Path, **train: object) -> Path:
+def write_config(folder: Path, packed: Path, workers: int = 0, **train: object) -> Path:
     """resnet18 at 32 px, batch 16 per rank: 5 optimizer steps per epoch on 2 ranks."""
     config = {
-        "data": {"path": str(packed), "workers": 1, "image_size": 32},
+        "data": {"path": str(packed), "workers": workers, "image_size": 32},
         "model": {"name": "resnet18"},
         "optim": {"base_lr": 0.4, "warmup_epochs": 0.5, "label_smoothing": 0.0},
         "train": {"epochs": 3, "batch_size": 16, "seed": 0, "timeout_s": 60, "log_every": 1, **train},
@@ -97,7 +97,7 @@ def test_two_ranks_learn_and_report_where_the_time_goes(learned: tuple[subproces
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_interrupted_and_resumed_run_ends_bit_exact(packed: Path, learned: tuple[subprocess.CompletedProcess, Path], tmp_path: Path) -> None:
-    config = write_config(tmp_path, packed)
+    config = write_config(tmp_path, packed, validate=False)  # validation never changes the weights
     first = imgpipe_train(config, "--gpus", "0", "--nproc", "2", "--set", "train.max_steps=7")
     assert first.returncode == 0, first.stderr[-3000:]
     saved = torch.load(tmp_path / "run" / "checkpoint.pt", map_location="cpu", weights_only=True)
@@ -164,7 +164,7 @@ def wait_for_steps(proc: subprocess.Popen, run: Path, steps: int, timeout: float
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_kill_9_one_rank_stops_everything_and_names_it(packed: Path, tmp_path: Path) -> None:
-    proc = start_long_run(write_config(tmp_path, packed, epochs=50, timeout_s=30))
+    proc = start_long_run(write_config(tmp_path, packed, workers=1, epochs=50, timeout_s=30))
     seen = wait_for_steps(proc, tmp_path / "run", 2)
     ranks = rank_processes(proc.pid)
     assert len(ranks) == 2
@@ -182,7 +182,7 @@ def test_kill_9_one_rank_stops_everything_and_names_it(packed: Path, tmp_path: P
 @pytest.mark.timeout(300)
 def test_sigterm_writes_a_checkpoint_and_stops_every_process(packed: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = start_long_run(write_config(tmp_path, packed, epochs=50))
+    proc = start_long_run(write_config(tmp_path, packed, workers=1, epochs=50, validate=False))
     seen = wait_for_steps(proc, run, 3)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)

@@ -1,0 +1,134 @@
+"""imgpipe bench for real: spawned gloo ranks, real shards, real DataLoader workers, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from bench_helpers import SCHEMA, check
+from PIL import Image
+
+from imgpipe.bench import BenchConfig, bench
+from imgpipe.bench.probes import READ_DELAY_ENV, read_delay_s
+from imgpipe.diskinfo import device_for_path
+from imgpipe.errors import ConfigError, DatasetError
+
+
+def imgpipe(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "imgpipe", *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cli_names_the_rank_slowed_on_purpose_with_an_io_cause(small_pack: Path, tmp_path: Path) -> None:
+    """Rank 1 reads through the documented delay hook (40 ms a record): the bench must find it."""
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    proc = imgpipe(
+        "bench", str(small_pack), "--gpus", "0", "--nproc", "2", "--workers", "1,2", "--steps", "10", "--warmup", "2",
+        "--batch-size", "4", "--image-size", "64", "--compute-ms", "30", "--json", str(out_json), "--plot", str(out_png),
+        env={READ_DELAY_ENV.format(rank=1): "40"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "verdict: rank 1 is a straggler" in proc.stdout and "I/O cause" in proc.stdout, proc.stdout
+    document = json.loads(out_json.read_text())
+    check(document, SCHEMA)
+    assert [(r["backend"], r["workers"]) for r in document["runs"]] == [("torch", 1), ("torch", 2)]
+    verdict = document["verdict"]
+    assert (verdict["bound"], verdict["straggler"], verdict["cause"]) == ("straggler", 1, "I/O")
+    judged = next(r for r in document["runs"] if r["workers"] == verdict["workers"])
+    rank0, rank1 = judged["ranks"]
+    assert rank1["data_wait_frac"] > rank0["data_wait_frac"] + 0.15
+    assert rank1["stages_ms"]["read"] >= 4 * 40 * 0.9  # 4 records a batch, 40 ms each
+    assert rank0["stages_ms"]["read"] < 40
+    assert rank0["stages_ms"]["sync"] > rank1["stages_ms"]["sync"]  # rank 0 waits for rank 1 in the all-reduce
+    assert all(r["steps"] == 10 and r["images"] == 40 for r in judged["ranks"])
+    assert judged["imbalance"] < 0.8
+    with Image.open(out_png) as png:
+        assert png.format == "PNG"
+
+
+@pytest.mark.timeout(180)
+def test_large_images_one_worker_no_compute_is_decode_bound(large_pack: Path) -> None:
+    config = BenchConfig(data=str(large_pack), workers=(0,), steps=4, warmup=1, batch_size=2, image_size=224)
+    result, verdict = bench(config)
+    assert verdict.bound == "decode", verdict.message
+    assert "--backend dali" in verdict.message and "--resize 256" in verdict.message
+    stages = result.runs[0].ranks[0].stage_ms()
+    assert stages["decode"] > 5 * stages["read"]
+    assert result.runs[0].ranks[0].summary().data_wait_frac > 0.9
+
+
+@pytest.mark.timeout(120)
+def test_cold_evicts_the_shards_before_the_run(small_pack: Path) -> None:
+    fstype = device_for_path(small_pack).fstype
+    if fstype in ("tmpfs", "ramfs", "overlay"):
+        pytest.skip(f"{small_pack} is on {fstype}: its pages cannot be evicted")
+    for shard in small_pack.glob("*.rec"):
+        shard.read_bytes()  # now they are in the page cache
+    warm, _ = bench(BenchConfig(data=str(small_pack), workers=(0,), steps=2, warmup=0, batch_size=4, image_size=32))
+    if warm.runs[0].resident_before is None:
+        pytest.skip("mincore is not available here")
+    assert warm.runs[0].resident_before > 0.9
+    cold, verdict = bench(BenchConfig(data=str(small_pack), workers=(0,), steps=2, warmup=0, batch_size=4, image_size=32, cold=True))
+    assert cold.runs[0].resident_before < 0.1
+    assert not any("--cold" in note for note in verdict.notes)
+
+
+@pytest.mark.timeout(180)
+def test_model_compute_is_measured(small_pack: Path) -> None:
+    config = BenchConfig(data=str(small_pack), workers=(0,), steps=2, warmup=1, batch_size=2, image_size=32, model="resnet18")
+    result, verdict = bench(config)
+    stages = result.runs[0].ranks[0].stage_ms()
+    assert stages["compute"] > 0.5 and stages["sync"] < stages["compute"]
+    assert verdict.bound in ("compute", "decode", "io")
+    with pytest.raises(ConfigError, match="not a torchvision model"):
+        bench(BenchConfig(data=str(small_pack), workers=(0,), steps=1, warmup=0, batch_size=2, image_size=32, model="resnet_nope"))
+
+
+def test_bad_options_are_one_line_config_errors(small_pack: Path) -> None:
+    with pytest.raises(ConfigError, match="--model NAME or --compute-ms T, not both"):
+        BenchConfig(data=str(small_pack), model="resnet18", compute_ms=5).check()
+    with pytest.raises(ConfigError, match="--workers"):
+        BenchConfig(data=str(small_pack), workers=(-1,)).check()
+    with pytest.raises(ConfigError, match="one rank per GPU"):
+        BenchConfig(data=str(small_pack), gpus=2, nproc=3).check()
+    with pytest.raises(DatasetError, match="is not a number"):
+        read_delay_s(1, {READ_DELAY_ENV.format(rank=1): "slow"})
+    assert read_delay_s(1, {READ_DELAY_ENV.format(rank=1): "25"}) == 0.025
+    assert read_delay_s(0, {READ_DELAY_ENV.format(rank=1): "25"}) == 0.0
+
+
+@pytest.mark.timeout(120)
+def test_cli_errors_are_one_line(small_pack: Path, tmp_path: Path) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        proc = imgpipe("bench", str(small_pack), "--gpus", "2")
+        assert proc.returncode != 0
+        assert "imgpipe: error: --gpus 2 needs CUDA" in proc.stderr and "--gpus 0 --nproc 2" in proc.stderr
+        assert "Traceback" not in proc.stderr
+    proc = imgpipe("bench", str(tmp_path), "--gpus", "0", "--workers", "1,x")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "imgpipe: error: --workers takes counts" in proc.stderr
+
+
+@pytest.mark.dali
+@pytest.mark.timeout(180)
+def test_dali_backend_runs_and_its_internal_stages_are_unknown(small_pack: Path) -> None:
+    from imgpipe.loaders.dali import dali_available
+
+    if not dali_available():
+        pytest.skip("nvidia.dali is not importable (pip install 'imgpipe[dali]')")
+    config = BenchConfig(data=str(small_pack), backends=("dali",), workers=(1,), steps=3, warmup=1, batch_size=4, image_size=32, compute_ms=5)
+    result, verdict = bench(config)
+    rank = result.runs[0].ranks[0]
+    stages = rank.stage_ms()
+    assert stages["read"] is None and stages["decode"] is None
+    assert stages["compute"] >= 5.0 and rank.summary().images == 12
+    assert verdict.backend == "dali" and "--backend dali" not in verdict.message
