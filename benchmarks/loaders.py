@@ -5,9 +5,8 @@ torchvision baseline reads the source tree), the same transforms (train: RandomR
 0.08-1, 3/4-4/3 + flip; val: resize shorter side to size/0.875 + center crop; float32 NCHW
 normalized with ImageNet mean/std), the same batch size and the same worker / thread count.
 
-Each loader runs ``repeats + 1`` epochs per split, round-robin with the others so that a
-busy machine slows them alike; the first is a warm-up (worker start, pipeline build, page
-cache) and the figures are medians over the others. Besides wall-clock images/s, each epoch
+Each loader runs ``repeats + 1`` consecutive epochs per split; the first is a warm-up
+(worker start, pipeline build, page cache) and the figures are medians over the others. Besides wall-clock images/s, each epoch
 reports images per CPU-second (this process, its threads and its workers): on a shared
 machine that is the steadier measure of efficiency. Per-worker memory is sampled after every
 epoch (persistent workers; torch-based loaders only: DALI uses threads): RSS, and the
@@ -200,22 +199,29 @@ def decode_only(rec: Path, repeats: int) -> dict[str, float]:
 
 
 def measure_split(names: list[str], makers: dict[str, Callable[[bool], Any]], train: bool, a: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """Round-robin epochs over all loaders (so a busy machine slows them alike); medians after one warm-up."""
+    """Each loader in turn, ``repeats + 1`` consecutive epochs; medians after the warm-up epoch.
+
+    Consecutive epochs matter: DALI keeps computing its prefetched batches after an epoch
+    ends, so that work lands in the next epoch of the same loader (steady state), never in
+    another loader's measurement.
+    """
     split = "train" if train else "val"
-    loaders = {name: makers[name](train) for name in names}
     runs: dict[str, dict[str, list[Any]]] = {name: {"rate": [], "per_cpu": [], "rss": [], "private": []} for name in names}
     workers: dict[str, set[int]] = {name: set() for name in names}
-    for _ in range(a.repeats + 1):
-        for name, loader in loaders.items():
+    for name in names:
+        loader = makers[name](train)
+        for _ in range(a.repeats + 1):
             before = set(child_pids())
             images, wall, cpu = one_epoch(loader)
             runs[name]["rate"].append(images / wall)
             runs[name]["per_cpu"].append(images / max(cpu, 1e-9))
-            if name in TORCH_BASED:  # its workers: the children that appeared during its first epoch
-                workers[name] |= (set(child_pids()) - before) if not workers[name] else set()
+            if name in TORCH_BASED:
+                if not workers[name]:  # its workers: the children that appeared during its first epoch
+                    workers[name] = set(child_pids()) - before
                 sizes = [memory_mb(pid) for pid in sorted(workers[name])]
                 runs[name]["rss"].append(max((r for r, _ in sizes), default=0.0))
                 runs[name]["private"].append(max((p for _, p in sizes), default=0.0))
+        del loader
     out = {}
     for name, run in runs.items():
         out[name] = {
@@ -228,7 +234,6 @@ def measure_split(names: list[str], makers: dict[str, Callable[[bool], Any]], tr
         mem = f"  worker MB after each epoch: RSS {out[name]['worker_rss_mb']} private {out[name]['worker_private_mb']}" if run["rss"] else ""
         print(f"  {name:14s} {split:5s} {out[name]['images_per_s']:7.1f} images/s {out[name]['images_per_cpu_s']:7.1f} images/CPU-s"
               f"  epochs {out[name]['epochs_images_per_s']}{mem}", flush=True)
-    del loaders
     return out
 
 

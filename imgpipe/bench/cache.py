@@ -11,7 +11,6 @@ import ctypes
 import ctypes.util
 import logging
 import os
-from pathlib import Path
 from typing import Iterable
 
 logger = logging.getLogger(__name__)
@@ -93,8 +92,3 @@ def evict(paths: Iterable[str | os.PathLike]) -> int:
     logger.debug("evicted %d files from the page cache", count)
     return count
 
-
-def data_files(folder: str | os.PathLike) -> list[Path]:
-    """The shard files (.rec and .idx) of a packed folder, sorted."""
-    folder = Path(folder)
-    return sorted(p for p in folder.iterdir() if p.suffix in (".rec", ".idx") and p.is_file())

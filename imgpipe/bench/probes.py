@@ -25,9 +25,10 @@ wants to see what a slow disk does to a job) slow one rank on purpose; nothing e
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -39,6 +40,7 @@ from imgpipe.shards import ShardSet, open_shards
 from imgpipe.transforms import TrainGeometry
 
 READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
+WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
 
 
 def read_delay_s(rank: int, environ: dict[str, str] | None = None) -> float:
@@ -120,3 +122,49 @@ def bench_requests(n: int, *, rank: int, world_size: int, batch_size: int, batch
 def as_is(item: Any) -> Any:
     """The DataLoader collate function for items that already are whole batches."""
     return item
+
+
+Batch = tuple[Any, Any, float, float, float]  # images, labels, read s, decode s, collate s
+
+
+def torch_batches(
+    reads: TimedReads, *, batches: int, rank: int, world_size: int, device: Any, batch_size: int, image_size: int, seed: int, workers: int
+) -> Iterator[Batch]:
+    """``batches`` batches of this rank through the torch loader's BatchDataset in a DataLoader, with their stage times."""
+    from torch.utils.data import DataLoader
+
+    requests = bench_requests(len(reads), rank=rank, world_size=world_size, batch_size=batch_size, batches=batches, seed=seed)
+    dataset = make_timed_dataset(reads, image_size=image_size, seed=seed, rank=rank, channels_last=device.type == "cuda")
+    loader = DataLoader(
+        dataset,
+        sampler=requests,
+        batch_size=None,
+        collate_fn=as_is,
+        num_workers=workers,
+        prefetch_factor=2 if workers else None,
+        # ranks started with spawn would spawn their workers too (seconds of imports each run);
+        # fork is what a torchrun-started rank uses on Linux
+        multiprocessing_context=WORKER_START if workers else None,
+    )
+    for images, labels, read, decode, error in loader:
+        if error is not None:
+            raise DatasetError(error)
+        yield images, labels, read, decode, 0.0
+
+
+def dali_batches(
+    data: str | os.PathLike, split: str, *, rank: int, world_size: int, device: Any, batch_size: int, image_size: int, seed: int, workers: int
+) -> Iterator[Batch]:
+    """Endless batches of this rank from ``make_dali_loader`` (epoch after epoch); its stages are not visible."""
+    from imgpipe.loaders.dali import make_dali_loader
+
+    loader = make_dali_loader(
+        data, split, batch_size=batch_size, train=True, image_size=image_size, workers=max(1, workers), seed=seed,
+        rank=rank, world_size=world_size, device=device if device.type == "cuda" else None, normalize=False,
+    )
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        for images, labels in loader:
+            yield images, labels, 0.0, 0.0, 0.0
+        epoch += 1

@@ -16,7 +16,6 @@ gradients, or of one number with --compute-ms: the moment DDP makes ranks wait f
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import time
 from dataclasses import dataclass, field
@@ -24,16 +23,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from imgpipe.bench import cache
+from imgpipe.bench.compute import Compute
 from imgpipe.bench.stats import RankStats, StepTimes
 from imgpipe.bench.system import SystemSampler, SystemSummary, diskstats_name, summarize
 from imgpipe.diskinfo import DiskInfo, device_for_path
-from imgpipe.errors import ConfigError, DatasetError
+from imgpipe.errors import ConfigError
 from imgpipe.shards import open_shards
 
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("torch", "dali")
-WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
 
 
 @dataclass(frozen=True)
@@ -157,6 +156,11 @@ def run_bench(config: BenchConfig) -> BenchResult | None:
     from imgpipe.train.launch import launch
 
     shards = open_shards(config.data, config.split)  # a bad DATA fails here, in one line
+    if len(shards) < config.batch_size * config.ranks:
+        raise ConfigError(
+            f"{config.data}: split {config.split!r} has {len(shards)} records, not one batch of {config.batch_size} "
+            f"for each of {config.ranks} rank(s); lower --batch-size"
+        )
     disk = device_for_path(config.data)
     result = BenchResult(
         config=config,
@@ -205,7 +209,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> list[RunResult] | None:
 
     reads = open_for_rank(config.data, config.split, ctx.rank)
     files = shard_files(config.data, config.split)
-    compute = Compute(config, ctx, len(reads.classes or []) or 1000)
+    compute = Compute(config.model, config.compute_ms, ctx, len(reads.classes or []) or 1000)
     runs: list[RunResult] = []
     for backend in config.backends:
         for workers in config.workers:
@@ -220,15 +224,22 @@ def bench_rank(ctx: Any, config: BenchConfig) -> list[RunResult] | None:
             gathered = _gather(ctx, stats)
             if ctx.is_main:
                 runs.append(RunResult(backend, workers, gathered, start, time.time(), resident))
-                logger.info("%s, %d workers: %.1f images/s", backend, workers, runs[-1].images_per_s)
+                logger.info("%s, %d worker(s): %.1f images/s", backend, workers, runs[-1].images_per_s)
     return runs if ctx.is_main else None
 
 
-def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, reads: Any, compute: "Compute") -> RankStats:
+def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, reads: Any, compute: Compute) -> RankStats:
     """Warm up, line the ranks up at a barrier, then measure ``config.steps`` steps."""
-    batches = _torch_batches if backend == "torch" else _dali_batches
+    from imgpipe.bench.probes import dali_batches, torch_batches
+
     stats = RankStats(ctx.rank, config.batch_size, timed_stages=backend == "torch")
-    iterator = batches(ctx, config, workers, reads)
+    count = config.warmup + config.steps
+    common = dict(rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, batch_size=config.batch_size,
+                  image_size=config.image_size, seed=config.seed, workers=workers)
+    if backend == "torch":
+        iterator = torch_batches(reads, batches=count, **common)
+    else:
+        iterator = dali_batches(config.data, config.split, **common)
     try:
         warm_start = time.perf_counter()
         for _ in range(config.warmup):
@@ -244,7 +255,7 @@ def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, reads: A
     return stats
 
 
-def _step(ctx: Any, iterator: Iterator[tuple[Any, Any, float, float, float]], compute: "Compute", origin: float) -> StepTimes:
+def _step(ctx: Any, iterator: Iterator[tuple[Any, Any, float, float, float]], compute: Compute, origin: float) -> StepTimes:
     """One training step, timed stage by stage; ``start`` is relative to ``origin``."""
     t0 = time.perf_counter()
     images, labels, read, decode, collate = next(iterator)
@@ -267,110 +278,6 @@ def _step(ctx: Any, iterator: Iterator[tuple[Any, Any, float, float, float]], co
     compute.update()
     t5 = time.perf_counter()
     return StepTimes(t0 - origin, t1 - t0, read, decode, collate, h2d, (t3 - t2) + (t5 - t4), t4 - t3)
-
-
-def _torch_batches(ctx: Any, config: BenchConfig, workers: int, reads: Any) -> Iterator[tuple[Any, Any, float, float, float]]:
-    from torch.utils.data import DataLoader
-
-    from imgpipe.bench.probes import as_is, bench_requests, make_timed_dataset
-
-    requests = bench_requests(
-        len(reads), rank=ctx.rank, world_size=ctx.world_size, batch_size=config.batch_size,
-        batches=config.warmup + config.steps, seed=config.seed,
-    )
-    dataset = make_timed_dataset(reads, image_size=config.image_size, seed=config.seed, rank=ctx.rank, channels_last=ctx.device.type == "cuda")
-    loader = DataLoader(
-        dataset,
-        sampler=requests,
-        batch_size=None,
-        collate_fn=as_is,
-        num_workers=workers,
-        prefetch_factor=2 if workers else None,
-        # ranks started with spawn would spawn their workers too (seconds of imports each run);
-        # fork is what a torchrun-started rank uses on Linux
-        multiprocessing_context=WORKER_START if workers else None,
-    )
-    for images, labels, read, decode, error in loader:
-        if error is not None:
-            raise DatasetError(error)
-        yield images, labels, read, decode, 0.0
-
-
-def _dali_batches(ctx: Any, config: BenchConfig, workers: int, reads: Any) -> Iterator[tuple[Any, Any, float, float, float]]:
-    from imgpipe.loaders.dali import make_dali_loader
-
-    loader = make_dali_loader(
-        config.data,
-        config.split,
-        batch_size=config.batch_size,
-        train=True,
-        image_size=config.image_size,
-        workers=max(1, workers),
-        seed=config.seed,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        device=ctx.device if ctx.device.type == "cuda" else None,
-        normalize=False,
-    )
-    epoch = 0
-    while True:
-        loader.set_epoch(epoch)
-        for images, labels in loader:
-            yield images, labels, 0.0, 0.0, 0.0
-        epoch += 1
-
-
-class Compute:
-    """The work a rank does on each batch: a torchvision model, or a sleep of ``compute_ms``."""
-
-    def __init__(self, config: BenchConfig, ctx: Any, classes: int) -> None:
-        import torch
-
-        self.ctx = ctx
-        self.sleep_s = config.compute_ms / 1000.0
-        self.model = None
-        self.token = torch.zeros(1, device=ctx.device)
-        if config.model:
-            import torchvision
-
-            try:
-                self.model = torchvision.models.get_model(config.model, num_classes=classes).to(ctx.device)
-            except ValueError:
-                raise ConfigError(
-                    f"--model {config.model!r} is not a torchvision model (e.g. resnet18, resnet50, mobilenet_v3_small)"
-                ) from None
-            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
-            self.loss = torch.nn.CrossEntropyLoss()
-
-    def step(self, images: Any, labels: Any) -> None:
-        if self.model is None:
-            if self.sleep_s:
-                time.sleep(self.sleep_s)
-            return
-        from imgpipe.train.metrics import synchronize
-
-        self.optimizer.zero_grad(set_to_none=True)
-        x = images.to(self.ctx.device).float().div_(255.0)
-        self.loss(self.model(x), labels.to(self.ctx.device)).backward()
-        synchronize(self.ctx.device)
-
-    def sync(self) -> None:
-        """All-reduce the gradients (or one number): where DDP makes the ranks wait for each other."""
-        import torch
-        import torch.distributed as dist
-
-        if self.ctx.distributed:
-            if self.model is None:
-                dist.all_reduce(self.token)
-            else:
-                grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-                flat = torch.cat([g.flatten() for g in grads])
-                dist.all_reduce(flat)
-
-    def update(self) -> None:
-        """The optimizer step (part of compute)."""
-        if self.model is not None:
-            self.optimizer.step()
 
 
 def _barrier(ctx: Any) -> None:

@@ -19,7 +19,8 @@ LOADER_STAGES = ("read", "decode")  # inside the loader's workers; unknown for D
 
 @dataclass
 class StepTimes:
-    """One measured step of one rank, in seconds; ``start`` is relative to the run's start."""
+    """One measured step of one rank, in seconds; ``start`` counts from the first measured step
+    (the ranks start it together, at a barrier)."""
 
     start: float
     wait: float
@@ -32,7 +33,8 @@ class StepTimes:
 
     @property
     def total(self) -> float:
-        return self.wait + self.h2d + self.compute + self.sync
+        """The step's wall time: read and decode happen in the workers, inside ``wait`` or overlapped."""
+        return self.wait + self.collate + self.h2d + self.compute + self.sync
 
 
 @dataclass

@@ -4,7 +4,8 @@ The run judged is the fastest one (the best backend and worker count). Rules, in
 every threshold is a named constant below:
 
 1. **Straggler** (2+ ranks): the rank that waits most for data waits at least
-   ``STRAGGLER_WAIT_GAP`` (absolute fraction of its step time) more than every other rank.
+   ``STRAGGLER_WAIT_GAP`` (absolute fraction of its step time) more than every other rank,
+   and the others wait less than ``DATA_BOUND_WAIT`` (if they all starve, rule 2 applies).
    Cause: *I/O* when its read time per batch is >= ``SLOW_STAGE_RATIO`` times the others'
    median; *decode* when its decode time is; else *I/O* when iowait >= ``IOWAIT_HIGH_PCT``;
    otherwise unknown. An I/O cause on a rotational or network disk gets the SSD advice.
@@ -19,9 +20,9 @@ every threshold is a named constant below:
 3. **Compute bound** otherwise, with the loader's headroom: workers x compute time / loader
    time - 1 (how much faster the model could get before the loader limits it).
 
-Notes add what the rules do not decide: DATA warm in the page cache (>= ``WARM_CACHE``
-resident, so the disk was barely measured: use ``--cold``), and the best worker count of
-each backend.
+Notes add what the rules do not decide: a loader-only run (no compute), DATA warm in the
+page cache (>= ``WARM_CACHE`` resident, so the disk was barely measured: use ``--cold``), and
+the best worker count of each backend.
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ def _straggler(result: BenchResult, run: RunResult) -> Verdict | None:
     waits = _waits(run)
     slow = max(range(len(waits)), key=waits.__getitem__)
     others = [w for r, w in enumerate(waits) if r != slow]
-    if waits[slow] - max(others) < STRAGGLER_WAIT_GAP:
-        return None
+    if waits[slow] - max(others) < STRAGGLER_WAIT_GAP or max(others) >= DATA_BOUND_WAIT:
+        return None  # no outlier, or every rank starves: the input-bound rules say why
     stages = [r.stage_ms() for r in run.ranks]
     rank = run.ranks[slow].rank
     cause, detail, action = "unknown", "", f"look at what else runs on rank {rank}'s CPUs and disk"
@@ -193,6 +194,11 @@ def _compute_bound(result: BenchResult, run: RunResult) -> Verdict:
 
 def _notes(result: BenchResult, run: RunResult) -> list[str]:
     notes = []
+    if not result.config.model and not result.config.compute_ms:
+        notes.append(
+            "loader-only run: with no compute every rank waits for data by construction; "
+            "give --model NAME or --compute-ms T to see whether the loader keeps up with your training step"
+        )
     if run.resident_before is not None and run.resident_before >= WARM_CACHE and not result.config.cold:
         notes.append(
             f"{_pct(run.resident_before)} of DATA was in the page cache, so the disk was barely read; "

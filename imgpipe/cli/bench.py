@@ -39,7 +39,11 @@ def bench_command(
     data: str, split: str, gpus: int | None, nproc: int, backend: str, workers: str | None, steps: int, warmup: int, batch_size: int,
     image_size: int, model: str | None, compute_ms: float, cold: bool, seed: int, json_path: str | None, plot_path: str | None,
 ) -> None:
-    """Find the bottleneck of loading DATA (a folder made by `imgpipe pack`), rank by rank, and say what to change."""
+    """Find the bottleneck of loading DATA (a folder made by `imgpipe pack`), rank by rank, and say what to change.
+
+    Diagnostic hook: IMGPIPE_BENCH_READ_DELAY_MS_RANK<r>=MS makes rank r sleep MS ms per record
+    read, as a slow disk would (see what one slow rank does to the job).
+    """
     from imgpipe.bench import BenchConfig, bench
     from imgpipe.bench.report import format_report, to_dict, write_json, write_plot
     from imgpipe.bench.runner import resolve_backends

@@ -73,6 +73,7 @@ HDD = DiskInfo("/dev/sdb1", "/data", "ext4", True, False)
 def result(runs: list[RunResult], *, disk: DiskInfo = SSD, cold: bool = False, cpus: int = 8, **config: object) -> BenchResult:
     """A BenchResult around hand-made runs."""
     ranks = len(runs[0].ranks)
+    config.setdefault("compute_ms", 20.0)
     cfg = BenchConfig(data="/data/imagenet", nproc=ranks, cold=cold, workers=tuple(sorted({r.workers for r in runs})), **config)
     return BenchResult(cfg, disk, records=1000, data_bytes=10**8, cpus=cpus, device="cpu", runs=runs)
 

@@ -27,12 +27,12 @@ def imgpipe(*args: str, env: dict[str, str] | None = None, timeout: float = 240)
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cli_names_the_rank_slowed_on_purpose_with_an_io_cause(small_pack: Path, tmp_path: Path) -> None:
-    """Rank 1 reads through the documented delay hook (40 ms a record): the bench must find it."""
+    """Rank 1 reads through the documented delay hook (60 ms a record): the bench must find it."""
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     proc = imgpipe(
         "bench", str(small_pack), "--gpus", "0", "--nproc", "2", "--workers", "1,2", "--steps", "10", "--warmup", "2",
-        "--batch-size", "4", "--image-size", "64", "--compute-ms", "30", "--json", str(out_json), "--plot", str(out_png),
-        env={READ_DELAY_ENV.format(rank=1): "40"},
+        "--batch-size", "4", "--image-size", "64", "--compute-ms", "50", "--json", str(out_json), "--plot", str(out_png),
+        env={READ_DELAY_ENV.format(rank=1): "60"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "verdict: rank 1 is a straggler" in proc.stdout and "I/O cause" in proc.stdout, proc.stdout
@@ -44,8 +44,8 @@ def test_cli_names_the_rank_slowed_on_purpose_with_an_io_cause(small_pack: Path,
     judged = next(r for r in document["runs"] if r["workers"] == verdict["workers"])
     rank0, rank1 = judged["ranks"]
     assert rank1["data_wait_frac"] > rank0["data_wait_frac"] + 0.15
-    assert rank1["stages_ms"]["read"] >= 4 * 40 * 0.9  # 4 records a batch, 40 ms each
-    assert rank0["stages_ms"]["read"] < 40
+    assert rank1["stages_ms"]["read"] >= 4 * 60 * 0.9  # 4 records a batch, 60 ms each
+    assert rank0["stages_ms"]["read"] < 60
     assert rank0["stages_ms"]["sync"] > rank1["stages_ms"]["sync"]  # rank 0 waits for rank 1 in the all-reduce
     assert all(r["steps"] == 10 and r["images"] == 40 for r in judged["ranks"])
     assert judged["imbalance"] < 0.8
@@ -98,6 +98,8 @@ def test_bad_options_are_one_line_config_errors(small_pack: Path) -> None:
         BenchConfig(data=str(small_pack), workers=(-1,)).check()
     with pytest.raises(ConfigError, match="one rank per GPU"):
         BenchConfig(data=str(small_pack), gpus=2, nproc=3).check()
+    with pytest.raises(ConfigError, match="48 records, not one batch of 32 for each of 2 rank"):
+        bench(BenchConfig(data=str(small_pack), nproc=2, batch_size=32))
     with pytest.raises(DatasetError, match="is not a number"):
         read_delay_s(1, {READ_DELAY_ENV.format(rank=1): "slow"})
     assert read_delay_s(1, {READ_DELAY_ENV.format(rank=1): "25"}) == 0.025

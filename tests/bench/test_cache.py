@@ -38,8 +38,3 @@ def test_residency_counts_pages(tmp_path: Path) -> None:
     counts = cache.resident_pages(small)
     assert counts is not None and counts[1] == 2
 
-
-def test_data_files_lists_shards_only(tmp_path: Path) -> None:
-    for name in ("train-00000-of-00001.rec", "train-00000-of-00001.idx", "manifest.json", "train.labels.npy"):
-        (tmp_path / name).write_bytes(b"")
-    assert [p.name for p in cache.data_files(tmp_path)] == ["train-00000-of-00001.idx", "train-00000-of-00001.rec"]

@@ -102,6 +102,12 @@ def test_small_wait_differences_are_not_stragglers() -> None:
     assert decide(result([run(ranks)])).bound != "straggler"
 
 
+def test_when_every_rank_starves_it_is_input_bound_not_a_straggler() -> None:
+    ranks = [rank_stats(0, wait=0.3, decode=0.4, compute=0.01), rank_stats(1, wait=0.04, decode=0.4, compute=0.01)]
+    v = decide(result([run(ranks)]))  # 97 % against 80 %: both starve
+    assert v.bound == "decode" and v.straggler is None
+
+
 def test_notes_warm_cache_and_best_workers() -> None:
     fast = run([rank_stats(0, wait=0.001, compute=0.01)], workers=4, resident=1.0)
     slow = run([rank_stats(0, wait=0.001, compute=0.03)], workers=1, resident=1.0)
@@ -111,3 +117,6 @@ def test_notes_warm_cache_and_best_workers() -> None:
     assert "best for torch: 4 workers" in " ".join(v.notes)
     v = decide(result([run([rank_stats(0, wait=0.001)], resident=1.0)], cold=True))
     assert not any("--cold" in n for n in v.notes)
+    assert not any("loader-only" in n for n in v.notes)
+    v = decide(result([run([rank_stats(0, wait=0.02, compute=0.0)])], compute_ms=0.0))
+    assert any(n.startswith("loader-only run") for n in v.notes)

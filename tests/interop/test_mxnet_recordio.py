@@ -102,8 +102,9 @@ def make_jpegs(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def mx(tmp_path_factory) -> dict:
-    """Write imgpipe's shard, run MXNet once: it writes the same records, reads both shards, and runs im2rec."""
+def mx(tmp_path_factory, packed_dir: Path) -> dict:
+    """Write imgpipe's shard, run MXNet once: it writes the same records, reads both shards and
+    every shard of a real ``imgpipe pack`` output, and runs im2rec."""
     tmp = tmp_path_factory.mktemp("mx")
     ours = {"rec": str(tmp / "ours.rec"), "idx": str(tmp / "ours.idx")}
     theirs = {"rec": str(tmp / "mx.rec"), "idx": str(tmp / "mx.idx")}
@@ -119,7 +120,8 @@ def mx(tmp_path_factory) -> dict:
     prefix = str(tmp / "im2rec" / "data")
     Path(prefix).parent.mkdir()
     im2rec = [[prefix, str(images), "--list", "--recursive"], [prefix, str(images), "--pass-through"]]
-    job = {"write": [dict(theirs, records=records)], "read": [ours, theirs], "im2rec": im2rec}
+    packed = [{"rec": str(rec), "idx": str(rec.with_suffix(".idx"))} for rec in sorted(packed_dir.glob("*.rec"))]
+    job = {"write": [dict(theirs, records=records)], "read": [ours, theirs, *packed], "im2rec": im2rec}
     (tmp / "job.json").write_text(json.dumps(job))
     proc = subprocess.run(
         [MXNET_PYTHON, str(HERE / "mx_helper.py"), str(tmp / "job.json"), str(tmp / "result.json")],
@@ -130,7 +132,7 @@ def mx(tmp_path_factory) -> dict:
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp / "result.json").read_text())
     assert result["mxnet"] == "1.9.1"
-    return {"ours": ours, "theirs": theirs, "result": result, "prefix": prefix, "jpegs": jpegs}
+    return {"ours": ours, "theirs": theirs, "result": result, "prefix": prefix, "jpegs": jpegs, "packed": packed}
 
 
 @pytest.mark.timeout(300)
@@ -173,3 +175,21 @@ def test_im2rec_pass_through_output_reads_with_labels_and_exact_jpeg_bytes(mx) -
         assert key == header.id == int(index)
         assert header.flag == 0 and header.label == float(label) == wnid_label[path.split("/")[0]]
         assert payload == mx["jpegs"][path]
+
+
+@pytest.mark.timeout(300)
+def test_mxnet_reads_every_shard_of_imgpipe_pack_like_imgpipe(mx, packed_dir: Path) -> None:
+    shards = mx["packed"]
+    assert {Path(s["rec"]).name.split("-")[0] for s in shards} == {"train", "val"}
+    for shard, seen in zip(shards, mx["result"]["read"][2:]):
+        ours = [dict(from_imgpipe(h, p), key=k) for k, h, p in recordio.read_indexed(shard["rec"], shard["idx"])]
+        assert ours and [from_mxnet(d) for d in seen["by_key"]] == ours
+        assert [from_mxnet(d) for d in seen["sequential"]] == [{k: v for k, v in d.items() if k != "key"} for d in ours]
+        assert all(d["flag"] == 0 and d["id"] == d["key"] and d["payload"][:2] == b"\xff\xd8" for d in ours)
+    for split in ("train", "val"):
+        labels = np.load(packed_dir / f"{split}.labels.npy")
+        mx_labels = [
+            d["label"] for shard, seen in zip(shards, mx["result"]["read"][2:]) if Path(shard["rec"]).name.startswith(split)
+            for d in seen["sequential"]
+        ]
+        assert mx_labels == labels.astype(float).tolist()

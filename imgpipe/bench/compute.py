@@ -1,0 +1,66 @@
+"""What a rank does with each batch: a torchvision model's training step, or a simulated one.
+
+``--model NAME``: forward + backward (``step``), the gradient all-reduce (``sync``), the SGD
+step (``update``). ``--compute-ms T``: a sleep of T ms (like a GPU kernel, it leaves the CPU
+to the loader), then an all-reduce of one number, where DDP would make the ranks meet.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from imgpipe.errors import ConfigError
+
+
+class Compute:
+    """The work a rank does on each batch: a torchvision model, or a sleep of ``compute_ms``."""
+
+    def __init__(self, model: str | None, compute_ms: float, ctx: Any, classes: int) -> None:
+        import torch
+
+        self.ctx = ctx
+        self.sleep_s = compute_ms / 1000.0
+        self.model = None
+        self.token = torch.zeros(1, device=ctx.device)
+        if model:
+            import torchvision
+
+            try:
+                self.model = torchvision.models.get_model(model, num_classes=classes).to(ctx.device)
+            except ValueError:
+                raise ConfigError(
+                    f"--model {model!r} is not a torchvision model (e.g. resnet18, resnet50, mobilenet_v3_small)"
+                ) from None
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+            self.loss = torch.nn.CrossEntropyLoss()
+
+    def step(self, images: Any, labels: Any) -> None:
+        if self.model is None:
+            if self.sleep_s:
+                time.sleep(self.sleep_s)
+            return
+        from imgpipe.train.metrics import synchronize
+
+        self.optimizer.zero_grad(set_to_none=True)
+        x = images.to(self.ctx.device).float().div_(255.0)
+        self.loss(self.model(x), labels.to(self.ctx.device)).backward()
+        synchronize(self.ctx.device)
+
+    def sync(self) -> None:
+        """All-reduce the gradients (or one number): where DDP makes the ranks wait for each other."""
+        import torch
+        import torch.distributed as dist
+
+        if self.ctx.distributed:
+            if self.model is None:
+                dist.all_reduce(self.token)
+            else:
+                grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+                flat = torch.cat([g.flatten() for g in grads])
+                dist.all_reduce(flat)
+
+    def update(self) -> None:
+        """The optimizer step (part of compute)."""
+        if self.model is not None:
+            self.optimizer.step()

@@ -1,0 +1,115 @@
+"""Training config: YAML -> dataclasses, --set overrides, one-line errors naming the key, schedule and param groups."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from imgpipe.errors import ConfigError
+from imgpipe.train.config import TrainConfig, default_yaml, from_dict, load_config, save_config
+from imgpipe.train.loop import build_optimizer, lr_schedule
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_round_trip_through_yaml() -> None:
+    assert load_config() == TrainConfig()
+    assert from_dict(yaml.safe_load(default_yaml())) == TrainConfig()
+
+
+def test_file_then_overrides(tmp_path: Path) -> None:
+    path = write(tmp_path, "data: {path: /d, backend: dali}\ntrain: {batch_size: 32, max_steps: 10}\noptim:\n  schedule: step\n")
+    config = load_config(path, ["train.max_steps=null", "optim.step_epochs=[1, 2]", "optim.base_lr=1", "train.amp=bf16", "output.resume=yes"])
+    assert config.data.path == "/d" and config.data.backend == "dali"
+    assert config.train.batch_size == 32 and config.train.max_steps is None and config.train.amp == "bf16"
+    assert config.optim.step_epochs == [1, 2] and config.optim.base_lr == 1.0 and isinstance(config.optim.base_lr, float)
+    assert config.optim.schedule == "step" and config.output.resume == "yes"
+
+
+def test_yaml_yes_for_resume_means_yes(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, "output: {resume: yes}\n")).output.resume == "yes"
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "message"),
+    [
+        ("train: {batchsize: 3}\n", [], "unknown key 'train.batchsize'; did you mean 'train.batch_size'?"),
+        ("trian: {epochs: 3}\n", [], "unknown section 'trian'; did you mean 'train'?"),
+        ("", ["optim.lr=0.1"], "unknown key 'optim.lr'"),
+        ("", ["train.epochs=many"], "train.epochs must be int, got 'many'"),
+        ("", ["train.channels_last=1"], "train.channels_last must be bool"),
+        ("", ["train.amp=fp8"], "train.amp must be one of none, bf16, fp16, got 'fp8'"),
+        ("", ["data.backend=jax"], "data.backend must be one of torch, dali, synthetic"),
+        ("", ["train.batch_size=0"], "train.batch_size must be > 0"),
+        ("", ["optim.label_smoothing=1.5"], "optim.label_smoothing must be in [0, 1)"),
+        ("", ["batch_size=3"], "expected section.key=value"),
+        ("- 1\n- 2\n", [], "the top level must be a mapping"),
+        ("train: [1\n", [], "not valid YAML"),
+        ("train: 3\n", [], "section 'train' must be a mapping"),
+    ],
+)
+def test_mistakes_are_one_line_config_errors(tmp_path: Path, text: str, overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(write(tmp_path, text), overrides)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_saved_config_loads_back(tmp_path: Path) -> None:
+    config = load_config(None, ["train.batch_size=7", "model.name=resnet18"])
+    path = save_config(config, tmp_path / "run")
+    assert path == tmp_path / "run" / "config.yaml"
+    assert load_config(path) == config
+
+
+def test_cli_print_config_and_one_line_error(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "imgpipe", "train", "--print-config"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert from_dict(yaml.safe_load(done.stdout)) == TrainConfig()
+    bad = write(tmp_path, "train: {epocs: 3}\n")
+    done = subprocess.run([sys.executable, "-m", "imgpipe", "train", "--config", str(bad)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"imgpipe: error: {bad}: unknown key 'train.epocs'; did you mean 'train.epochs'?"
+
+
+def test_warmup_then_cosine_to_zero() -> None:
+    config = load_config(None, ["train.epochs=10", "optim.warmup_epochs=2"])
+    factor = lr_schedule(config, steps_per_epoch=10)
+    assert [round(factor(s), 3) for s in (0, 9, 19)] == [0.05, 0.5, 1.0]
+    assert factor(20) == pytest.approx(1.0)
+    assert factor(60) == pytest.approx(0.5)
+    assert factor(99) < 0.001 and factor(100) == pytest.approx(0.0)
+
+
+def test_step_decay() -> None:
+    config = load_config(None, ["train.epochs=10", "optim.warmup_epochs=0", "optim.schedule=step", "optim.step_epochs=[3, 6]", "optim.step_gamma=0.5"])
+    factor = lr_schedule(config, steps_per_epoch=4)
+    assert [factor(s) for s in (0, 11, 12, 23, 24, 39)] == [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
+
+
+def test_lr_scaled_by_global_batch_and_no_decay_on_bn_and_bias() -> None:
+    import torchvision
+
+    model = torchvision.models.get_model("resnet18", num_classes=4)
+    config = load_config(None, ["optim.base_lr=0.1", "optim.weight_decay=0.0005"])
+    optimizer = build_optimizer(model, config, global_batch=1024)
+    decay, no_decay = optimizer.param_groups
+    assert decay["lr"] == pytest.approx(0.4) and decay["weight_decay"] == 0.0005 and no_decay["weight_decay"] == 0.0
+    bn_and_bias = {id(p) for m in model.modules() if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.Linear)) for n, p in m.named_parameters() if isinstance(m, torch.nn.BatchNorm2d) or n == "bias"}
+    assert {id(p) for p in no_decay["params"]} == bn_and_bias
+    assert all(p.ndim == 4 or p.ndim == 2 for p in decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
