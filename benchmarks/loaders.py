@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import numpy as np
 import torch
 from PIL import Image
 

@@ -297,7 +297,12 @@ def _open_bare(recs: list[Path], split: str) -> ShardSet:
 def _index_arrays(
     recs: list[Path], idxs: list[Path], expected: list[int] | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    shards, offsets, ends, keys = [], [], [], []
+    """Read every .idx into (shard number, offset, end, key) arrays, one entry per record.
+
+    Each shard's arrays are copied into the outputs as soon as it is read, so the peak is the
+    outputs plus one shard's index, not twice the whole index.
+    """
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for number, (rec, idx) in enumerate(zip(recs, idxs)):
         if not rec.is_file():
             raise DatasetError(f"{rec}: shard is missing; run 'imgpipe verify' on its folder")
@@ -312,18 +317,28 @@ def _index_arrays(
         size = rec.stat().st_size
         if offset.size and offset.max() >= size:
             raise DatasetError(f"{idx}: offset {int(offset.max())} is past the end of {rec.name} ({size} bytes); rebuild the index")
-        order = np.argsort(offset, kind="stable")
-        end_sorted = np.append(offset[order][1:], size)
-        end = np.empty_like(offset)
-        end[order] = end_sorted
-        shards.append(np.full(offset.size, number, dtype=np.int32))
-        offsets.append(offset)
-        ends.append(end)
-        keys.append(key)
-    if not shards:
-        empty = np.zeros(0, dtype=np.int64)
-        return np.zeros(0, dtype=np.int32), empty, empty.copy(), empty.copy()
-    return np.concatenate(shards), np.concatenate(offsets), np.concatenate(ends), np.concatenate(keys)
+        parts.append((key, offset, _record_ends(offset, size)))
+    counts = [key.size for key, _, _ in parts]
+    shard = np.repeat(np.arange(len(parts), dtype=np.int32), counts)
+    total = int(sum(counts))
+    keys, offsets, ends = (np.empty(total, dtype=np.int64) for _ in range(3))
+    start = 0
+    while parts:
+        key, offset, end = parts.pop(0)
+        stop = start + key.size
+        keys[start:stop], offsets[start:stop], ends[start:stop] = key, offset, end
+        start = stop
+    return shard, offsets, ends, keys
+
+
+def _record_ends(offsets: np.ndarray, size: int) -> np.ndarray:
+    """Where each record's bytes end: the next record's start in file order, or the file size."""
+    if offsets.size == 0 or bool(np.all(offsets[1:] > offsets[:-1])):
+        return np.append(offsets[1:], size)
+    order = np.argsort(offsets, kind="stable")
+    ends = np.empty_like(offsets)
+    ends[order] = np.append(offsets[order][1:], size)
+    return ends
 
 
 def _load_labels(path: Path, count: int, classes: int) -> np.ndarray:

@@ -184,6 +184,9 @@ def test_user_errors_are_imgpipe_errors(indexed: Path) -> None:
         loader(indexed, batch_size=RECORDS + 1)
     with pytest.raises(ConfigError, match="'mps'"):
         loader(indexed, batch_size=4, device="mps")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA GPU"):
+            loader(indexed, batch_size=4, device="cuda")
     with pytest.raises(ConfigError, match="batch_size"):
         loader(indexed, batch_size=0)
     with pytest.raises(ImgpipeError):
@@ -219,3 +222,11 @@ def test_eval_epoch_restarts_cleanly_after_an_early_break(indexed: Path) -> None
     for _ in dl:
         break  # abandon the epoch after one batch
     assert epoch_labels(dl) == full == [list(range(k, min(k + 4, RECORDS))) for k in range(0, RECORDS, 4)]
+
+
+@pytest.mark.timeout(120)
+def test_bare_rec_files_by_glob_read_through_one_combined_index(indexed: Path) -> None:
+    from imgpipe.loaders.dali import make_dali_loader
+
+    dl = make_dali_loader(str(indexed / "train-*.rec"), batch_size=8, train=False, image_size=SIZE, workers=1)
+    assert [k for b in epoch_labels(dl) for k in b] == list(range(RECORDS))  # record order across the 3 files

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,7 @@ def _rank_dict(rank: RankStats) -> dict[str, Any]:
         "steps": summary.steps,
         "images": summary.images,
         "stages_ms": rank.stage_ms(),
-        "timeline": [[s.start, s.wait, s.h2d + s.compute, s.sync] for s in rank.steps],
+        "timeline": [[s.start, s.wait, s.collate + s.h2d + s.compute, s.sync] for s in rank.steps],
     }
 
 
@@ -166,20 +167,20 @@ def write_plot(path: str | os.PathLike, result: BenchResult, verdict: Verdict) -
     for row, rank in enumerate(judged.ranks):
         for label, spans in (
             ("data-wait", [(s.start, s.wait) for s in rank.steps]),
-            ("compute", [(s.start + s.wait, s.h2d + s.compute) for s in rank.steps]),
-            ("sync (other ranks)", [(s.start + s.wait + s.h2d + s.compute, s.sync) for s in rank.steps]),
+            ("compute", [(s.start + s.wait, s.collate + s.h2d + s.compute) for s in rank.steps]),
+            ("sync (other ranks)", [(s.start + s.total - s.sync, s.sync) for s in rank.steps]),
         ):
             timeline.broken_barh(spans, (row - 0.4, 0.8), color=colors[label], label=label if row == 0 else None)
     timeline.set_yticks(range(len(judged.ranks)), [f"rank {r.rank}" for r in judged.ranks])
     timeline.set_xlabel("seconds since the run started")
     timeline.set_title(f"{judged.backend}, {plural(judged.workers, 'worker')}: where each rank's time goes")
-    timeline.legend(loc="upper right", fontsize="small")
+    timeline.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, fontsize="small", frameon=False)
     labels = [f"{r.backend}\n{plural(r.workers, 'worker')}" for r in result.runs]
     bars.bar(range(len(result.runs)), [r.images_per_s for r in result.runs], color=["tab:green" if r is judged else "tab:olive" for r in result.runs])
     bars.set_xticks(range(len(result.runs)), labels)
     bars.set_ylabel("images/s (all ranks)")
     bars.set_title("throughput per backend and worker count")
-    fig.suptitle(verdict.message if len(verdict.message) < 110 else verdict.message[:107] + "...", fontsize="small")
+    fig.suptitle("\n".join(textwrap.wrap(verdict.message, 130)[:4]), fontsize="small")
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp")
     try:

@@ -4,13 +4,12 @@
 Ranks are started by :func:`imgpipe.train.launch.launch` (the trainer's launcher: spawn,
 gloo on the CPU, nccl on GPUs, a failed rank stops the others). Every rank runs the runs in
 the same order; before each one rank 0 evicts DATA from the page cache (``--cold``) and
-measures its residency, then all ranks start together at a barrier. Results are gathered
-on rank 0 and returned to the caller.
+measures its residency; each rank warms its loader up, then all ranks start measuring
+together at a barrier. Results are gathered on rank 0 and returned to the caller.
 
-One step of one rank: ``wait`` (blocked in ``next(loader)``) -> ``h2d`` (pin + copy, GPU
-runs only) -> ``compute`` (``--model``: forward + backward + SGD step; ``--compute-ms``:
-a sleep, like a GPU kernel that leaves the CPU free) -> ``sync`` (all-reduce of the
-gradients, or of one number with --compute-ms: the moment DDP makes ranks wait for each other).
+One step of one rank: ``wait`` (blocked in ``next(loader)``) -> ``collate`` + ``h2d`` (pin and
+copy, GPU runs only) -> ``compute`` -> ``sync`` (see :mod:`.compute`). The loaders come from
+:mod:`.probes`.
 """
 
 from __future__ import annotations

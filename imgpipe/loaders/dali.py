@@ -35,6 +35,7 @@ import torch
 
 from imgpipe.distenv import DistEnv
 from imgpipe.errors import ConfigError, DatasetError
+from imgpipe.shards import ShardSet, open_shards
 
 logger = logging.getLogger(__name__)
 
@@ -284,7 +285,7 @@ def dali_geometry(image_size: int, train: bool) -> dict[str, Any]:
 
 
 def make_dali_loader(
-    path: str | os.PathLike | Sequence[str | os.PathLike],
+    path: str | os.PathLike | Sequence[str | os.PathLike] | ShardSet,
     split: str = "train",
     *,
     batch_size: int,
@@ -305,16 +306,18 @@ def make_dali_loader(
     Yields ``(images, labels)``: images float32 NCHW normalized with ImageNet mean/std (uint8
     NCHW when ``normalize=False``) on ``device`` (CPU operators when None/"cpu", GPU decoding
     with ``mixed`` on a CUDA device); labels int64. ``workers`` is DALI's CPU thread count.
+    ``len(loader)`` is this rank's batches per epoch; each ``iter()`` is the next epoch and
+    ``set_epoch(e)`` picks one (see the module docstring for the train/eval policies).
+    ``initial_fill``: the reader's shuffle buffer, in records; ``prefetch``: DALI's queue depth.
     """
     _import_dali()
-    from imgpipe.shards import open_shards
-
+    from imgpipe.loaders.torch import default_workers
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     if image_size < 1:
         raise ConfigError(f"image_size must be >= 1, got {image_size}")
     env = DistEnv.detect(rank, world_size)
-    shards = open_shards(path, split)
+    shards = path if isinstance(path, ShardSet) else open_shards(path, split)
     records = len(shards)
     if records < env.world_size:
         raise DatasetError(f"{path}: split {split!r} has {records} records, fewer than the {env.world_size} ranks")
@@ -325,7 +328,7 @@ def make_dali_loader(
         batch_size=batch_size,
         train=train,
         image_size=image_size,
-        workers=max(1, workers if workers is not None else _default_threads()),
+        workers=max(1, workers if workers is not None else default_workers(env.local_world_size)),
         seed=seed,
         rank=env.rank,
         world_size=env.world_size,
@@ -344,10 +347,6 @@ def make_dali_loader(
     return loader
 
 
-def _default_threads() -> int:
-    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
-
-
 def _device_id(device: str | torch.device | None) -> int | None:
     """None for the CPU, the CUDA index for a CUDA device; anything else is a ConfigError."""
     if device is None:
@@ -360,4 +359,6 @@ def _device_id(device: str | torch.device | None) -> int | None:
         return None
     if dev.type != "cuda":
         raise ConfigError(f"the DALI loader runs on 'cpu' or a CUDA device, not {device!r}")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA GPU; use device=None for DALI's CPU pipeline")
     return dev.index if dev.index is not None else torch.cuda.current_device()

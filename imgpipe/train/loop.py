@@ -67,24 +67,34 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
     _seed_everything(config.train.seed, ctx.rank, config.train.deterministic, ctx.device)
     data = build_data(config, ctx)
     num_classes = config.model.num_classes or len(data.classes)
-    run = _Run(ctx, config, data, num_classes)
+    run: _Run | None = None
     try:
+        run = _Run(ctx, config, data, num_classes)
         result = run.fit()
         return result if ctx.is_main else None
-    except torch.cuda.OutOfMemoryError as e:
-        raise TrainError(_oom_message(ctx, config, str(e))) from None
-    except RuntimeError as e:
-        text = str(e)
-        if "illegal memory access" in text:
-            raise TrainError(_oom_message(ctx, config, text, disguised=True)) from None
-        if UNUSED_PARAMS_TEXT in text:
-            raise TrainError(
-                f"DDP found parameters of model {config.model.name!r} that got no gradient in a step: set "
-                "train.find_unused_parameters: true (slower), or make every output of the model take part in the loss"
-            ) from None
-        raise
+    except RuntimeError as e:  # torch.cuda.OutOfMemoryError is a RuntimeError too
+        explained = explain_failure(e, ctx, config)
+        if explained is None:
+            raise
+        raise explained from None
     finally:
-        run.close()
+        if run is not None:
+            run.close()
+
+
+def explain_failure(error: BaseException, ctx: RankContext, config: TrainConfig) -> TrainError | None:
+    """imgpipe's own one-line message for CUDA OOM (also disguised as 'illegal memory access') and DDP's unused parameters."""
+    if isinstance(error, torch.cuda.OutOfMemoryError):
+        return TrainError(_oom_message(ctx, config, disguised=False))
+    text = str(error)
+    if "illegal memory access" in text:
+        return TrainError(_oom_message(ctx, config, disguised=True))
+    if UNUSED_PARAMS_TEXT in text:
+        return TrainError(
+            f"DDP found parameters of model {config.model.name!r} that got no gradient in a step: set "
+            "train.find_unused_parameters: true (slower), or make every output of the model take part in the loss"
+        )
+    return None
 
 
 class _Run:
@@ -472,7 +482,7 @@ def _tensorboard(folder: Path) -> Any:
     return SummaryWriter(str(folder))
 
 
-def _oom_message(ctx: RankContext, config: TrainConfig, text: str, disguised: bool = False) -> str:
+def _oom_message(ctx: RankContext, config: TrainConfig, disguised: bool = False) -> str:
     memory = ""
     if ctx.device.type == "cuda":
         with contextlib.suppress(Exception):

@@ -107,3 +107,13 @@ def test_unreadable_checkpoint_is_a_config_error(tmp_path: Path) -> None:
         load_checkpoint(tmp_path / "checkpoint.pt")
     with pytest.raises(ConfigError, match="no checkpoint to resume from"):
         load_checkpoint(tmp_path / "missing.pt")
+
+
+class Sneaky:
+    """Anything that is not a tensor, number, string or container must not unpickle from a checkpoint."""
+
+
+def test_checkpoint_with_arbitrary_objects_is_refused(tmp_path: Path) -> None:
+    torch.save({"format_version": 1, "payload": Sneaky()}, tmp_path / "checkpoint.pt")
+    with pytest.raises(ConfigError, match="not a readable imgpipe checkpoint"):
+        load_checkpoint(tmp_path / "checkpoint.pt")

@@ -1,0 +1,64 @@
+"""imgpipe's own words for DDP's unused-parameter error and for CUDA out-of-memory."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from imgpipe.distenv import DistEnv
+from imgpipe.errors import TrainError
+from imgpipe.train.config import load_config
+from imgpipe.train.launch import RankContext, free_port
+from imgpipe.train.loop import explain_failure
+
+
+class HalfUsed(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = torch.nn.Linear(2, 2)
+        self.unused = torch.nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+@pytest.fixture
+def gloo_group(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+    yield
+    dist.destroy_process_group()
+
+
+def cpu_context() -> RankContext:
+    return RankContext(DistEnv(), torch.device("cpu"), "gloo", 30.0)
+
+
+@pytest.mark.timeout(60)
+def test_unused_parameters_get_the_hint(gloo_group: None) -> None:
+    model = torch.nn.parallel.DistributedDataParallel(HalfUsed())
+    with pytest.raises(RuntimeError) as raised:
+        for _ in range(3):
+            model(torch.randn(4, 2)).sum().backward()
+    config = load_config(None, ["model.name=my_net"])
+    explained = explain_failure(raised.value, cpu_context(), config)
+    assert isinstance(explained, TrainError)
+    assert "model 'my_net'" in str(explained) and "train.find_unused_parameters: true" in str(explained)
+
+
+def test_out_of_memory_names_batch_size_and_advice() -> None:
+    config = load_config(None, ["train.batch_size=512", "model.name=resnet152"])
+    for error in (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), RuntimeError("CUDA error: an illegal memory access was encountered")):
+        message = str(explain_failure(error, cpu_context(), config))
+        assert "train.batch_size=512 per process" in message and "resnet152" in message
+        assert "lower train.batch_size" in message and "train.amp: bf16" in message and "train.grad_accum" in message
+        assert "\n" not in message
+    assert "out-of-memory in disguise" in str(explain_failure(RuntimeError("an illegal memory access was encountered"), cpu_context(), config))
+
+
+def test_other_errors_are_left_alone() -> None:
+    assert explain_failure(RuntimeError("shape mismatch"), cpu_context(), load_config()) is None
