@@ -25,6 +25,7 @@ import os
 import resource
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -242,7 +243,7 @@ def measure_split(names: list[str], makers: dict[str, Callable[[bool], Any]], tr
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="10 classes x 40 train, 10 val each, 3 repeats")
-    p.add_argument("--work", type=Path, default=Path("bench-loaders"), help="data folder (reused between runs)")
+    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "imgpipe-bench-loaders", help="data folder (reused between runs)")
     p.add_argument("--classes", type=int, default=20)
     p.add_argument("--per-class", type=int, default=100)
     p.add_argument("--val-per-class", type=int, default=20)

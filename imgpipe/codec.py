@@ -309,7 +309,8 @@ def _reencode(data: bytes, resize: int | None, quality: int, *, action: str, rea
         return Prepared(None, "skipped", _failure_reason(data, e))
     if resize is not None and min(full_size) > resize:
         upright = full_size[::-1] if rgb.size != decoded_size else full_size  # EXIF may have turned it
-        rgb = rgb.resize(_short_side_size(upright, resize), Image.Resampling.BICUBIC)
+        # Antialiased bilinear: the loaders' interpolation, and ~30 % cheaper than bicubic here.
+        rgb = rgb.resize(_short_side_size(upright, resize), Image.Resampling.BILINEAR, reducing_gap=3.0)
         if action == "repaired":
             reasons.append(f"resized to shorter side {resize}")
     out = io.BytesIO()

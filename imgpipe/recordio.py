@@ -95,27 +95,33 @@ def unpack_header(record: bytes | memoryview, path: object = "<record>", offset:
 
 def frame(record: bytes) -> bytes:
     """Frame one record as dmlc ``RecordIOWriter::WriteRecord`` does, magic splits included."""
+    return b"".join(frame_parts(record))
+
+
+def frame_parts(record: bytes) -> list[bytes]:
+    """The pieces of ``frame(record)`` in order, for writers that need not join them."""
     length = len(record)
     if length >= MAX_RECORD_BYTES:
         raise ValueError(f"RecordIO records must be smaller than 2**29 bytes, got {length}")
     lower_align = length & ~3
     parts: list[bytes] = []
     start = 0
-    pos = record.find(MAGIC_BYTES)
-    while 0 <= pos < lower_align:
-        if pos % 4 == 0:
-            cflag = CFLAG_FIRST if start == 0 else CFLAG_MIDDLE
-            parts.append(FRAME_HEADER.pack(MAGIC, (cflag << LENGTH_BITS) | (pos - start)))
-            parts.append(record[start:pos])
-            start = pos + 4
-            pos = record.find(MAGIC_BYTES, start)
-        else:
-            pos = record.find(MAGIC_BYTES, pos + 1)
+    for pos in _aligned_magic_positions(record, lower_align):
+        cflag = CFLAG_FIRST if start == 0 else CFLAG_MIDDLE
+        parts.append(FRAME_HEADER.pack(MAGIC, (cflag << LENGTH_BITS) | (pos - start)))
+        parts.append(record[start:pos])
+        start = pos + 4
     cflag = CFLAG_LAST if start != 0 else CFLAG_WHOLE
     parts.append(FRAME_HEADER.pack(MAGIC, (cflag << LENGTH_BITS) | (length - start)))
     parts.append(record[start:])
     parts.append(b"\0" * _pad(length))
-    return b"".join(parts)
+    return parts
+
+
+def _aligned_magic_positions(record: bytes, lower_align: int) -> list[int]:
+    """Offsets where the magic word stands at a 4-byte aligned position, as dmlc scans for it."""
+    words = np.frombuffer(record, dtype="<u4", count=lower_align // 4)
+    return (np.flatnonzero(words == MAGIC) * 4).tolist()
 
 
 def _read_frames(read: Callable[[int, int], bytes | memoryview], start: int, end: int, path: object) -> tuple[bytes, int]:
@@ -336,10 +342,10 @@ class IndexedRecordWriter:
     def write(self, key: int, record: bytes) -> int:
         """Append one record under ``key``; return its offset."""
         offset = self.position
-        framed = frame(record)
-        self._rec.write(framed)
+        for part in frame_parts(record):
+            self._rec.write(part)
+            self.position += len(part)
         self._idx.write(format_index_line(key, offset))
-        self.position += len(framed)
         self.count += 1
         return offset
 

@@ -24,7 +24,7 @@ from imgpipe import codec
 from imgpipe.journal import Journal, ShardResult
 from imgpipe.manifest import fsync_dir
 from imgpipe.plan import ShardSpec
-from imgpipe.recordio import IRHeader, format_index_line, frame, pack_header
+from imgpipe.recordio import IRHeader, format_index_line, frame_parts, pack_header
 
 ProgressFn = Callable[[int, int], None]  # (images done, source bytes read) since the last call
 
@@ -87,14 +87,14 @@ def write_shard(job: ShardJob, progress: ProgressFn | None = None) -> ShardResul
                     if prepared.action == "repaired" and prepared.reason:
                         repairs[prepared.reason] += 1
                     record = pack_header(IRHeader(0, float(label), position, 0), prepared.data)
-                    framed = frame(record)
                     line = format_index_line(position, offset).encode("ascii")
-                    rec.write(framed)
+                    for part in frame_parts(record):
+                        rec.write(part)
+                        rec_hash.update(part)
+                        offset += len(part)
                     idx.write(line)
-                    rec_hash.update(framed)
                     idx_hash.update(line)
                     crcs.append(zlib.crc32(record))
-                    offset += len(framed)
                     index_bytes += len(line)
             pending_images += 1
             if progress is not None and time.monotonic() - last_report >= REPORT_EVERY_S:
