@@ -25,7 +25,6 @@ wants to see what a slow disk does to a job) slow one rank on purpose; nothing e
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
 from typing import Any, Iterator
@@ -33,14 +32,13 @@ from typing import Any, Iterator
 import numpy as np
 
 from imgpipe.errors import DatasetError
-from imgpipe.loaders.torch import BatchDataset
+from imgpipe.loaders.torch import WORKER_START, BatchDataset
 from imgpipe.recordio import IRHeader
 from imgpipe.sampler import EpochSampler
 from imgpipe.shards import ShardSet, open_shards
 from imgpipe.transforms import TrainGeometry
 
 READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
-WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
 
 
 def read_delay_s(rank: int, environ: dict[str, str] | None = None) -> float:

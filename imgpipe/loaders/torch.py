@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import io
 import logging
+import multiprocessing
 import os
 import warnings
 from typing import Any, Callable, Iterator, Sequence
@@ -51,6 +52,11 @@ ON_CORRUPT = ("raise", "skip")
 DRAFT_MIN_REDUCTION = 2  # decode reduced when the box shrinks by at least this factor
 SampleTransform = Callable[[torch.Tensor], torch.Tensor]
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError, ImgpipeError)
+
+# Workers are forked where fork exists: the dataset holds only numpy arrays and opens files
+# lazily, so fork is safe, and a rank started with spawn (imgpipe train --gpus N) would otherwise
+# spawn its workers too and pay seconds of imports per worker and epoch start.
+WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
 
 
 def default_workers(local_world_size: int = 1) -> int:
@@ -234,7 +240,7 @@ class TorchLoader:
             persistent_workers=persistent_workers and workers > 0,
             prefetch_factor=prefetch_factor if workers > 0 else None,
             pin_memory=pin_memory,
-            multiprocessing_context=multiprocessing_context if workers > 0 else None,
+            multiprocessing_context=(multiprocessing_context or WORKER_START) if workers > 0 else None,
         )
         shape = (1, 3, 1, 1)
         self._mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float32, device=device).view(shape)
