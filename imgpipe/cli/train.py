@@ -33,7 +33,9 @@ def train_command(config_path: str | None, overrides: tuple[str, ...], gpus: int
     if result.stopped_by:
         click.echo(f"imgpipe: stopped by {result.stopped_by} at step {result.step}; checkpoint {result.checkpoint}; continue with --resume", err=True)
         sys.exit(143 if result.stopped_by == "SIGTERM" else 130)
-    summary = f"done: {result.epochs_completed} epoch(s), {result.step} steps, {result.images_per_s:.1f} images/s"
+    summary = f"done: {result.epochs_completed} epoch(s), {result.step} steps"
+    if result.images_per_s:
+        summary += f", {result.images_per_s:.1f} images/s"
     if result.val_top1 is not None:
         summary += f", val top-1 {result.val_top1:.4f} top-5 {result.val_top5:.4f} over {result.val_samples} samples"
     click.echo(f"{summary}; outputs in {result.output_dir}")

@@ -119,7 +119,7 @@ def launch(
     """Run ``fn(ctx, arg)`` on every rank and return what it returned on rank 0 (or on this rank).
 
     gpus: None = use CUDA when available; 0 = CPU only; N = N GPUs (N > 1 starts N local ranks).
-    nproc: number of local ranks for CPU runs (with gpus=0); must equal gpus when both are given.
+    nproc: local ranks to start (CPU ranks with gpus=0, one GPU each otherwise); must equal gpus when both are given.
     backend: "nccl" / "gloo"; default nccl on GPUs, gloo on the CPU.
     timeout_s: process-group timeout: a rank stuck this long in a collective fails.
     grace_s: how long stopped ranks get between SIGTERM and SIGKILL.

@@ -13,6 +13,7 @@ import math
 import os
 import random
 import signal
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,9 +62,10 @@ class _State:
 
 def train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
     """Train as this rank (``launch(train_rank, config, ...)``); rank 0 returns the TrainResult, others None."""
-    if not ctx.is_main:
-        logging.getLogger("imgpipe").setLevel(logging.WARNING)
+    if not ctx.is_main:  # only rank 0 logs; other ranks' failures reach the launcher as one line
+        logging.getLogger("imgpipe").setLevel(logging.ERROR)
     install_stop_handlers()
+    check_model_name(config.model.name)
     _seed_everything(config.train.seed, ctx.rank, config.train.deterministic, ctx.device)
     data = build_data(config, ctx)
     num_classes = config.model.num_classes or len(data.classes)
@@ -114,6 +116,8 @@ class _Run:
         self.optimizer = build_optimizer(self.model, config, self.global_batch)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(config, self.steps_per_epoch))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.train.amp == "fp16")
+        if config.train.amp == "fp16":  # the scaler skips steps with inf gradients; the schedule still advances
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=config.optim.label_smoothing)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.train.amp)
         self.topk = min(5, num_classes)
@@ -219,7 +223,8 @@ class _Run:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if int(flag.item()):
             self.result.stopped_by = signal.Signals(int(flag.item())).name
-            logger.warning("%s: stopping all ranks at step %d and writing a checkpoint", self.result.stopped_by, self.state.step)
+            if self.ctx.is_main:
+                logger.warning("%s: stopping all ranks at step %d and writing a checkpoint", self.result.stopped_by, self.state.step)
             return True
         return self._max_steps_reached()
 
@@ -376,15 +381,11 @@ def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tupl
     """(model, what to call it through): the torchvision model on this rank's device, DDP-wrapped when distributed."""
     import torchvision
 
-    try:
-        model = torchvision.models.get_model(config.model.name, num_classes=num_classes)
-    except ValueError:
-        known = torchvision.models.list_models(module=torchvision.models)
-        import difflib
-
-        close = difflib.get_close_matches(config.model.name, known, n=3)
-        raise ConfigError(f"model.name {config.model.name!r} is not a torchvision classification model" + (f"; did you mean {', '.join(close)}?" if close else "")) from None
+    check_model_name(config.model.name)
+    model = torchvision.models.get_model(config.model.name, num_classes=num_classes)
     if config.train.sync_bn and ctx.distributed:
+        if ctx.device.type != "cuda":
+            raise ConfigError("train.sync_bn needs GPUs (SyncBatchNorm is CUDA-only); set it to false for CPU runs")
         logger.warning("train.sync_bn: every BatchNorm layer now all-reduces its statistics in every step; expect a slower step (worth it only for small per-rank batches)")
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
@@ -400,6 +401,18 @@ def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tupl
         find_unused_parameters=config.train.find_unused_parameters,
     )
     return model, ddp
+
+
+def check_model_name(name: str) -> None:
+    """A ConfigError (with the closest names) unless ``name`` is a torchvision classification model."""
+    import difflib
+
+    import torchvision
+
+    known = torchvision.models.list_models(module=torchvision.models)
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=3)
+        raise ConfigError(f"model.name {name!r} is not a torchvision classification model" + (f"; did you mean {', '.join(close)}?" if close else ""))
 
 
 def build_optimizer(model: torch.nn.Module, config: TrainConfig, global_batch: int) -> torch.optim.Optimizer:

@@ -28,6 +28,7 @@ def per_rank(ctx: RankContext, mode: str) -> dict:
     if mode == "hang" and ctx.rank == 1:
         time.sleep(3600)
     if mode == "wait":
+        print(f"rank {ctx.rank} waiting", flush=True)
         while True:
             time.sleep(0.1)
     ranks = [ctx.rank]

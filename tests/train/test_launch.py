@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -116,3 +117,23 @@ def test_a_hanging_rank_makes_everyone_exit_after_the_timeout() -> None:
     assert "rank 0 failed" in stderr and "stopped the other ranks (1)" in stderr, stderr
     assert time.monotonic() - start < 150
     assert wait_gone(sorted(seen), 10) == []
+
+
+@pytest.mark.timeout(180)
+def test_ranks_die_with_a_killed_launcher() -> None:
+    """kill -9 of the launcher leaves no rank behind (PR_SET_PDEATHSIG), so no GPU stays held by an orphan."""
+    import signal
+
+    from proctree import rank_processes
+
+    proc = subprocess.Popen([sys.executable, HELPER, "wait", "--nproc", "2"], env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    waiting = {proc.stdout.readline().strip() for _ in range(2)}  # both ranks are inside their function
+    assert waiting == {"rank 0 waiting", "rank 1 waiting"}
+    ranks = rank_processes(proc.pid)
+    assert len(ranks) == 2
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    survivors = wait_gone(ranks, 15)
+    for pid in survivors:  # do not leave them spinning if the check fails
+        os.kill(pid, signal.SIGKILL)
+    assert survivors == []
