@@ -10,7 +10,8 @@ Each loader runs ``repeats + 1`` consecutive epochs per split; the first is a wa
 reports images per CPU-second (this process, its threads and its workers): on a shared
 machine that is the steadier measure of efficiency. Per-worker memory is sampled after every
 epoch (persistent workers; torch-based loaders only: DALI uses threads): RSS, and the
-private part (pages not shared with the parent), which is what copy-on-read growth shows in. The decode-only
+private part (pages not shared with the parent), which is what copy-on-read growth shows in;
+the main process's private memory is sampled too (it receives and normalizes every batch). The decode-only
 limit decodes every train JPEG once with Pillow in this one process (one core).
 
     python benchmarks/loaders.py --quick --workers 2
@@ -206,7 +207,7 @@ def measure_split(names: list[str], makers: dict[str, Callable[[bool], Any]], tr
     another loader's measurement.
     """
     split = "train" if train else "val"
-    runs: dict[str, dict[str, list[Any]]] = {name: {"rate": [], "per_cpu": [], "rss": [], "private": []} for name in names}
+    runs: dict[str, dict[str, list[Any]]] = {name: {"rate": [], "per_cpu": [], "rss": [], "private": [], "main": []} for name in names}
     workers: dict[str, set[int]] = {name: set() for name in names}
     for name in names:
         loader = makers[name](train)
@@ -221,6 +222,7 @@ def measure_split(names: list[str], makers: dict[str, Callable[[bool], Any]], tr
                 sizes = [memory_mb(pid) for pid in sorted(workers[name])]
                 runs[name]["rss"].append(max((r for r, _ in sizes), default=0.0))
                 runs[name]["private"].append(max((p for _, p in sizes), default=0.0))
+                runs[name]["main"].append(memory_mb(os.getpid())[1])
         del loader
     out = {}
     for name, run in runs.items():
@@ -230,8 +232,9 @@ def measure_split(names: list[str], makers: dict[str, Callable[[bool], Any]], tr
             "epochs_images_per_s": [round(r, 1) for r in run["rate"]],
             "worker_rss_mb": [round(r, 1) for r in run["rss"]],
             "worker_private_mb": [round(r, 1) for r in run["private"]],
+            "main_private_mb": [round(r, 1) for r in run["main"]],
         }
-        mem = f"  worker MB after each epoch: RSS {out[name]['worker_rss_mb']} private {out[name]['worker_private_mb']}" if run["rss"] else ""
+        mem = f"  worker MB after each epoch: RSS {out[name]['worker_rss_mb']} private {out[name]['worker_private_mb']}; main process private {out[name]['main_private_mb']}" if run["rss"] else ""
         print(f"  {name:14s} {split:5s} {out[name]['images_per_s']:7.1f} images/s {out[name]['images_per_cpu_s']:7.1f} images/CPU-s"
               f"  epochs {out[name]['epochs_images_per_s']}{mem}", flush=True)
     return out

@@ -36,6 +36,7 @@ from imgpipe.bench.runner import BenchResult, RunResult
 from imgpipe.bench.system import describe_disk
 
 DATA_BOUND_WAIT = 0.20
+MIN_CONSUME_MS = 1.0  # a rank's own time per batch below this: too small to size workers from
 STRAGGLER_WAIT_GAP = 0.15
 SLOW_STAGE_RATIO = 3.0
 IOWAIT_HIGH_PCT = 20.0
@@ -174,8 +175,12 @@ def _input_bound(result: BenchResult, run: RunResult) -> Verdict | None:
 
 
 def _workers_needed(run: RunResult, loader: tuple[float, float, float] | None) -> int | None:
-    """Workers that produce one batch per compute step: ceil(loader ms / compute ms); None if unknown."""
-    if loader is None or loader[2] <= 0:
+    """Workers that produce one batch per compute step: ceil(loader ms / compute ms).
+
+    None when unknown, or when the rank spends under ``MIN_CONSUME_MS`` per batch (a loader-only
+    run): no worker count keeps up with a step that takes no time.
+    """
+    if loader is None or loader[2] < MIN_CONSUME_MS:
         return None
     return max(run.workers + 1, math.ceil((loader[0] + loader[1]) / loader[2]))
 

@@ -22,6 +22,17 @@ counts the replaced samples. A batch with no decodable sample at all still raise
 On CUDA (and whenever ``channels_last`` is asked) workers lay batches out channels_last, so
 each image is one memcpy; batches come through pinned memory, are copied on a side stream
 one batch ahead, then converted to float, normalized and laid out as asked on the GPU.
+On the CPU the main process normalizes as ``x * (1/std) + (-mean/std)`` into a new float32
+tensor (in-place passes: cheaper than a subtraction and a division).
+
+Memory: for every storage it sends or receives, torch's ``torch.multiprocessing`` keeps a
+weak reference in ``reductions.shared_cache``, pruned only once that cache holds 128
+entries. The small C++ object that reference keeps alive used to land inside the heap
+chunk the batch just freed (glibc serves large buffers from its heap once it has freed
+one), so no later batch fit there: workers grew by one uint8 batch per batch, and the
+main process by one float32 batch per batch, for 128 batches. Hence workers build each
+batch directly in shared memory (``share_memory_()``: no heap chunk, and no copy into shared
+memory at send time), and both sides drop the dead cache entries before every batch.
 """
 
 from __future__ import annotations

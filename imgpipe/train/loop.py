@@ -110,7 +110,6 @@ class _Run:
         self.steps_per_epoch = len(data.train) // self.accum
         if self.steps_per_epoch == 0:
             raise ConfigError(f"train.grad_accum {self.accum} is more than the {len(data.train)} batches per epoch of each rank")
-        self.total_steps = self.steps_per_epoch * config.train.epochs
         self.global_batch = config.train.batch_size * ctx.world_size * self.accum
         self.model, self.ddp = build_model(config, num_classes, ctx)
         self.optimizer = build_optimizer(self.model, config, self.global_batch)

@@ -37,6 +37,14 @@ def test_decode_bound_names_workers_dali_and_resize() -> None:
     assert "--backend dali" in v.message and "--resize 256" in v.message
 
 
+def test_a_loader_only_run_does_not_size_workers_from_a_zero_compute_step() -> None:
+    # no model and no --compute-ms: the rank's own time per batch is ~0, so no count keeps up
+    ranks = [rank_stats(r, wait=0.10, read=0.002, decode=0.09, compute=0.00002) for r in range(2)]
+    v = decide(result([run(ranks, workers=1)], cpus=2))
+    assert v.bound == "decode"
+    assert "raise workers," in v.message and "raise workers to" not in v.message
+
+
 def test_decode_bound_beyond_the_cores_says_so_and_dali_runs_are_not_told_to_use_dali() -> None:
     ranks = [rank_stats(0, wait=0.05, read=0.001, decode=0.30, compute=0.02)]
     v = decide(result([run(ranks, workers=2)], cpus=4))

@@ -40,7 +40,7 @@ def write_config(folder: Path, packed: Path, workers: int = 0, **train: object) 
         "model": {"name": "resnet18"},
         "optim": {"base_lr": 0.4, "warmup_epochs": 0.5, "label_smoothing": 0.0},
         "train": {"epochs": 3, "batch_size": 16, "seed": 0, "timeout_s": 60, "log_every": 1, **train},
-        "output": {"dir": str(folder / "run"), "tensorboard": False},
+        "output": {"dir": str(folder / "run"), "tensorboard": False, "checkpoint_every_epochs": 0},
     }
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "config.yaml"
