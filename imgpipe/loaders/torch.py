@@ -99,7 +99,9 @@ def decode_sample(payload: bytes, crop_for: Callable[[int, int], Crop], size: in
 
 def release_dead_shared_storages() -> None:
     """Drop the entries of torch's shared-storage cache whose storages are gone (see "Memory" above)."""
-    cache = reductions.shared_cache
+    cache = getattr(reductions, "shared_cache", None)  # a torch internal: tolerate its absence
+    if cache is None:
+        return
     with cache.lock:
         cache.free_dead_references()
 
@@ -124,7 +126,8 @@ class BatchDataset(Dataset):
     ``dataset[(epoch, indices)]`` returns ``(images uint8 NCHW, labels int64, skipped record
     indices, error message or None)``; errors travel as data so the main process raises them
     as one-line ``DatasetError``s instead of torch's multi-line worker traceback. Holds only
-    the ShardSet (numpy arrays) and a few scalars: nothing grows per record.
+    the ShardSet (numpy arrays) and a few scalars: nothing grows per record. In a worker the
+    batch is allocated in shared memory, ready to send.
     """
 
     def __init__(

@@ -33,12 +33,12 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "packed"
 
 
-def write_config(folder: Path, packed: Path, workers: int = 0, **train: object) -> Path:
+def write_config(folder: Path, packed: Path, workers: int = 0, base_lr: float = 0.4, **train: object) -> Path:
     """resnet18 at 32 px, batch 16 per rank: 5 optimizer steps per epoch on 2 ranks."""
     config = {
         "data": {"path": str(packed), "workers": workers, "image_size": 32},
         "model": {"name": "resnet18"},
-        "optim": {"base_lr": 0.4, "warmup_epochs": 0.5, "label_smoothing": 0.0},
+        "optim": {"base_lr": base_lr, "warmup_epochs": 0.5, "label_smoothing": 0.0},
         "train": {"epochs": 3, "batch_size": 16, "seed": 0, "timeout_s": 60, "log_every": 1, **train},
         "output": {"dir": str(folder / "run"), "tensorboard": False, "checkpoint_every_epochs": 0},
     }
@@ -94,22 +94,45 @@ def test_two_ranks_learn_and_report_where_the_time_goes(learned: tuple[subproces
     assert state["step"] == 15 and state["epoch"] == 3 and len(state["rng"]) == 2
 
 
+def step_losses(run: Path) -> dict[int, float]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["kind"] == "step"}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_interrupted_and_resumed_run_ends_bit_exact(packed: Path, learned: tuple[subprocess.CompletedProcess, Path], tmp_path: Path) -> None:
-    config = write_config(tmp_path, packed, validate=False)  # validation never changes the weights
-    first = imgpipe_train(config, "--gpus", "0", "--nproc", "2", "--set", "train.max_steps=7")
+def test_interrupted_and_resumed_run_matches_the_uninterrupted_one(packed: Path, tmp_path: Path) -> None:
+    """Resume mid-epoch: the same batches, optimizer, schedule and RNG as a run that never stopped.
+
+    Usually bit-exact, but not always: two identical CPU processes here sometimes differ in the
+    last bits of the very first step's loss (1.4e-7 relative once in ~6 runs, before any
+    resume), as CPU float reductions are not reproducible across processes. So the weights
+    are compared with rtol 1e-4 at a small lr (that noise stays ~1e-6), while any resume bug
+    (another batch, lost momentum, a restarted schedule) moves weights and per-step losses by
+    1e-2 or more.
+    """
+    whole = write_config(tmp_path / "whole", packed, base_lr=0.04, epochs=2, validate=False)
+    parts = write_config(tmp_path / "parts", packed, base_lr=0.04, epochs=2, validate=False)
+    uninterrupted = imgpipe_train(whole, "--gpus", "0", "--nproc", "2")
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    first = imgpipe_train(parts, "--gpus", "0", "--nproc", "2", "--set", "train.max_steps=7")
     assert first.returncode == 0, first.stderr[-3000:]
-    saved = torch.load(tmp_path / "run" / "checkpoint.pt", map_location="cpu", weights_only=True)
+    saved = torch.load(tmp_path / "parts" / "run" / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert (saved["epoch"], saved["epoch_step"], saved["step"]) == (1, 2, 7)  # mid-epoch
     assert saved["loader"]["batches"] == 2
-    second = imgpipe_train(config, "--gpus", "0", "--nproc", "2", "--resume")
+    second = imgpipe_train(parts, "--gpus", "0", "--nproc", "2", "--resume")
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "resumed from" in second.stderr
-    resumed, uninterrupted = model_state(tmp_path / "run"), model_state(learned[1])
-    assert resumed.keys() == uninterrupted.keys()
-    different = [k for k in resumed if not torch.equal(resumed[k], uninterrupted[k])]
-    assert different == []
+    assert "resumed from" in second.stderr and "at epoch 1, step 7" in second.stderr
+    expected, got = step_losses(tmp_path / "whole" / "run"), step_losses(tmp_path / "parts" / "run")
+    assert sorted(got) == sorted(expected) == list(range(1, 11))
+    for step in range(8, 11):  # the steps after the resume saw the same batches
+        assert got[step] == pytest.approx(expected[step], rel=1e-4)
+    resumed, reference = model_state(tmp_path / "parts" / "run"), model_state(tmp_path / "whole" / "run")
+    assert resumed.keys() == reference.keys()
+    far = [k for k in resumed if not torch.allclose(resumed[k].double(), reference[k].double(), rtol=1e-4, atol=1e-6)]
+    assert far == []
+    moved = max((resumed[k].double() - saved["model"][k].double()).abs().max().item() for k in resumed if resumed[k].is_floating_point())
+    assert moved > 1e-3  # the last 3 steps really changed the weights, far beyond the tolerance
 
 
 @pytest.mark.slow
