@@ -25,12 +25,17 @@ def step(title: str) -> None:
     print(f"\n=== {title}", flush=True)
 
 
-def imgpipe(*args: str) -> None:
+def imgpipe(*args: str, stdout: Path | None = None) -> None:
     """Run one imgpipe command as a user would, echoing it first; stop the demo if it fails."""
     cmd = [sys.executable, "-m", "imgpipe", *args]
-    print("$ imgpipe " + " ".join(shlex.quote(a) for a in args), flush=True)
+    shown = "$ imgpipe " + " ".join(shlex.quote(a) for a in args)
+    print(shown + (f" > {stdout}" if stdout else ""), flush=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    result = subprocess.run(cmd, cwd=ROOT, env=env)
+    if stdout is None:
+        result = subprocess.run(cmd, cwd=ROOT, env=env)
+    else:
+        with open(stdout, "w") as out:
+            result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=out)
     if result.returncode != 0:
         sys.exit(f"demo: 'imgpipe {args[0]}' failed with exit code {result.returncode}")
 
@@ -79,9 +84,11 @@ def main() -> None:
         print("dali  loader: skipped (install it with: pip install 'imgpipe[dali]')")
 
     step("6. a short 2-process CPU training run (DDP over gloo)")
-    imgpipe("train", "--print-config")  # the defaults a user starts from
+    config = DEMO / "train.yaml"
+    imgpipe("train", "--print-config", stdout=config)  # the defaults a user starts from
     imgpipe(
         "train",
+        "--config", str(config),
         "--gpus", "0", "--nproc", "2",
         "--set", f"data.path={REC}",
         "--set", f"output.dir={DEMO / 'run'}",
