@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from imgpipe.errors import PackError
-from imgpipe.manifest import atomic_write_bytes
+from imgpipe.atomic import atomic_write_bytes
 
 JOURNAL_DIR = ".imgpipe-pack"
 PLAN_NAME = "plan.json"

@@ -19,15 +19,14 @@ relative to the source root: a manifest can never point outside its dataset fold
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from imgpipe.atomic import atomic_write_bytes
 from imgpipe.errors import DatasetError
 
 FORMAT = "imgpipe-recordio"
@@ -179,40 +178,6 @@ def write_manifest(folder: str | os.PathLike, manifest: Manifest) -> Path:
     path = manifest_path(folder)
     atomic_write_bytes(path, manifest.to_json().encode("utf-8"))
     return path
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600; a dataset must stay readable by others
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-@functools.cache
-def _umask() -> int:
-    """The process umask (read once: reading it means setting it)."""
-    mask = os.umask(0o22)
-    os.umask(mask)
-    return mask
-
-
-def fsync_dir(folder: str | os.PathLike) -> None:
-    """Make a rename in ``folder`` durable."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

@@ -20,7 +20,8 @@ import numpy as np
 
 from imgpipe import recordio
 from imgpipe.errors import DatasetError, RecordIOError
-from imgpipe.manifest import Manifest, atomic_write_bytes, load_manifest, manifest_path
+from imgpipe.atomic import atomic_write_bytes
+from imgpipe.manifest import Manifest, load_manifest, manifest_path
 
 logger = logging.getLogger(__name__)
 

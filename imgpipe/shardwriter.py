@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 from imgpipe import codec
 from imgpipe.journal import Journal, ShardResult
-from imgpipe.manifest import fsync_dir
+from imgpipe.atomic import fsync_dir
 from imgpipe.plan import ShardSpec
 from imgpipe.recordio import IRHeader, format_index_line, frame_parts, pack_header
 

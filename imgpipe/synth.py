@@ -34,7 +34,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from imgpipe.errors import DatasetError
-from imgpipe.manifest import atomic_write_bytes
+from imgpipe.atomic import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
 

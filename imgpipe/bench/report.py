@@ -18,7 +18,7 @@ from imgpipe.bench.runner import BenchResult, RunResult
 from imgpipe.bench.system import describe_disk
 from imgpipe.bench.verdict import Verdict, plural
 from imgpipe.errors import ConfigError
-from imgpipe.manifest import atomic_write_bytes
+from imgpipe.atomic import atomic_write_bytes
 
 SCHEMA_VERSION = 1
 PLOT_HINT = "pip install 'imgpipe[plot]'"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import numpy as np
 import torch
 
 from imgpipe.errors import ConfigError
-from imgpipe.manifest import fsync_dir
+from imgpipe.atomic import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -35,18 +34,7 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
     """Write ``state`` so that readers see the previous checkpoint or the whole new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({"format_version": FORMAT_VERSION, **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-    return path
+    return atomic_write(path, lambda f: torch.save({"format_version": FORMAT_VERSION, **state}, f))
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

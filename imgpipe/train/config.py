@@ -26,7 +26,7 @@ class DataConfig:
 
     path: str = ""
     backend: str = "torch"  # torch | dali | synthetic (in-memory batches: the compute ceiling)
-    workers: int = 4
+    workers: int | None = None  # None: the loader's default, the CPUs per local rank (at most 8)
     image_size: int = 224
     train_split: str = "train"
     val_split: str = "val"
@@ -199,7 +199,7 @@ def validate(config: TrainConfig, where: str = "<config>") -> None:
         "output.checkpoint_every_steps": config.output.checkpoint_every_steps,
         "output.checkpoint_every_epochs": config.output.checkpoint_every_epochs,
     }.items():
-        if value < 0:
+        if value is not None and value < 0:
             raise ConfigError(f"{where}: {key} must be >= 0, got {value}")
     if config.train.max_steps is not None and config.train.max_steps <= 0:
         raise ConfigError(f"{where}: train.max_steps must be > 0 or null, got {config.train.max_steps}")
@@ -211,7 +211,7 @@ def validate(config: TrainConfig, where: str = "<config>") -> None:
 
 def save_config(config: TrainConfig, folder: str | os.PathLike) -> Path:
     """Write the resolved config as ``folder/config.yaml`` (atomically)."""
-    from imgpipe.manifest import atomic_write_bytes
+    from imgpipe.atomic import atomic_write_bytes
 
     path = Path(folder) / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
