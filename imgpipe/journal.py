@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imgpipe.errors import PackError
 from imgpipe.atomic import atomic_write_bytes
+from imgpipe.errors import PackError
 
 JOURNAL_DIR = ".imgpipe-pack"
 PLAN_NAME = "plan.json"

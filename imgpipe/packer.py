@@ -34,10 +34,10 @@ import numpy as np
 from tqdm import tqdm
 
 from imgpipe import source
+from imgpipe.atomic import atomic_write_bytes
 from imgpipe.diskinfo import check_free_space, warn_if_slow
 from imgpipe.errors import ImgpipeError, PackError
 from imgpipe.journal import JOURNAL_DIR, Journal, ShardResult
-from imgpipe.atomic import atomic_write_bytes
 from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped, SplitInfo, write_manifest
 from imgpipe.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size
 from imgpipe.shardwriter import ShardJob, init_worker, tmp_names, write_shard, write_shard_in_worker

@@ -19,8 +19,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from imgpipe import recordio
-from imgpipe.errors import DatasetError, RecordIOError
 from imgpipe.atomic import atomic_write_bytes
+from imgpipe.errors import DatasetError, RecordIOError
 from imgpipe.manifest import Manifest, load_manifest, manifest_path
 
 logger = logging.getLogger(__name__)

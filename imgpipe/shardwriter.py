@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from imgpipe import codec
-from imgpipe.journal import Journal, ShardResult
 from imgpipe.atomic import fsync_dir
+from imgpipe.journal import Journal, ShardResult
 from imgpipe.plan import ShardSpec
 from imgpipe.recordio import IRHeader, format_index_line, frame_parts, pack_header
 

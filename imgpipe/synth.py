@@ -33,8 +33,8 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from imgpipe.errors import DatasetError
 from imgpipe.atomic import atomic_write_bytes
+from imgpipe.errors import DatasetError
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 from PIL import Image
 
+from imgpipe.atomic import atomic_write_bytes
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.dali import dali_available, epoch_seeds, shard_bounds
-from imgpipe.atomic import atomic_write_bytes
 from imgpipe.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
 from imgpipe.recordio import IndexedRecordWriter, IRHeader, pack_header
 

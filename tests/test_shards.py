@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _tiny_shards import make_tiny_pack  # noqa: E402
 
 from imgpipe.errors import DatasetError, RecordIOError  # noqa: E402
-from imgpipe.recordio import read_index, unpack_header, read_record_at  # noqa: E402
+from imgpipe.recordio import read_index, read_record_at, unpack_header  # noqa: E402
 from imgpipe.shards import open_shards  # noqa: E402
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from imgpipe import __version__
-from imgpipe.bench.stats import STAGES, RankStats
+from imgpipe.atomic import atomic_write_bytes
 from imgpipe.bench.runner import BenchResult, RunResult
+from imgpipe.bench.stats import STAGES, RankStats
 from imgpipe.bench.system import describe_disk
 from imgpipe.bench.verdict import Verdict, plural
 from imgpipe.errors import ConfigError
-from imgpipe.atomic import atomic_write_bytes
 
 SCHEMA_VERSION = 1
 PLOT_HINT = "pip install 'imgpipe[plot]'"

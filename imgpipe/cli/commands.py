@@ -1,7 +1,4 @@
 """Import every command module so that each registers itself on the ``cli`` group (one line each)."""
 
 # ruff: noqa: F401
-from imgpipe.cli import data
-from imgpipe.cli import synth
-from imgpipe.cli import train
-from imgpipe.cli import bench
+from imgpipe.cli import bench, data, synth, train

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from imgpipe.errors import ConfigError
 from imgpipe.atomic import atomic_write
+from imgpipe.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from imgpipe.bench.stats import RankStats, StepTimes
 from imgpipe.bench.runner import BenchConfig, BenchResult, RunResult
+from imgpipe.bench.stats import RankStats, StepTimes
 from imgpipe.bench.system import SystemSummary
 from imgpipe.diskinfo import DiskInfo
 from imgpipe.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest

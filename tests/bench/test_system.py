@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from bench_helpers import DATA
 
 from imgpipe.bench.system import (
     SystemSampler,
@@ -19,8 +20,6 @@ from imgpipe.bench.system import (
     take_sample,
 )
 from imgpipe.diskinfo import DiskInfo
-
-from bench_helpers import DATA
 
 HDD = DATA / "hdd_iowait"
 
