@@ -99,7 +99,7 @@ def main() -> None:
     )
 
     step("7. find the bottleneck")
-    imgpipe("bench", str(REC), "--gpus", "0", "--nproc", "2", "--steps", "8", "--batch-size", "16", "--workers", "1,2")
+    imgpipe("bench", str(REC), "--gpus", "0", "--nproc", "2", "--steps", "8", "--batch-size", "16", "--workers", "1,2", "--compute-ms", "40")
 
     print(f"\ndemo finished in {time.perf_counter() - start:.0f} s; outputs in {DEMO}")
 
