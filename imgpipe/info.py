@@ -58,7 +58,7 @@ def format_info(info: DatasetInfo, *, show_classes: int = 10, show_skipped: int 
     lines.append(f"classes: {len(info.classes)}: {shown}")
     lines.append("options: " + ", ".join(f"{k}={v}" for k, v in sorted(info.options.items())))
     lines.append(f"skipped: {len(info.skipped)}")
-    lines += [f"  {s.split}: {s.path}: {s.reason}" for s in info.skipped[:show_skipped]]
+    lines += [f"  {s}" for s in info.skipped[:show_skipped]]
     if len(info.skipped) > show_skipped:
         lines.append(f"  ... and {len(info.skipped) - show_skipped} more")
     return "\n".join(lines)

@@ -76,6 +76,11 @@ class Skipped:
     path: str
     reason: str
 
+    def __str__(self) -> str:
+        """``split: path: reason`` on one line (control characters in the path escaped)."""
+        path = self.path.replace("\n", "\\n").replace("\r", "\\r")
+        return f"{self.split}: {path}: {self.reason}"
+
 
 @dataclass
 class Manifest:
@@ -166,8 +171,10 @@ def load_manifest(folder: str | os.PathLike) -> Manifest:
     path = manifest_path(folder)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise DatasetError(f"{path}: no manifest; is {folder} a folder made by 'imgpipe pack'?") from None
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read the manifest ({e.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DatasetError(f"{path}: manifest is not valid JSON ({e}); rerun 'imgpipe pack' to rewrite it") from None
     return Manifest.from_dict(data, path)

@@ -92,7 +92,7 @@ class PackReport:
             lines.append("changed: " + ", ".join(f"{n:,} {action}" for action, n in changed.items()))
         if self.skipped:
             lines.append(f"skipped {len(self.skipped)} file(s):")
-            lines += [f"  {s.split}: {s.path}: {s.reason}" for s in self.skipped[:show_skipped]]
+            lines += [f"  {s}" for s in self.skipped[:show_skipped]]
             if len(self.skipped) > show_skipped:
                 lines.append(f"  ... and {len(self.skipped) - show_skipped} more (see 'imgpipe info {self.dst}')")
         return "\n".join(lines)
@@ -125,7 +125,12 @@ def pack(
         raise PackError("give --shards or --shard-size, not both")
     size = parse_size(shard_size if shard_size is not None else DEFAULT_SHARD_SIZE)
     plan = _plan(src_path, splits, size, shards, resize, quality, shuffle, seed)
-    dst_path.mkdir(parents=True, exist_ok=True)
+    try:
+        dst_path.mkdir(parents=True, exist_ok=True)
+        if not os.access(dst_path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as e:
+        raise PackError(f"DST {dst_path}: cannot write there ({e.strerror}); choose a writable folder") from None
     journal = Journal(dst_path)
     if overwrite:
         remove_pack_outputs(dst_path)
@@ -160,7 +165,7 @@ def pack(
     if strict and report.skipped:
         first = report.skipped[0]
         raise PackError(
-            f"--strict: {len(report.skipped)} source file(s) were skipped (first: {first.split}/{first.path}: {first.reason}); "
+            f"--strict: {len(report.skipped)} source file(s) were skipped (first: {first}); "
             f"fix or remove them, or pack without --strict"
         )
     return report
@@ -170,16 +175,23 @@ def _check_arguments(
     src: Path, dst: Path, workers: int | None, resize: int | None, quality: int, num_nodes: int, node_rank: int, overwrite: bool
 ) -> None:
     if not src.is_dir():
-        raise PackError(f"SRC {src}: no such folder; give the ImageNet root, the Kaggle download or a folder of class folders")
-    if dst == src or src in dst.parents:
+        what = "is a file, not a folder" if src.exists() else "no such folder"
+        raise PackError(f"SRC {src}: {what}; give the ImageNet root, the Kaggle download or a folder of class folders")
+    real_src, real_dst = Path(os.path.realpath(src)), Path(os.path.realpath(dst))
+    if real_dst == real_src or real_src in real_dst.parents:
         raise PackError(f"DST {dst} is inside SRC {src}; choose a DST outside the source tree")
+    existing = next((p for p in (dst, *dst.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise PackError(f"DST {dst}: {existing} is a file, not a folder; choose another DST")
     if workers is not None and workers < 1:
         raise PackError(f"--workers {workers}: need at least 1")
     if resize is not None and resize < 1:
         raise PackError(f"--resize {resize}: the shorter side must be at least 1 pixel")
     if not 1 <= quality <= 100:
         raise PackError(f"--quality {quality}: use a JPEG quality from 1 to 100")
-    if num_nodes < 1 or not 0 <= node_rank < num_nodes:
+    if num_nodes < 1:
+        raise PackError(f"--num-nodes {num_nodes}: need at least 1 machine")
+    if not 0 <= node_rank < num_nodes:
         raise PackError(f"--node-rank {node_rank} must be in 0..{num_nodes - 1} (--num-nodes {num_nodes})")
     if overwrite and num_nodes > 1:
         raise PackError("--overwrite with --num-nodes > 1 would let one node delete another's shards; empty DST once before starting the nodes")
@@ -206,9 +218,11 @@ def _plan(
         "shuffle": shuffle,
         "seed": seed,
     }
-    return make_plan(
+    plan = make_plan(
         tree.root, tree.classes, items, options=options, shard_size=shard_size, shard_counts=counts, shuffle=shuffle, seed=seed
     )
+    plan.rejected = {name: s.rejected for name, s in tree.splits.items() if s.rejected}
+    return plan
 
 
 def _check_journal(journal: Journal, plan: PackPlan) -> None:
@@ -434,6 +448,7 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
             checksums_sha256=_write_sidecar(dst / f"{name}.crc32.npy", _npy_bytes(np.concatenate(crcs))),
         )
         report.records[name] = int(order.size)
+    skipped += [Skipped(name, path, reason) for name, rejected in plan.rejected.items() for path, reason in rejected]
     manifest = Manifest(classes=plan.classes, splits=splits, options=plan.options, source=str(src), skipped=skipped)
     report.manifest = write_manifest(dst, manifest)
     report.skipped = skipped

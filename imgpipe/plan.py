@@ -19,7 +19,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -119,6 +119,7 @@ class PackPlan:
     splits: dict[str, SplitPlan]
     options: dict[str, Any]
     fingerprint: str
+    rejected: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # split -> (path, reason) left out by the scan
 
     @property
     def shards(self) -> list[ShardSpec]:

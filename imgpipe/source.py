@@ -12,7 +12,9 @@ Classes are the train folder names sorted as torchvision's ImageFolder sorts the
 ``sorted()``); val uses the same label index. Only files with an image extension
 (``IMAGE_EXTENSIONS``, any case) are candidates; other files are ignored and counted in
 the log. A candidate that turns out not to be an image is skipped later, at pack time.
-Hidden files and folders (a leading ``.``) are ignored. Class folders are walked
+Hidden files and folders (a leading ``.``) are ignored. A file whose path contains a
+newline cannot be written to the line-based sources sidecar: it is left out and listed in
+``SplitItems.rejected`` with the reason, and the packer reports it as skipped. Class folders are walked
 recursively, like ImageFolder. Paths are posix, relative to ``SourceTree.root``; train is
 in ImageFolder's order (class, then folder, then file name), val by file name. Only
 ``os.scandir`` is used, without a per-file ``stat``, and paths are kept as ``list[str]``
@@ -38,6 +40,7 @@ IMAGE_EXTENSIONS = frozenset(
     {".jpeg", ".jpg", ".jpe", ".jfif", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm"}
 )
 VAL_CSV = "LOC_val_solution.csv"
+NEWLINE_REASON = "file name contains a newline (the sources sidecar is one path per line); rename the file"
 KAGGLE_DATA = ("ILSVRC", "Data", "CLS-LOC")
 ACCEPTED_LAYOUTS = (
     "SRC/train/<wnid>/* with optional SRC/val/ (class folders, or flat with LOC_val_solution.csv); "
@@ -52,6 +55,7 @@ class SplitItems:
 
     paths: list[str]
     labels: np.ndarray  # int32, one per path
+    rejected: list[tuple[str, str]] = field(default_factory=list)  # (path, reason) of files left out
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -161,24 +165,37 @@ def _walk_images(folder: Path, prefix: str) -> tuple[list[str], int]:
     return found, ignored
 
 
+def _reject_unlistable(paths: list[str], folder: Path) -> tuple[list[str], list[tuple[str, str]]]:
+    """Split off paths with a newline (the sources sidecar holds one path per line)."""
+    rejected = [(path, NEWLINE_REASON) for path in paths if "\n" in path]
+    if not rejected:
+        return paths, []
+    for path, reason in rejected:
+        logger.warning("%s: %r left out: %s", folder, path, reason)
+    return [path for path in paths if "\n" not in path], rejected
+
+
 def _scan_class_folders(root: Path, folder: Path, index: dict[str, int], split: str) -> SplitItems:
     base = folder.relative_to(root).as_posix()
     prefix = "" if base == "." else base + "/"
     paths: list[str] = []
     labels: list[np.ndarray] = []
+    rejected: list[tuple[str, str]] = []
     ignored = 0
     for name in _subdirs(folder):
         if name not in index:
             raise DatasetError(f"{folder / name}: {split} class {name!r} is not a train class; remove it or add it to train/")
         files, skipped = _walk_images(folder / name, f"{prefix}{name}")
         ignored += skipped
+        files, bad = _reject_unlistable(files, folder / name)
+        rejected += bad
         if not files:
             logger.warning("%s: class folder has no images; its label %d stays reserved", folder / name, index[name])
         paths.extend(files)
         labels.append(np.full(len(files), index[name], dtype=np.int32))
     if ignored:
         logger.info("%s: ignored %d files without an image extension", folder, ignored)
-    return SplitItems(paths, np.concatenate(labels) if labels else np.zeros(0, np.int32))
+    return SplitItems(paths, np.concatenate(labels) if labels else np.zeros(0, np.int32), rejected)
 
 
 def _find_val_csv(root: Path, val: Path) -> Path:
@@ -213,10 +230,13 @@ def _read_val_csv(path: Path) -> dict[str, tuple[str, int]]:
 
 
 def _scan_flat_val(root: Path, folder: Path, index: dict[str, int]) -> SplitItems:
-    csv_path = _find_val_csv(root, folder)
-    rows = _read_val_csv(csv_path)
     base = folder.relative_to(root).as_posix()
     names, ignored = _walk_images(folder, base)
+    names, rejected = _reject_unlistable(names, folder)
+    if not names:  # an empty val/ needs no label file; the packer leaves the split out
+        return SplitItems([], np.zeros(0, np.int32), rejected)
+    csv_path = _find_val_csv(root, folder)
+    rows = _read_val_csv(csv_path)
     if ignored:
         logger.info("%s: ignored %d files without an image extension", folder, ignored)
     labels = np.empty(len(names), dtype=np.int32)
@@ -231,4 +251,4 @@ def _scan_flat_val(root: Path, folder: Path, index: dict[str, int]) -> SplitItem
         labels[i] = index[wnid]
     if len(rows) > len(names):
         logger.warning("%s lists %d images; %d of them are in %s", csv_path, len(rows), len(names), folder)
-    return SplitItems(names, labels)
+    return SplitItems(names, labels, rejected)

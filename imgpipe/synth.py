@@ -112,8 +112,12 @@ def make_synthetic(
         return existing
     wnids = make_wnids(classes, seed)
     jobs = list(_plan(wnids, per_class, val_per_class, seed, quirks))
-    for folder in {str(Path(j.path).parent) for j in jobs}:
-        (out / folder).mkdir(parents=True, exist_ok=True)
+    folders = {*(f"train/{wnid}" for wnid in wnids), *(str(Path(j.path).parent) for j in jobs)}
+    try:  # every class folder, even an empty one: the tree stays an ImageNet layout with any counts
+        for folder in sorted(folders):
+            (out / folder).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DatasetError(f"{out}: cannot create the output folder ({e.strerror}); choose another folder") from None
     sizes = dict(min_side=min_side, max_side=max_side)
     total = 0
     with tqdm(total=len(jobs), unit="img", desc="synth", disable=not progress) as bar:

@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
-from imgpipe.errors import DatasetError, RecordIOError
+from imgpipe.errors import ConfigError, DatasetError, RecordIOError
 from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, sha256_file
 from imgpipe.recordio import IRHeader, iter_frames, read_index, unpack_header
 
@@ -105,11 +105,16 @@ class ShardOutcome:
 
 def verify(dst: str | os.PathLike, *, decode: bool = False, workers: int | None = None, progress: bool = True) -> VerifyReport:
     """Check a packed folder, or a bare .rec (or a folder of them); see the module docstring."""
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers {workers}: need at least 1")
     path = Path(dst)
+    if path.name == MANIFEST_NAME and path.is_file():
+        path = path.parent
     report = VerifyReport(path=path, decoded=decode)
     if path.is_dir() and (path / MANIFEST_NAME).exists():
         manifest = load_manifest(path)
         checks = _manifest_checks(path, manifest, decode, report.problems)
+        report.problems += _stray_shards(path, manifest)
     elif path.is_file() and path.suffix == ".rec":
         checks = [ShardCheck(path, path.with_suffix(".idx"), decode=decode)]
     elif path.is_dir():
@@ -118,7 +123,8 @@ def verify(dst: str | os.PathLike, *, decode: bool = False, workers: int | None 
             raise DatasetError(f"{path}: no {MANIFEST_NAME} and no .rec files; give a folder made by 'imgpipe pack' or a .rec file")
         checks = [ShardCheck(rec, rec.with_suffix(".idx"), decode=decode) for rec in recs]
     else:
-        raise DatasetError(f"{path}: not found; give a folder made by 'imgpipe pack', or a .rec file")
+        what = "not a .rec file" if path.exists() else "not found"
+        raise DatasetError(f"{path}: {what}; give a folder made by 'imgpipe pack', or a .rec file")
     for outcome in _run(checks, workers, progress):
         report.problems += outcome.problems
         report.records += outcome.records
@@ -161,6 +167,16 @@ def _manifest_checks(folder: Path, manifest: Manifest, decode: bool, problems: l
     return checks
 
 
+def _stray_shards(folder: Path, manifest: Manifest) -> list[Problem]:
+    """A .rec/.idx in a packed folder that the manifest does not list: left from another pack."""
+    listed = {name for split in manifest.splits.values() for shard in split.shards for name in (shard.name, shard.index)}
+    strays = sorted(p.name for p in folder.iterdir() if p.suffix in (".rec", ".idx") and p.name not in listed)
+    return [
+        Problem(name, f"not listed in {MANIFEST_NAME} (left from another pack?); remove it, or repack with --overwrite")
+        for name in strays
+    ]
+
+
 def _load_sources(path: Path, sha: str, count: int, problems: list[Problem]) -> list[str] | None:
     try:
         data = path.read_bytes()
@@ -169,7 +185,8 @@ def _load_sources(path: Path, sha: str, count: int, problems: list[Problem]) -> 
         return None
     if hashlib.sha256(data).hexdigest() != sha:
         problems.append(Problem(path.name, "sha256 differs from the manifest"))
-    lines = data.decode("utf-8", "surrogateescape").splitlines()
+    text = data.decode("utf-8", "surrogateescape")
+    lines = text[:-1].split("\n") if text.endswith("\n") else (text.split("\n") if text else [])  # not splitlines(): a path may hold \r or \x85
     if len(lines) != count:
         problems.append(Problem(path.name, f"{len(lines)} lines, the manifest counts {count} records"))
         return None

@@ -88,3 +88,24 @@ def test_user_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
     assert_one_line_error(imgpipe("pack", tmp_path / "noimages", tmp_path / "out", "--shard-size", "lots"), "--shard-size 'lots'")
     assert_one_line_error(imgpipe("verify", tmp_path / "nowhere"), "not found")
     assert_one_line_error(imgpipe("info", tmp_path / "noimages"), "no manifest")
+
+
+@pytest.mark.timeout(60)
+def test_a_file_as_dst_and_an_empty_splits_list_are_one_line_errors(synth_tree: Path, tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    assert_one_line_error(imgpipe("pack", synth_tree, tmp_path / "afile"), "DST", "afile is a file, not a folder")
+    assert_one_line_error(imgpipe("pack", synth_tree, tmp_path / "out", "--splits", ","), "--splits ','", "names no split")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(60)
+def test_info_on_a_rec_file_is_a_one_line_error(packed_dir: Path) -> None:
+    rec = packed_dir / load_manifest(packed_dir).splits["val"].shards[0].name
+    assert_one_line_error(imgpipe("info", rec), "no manifest", rec.name)
+
+
+@pytest.mark.timeout(60)
+def test_negative_list_limits_are_refused(packed_dir: Path) -> None:
+    result = imgpipe("verify", packed_dir, "--max-problems", "-1", "--no-progress")
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "'--max-problems': -1" in result.stderr
+    assert "more problem" not in result.stdout

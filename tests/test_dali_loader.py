@@ -231,3 +231,14 @@ def test_bare_rec_files_by_glob_read_through_one_combined_index(indexed: Path) -
 
     dl = make_dali_loader(str(indexed / "train-*.rec"), batch_size=8, train=False, image_size=SIZE, workers=1)
     assert [k for b in epoch_labels(dl) for k in b] == list(range(RECORDS))  # record order across the 3 files
+
+
+@pytest.mark.timeout(60)
+def test_a_record_that_does_not_decode_is_a_one_line_dataset_error(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _tiny_shards import make_tiny_pack
+
+    folder = make_tiny_pack(tmp_path / "c", records=6, shards=2, classes=2, corrupt=(2,))
+    with pytest.raises(DatasetError, match=r"DALI could not decode a record of the 2 shard\(s\) in .*imgpipe verify --decode") as info:
+        list(loader(folder, batch_size=3, train=False))
+    assert "\n" not in str(info.value)

@@ -356,3 +356,53 @@ def test_user_errors_are_one_line_imgpipe_errors(tmp_path: Path) -> None:
         pack(tmp_path / "empty", tmp_path / "empty" / "out", progress=False)
     with pytest.raises(PackError, match="--overwrite with --num-nodes"):
         pack(tmp_path / "empty", tmp_path / "out", overwrite=True, num_nodes=2, progress=False)
+
+
+def _odd_name_tree(synth_tree: Path, root: Path) -> Path:
+    """Class folders holding names with a space, unicode, a tab, \\r, \\x85, U+2028 and a newline."""
+    jpegs = sorted((synth_tree / "train").rglob("*.JPEG"))
+    names = ["with space.JPEG", "naïve 图.jpg", "a\tb.jpg", "cr\rname.jpg", "nel\x85x\u2028y.jpg", "new\nline.jpg"]
+    for k, name in enumerate(names):
+        folder = root / ("cls a" if k % 2 else "ünï")
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(jpegs[k], folder / name)
+    return root
+
+
+def test_odd_file_names_pack_and_a_newline_is_skipped_with_a_reason(synth_tree: Path, tmp_path: Path) -> None:
+    from imgpipe.verifier import verify
+
+    src = _odd_name_tree(synth_tree, tmp_path / "src")
+    report = pack(src, tmp_path / "out", workers=1, progress=False)
+    assert report.records == {"train": 5}
+    assert [(s.split, s.path) for s in report.skipped] == [("train", "cls a/new\nline.jpg")]
+    assert "newline" in report.skipped[0].reason and "cls a/new\\nline.jpg" in report.summary()
+    assert load_manifest(tmp_path / "out").skipped == report.skipped
+    sources = (tmp_path / "out" / "train.sources.txt").read_bytes().decode("utf-8").split("\n")
+    assert sources[-1] == "" and len(sources) == 6 and "ünï/nel\x85x\u2028y.jpg" in sources
+    assert verify(tmp_path / "out", progress=False).ok
+    with pytest.raises(PackError, match="--strict: 1 source file"):
+        pack(src, tmp_path / "out", workers=1, progress=False, strict=True)
+
+
+def test_bad_destinations_are_refused_with_one_line(synth_tree: Path, tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    for dst in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        with pytest.raises(PackError, match="is a file, not a folder"):
+            pack(synth_tree, dst, progress=False)
+    with pytest.raises(PackError, match="is a file, not a folder"):
+        pack(tmp_path / "afile", tmp_path / "out", progress=False)
+    (tmp_path / "link").symlink_to(synth_tree / "train")
+    with pytest.raises(PackError, match="inside SRC"):
+        pack(synth_tree, tmp_path / "link" / "out", progress=False)
+    with pytest.raises(PackError, match="--num-nodes 0: need at least 1"):
+        pack(synth_tree, tmp_path / "out", num_nodes=0, progress=False)
+    assert not (tmp_path / "out").exists() and not list((synth_tree / "train").glob("out*"))
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root can write into a read-only folder")
+def test_a_read_only_dst_is_refused_with_one_line(synth_tree: Path, tmp_path: Path) -> None:
+    (tmp_path / "ro").mkdir(mode=0o555)
+    for dst in (tmp_path / "ro", tmp_path / "ro" / "sub"):
+        with pytest.raises(PackError, match="cannot write there"):
+            pack(synth_tree, dst, progress=False)

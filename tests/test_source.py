@@ -193,3 +193,25 @@ def test_symlink_loop_terminates(tmp_path: Path) -> None:
     os.symlink(tmp_path / "a", tmp_path / "a" / "loop")
     paths = scan(tmp_path).splits["train"].paths
     assert paths[0] == "a/1.jpg" and len(paths) < 10
+
+
+def test_a_newline_in_a_file_name_is_rejected_with_a_reason(tmp_path: Path) -> None:
+    touch(tmp_path / "train" / "n01" / "good.JPEG")
+    touch(tmp_path / "train" / "n01" / "bad\nname.JPEG")
+    touch(tmp_path / "train" / "n02" / "tab\tand space ü.JPEG")
+    touch(tmp_path / "val" / "n01" / "v\nx.JPEG")
+    touch(tmp_path / "val" / "n02" / "v.JPEG")
+    tree = scan(tmp_path)
+    assert tree.splits["train"].paths == ["train/n01/good.JPEG", "train/n02/tab\tand space ü.JPEG"]
+    assert tree.splits["train"].labels.tolist() == [0, 1]
+    assert [path for path, _ in tree.splits["train"].rejected] == ["train/n01/bad\nname.JPEG"]
+    assert "newline" in tree.splits["train"].rejected[0][1]
+    assert tree.splits["val"].paths == ["val/n02/v.JPEG"]
+    assert [path for path, _ in tree.splits["val"].rejected] == ["val/n01/v\nx.JPEG"]
+
+
+def test_an_empty_flat_val_folder_needs_no_label_file(tmp_path: Path) -> None:
+    touch(tmp_path / "train" / "n01" / "a.JPEG")
+    (tmp_path / "val").mkdir()
+    tree = scan(tmp_path)
+    assert tree.splits["train"].paths == ["train/n01/a.JPEG"] and len(tree.splits["val"]) == 0

@@ -151,3 +151,15 @@ def test_cli(tmp_path: Path) -> None:
     conflict = subprocess.run(args[:-1], capture_output=True, text=True, timeout=100)
     assert conflict.returncode != 0
     assert conflict.stderr.startswith("imgpipe: error: ") and "Traceback" not in conflict.stderr
+
+
+def test_output_under_a_file_and_zero_counts_are_handled(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(DatasetError, match="cannot create the output folder"):
+        make_synthetic(tmp_path / "afile" / "sub", classes=1, per_class=1, min_side=8, max_side=8, progress=False)
+    summary = make_synthetic(tmp_path / "valonly", classes=2, per_class=0, val_per_class=2, min_side=8, max_side=8, progress=False)
+    tree = scan(tmp_path / "valonly")
+    assert tree.layout == "imagenet" and tree.classes == summary.classes
+    assert len(tree.splits["train"]) == 0 and sorted(tree.splits["val"].labels.tolist()) == [0, 0, 1, 1]
+    make_synthetic(tmp_path / "none", classes=2, per_class=0, val_per_class=0, min_side=8, max_side=8, progress=False)
+    assert sorted(p.name for p in (tmp_path / "none" / "train").iterdir()) == summary.classes

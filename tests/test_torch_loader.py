@@ -420,3 +420,27 @@ def test_eval_box_is_resize_shorter_then_center_crop() -> None:
     scale_x, scale_y = 500 / 341, 375 / 256
     np.testing.assert_allclose(crop[:4], (58 * scale_x, 16 * scale_y, 224 * scale_x, 224 * scale_y))
     assert EvalGeometry(image_size=224).crop(256, 256)[:4] == (16.0, 16.0, 224.0, 224.0)
+
+
+def test_train_batch_larger_than_the_split_is_a_clear_error(tiny: Path) -> None:
+    with pytest.raises(DatasetError, match=r"split 'train' has 40 records: 20 per rank over 2 ranks, not one full batch of 32"):
+        make_torch_loader(tiny, batch_size=32, image_size=SIZE, workers=0, rank=0, world_size=2)
+    assert len(make_torch_loader(tiny, batch_size=32, image_size=SIZE, workers=0, rank=0, world_size=2, remainder="pad")) == 1
+    batches = list(make_torch_loader(tiny, batch_size=64, image_size=SIZE, workers=0, rank=0, world_size=1, train=False))
+    assert [len(y) for _, y in batches] == [40]
+
+
+@pytest.mark.parametrize(("option", "message"), [({"image_size": 0}, "image_size must be >= 1"), ({"prefetch_factor": 0}, "prefetch_factor")])
+def test_bad_loader_options_are_config_errors(tiny: Path, option: dict, message: str) -> None:
+    from imgpipe.errors import ConfigError
+
+    kw = {"batch_size": 4, "image_size": SIZE, "workers": 1, "rank": 0, "world_size": 1, **option}
+    with pytest.raises(ConfigError, match=message):
+        make_torch_loader(tiny, **kw)
+
+
+def test_an_unknown_device_is_a_config_error(tiny: Path) -> None:
+    from imgpipe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="device 'tpu' is not a torch device"):
+        make_torch_loader(tiny, batch_size=4, image_size=SIZE, workers=0, rank=0, world_size=1, device="tpu")

@@ -187,3 +187,43 @@ def test_im2rec_output_verifies(synth_tree: Path, tmp_path: Path) -> None:
     report = verify(prefix.parent, decode=True, progress=False)
     assert report.ok, report.problems
     assert report.records == 48
+
+
+def test_a_stray_shard_not_in_the_manifest_is_a_problem(dataset: Path) -> None:
+    rec, idx, _ = shard(dataset, "train", 0)
+    shutil.copy(rec, dataset / "train-00000-of-00003.rec")
+    shutil.copy(idx, dataset / "train-00000-of-00003.idx")
+    lines = problem_lines(dataset)
+    assert lines == [
+        f"train-00000-of-00003.{ext}: not listed in manifest.json (left from another pack?); remove it, or repack with --overwrite"
+        for ext in ("idx", "rec")
+    ]
+
+
+def test_sources_split_on_newline_only(dataset: Path) -> None:
+    import hashlib
+    import json
+
+    path = dataset / "train.sources.txt"
+    lines = path.read_bytes().split(b"\n")
+    lines[0] = "odd\x85name\u2028x\x0cy\rz.JPEG".encode()
+    data = b"\n".join(lines)
+    path.write_bytes(data)
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    manifest["splits"]["train"]["sources_sha256"] = hashlib.sha256(data).hexdigest()
+    (dataset / "manifest.json").write_text(json.dumps(manifest))
+    assert verify(dataset, workers=1, progress=False).ok
+
+
+def test_manifest_path_verifies_its_folder_and_an_idx_is_named(packed_dir: Path) -> None:
+    assert verify(packed_dir / "manifest.json", workers=1, progress=False).ok
+    idx = shard(packed_dir, "val", 0)[1]
+    with pytest.raises(DatasetError, match=r"\.idx: not a \.rec file"):
+        verify(idx, workers=1, progress=False)
+
+
+def test_zero_workers_is_refused(packed_dir: Path) -> None:
+    from imgpipe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--workers 0: need at least 1"):
+        verify(packed_dir, workers=0, progress=False)

@@ -81,10 +81,10 @@ run torch torch
 echo "gpu_check: skipped GPU JPEG decode: imgpipe's torch loader has no torchvision.io.decode_jpeg(device='cuda') option yet"
 if "$PY" -c "import nvidia.dali" 2>/dev/null; then run dali dali; else echo "gpu_check: skipped DALI (nvidia.dali is not importable here)"; fi
 
-"$PY" - "$WORK" "$MODEL" "$BATCH" "$SIZE" <<'EOF' | tee "$REPORT"
+"$PY" - "$WORK" "$MODEL" "$BATCH" "$SIZE" "$GPUS" <<'EOF' | tee "$REPORT"
 import json, sys
 from pathlib import Path
-work, model, batch, size = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+work, model, batch, size, gpus = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 def last_epoch(name):
     path = work / f"run-{name}" / "metrics.jsonl"
     if not path.exists():
@@ -92,7 +92,7 @@ def last_epoch(name):
     epochs = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "epoch"]
     return epochs[-1] if epochs else None
 ceiling = last_epoch("synthetic")
-print(f"gpu_check results (last epoch of each run; {model}, bf16, channels_last, batch {batch}, {size} px, 1 rank)")
+print(f"gpu_check results (last epoch of each run; {model}, bf16, channels_last, batch {batch} per rank, {size} px, {max(gpus, 1)} rank(s))")
 print(f"{'loader':<10} {'images/s':>9} {'vs ceiling':>10}  data-wait % per rank")
 for name in ("synthetic", "torch", "dali"):
     record = last_epoch(name)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from imgpipe import __version__
-from imgpipe.atomic import atomic_write_bytes
+from imgpipe.atomic import atomic_write, atomic_write_bytes
 from imgpipe.bench.runner import BenchResult, RunResult
 from imgpipe.bench.stats import STAGES, RankStats
 from imgpipe.bench.system import describe_disk
@@ -160,7 +160,6 @@ def write_plot(path: str | os.PathLike, result: BenchResult, verdict: Verdict) -
         import matplotlib.pyplot as plt
     except ImportError:
         raise ConfigError(f"--plot needs matplotlib: {PLOT_HINT}") from None
-    path = Path(path)
     judged = next(r for r in result.runs if r.backend == verdict.backend and r.workers == verdict.workers)
     fig, (timeline, bars) = plt.subplots(2, 1, figsize=(10, 3 + 0.5 * len(judged.ranks) + 3), gridspec_kw={"height_ratios": [max(2, len(judged.ranks)), 3]})
     colors = {"data-wait": "tab:red", "compute": "tab:blue", "sync (other ranks)": "tab:gray"}
@@ -182,11 +181,7 @@ def write_plot(path: str | os.PathLike, result: BenchResult, verdict: Verdict) -
     bars.set_title("throughput per backend and worker count")
     fig.suptitle("\n".join(textwrap.wrap(verdict.message, 130)[:4]), fontsize="small")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        fig.savefig(tmp, format="png", dpi=100)
-        os.replace(tmp, path)
+        return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
-    return path

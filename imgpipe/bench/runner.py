@@ -27,7 +27,8 @@ from imgpipe.bench.stats import RankStats, StepTimes
 from imgpipe.bench.system import SystemSampler, SystemSummary, diskstats_name, summarize
 from imgpipe.diskinfo import DiskInfo, device_for_path
 from imgpipe.errors import ConfigError
-from imgpipe.shards import open_shards
+from imgpipe.shards import ShardSet, open_shards
+from imgpipe.train.metrics import gather_objects
 
 logger = logging.getLogger(__name__)
 
@@ -139,10 +140,9 @@ def resolve_backends(choice: str) -> tuple[str, ...]:
     return (choice,)
 
 
-def shard_files(data: str | os.PathLike, split: str) -> list[Path]:
+def shard_files(shards: ShardSet) -> list[Path]:
     """The .rec and .idx files the bench reads (what --cold evicts)."""
-    recs = open_shards(data, split).rec_paths
-    return [p for rec in recs for p in (rec, rec.with_suffix(".idx")) if p.is_file()]
+    return [p for rec in shards.rec_paths for p in (rec, rec.with_suffix(".idx")) if p.is_file()]
 
 
 def run_bench(config: BenchConfig) -> BenchResult | None:
@@ -177,7 +177,7 @@ def run_bench(config: BenchConfig) -> BenchResult | None:
         runs = launch(bench_rank, config, gpus=config.gpus, nproc=config.nproc if not config.gpus else None)
     if runs is None:
         return None
-    device = diskstats_name(disk)
+    device = diskstats_name(disk, config.data)
     for run in runs:
         run.system = summarize(sampler.samples, device, run.start, run.end)
     result.runs = runs
@@ -207,7 +207,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> list[RunResult] | None:
     from imgpipe.bench.probes import open_for_rank
 
     reads = open_for_rank(config.data, config.split, ctx.rank)
-    files = shard_files(config.data, config.split)
+    files = shard_files(reads.shards) if ctx.is_main else []  # only rank 0 evicts and measures the page cache
     compute = Compute(config.model, config.compute_ms, ctx, len(reads.classes or []) or 1000)
     runs: list[RunResult] = []
     for backend in config.backends:
@@ -220,7 +220,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> list[RunResult] | None:
             _barrier(ctx)
             start = time.time()
             stats = _run_one(ctx, config, backend, workers, reads, compute)
-            gathered = _gather(ctx, stats)
+            gathered = gather_objects(stats)
             if ctx.is_main:
                 runs.append(RunResult(backend, workers, gathered, start, time.time(), resident))
                 logger.info("%s, %d worker(s): %.1f images/s", backend, workers, runs[-1].images_per_s)
@@ -285,12 +285,3 @@ def _barrier(ctx: Any) -> None:
 
         dist.barrier()
 
-
-def _gather(ctx: Any, stats: RankStats) -> list[RankStats]:
-    if not ctx.distributed:
-        return [stats]
-    import torch.distributed as dist
-
-    gathered: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(gathered, stats)
-    return gathered

@@ -3,7 +3,7 @@
 * CPU from ``/proc/stat``, exactly as ``top`` computes its ``%Cpu(s)`` line: over an
   interval, ``wa = Δiowait / Δtotal`` and utilisation ``= 1 - (Δidle + Δiowait) / Δtotal``,
   where total is user+nice+system+idle+iowait+irq+softirq+steal (guest time is already
-  inside user and nice, so it is not added twice).
+  inside user and nice, so it is not added twice), each Δ clamped at 0 as top does.
 * Disk reads from ``/proc/diskstats``: field 6 is sectors read, always 512-byte units.
 * The device that holds DATA comes from :func:`imgpipe.diskinfo.device_for_path` (mount,
   filesystem, rotational, network); its /proc/diskstats name is the device's basename.
@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -53,21 +53,23 @@ class CpuTimes:
 def parse_proc_stat(text: str) -> CpuTimes:
     """Parse the aggregate ``cpu`` line of /proc/stat (missing trailing fields count as 0)."""
     for line in text.splitlines():
-        fields = line.split()
-        if fields and fields[0] == "cpu":
-            values = [int(v) for v in fields[1:9]] + [0] * (8 - len(fields[1:9]))
+        parts = line.split()
+        if parts and parts[0] == "cpu":
+            values = [int(v) for v in parts[1:9]] + [0] * (8 - len(parts[1:9]))
             return CpuTimes(*values)
     raise ValueError("no aggregate 'cpu' line in /proc/stat text")
 
 
 def cpu_usage(before: CpuTimes, after: CpuTimes) -> tuple[float, float]:
-    """(utilisation %, iowait %) over the interval, as top's %Cpu(s) line reports them."""
-    total = after.total - before.total
+    """(utilisation %, iowait %) over the interval, as top's %Cpu(s) line reports them.
+
+    Like top, a counter that went backwards (iowait can, see proc(5)) counts as 0, not negative.
+    """
+    deltas = {f.name: max(0, getattr(after, f.name) - getattr(before, f.name)) for f in fields(CpuTimes)}
+    total = sum(deltas.values())
     if total <= 0:
         return 0.0, 0.0
-    idle = after.idle - before.idle
-    iowait = after.iowait - before.iowait
-    return 100.0 * (total - idle - iowait) / total, 100.0 * iowait / total
+    return 100.0 * (total - deltas["idle"] - deltas["iowait"]) / total, 100.0 * deltas["iowait"] / total
 
 
 # ----------------------------------------------------------------------------- /proc/diskstats
@@ -77,9 +79,9 @@ def parse_diskstats(text: str) -> dict[str, int]:
     """Map each device name in /proc/diskstats to its cumulative sectors read."""
     sectors: dict[str, int] = {}
     for line in text.splitlines():
-        fields = line.split()
-        if len(fields) >= 6:
-            sectors[fields[2]] = int(fields[5])
+        parts = line.split()
+        if len(parts) >= 6:
+            sectors[parts[2]] = int(parts[5])
     return sectors
 
 
@@ -108,11 +110,24 @@ def parse_meminfo(text: str) -> dict[str, int]:
 # ----------------------------------------------------------------------------- which disk
 
 
-def diskstats_name(info: DiskInfo) -> str | None:
-    """The /proc/diskstats name of the device holding a path (``/dev/sdb1`` -> ``sdb1``), or None."""
+def diskstats_name(info: DiskInfo, path: str | os.PathLike | None = None) -> str | None:
+    """The /proc/diskstats name of the device holding a path (``/dev/sdb1`` -> ``sdb1``), or None.
+
+    A partition is its own line in /proc/diskstats, so its reads are the reads of DATA's
+    filesystem. When the mount names a node that does not exist (``/dev/root``), ``path``'s
+    ``st_dev`` is looked up in ``/sys/dev/block`` instead.
+    """
     if not info.device.startswith("/dev/"):
         return None
-    return os.path.basename(os.path.realpath(info.device))
+    real = os.path.realpath(info.device)
+    if path is None or os.path.exists(real):
+        return os.path.basename(real)
+    try:
+        st_dev = os.stat(path).st_dev
+    except OSError:
+        return None
+    node = Path(f"/sys/dev/block/{os.major(st_dev)}:{os.minor(st_dev)}")
+    return os.path.basename(os.path.realpath(node)) if node.exists() else None
 
 
 def describe_disk(info: DiskInfo) -> str:

@@ -55,9 +55,11 @@ def bench_command(
     if workers is None:
         from imgpipe.loaders.torch import default_workers
 
-        workers = str(default_workers(gpus or nproc))
+        counts: tuple[int, ...] = (default_workers(gpus or nproc),)
+    else:
+        counts = _counts(workers)
     config = BenchConfig(
-        data=data, split=split, gpus=gpus, nproc=nproc, backends=resolve_backends(backend), workers=_counts(workers),
+        data=data, split=split, gpus=gpus, nproc=nproc, backends=resolve_backends(backend), workers=counts,
         steps=steps, warmup=warmup, batch_size=batch_size, image_size=image_size, model=model, compute_ms=compute_ms,
         cold=cold, seed=seed,
     )

@@ -7,11 +7,12 @@ import sys
 import click
 
 from imgpipe.cli import cli
+from imgpipe.errors import PackError
 
 
 @cli.command("pack")
-@click.argument("src", type=click.Path(file_okay=False, path_type=str))
-@click.argument("dst", type=click.Path(file_okay=False, path_type=str))
+@click.argument("src")
+@click.argument("dst")
 @click.option("--splits", default=None, help="Comma-separated splits to pack (default: every split found), e.g. train,val.")
 @click.option("--shard-size", default=None, help="Target shard size, e.g. 256MB (default), 2MB, 1GiB.")
 @click.option("--shards", default=None, help="Shard count instead of --shard-size: N per split, or train=1024,val=64.")
@@ -30,7 +31,9 @@ def pack_command(src: str, dst: str, splits: str | None, no_progress: bool, **op
     """Pack an ImageNet-style tree SRC into RecordIO shards in DST."""
     from imgpipe.packer import pack
 
-    split_list = [s.strip() for s in splits.split(",") if s.strip()] if splits else None
+    split_list = [s.strip() for s in splits.split(",") if s.strip()] if splits is not None else None
+    if split_list == []:
+        raise PackError(f"--splits {splits!r} names no split; give e.g. --splits train,val or leave it out for every split")
     report = pack(src, dst, splits=split_list, progress=not no_progress and sys.stderr.isatty(), **options)  # type: ignore[arg-type]
     click.echo(report.summary())
 
@@ -40,7 +43,7 @@ def pack_command(src: str, dst: str, splits: str | None, no_progress: bool, **op
 @click.option("--decode", is_flag=True, help="Also decode every image.")
 @click.option("--workers", type=int, default=None, help="Worker processes (default: all CPUs).")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
-@click.option("--max-problems", type=int, default=50, show_default=True, help="Print at most this many problems.")
+@click.option("--max-problems", type=click.IntRange(min=0), default=50, show_default=True, help="Print at most this many problems.")
 def verify_command(dst: str, decode: bool, workers: int | None, no_progress: bool, max_problems: int) -> None:
     """Check a packed folder (or bare .rec/.idx pairs) for completeness and integrity."""
     from imgpipe.verifier import verify
@@ -57,7 +60,7 @@ def verify_command(dst: str, decode: bool, workers: int | None, no_progress: boo
 
 @cli.command("info")
 @click.argument("dst", type=click.Path(path_type=str))
-@click.option("--skipped", "show_skipped", type=int, default=20, show_default=True, help="List at most this many skipped files.")
+@click.option("--skipped", "show_skipped", type=click.IntRange(min=0), default=20, show_default=True, help="List at most this many skipped files.")
 def info_command(dst: str, show_skipped: int) -> None:
     """Print what a packed dataset holds: splits, records, bytes, classes, options, skipped files."""
     from imgpipe.info import describe, format_info

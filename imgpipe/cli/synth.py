@@ -10,7 +10,7 @@ from imgpipe.cli import cli
 
 
 @cli.command("synth")
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
 @click.option("--classes", default=10, show_default=True, type=click.IntRange(min=1), help="Number of classes.")
 @click.option("--per-class", default=50, show_default=True, type=click.IntRange(min=0), help="Train images per class.")
 @click.option("--val-per-class", default=10, show_default=True, type=click.IntRange(min=0), help="Val images per class.")

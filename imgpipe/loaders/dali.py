@@ -28,6 +28,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -131,11 +132,21 @@ class DaliLoader:
         spec = self._spec
         if self._batches == 0:
             return
-        iterator = self._eval_iterator or self._make_iterator(epoch)
+        try:
+            iterator = self._eval_iterator or self._make_iterator(epoch)
+            batches = iter(iterator)  # DALI's __iter__ resets a finished iterator for the next epoch
+        except RuntimeError as e:
+            raise self._decode_error(e) from None
         self._eval_iterator = None  # handed back below only once this epoch has run to its end
         device = torch.device("cpu") if spec.device_id is None else torch.device("cuda", spec.device_id)
         produced = 0
-        for (out,) in iterator:
+        while True:
+            try:
+                (out,) = next(batches)
+            except StopIteration:
+                break
+            except RuntimeError as e:
+                raise self._decode_error(e) from None
             labels = out["labels"].reshape(-1)
             if labels.numel() == 0:  # PARTIAL can end on a batch made only of padding
                 continue
@@ -148,6 +159,16 @@ class DaliLoader:
             logger.warning("DALI epoch %d gave %d batches, expected %d", epoch, produced, self._batches)
         if not spec.train:  # eval epochs are all alike: keep the warm pipeline for the next one
             self._eval_iterator = iterator
+
+    def _decode_error(self, error: RuntimeError) -> Exception:
+        """A DALI decoder failure as a one-line DatasetError naming the shards; anything else unchanged."""
+        if "decoders" not in str(error):
+            return error
+        folder = Path(self._spec.rec_files[0]).parent
+        return DatasetError(
+            f"DALI could not decode a record of the {len(self._spec.rec_files)} shard(s) in {folder}; "
+            f"locate it with 'imgpipe verify --decode {folder}', or use the torch loader with on_corrupt='skip'"
+        )
 
     def _make_iterator(self, epoch: int) -> Any:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy

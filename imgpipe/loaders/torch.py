@@ -405,6 +405,10 @@ def make_torch_loader(
     uint8 CHW sample (same shape out), run in the workers after imgpipe's geometry.
     ``loader.close()`` stops persistent workers.
     """
+    if image_size < 1:
+        raise ConfigError(f"image_size must be >= 1, got {image_size}")
+    if prefetch_factor < 1:
+        raise ConfigError(f"prefetch_factor must be >= 1, got {prefetch_factor}")
     env = DistEnv.detect(rank, world_size)
     shards = path if isinstance(path, ShardSet) else open_shards(path, split)
     if len(shards) == 0:
@@ -422,7 +426,15 @@ def make_torch_loader(
         block_size=block_shuffle,
         window=shuffle_window,
     )
-    device = torch.device(device) if device is not None else torch.device("cpu")
+    if train and len(sampler) == 0:
+        raise DatasetError(
+            f"{path}: split {split!r} has {len(shards)} records: {len(shards) // env.world_size} per rank over "
+            f"{env.world_size} ranks, not one full batch of {batch_size}; lower batch_size or use remainder='pad'"
+        )
+    try:
+        device = torch.device(device) if device is not None else torch.device("cpu")
+    except RuntimeError as e:
+        raise ConfigError(f"device {device!r} is not a torch device; use e.g. 'cpu' or 'cuda:0' ({str(e).splitlines()[0]})") from None
     dataset = BatchDataset(
         shards,
         geometry=geometry,

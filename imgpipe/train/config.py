@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from imgpipe.atomic import atomic_write_bytes
 from imgpipe.errors import ConfigError
 
 
@@ -194,7 +195,9 @@ def validate(config: TrainConfig, where: str = "<config>") -> None:
     for key, value in {
         "data.workers": config.data.workers,
         "optim.base_lr": config.optim.base_lr,
+        "optim.momentum": config.optim.momentum,
         "optim.weight_decay": config.optim.weight_decay,
+        "optim.step_gamma": config.optim.step_gamma,
         "optim.warmup_epochs": config.optim.warmup_epochs,
         "output.checkpoint_every_steps": config.output.checkpoint_every_steps,
         "output.checkpoint_every_epochs": config.output.checkpoint_every_epochs,
@@ -211,8 +214,6 @@ def validate(config: TrainConfig, where: str = "<config>") -> None:
 
 def save_config(config: TrainConfig, folder: str | os.PathLike) -> Path:
     """Write the resolved config as ``folder/config.yaml`` (atomically)."""
-    from imgpipe.atomic import atomic_write_bytes
-
     path = Path(folder) / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, config.to_yaml().encode("utf-8"))

@@ -37,9 +37,10 @@ def build_data(config: TrainConfig, ctx: RankContext) -> TrainData:
     if not config.data.path:
         raise ConfigError("data.path is not set: point it at a folder made by 'imgpipe pack' (--set data.path=DIR)")
     manifest = load_manifest(config.data.path)
-    for split in (config.data.train_split,):
-        if split not in manifest.splits:
-            raise DatasetError(f"{config.data.path}: no split {split!r} (has {', '.join(sorted(manifest.splits))}); set data.train_split")
+    if config.data.train_split not in manifest.splits:
+        raise DatasetError(
+            f"{config.data.path}: no split {config.data.train_split!r} (has {', '.join(sorted(manifest.splits))}); set data.train_split"
+        )
     val_split = config.data.val_split if config.train.validate else ""
     if val_split and val_split not in manifest.splits:
         logger.warning("%s has no split %r: skipping validation", config.data.path, val_split)

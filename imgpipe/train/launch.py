@@ -73,7 +73,7 @@ class RankContext:
 
     @property
     def is_main(self) -> bool:
-        return self.env.rank == 0
+        return self.env.is_main
 
     @property
     def distributed(self) -> bool:

@@ -16,7 +16,7 @@ import signal
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -127,7 +127,6 @@ class _Run:
         self.result = TrainResult(output_dir=str(self.out), epochs_completed=0, step=0)
         self._resume_loader: dict[str, Any] | None = None
         self._saved_step = -1
-        self._epoch_totals = torch.zeros(4, dtype=torch.float64, device=self.device)
         if ctx.is_main:
             save_config(config, self.out)
             logger.info(
@@ -142,9 +141,9 @@ class _Run:
         self._maybe_resume()
         every_epochs = self.config.output.checkpoint_every_epochs
         while self.state.epoch < self.config.train.epochs:
-            stop = self._train_epoch()
+            stop, totals = self._train_epoch()
             if self.state.epoch_step == self.steps_per_epoch:
-                self._end_of_epoch()
+                self._end_of_epoch(totals)
                 self.state.epoch, self.state.epoch_step = self.state.epoch + 1, 0
                 if not stop and every_epochs and self.state.epoch % every_epochs == 0:
                     self._save()
@@ -156,24 +155,18 @@ class _Run:
         self.result.epochs_completed = self.state.epoch
         return self.result
 
-    def _train_epoch(self) -> bool:
-        """Run (the rest of) one epoch; True when the run must stop now (signal or max_steps)."""
-        state, loader = self.state, self.data.train
-        if self._resume_loader is not None:
-            loader.load_state_dict(self._resume_loader)
-            self._resume_loader = None
-        else:
-            loader.set_epoch(state.epoch)
+    def _train_epoch(self) -> tuple[bool, torch.Tensor]:
+        """Run (the rest of) one epoch; (stop now? (signal or max_steps), this rank's [loss sum, top-1, top-k, samples])."""
+        state = self.state
+        batches = self._epoch_batches()
         self.model.train()
         self.timer.reset()
-        totals = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss sum, top-1, top-k, samples
+        totals = torch.zeros(4, dtype=torch.float64, device=self.device)
         micro_total = self.steps_per_epoch * self.accum
         micro = state.epoch_step * self.accum
         bar = tqdm(total=self.steps_per_epoch, initial=state.epoch_step, desc=f"epoch {state.epoch}", disable=not self.ctx.is_main, leave=False)
         try:
-            for images, labels in self.timer.iterate(loader):
-                if micro >= micro_total:
-                    break
+            for images, labels in self.timer.iterate(batches):
                 final = (micro + 1) % self.accum == 0
                 with self.timer.compute(images=labels.shape[0]):
                     loss = self._forward_backward(images, labels, final, totals)
@@ -188,13 +181,30 @@ class _Run:
                 if state.step % self.config.train.log_every == 0:
                     self._log_step(loss, bar)
                 if self._agree_to_stop():
-                    return True
+                    return True, totals
                 if self._checkpoint_due():
                     self._save()
+                if micro == micro_total:  # batches beyond a multiple of grad_accum are left unread
+                    break
         finally:
             bar.close()
-            self._epoch_totals = totals
-        return False
+        return False, totals
+
+    def _epoch_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This epoch's batches from where the run stands; a loader that cannot seek (DALI) re-reads the ones already trained on."""
+        loader, resume = self.data.train, self._resume_loader
+        self._resume_loader = None
+        if resume is not None and hasattr(loader, "load_state_dict"):
+            loader.load_state_dict(resume)
+            return iter(loader)
+        loader.set_epoch(self.state.epoch)
+        batches = iter(loader)
+        done = self.state.epoch_step * self.accum
+        if done:
+            logger.warning("resuming mid-epoch: the %s loader cannot seek, so it reads the %d batches of epoch %d already trained on again", self.config.data.backend, done, self.state.epoch)
+            for _ in range(done):
+                next(batches)
+        return batches
 
     def _forward_backward(self, images: torch.Tensor, labels: torch.Tensor, final: bool, totals: torch.Tensor) -> torch.Tensor:
         sync = contextlib.nullcontext() if final or not self.ctx.distributed else self.ddp.no_sync()
@@ -204,8 +214,7 @@ class _Run:
                 loss = self.criterion(output, labels)
             self.scaler.scale(loss / self.accum).backward()
         with torch.no_grad():
-            top1, topk = _correct(output.detach(), labels, self.topk)
-            totals += torch.stack([loss.detach().double() * labels.shape[0], top1, topk, torch.tensor(labels.shape[0], device=self.device, dtype=torch.float64)])
+            _accumulate(totals, loss.detach(), output.detach(), labels, self.topk)
         return loss.detach()
 
     def _optimizer_step(self) -> None:
@@ -216,12 +225,13 @@ class _Run:
 
     def _agree_to_stop(self) -> bool:
         """True on every rank when any rank got SIGTERM/SIGINT or max_steps is reached."""
-        signum = stop_requested()
-        flag = torch.tensor([signum or 0], dtype=torch.int64, device=self.device)
+        signum = stop_requested() or 0
         if self.ctx.distributed:
+            flag = torch.tensor([signum], dtype=torch.int64, device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if int(flag.item()):
-            self.result.stopped_by = signal.Signals(int(flag.item())).name
+            signum = int(flag.item())
+        if signum:
+            self.result.stopped_by = signal.Signals(signum).name
             if self.ctx.is_main:
                 logger.warning("%s: stopping all ranks at step %d and writing a checkpoint", self.result.stopped_by, self.state.step)
             return True
@@ -236,8 +246,7 @@ class _Run:
 
     # ------------------------------------------------------------------ epoch end
 
-    def _end_of_epoch(self) -> None:
-        totals = self._epoch_totals
+    def _end_of_epoch(self, totals: torch.Tensor) -> None:
         if self.ctx.distributed:
             dist.all_reduce(totals)
         loss_sum, top1, topk, samples = totals.tolist()
@@ -291,8 +300,7 @@ class _Run:
                 with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None):
                     output = module(images)
                     loss = self.criterion(output.float(), labels)
-                top1, topk = _correct(output, labels, self.topk)
-                totals += torch.stack([loss.double() * labels.shape[0], top1, topk, torch.tensor(labels.shape[0], device=self.device, dtype=torch.float64)])
+                _accumulate(totals, loss, output, labels, self.topk)
         if self.ctx.distributed:
             dist.all_reduce(totals)
         module.train()
@@ -377,10 +385,12 @@ class _Run:
 
 
 def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(model, what to call it through): the torchvision model on this rank's device, DDP-wrapped when distributed."""
+    """(model, what to call it through): the torchvision model on this rank's device, DDP-wrapped when distributed.
+
+    The name is checked by :func:`check_model_name` before the data is built (see :func:`train_rank`).
+    """
     import torchvision
 
-    check_model_name(config.model.name)
     model = torchvision.models.get_model(config.model.name, num_classes=num_classes)
     if config.train.sync_bn and ctx.distributed:
         if ctx.device.type != "cuda":
@@ -389,9 +399,6 @@ def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tupl
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
     model = model.to(ctx.device, memory_format=memory_format)
-    misplaced = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.device != ctx.device]
-    if misplaced:
-        raise TrainError(f"rank {ctx.rank}: {misplaced[0]} of model {config.model.name!r} is on {dict(model.named_parameters()).get(misplaced[0], 'another device')} not on {ctx.device}; move the model to the rank's device before DDP")
     if not ctx.distributed:
         return model, model
     ddp = torch.nn.parallel.DistributedDataParallel(
@@ -447,10 +454,12 @@ def lr_schedule(config: TrainConfig, steps_per_epoch: int) -> Any:
     return factor
 
 
-def _correct(output: torch.Tensor, labels: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    top = output.topk(k, dim=1).indices
-    hits = top.eq(labels.view(-1, 1))
-    return hits[:, 0].sum().double(), hits.any(dim=1).sum().double()
+def _accumulate(totals: torch.Tensor, loss: torch.Tensor, output: torch.Tensor, labels: torch.Tensor, k: int) -> None:
+    """Add a batch's [loss sum, top-1 hits, top-k hits, samples] to ``totals``, on the device (no host sync)."""
+    hits = output.topk(k, dim=1).indices.eq(labels.view(-1, 1))
+    n = labels.shape[0]
+    totals[:3] += torch.stack([loss.double() * n, hits[:, 0].sum().double(), hits.any(dim=1).sum().double()])
+    totals[3] += n
 
 
 def _broadcast_buffers(module: torch.nn.Module, ctx: RankContext) -> None:

@@ -100,14 +100,10 @@ class StepTimer:
         self._data_s = 0.0
         self._ended = end
 
-    def summary(self, rank: int, skip: int = 0) -> RankSummary:
-        """Summarize the recorded steps (after dropping the first ``skip`` warm-up steps)."""
-        records = self.records[skip:]
-        if skip and records:
-            wall = sum(r.step_s for r in records)
-        else:
-            wall = (self._ended - self._started) if self._started is not None and self._ended is not None else 0.0
-        return summarize(records, rank, wall)
+    def summary(self, rank: int) -> RankSummary:
+        """Summarize the recorded steps over the wall time from the first wait to the last compute."""
+        wall = (self._ended - self._started) if self._started is not None and self._ended is not None else 0.0
+        return summarize(self.records, rank, wall)
 
 
 def summarize(records: Sequence[StepRecord], rank: int, wall_s: float | None = None) -> RankSummary:
@@ -145,15 +141,20 @@ def synchronize(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def gather_summaries(summary: RankSummary) -> list[RankSummary]:
-    """Every rank's summary, in rank order, on every rank; just ``[summary]`` without a process group."""
+def gather_objects(value: Any) -> list[Any]:
+    """Every rank's picklable ``value``, in rank order, on every rank; ``[value]`` without a process group."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [summary]
+        return [value]
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, summary.to_dict())
-    return [RankSummary(**item) for item in gathered]
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def gather_summaries(summary: RankSummary) -> list[RankSummary]:
+    """Every rank's summary, in rank order, on every rank; just ``[summary]`` without a process group."""
+    return [RankSummary(**item) for item in gather_objects(summary.to_dict())]
 
 
 def imbalance(summaries: Sequence[RankSummary]) -> float:

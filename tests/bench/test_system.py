@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 from bench_helpers import DATA
@@ -43,6 +45,12 @@ def test_proc_stat_old_kernel_and_garbage() -> None:
     with pytest.raises(ValueError):
         parse_proc_stat("intr 1 2 3\n")
     assert cpu_usage(parse_proc_stat("cpu 1 0 0 1"), parse_proc_stat("cpu 1 0 0 1")) == (0.0, 0.0)
+
+
+def test_counter_going_backwards_counts_as_zero_as_in_top() -> None:
+    before = parse_proc_stat("cpu 100 0 0 800 100 0 0 0\n")
+    after = parse_proc_stat("cpu 150 0 0 850 90 0 0 0\n")  # iowait went back by 10 (proc(5): it can)
+    assert cpu_usage(before, after) == (50.0, 0.0)  # not a negative iowait over a total of 90
 
 
 def test_diskstats_sectors_and_throughput() -> None:
@@ -88,3 +96,15 @@ def test_live_sampler_reads_this_machine() -> None:
     summary = summarize(sampler.samples, None)
     assert summary is not None and 0.0 <= summary.cpu_util_pct <= 100.0 and 0.0 <= summary.iowait_pct <= 100.0
     assert summary.mem_available_mb > 0 and summary.read_mb_s is None
+
+
+def test_diskstats_name_of_a_missing_node_comes_from_the_path(tmp_path) -> None:
+    st_dev = tmp_path.stat().st_dev
+    node = Path(f"/sys/dev/block/{os.major(st_dev)}:{os.minor(st_dev)}")
+    if not node.exists():
+        pytest.skip(f"{tmp_path} is not on a block device listed in /sys/dev/block")
+    root = DiskInfo("/dev/imgpipe-no-such-node", "/", "ext4", None, False)  # like the /dev/root that many mounts name
+    name = diskstats_name(root, tmp_path)
+    assert name == os.path.basename(os.path.realpath(node))
+    assert name in parse_diskstats(Path("/proc/diskstats").read_text())
+    assert diskstats_name(root) == "imgpipe-no-such-node"  # without a path: the mount's name, as before

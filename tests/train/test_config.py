@@ -51,6 +51,7 @@ def test_yaml_yes_for_resume_means_yes(tmp_path: Path) -> None:
         ("", ["data.backend=jax"], "data.backend must be one of torch, dali, synthetic"),
         ("", ["train.batch_size=0"], "train.batch_size must be > 0"),
         ("", ["optim.label_smoothing=1.5"], "optim.label_smoothing must be in [0, 1)"),
+        ("", ["optim.momentum=-0.9"], "optim.momentum must be >= 0, got -0.9"),
         ("", ["batch_size=3"], "expected section.key=value"),
         ("- 1\n- 2\n", [], "the top level must be a mapping"),
         ("train: [1\n", [], "not valid YAML"),

@@ -137,6 +137,28 @@ def test_interrupted_and_resumed_run_matches_the_uninterrupted_one(packed: Path,
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_dali_run_resumed_mid_epoch_sees_the_batches_of_the_uninterrupted_one(packed: Path, tmp_path: Path) -> None:
+    """The DALI loader cannot seek: on resume it re-reads the epoch's batches already trained on, and skips them."""
+    from imgpipe.loaders.dali import dali_available
+
+    if not dali_available():
+        pytest.skip("NVIDIA DALI is not installed")
+    dali = ("--gpus", "0", "--set", "data.backend=dali")
+    whole = write_config(tmp_path / "whole", packed, workers=1, base_lr=0.04, epochs=1, validate=False)
+    parts = write_config(tmp_path / "parts", packed, workers=1, base_lr=0.04, epochs=1, validate=False)
+    assert imgpipe_train(whole, *dali).returncode == 0
+    assert imgpipe_train(parts, *dali, "--set", "train.max_steps=3").returncode == 0
+    second = imgpipe_train(parts, *dali, "--resume")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "reads the 3 batches of epoch 0 already trained on again" in second.stderr
+    expected, got = step_losses(tmp_path / "whole" / "run"), step_losses(tmp_path / "parts" / "run")
+    assert sorted(got) == sorted(expected) == list(range(1, 11))  # 160 records / batch 16 on one rank
+    for step in range(4, 11):  # a restarted epoch would give other batches, and losses far apart
+        assert got[step] == pytest.approx(expected[step], rel=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_the_same_run_under_torchrun(packed: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, packed, epochs=1)
     cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0"]
