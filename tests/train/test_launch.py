@@ -84,22 +84,21 @@ def test_two_spawned_gloo_ranks() -> None:
     assert len({port for _, port in result["ranks"]}) == 1
 
 
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize(
-    ("mode", "expected"),
-    [
-        ("fail", "rank 1 failed: rank one cannot go on: bad shard x.rec"),
-    ],
-)
-def test_a_failing_rank_is_named_and_the_others_stopped(mode: str, expected: str) -> None:
-    proc = subprocess.Popen([sys.executable, HELPER, mode, "--nproc", "2"], env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def run_watched(*args: str) -> tuple[int, str, set[int]]:
+    """Run the helper to its end; (exit code, stderr, every descendant seen while it ran)."""
+    proc = subprocess.Popen([sys.executable, HELPER, *args], env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen: set[int] = set()
     while proc.poll() is None:
         seen.update(descendants(proc.pid))
         time.sleep(0.2)
-    stderr = proc.stderr.read()
-    assert proc.returncode == 1
-    assert expected in stderr, stderr
+    return proc.returncode, proc.stderr.read(), seen
+
+
+@pytest.mark.timeout(180)
+def test_a_failing_rank_is_named_and_the_others_stopped() -> None:
+    code, stderr, seen = run_watched("fail", "--nproc", "2")
+    assert code == 1
+    assert "rank 1 failed: rank one cannot go on: bad shard x.rec" in stderr, stderr
     assert len(seen) >= 2
     assert wait_gone(sorted(seen), 10) == []
 
@@ -107,13 +106,8 @@ def test_a_failing_rank_is_named_and_the_others_stopped(mode: str, expected: str
 @pytest.mark.timeout(180)
 def test_a_hanging_rank_makes_everyone_exit_after_the_timeout() -> None:
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, HELPER, "hang", "--nproc", "2", "--timeout", "4"], env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen: set[int] = set()
-    while proc.poll() is None:
-        seen.update(descendants(proc.pid))
-        time.sleep(0.2)
-    stderr = proc.stderr.read()
-    assert proc.returncode == 1
+    code, stderr, seen = run_watched("hang", "--nproc", "2", "--timeout", "4")
+    assert code == 1
     assert "rank 0 failed" in stderr and "stopped the other ranks (1)" in stderr, stderr
     assert time.monotonic() - start < 150
     assert wait_gone(sorted(seen), 10) == []
