@@ -33,14 +33,14 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "packed"
 
 
-def write_config(folder: Path, packed: Path, workers: int = 0, base_lr: float = 0.4, **train: object) -> Path:
+def write_config(folder: Path, packed: Path, workers: int = 0, base_lr: float = 0.4, tensorboard: bool = False, **train: object) -> Path:
     """resnet18 at 32 px, batch 16 per rank: 5 optimizer steps per epoch on 2 ranks."""
     config = {
         "data": {"path": str(packed), "workers": workers, "image_size": 32},
         "model": {"name": "resnet18"},
         "optim": {"base_lr": base_lr, "warmup_epochs": 0.5, "label_smoothing": 0.0},
         "train": {"epochs": 3, "batch_size": 16, "seed": 0, "timeout_s": 60, "log_every": 1, **train},
-        "output": {"dir": str(folder / "run"), "tensorboard": False, "checkpoint_every_epochs": 0},
+        "output": {"dir": str(folder / "run"), "tensorboard": tensorboard, "checkpoint_every_epochs": 0},
     }
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "config.yaml"
@@ -65,7 +65,7 @@ def model_state(run: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def learned(packed: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
     folder = tmp_path_factory.mktemp("learn")
-    done = imgpipe_train(write_config(folder, packed), "--gpus", "0", "--nproc", "2")
+    done = imgpipe_train(write_config(folder, packed, tensorboard=True), "--gpus", "0", "--nproc", "2")
     return done, folder / "run"
 
 
@@ -92,6 +92,9 @@ def test_two_ranks_learn_and_report_where_the_time_goes(learned: tuple[subproces
     assert saved["train"]["batch_size"] == 16 and saved["model"]["name"] == "resnet18"
     state = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert state["step"] == 15 and state["epoch"] == 3 and len(state["rng"]) == 2
+    events = list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1  # rank 0 only
+    assert b"step/loss_rank0" in events[0].read_bytes() and b"epoch/val_top1" in events[0].read_bytes()
 
 
 def step_losses(run: Path) -> dict[int, float]:
