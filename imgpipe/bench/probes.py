@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from imgpipe.errors import DatasetError
-from imgpipe.loaders.torch import WORKER_START, BatchDataset
+from imgpipe.loaders.torch import WORKER_START, BatchDataset, collate_whole_batch
 from imgpipe.recordio import IRHeader
 from imgpipe.sampler import EpochSampler
 from imgpipe.shards import ShardSet, open_shards
@@ -117,11 +117,6 @@ def bench_requests(n: int, *, rank: int, world_size: int, batch_size: int, batch
     return requests[:batches]
 
 
-def as_is(item: Any) -> Any:
-    """The DataLoader collate function for items that already are whole batches."""
-    return item
-
-
 Batch = tuple[Any, Any, float, float, float]  # images, labels, read s, decode s, collate s
 
 
@@ -137,7 +132,7 @@ def torch_batches(
         dataset,
         sampler=requests,
         batch_size=None,
-        collate_fn=as_is,
+        collate_fn=collate_whole_batch,
         num_workers=workers,
         prefetch_factor=2 if workers else None,
         # ranks started with spawn would spawn their workers too (seconds of imports each run);

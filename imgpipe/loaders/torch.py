@@ -228,7 +228,8 @@ class _Requests(Sampler):
         return ((self.epoch, batch) for batch in self.batches)
 
 
-def _as_is(batch: Any) -> Any:
+def collate_whole_batch(batch: Any) -> Any:
+    """The DataLoader collate function for items that already are whole batches."""
     return batch
 
 
@@ -262,7 +263,7 @@ class TorchLoader:
             dataset,
             sampler=self._requests,
             batch_size=None,
-            collate_fn=_as_is,
+            collate_fn=collate_whole_batch,
             num_workers=workers,
             persistent_workers=persistent_workers and workers > 0,
             prefetch_factor=prefetch_factor if workers > 0 else None,
