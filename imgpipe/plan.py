@@ -138,9 +138,10 @@ class PackPlan:
 def source_sizes(root: Path, paths: Sequence[str]) -> np.ndarray:
     """Byte size of each source file (0 where it vanished), one stat per file."""
     sizes = np.zeros(len(paths), dtype=np.int64)
+    base = os.path.join(os.fspath(root), "")  # plain strings: a Path per file costs more than its stat
     for k, rel in enumerate(paths):
         try:
-            sizes[k] = os.stat(root / rel).st_size
+            sizes[k] = os.stat(base + rel).st_size
         except OSError:
             sizes[k] = 0
     return sizes
