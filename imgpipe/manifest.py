@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from imgpipe.atomic import atomic_write_bytes
@@ -154,12 +154,12 @@ def check_plain_name(name: str, where: object = MANIFEST_NAME) -> str:
     return name
 
 
-def check_relative_source(path: str, where: object = MANIFEST_NAME) -> str:
-    """Refuse a source path that is absolute or climbs out of the source root."""
-    pure = PurePosixPath(path)
-    if not path or pure.is_absolute() or ".." in pure.parts or "\\" in path or "\0" in path:
-        raise DatasetError(f"{where}: source path {path!r} escapes the source folder")
-    return path
+def stays_inside_source_root(path: str) -> bool:
+    """True when a sidecar source path is relative and never climbs out of the source root.
+
+    String tests, not PurePosixPath: verify runs this on every one of 1.28 M lines.
+    """
+    return bool(path) and not path.startswith("/") and "\0" not in path and "/../" not in f"/{path}/"
 
 
 def manifest_path(folder: str | os.PathLike) -> Path:

@@ -28,7 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError
-from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, sha256_file
+from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, sha256_file, stays_inside_source_root
 from imgpipe.recordio import IRHeader, iter_frames, read_index, unpack_header
 
 logger = logging.getLogger(__name__)
@@ -190,6 +190,9 @@ def _load_sources(path: Path, sha: str, count: int, problems: list[Problem]) -> 
     if len(lines) != count:
         problems.append(Problem(path.name, f"{len(lines)} lines, the manifest counts {count} records"))
         return None
+    for number, line in enumerate(lines, start=1):
+        if not stays_inside_source_root(line):
+            problems.append(Problem(path.name, f"line {number}: source path {line!r} escapes the source folder"))
     return lines
 
 

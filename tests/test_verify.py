@@ -215,6 +215,23 @@ def test_sources_split_on_newline_only(dataset: Path) -> None:
     assert verify(dataset, workers=1, progress=False).ok
 
 
+def test_a_source_path_escaping_the_source_folder_is_a_problem(dataset: Path) -> None:
+    import hashlib
+    import json
+
+    path = dataset / "train.sources.txt"
+    lines = path.read_bytes().split(b"\n")
+    lines[1], lines[2] = b"../../etc/passwd", b"/etc/shadow"
+    data = b"\n".join(lines)
+    path.write_bytes(data)
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    manifest["splits"]["train"]["sources_sha256"] = hashlib.sha256(data).hexdigest()  # a consistent forgery
+    (dataset / "manifest.json").write_text(json.dumps(manifest))
+    found = problem_lines(dataset)
+    assert any("line 2: source path '../../etc/passwd' escapes the source folder" in p for p in found), found
+    assert any("line 3: source path '/etc/shadow' escapes" in p for p in found), found
+
+
 def test_manifest_path_verifies_its_folder_and_an_idx_is_named(packed_dir: Path) -> None:
     assert verify(packed_dir / "manifest.json", workers=1, progress=False).ok
     idx = shard(packed_dir, "val", 0)[1]
