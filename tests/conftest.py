@@ -5,6 +5,8 @@ Treat both as read-only: copy them (``shutil.copytree``) before changing anythin
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -35,3 +37,19 @@ def packed_dir(synth_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     dst = tmp_path_factory.mktemp("packed") / "packed"
     pack(synth_tree, dst, shards="train=2,val=1", workers=1, progress=False)
     return dst
+
+
+@pytest.fixture(scope="session")
+def mxnet_python() -> str:
+    """The MXNet 1.9.1 reference interpreter (``make test`` builds it); the test is skipped without it."""
+    python = os.environ.get("IMGPIPE_MXNET_PYTHON", "")
+    if not python or not os.access(python, os.X_OK):
+        pytest.skip("IMGPIPE_MXNET_PYTHON is not set to the MXNet venv's python (make test builds it)")
+    return python
+
+
+@pytest.fixture(scope="session")
+def im2rec_script(mxnet_python: str) -> str:
+    """MXNet's own ``tools/im2rec.py``, from the reference venv."""
+    code = "import mxnet, os; print(os.path.join(os.path.dirname(mxnet.__file__), 'tools', 'im2rec.py'))"
+    return subprocess.run([mxnet_python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 import struct
 import subprocess
 from pathlib import Path
@@ -339,10 +338,7 @@ for path in sys.argv[1:]:
 
 @pytest.mark.interop
 @pytest.mark.timeout(120)
-def test_opencv_and_pillow_see_the_same_pixels_after_repair(tmp_path: Path) -> None:
-    mxnet_python = os.environ.get("IMGPIPE_MXNET_PYTHON", "")
-    if not mxnet_python or not os.access(mxnet_python, os.X_OK):
-        pytest.skip("IMGPIPE_MXNET_PYTHON is not set to the MXNet venv's python (make test builds it)")
+def test_opencv_and_pillow_see_the_same_pixels_after_repair(tmp_path: Path, mxnet_python: str) -> None:
     paths = []
     for name, data in _quirk_sources().items():
         prepared = prepare_image(data)

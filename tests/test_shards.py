@@ -71,15 +71,11 @@ def test_bare_rec_files_as_path_list_and_glob(tiny: Path) -> None:
 
 @pytest.mark.interop
 @pytest.mark.timeout(180)
-def test_one_big_rec_made_by_mxnet_im2rec(synth_tree: Path, tmp_path: Path) -> None:
-    mxpy = os.environ.get("IMGPIPE_MXNET_PYTHON")
-    if not mxpy or not Path(mxpy).is_file():
-        pytest.skip("IMGPIPE_MXNET_PYTHON is not set to the MXNet reference interpreter (make test sets it)")
-    site = subprocess.run([mxpy, "-c", "import mxnet, os; print(os.path.dirname(mxnet.__file__))"], capture_output=True, text=True, check=True)
-    im2rec = Path(site.stdout.strip()) / "tools" / "im2rec.py"
+def test_one_big_rec_made_by_mxnet_im2rec(synth_tree: Path, tmp_path: Path, mxnet_python: str, im2rec_script: str) -> None:
     prefix = tmp_path / "train"
-    subprocess.run([mxpy, str(im2rec), "--list", "--recursive", str(prefix), str(synth_tree / "train")], check=True, capture_output=True)
-    subprocess.run([mxpy, str(im2rec), "--pass-through", "--num-thread", "1", str(prefix), str(synth_tree / "train")], check=True, capture_output=True)
+    im2rec = [mxnet_python, im2rec_script]
+    subprocess.run([*im2rec, "--list", "--recursive", str(prefix), str(synth_tree / "train")], check=True, capture_output=True)
+    subprocess.run([*im2rec, "--pass-through", "--num-thread", "1", str(prefix), str(synth_tree / "train")], check=True, capture_output=True)
     rows = [line.split("\t") for line in (tmp_path / "train.lst").read_text().splitlines()]
     s = open_shards(prefix.with_suffix(".rec"))
     assert len(s) == len(rows) == 48

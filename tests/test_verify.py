@@ -168,21 +168,14 @@ def test_bare_rec_idx_pairs_without_a_manifest(tmp_path: Path) -> None:
 
 @pytest.mark.interop
 @pytest.mark.timeout(120)
-def test_im2rec_output_verifies(synth_tree: Path, tmp_path: Path) -> None:
-    mxnet_python = os.environ.get("IMGPIPE_MXNET_PYTHON")
-    if not mxnet_python or not Path(mxnet_python).exists():
-        pytest.skip("IMGPIPE_MXNET_PYTHON is not set to the MXNet venv's python (make test sets it)")
-    im2rec = subprocess.run(
-        [mxnet_python, "-c", "import mxnet, os; print(os.path.join(os.path.dirname(mxnet.__file__), 'tools', 'im2rec.py'))"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()
+def test_im2rec_output_verifies(synth_tree: Path, tmp_path: Path, mxnet_python: str, im2rec_script: str) -> None:
     prefix = tmp_path / "im2rec" / "train"
     prefix.parent.mkdir()
     images = sorted((synth_tree / "train").glob("*/*.JPEG"))
     classes = sorted({p.parent.name for p in images})
     lines = [f"{k}\t{classes.index(p.parent.name)}\t{p.relative_to(synth_tree / 'train')}\n" for k, p in enumerate(images)]
     prefix.with_suffix(".lst").write_text("".join(lines))  # what im2rec --list writes (one MXNet start-up less)
-    subprocess.run([mxnet_python, im2rec, "--pass-through", "--num-thread", "1", str(prefix), str(synth_tree / "train")],
+    subprocess.run([mxnet_python, im2rec_script, "--pass-through", "--num-thread", "1", str(prefix), str(synth_tree / "train")],
                    check=True, capture_output=True)  # fmt: skip
     report = verify(prefix.parent, decode=True, progress=False)
     assert report.ok, report.problems
