@@ -177,14 +177,22 @@ def _stray_shards(folder: Path, manifest: Manifest) -> list[Problem]:
     ]
 
 
-def _load_sources(path: Path, sha: str, count: int, problems: list[Problem]) -> list[str] | None:
+def _read_sidecar(path: Path, sha: str, problems: list[Problem], what: str = "sidecar") -> bytes | None:
+    """A sidecar's bytes, its checksum compared with the manifest's; None when it is missing."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        problems.append(Problem(path.name, "missing sidecar of source paths"))
+        problems.append(Problem(path.name, f"missing {what}"))
         return None
     if hashlib.sha256(data).hexdigest() != sha:
         problems.append(Problem(path.name, "sha256 differs from the manifest"))
+    return data
+
+
+def _load_sources(path: Path, sha: str, count: int, problems: list[Problem]) -> list[str] | None:
+    data = _read_sidecar(path, sha, problems, "sidecar of source paths")
+    if data is None:
+        return None
     text = data.decode("utf-8", "surrogateescape")
     lines = text[:-1].split("\n") if text.endswith("\n") else (text.split("\n") if text else [])  # not splitlines(): a path may hold \r or \x85
     if len(lines) != count:
@@ -197,13 +205,9 @@ def _load_sources(path: Path, sha: str, count: int, problems: list[Problem]) -> 
 
 
 def _load_array(path: Path, sha: str, count: int, dtype: type, problems: list[Problem]) -> np.ndarray | None:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        problems.append(Problem(path.name, "missing sidecar"))
+    data = _read_sidecar(path, sha, problems)
+    if data is None:
         return None
-    if hashlib.sha256(data).hexdigest() != sha:
-        problems.append(Problem(path.name, "sha256 differs from the manifest"))
     try:
         array = np.load(io.BytesIO(data), allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
