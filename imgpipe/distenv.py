@@ -66,6 +66,13 @@ class DistEnv:
         return cls()
 
 
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def _from_torch_distributed(env: Mapping[str, str]) -> DistEnv | None:
     try:
         import torch.distributed as dist

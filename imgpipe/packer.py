@@ -36,6 +36,7 @@ from tqdm import tqdm
 from imgpipe import source
 from imgpipe.atomic import atomic_write_bytes
 from imgpipe.diskinfo import check_free_space, warn_if_slow
+from imgpipe.distenv import available_cpus
 from imgpipe.errors import ImgpipeError, PackError
 from imgpipe.journal import JOURNAL_DIR, Journal, ShardResult
 from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped, SplitInfo, write_manifest
@@ -310,7 +311,7 @@ def _write_shards(
     workers: int | None, progress: bool, report: PackReport,
 ) -> None:
     jobs = _jobs(plan, todo, src, dst, resize, quality)
-    workers = min(workers or _cpu_count(), len(jobs))
+    workers = min(workers or available_cpus(), len(jobs))
     total_bytes = sum(int(plan.splits[s.split].sizes[s.start : s.stop].sum()) for s in todo)
     bar = tqdm(total=sum(s.items for s in todo), unit="img", desc="pack", disable=not progress, dynamic_ncols=True, smoothing=0.1)
     started = time.monotonic()
@@ -400,13 +401,6 @@ def _collect(result: ShardResult, report: PackReport) -> None:
     report.shards_written += 1
     report.images += result.records + len(result.skipped)
     report.source_bytes += result.source_bytes
-
-
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 # ----------------------------------------------------------------------------- finalize

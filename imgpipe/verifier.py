@@ -27,6 +27,7 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
+from imgpipe.distenv import available_cpus
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError
 from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, sha256_file, stays_inside_source_root
 from imgpipe.recordio import IRHeader, iter_frames, read_index, unpack_header
@@ -223,7 +224,7 @@ def _load_array(path: Path, sha: str, count: int, dtype: type, problems: list[Pr
 
 
 def _run(checks: list[ShardCheck], workers: int | None, progress: bool) -> list[ShardOutcome]:
-    workers = max(1, min(workers or os.cpu_count() or 1, len(checks)))
+    workers = max(1, min(workers or available_cpus(), len(checks)))
     outcomes: list[ShardOutcome | None] = [None] * len(checks)
     with tqdm(total=len(checks), unit="shard", desc="verify", disable=not progress, dynamic_ncols=True) as bar:
         if workers == 1:

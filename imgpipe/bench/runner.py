@@ -15,7 +15,6 @@ copy, GPU runs only) -> ``compute`` -> ``sync`` (see :mod:`.compute`). The loade
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from imgpipe.bench.compute import Compute
 from imgpipe.bench.stats import RankStats, StepTimes
 from imgpipe.bench.system import SystemSampler, SystemSummary, diskstats_name, summarize
 from imgpipe.diskinfo import DiskInfo, device_for_path
+from imgpipe.distenv import available_cpus
 from imgpipe.errors import ConfigError
 from imgpipe.shards import ShardSet, open_shards
 from imgpipe.train.metrics import gather_objects
@@ -166,7 +166,7 @@ def run_bench(config: BenchConfig) -> BenchResult | None:
         disk=disk,
         records=len(shards),
         data_bytes=sum(p.stat().st_size for p in shards.rec_paths),
-        cpus=len(os.sched_getaffinity(0)),
+        cpus=available_cpus(),
         device="cuda" if config.gpus else "cpu",
     )
     logger.info(
@@ -203,7 +203,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> list[RunResult] | None:
     import torch
 
     if ctx.device.type == "cpu" and ctx.world_size > 1:  # ranks share the cores
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // ctx.world_size))
+        torch.set_num_threads(max(1, available_cpus() // ctx.world_size))
     from imgpipe.bench.probes import open_for_rank
 
     reads = open_for_rank(config.data, config.split, ctx.rank)

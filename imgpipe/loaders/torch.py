@@ -40,7 +40,6 @@ from __future__ import annotations
 import io
 import logging
 import multiprocessing
-import os
 import warnings
 from typing import Any, Callable, Iterator, Sequence
 
@@ -52,7 +51,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from imgpipe import seeding
 from imgpipe.codec import jpeg_size
-from imgpipe.distenv import DistEnv
+from imgpipe.distenv import DistEnv, available_cpus
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.sampler import EpochSampler
 from imgpipe.shards import PathLike, ShardSet, open_shards
@@ -73,8 +72,7 @@ WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else 
 
 def default_workers(local_world_size: int = 1) -> int:
     """min(8, the CPUs available to this process divided among the local ranks), at least 1."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(8, cpus // max(1, local_world_size)))
+    return max(1, min(8, available_cpus() // max(1, local_world_size)))
 
 
 def decode_sample(payload: bytes, crop_for: Callable[[int, int], Crop], size: int) -> Image.Image:
