@@ -267,7 +267,7 @@ def prepare_image(data: bytes, *, resize: int | None = None, quality: int = 95) 
                 return Prepared(None, "skipped", "truncated JPEG (no EOI marker)")
             # Bytes after the EOI: cut them off (lossless) if what remains decodes.
             trimmed = data[: info.eoi_end]
-            failure = _decode_failure(trimmed)
+            failure = decode_failure(trimmed)
             if failure is not None:
                 return Prepared(None, "skipped", failure)
             cut = len(data) - len(trimmed)
@@ -318,7 +318,7 @@ def _reencode(data: bytes, resize: int | None, quality: int, *, action: str, rea
     return Prepared(out.getvalue(), action, "; ".join(reasons) or None)
 
 
-def _decode_failure(data: bytes) -> str | None:
+def decode_failure(data: bytes) -> str | None:
     """None when Pillow decodes ``data`` completely, else the skip reason."""
     try:
         with warnings.catch_warnings():

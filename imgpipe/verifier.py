@@ -27,6 +27,7 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
+from imgpipe.codec import decode_failure
 from imgpipe.distenv import available_cpus
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError
 from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, sha256_file, stays_inside_source_root
@@ -316,21 +317,10 @@ def _record_problems(check: ShardCheck, k: int, record: bytes, header: IRHeader,
         elif check.labels is not None and k < len(check.labels) and int(label) != int(check.labels[k]):
             found.append(f"label {int(label)} differs from the labels sidecar ({int(check.labels[k])})")
     if check.decode:
-        error = _decode_error(payload)
+        error = decode_failure(payload)
         if error:
             found.append(f"image does not decode: {error}")
     return found
-
-
-def _decode_error(payload: bytes) -> str | None:
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(payload)) as image:
-            image.load()
-    except Exception as e:  # Pillow raises many types for bad data
-        return f"{type(e).__name__}: {e}"
-    return None
 
 
 def _check_index(check: ShardCheck, starts: list[int], ids: list[int], problems: list[Problem]) -> None:
