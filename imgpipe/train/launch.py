@@ -242,14 +242,13 @@ def _check_gpu_count(ranks: int) -> None:
 
 def _spawn(fn: Callable[[RankContext, Any], T], arg: Any, ranks: int, *, use_cuda: bool, backend: str | None, timeout_s: float, grace_s: float) -> T:
     ctx = multiprocessing.get_context("spawn")
-    start_method = multiprocessing.get_start_method()
     port = free_port()
     procs, conns = [], []
     for rank in range(ranks):
         parent_end, child_end = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=_rank_main,
-            args=(rank, ranks, port, os.getpid(), logging.getLogger().getEffectiveLevel(), start_method, fn, arg, use_cuda, backend, timeout_s, child_end),
+            args=(rank, ranks, port, os.getpid(), logging.getLogger().getEffectiveLevel(), fn, arg, use_cuda, backend, timeout_s, child_end),
             name=f"imgpipe-rank{rank}",
         )
         procs.append(proc)
@@ -265,14 +264,11 @@ def _spawn(fn: Callable[[RankContext, Any], T], arg: Any, ranks: int, *, use_cud
 
 
 def _rank_main(
-    rank: int, world: int, port: int, parent_pid: int, log_level: int, start_method: str,
+    rank: int, world: int, port: int, parent_pid: int, log_level: int,
     fn: Callable, arg: Any, use_cuda: bool, backend: str | None, timeout_s: float, conn: Any,
 ) -> None:
     """Entry point of a spawned rank: die with the parent, log like it, set the torchrun variables, run, report."""
     _die_with_parent(parent_pid)
-    # A spawned child defaults to 'spawn' for its own children; give DataLoader workers the
-    # platform default instead (fork on Linux), exactly as under torchrun: no re-import per worker.
-    multiprocessing.set_start_method(start_method, force=True)
     prefix = "imgpipe" if rank == 0 else f"imgpipe[rank {rank}]"
     logging.basicConfig(level=log_level, format=f"{prefix}: %(levelname)s: %(message)s", stream=sys.stderr)
     os.environ.update(
