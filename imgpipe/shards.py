@@ -121,10 +121,11 @@ class ShardSet:
         """
         if not len(self):
             raise DatasetError(f"split {self.split!r} has no records: nothing for DALI to read")
-        sizes = np.array([p.stat().st_size for p in self.rec_paths], dtype=np.int64)
+        stats = [p.stat() for p in self.rec_paths]
+        sizes = np.array([st.st_size for st in stats], dtype=np.int64)
         fingerprint = hashlib.sha256()
-        for path, size in zip(self.rec_paths, sizes.tolist()):
-            fingerprint.update(f"{path.resolve()}\0{size}\0{path.stat().st_mtime_ns}\n".encode())
+        for path, st in zip(self.rec_paths, stats):
+            fingerprint.update(f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
         tag = fingerprint.hexdigest()[:16]
         prefix = self.split if self._sources_path is not None else self.rec_paths[0].stem
         name = f"{prefix}.{tag}.dali-index"
@@ -133,7 +134,8 @@ class ShardSet:
             if candidate.is_file():
                 return candidate
         base = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        text = "".join(f"{k}\t{o}\n" for k, o in enumerate((base[self._shard] + self._offsets).tolist())).encode("ascii")
+        offsets = (base[self._shard] + self._offsets).tolist()
+        text = "".join(recordio.format_index_line(k, o) for k, o in enumerate(offsets)).encode("ascii")
         for candidate in candidates:
             try:
                 candidate.parent.mkdir(parents=True, exist_ok=True)
