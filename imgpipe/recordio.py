@@ -22,6 +22,7 @@ above 3, or 2/3 without a 1 before it, is refused here (dmlc never writes either
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 import os
 import struct
@@ -329,14 +330,19 @@ def _shown(text: bytes) -> str:
 
 
 class IndexedRecordWriter:
-    """Write a .rec and its .idx exactly as ``mxnet.recordio.MXIndexedRecordIO(..., 'w')`` does."""
+    """Write a .rec and its .idx exactly as ``mxnet.recordio.MXIndexedRecordIO(..., 'w')`` does.
+
+    ``position`` and ``idx_bytes`` (the sizes so far) and ``rec_sha256`` / ``idx_sha256`` are kept
+    as the bytes go out, so a packer never reads its output back to checksum it.
+    """
 
     def __init__(self, rec_path: str | os.PathLike, idx_path: str | os.PathLike) -> None:
         self.rec_path = Path(rec_path)
         self.idx_path = Path(idx_path)
         self._rec = open(self.rec_path, "wb")
-        self._idx = open(self.idx_path, "w", encoding="ascii", newline="\n")
-        self.position = 0
+        self._idx = open(self.idx_path, "wb")
+        self._rec_hash, self._idx_hash = hashlib.sha256(), hashlib.sha256()
+        self.position = self.idx_bytes = 0
         self.count = 0
 
     def write(self, key: int, record: bytes) -> int:
@@ -344,10 +350,22 @@ class IndexedRecordWriter:
         offset = self.position
         for part in frame_parts(record):
             self._rec.write(part)
+            self._rec_hash.update(part)
             self.position += len(part)
-        self._idx.write(format_index_line(key, offset))
+        line = format_index_line(key, offset).encode("ascii")
+        self._idx.write(line)
+        self._idx_hash.update(line)
+        self.idx_bytes += len(line)
         self.count += 1
         return offset
+
+    @property
+    def rec_sha256(self) -> str:
+        return self._rec_hash.hexdigest()
+
+    @property
+    def idx_sha256(self) -> str:
+        return self._idx_hash.hexdigest()
 
     def flush_to_disk(self) -> None:
         """Flush and fsync both files."""

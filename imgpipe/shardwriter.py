@@ -9,7 +9,6 @@ trusted and is rewritten by the next run.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import signal
 import sys
@@ -24,7 +23,7 @@ from imgpipe import codec
 from imgpipe.atomic import fsync_dir
 from imgpipe.journal import Journal, ShardResult
 from imgpipe.plan import ShardSpec
-from imgpipe.recordio import IRHeader, format_index_line, frame_parts, pack_header
+from imgpipe.recordio import IndexedRecordWriter, IRHeader, pack_header
 
 ProgressFn = Callable[[int, int], None]  # (images done, source bytes read) since the last call
 
@@ -62,15 +61,14 @@ def write_shard(job: ShardJob, progress: ProgressFn | None = None) -> ShardResul
     """Write the shard of ``job`` and journal it; return its result."""
     spec, dst = job.spec, job.dst
     rec_tmp, idx_tmp = tmp_names(dst, spec)
-    rec_hash, idx_hash = hashlib.sha256(), hashlib.sha256()
     skipped: list[tuple[int, str]] = []
     actions: Counter[str] = Counter()
     repairs: Counter[str] = Counter()
     crcs: list[int] = []
-    offset = index_bytes = source_bytes = 0
+    source_bytes = 0
     pending_images = pending_bytes = 0
     last_report = time.monotonic()
-    with open(rec_tmp, "wb") as rec, open(idx_tmp, "wb") as idx:
+    with IndexedRecordWriter(rec_tmp, idx_tmp) as writer:
         for k, (rel, label) in enumerate(zip(job.paths, job.labels)):
             position = spec.start + k
             data = _read_source(job.src / rel)
@@ -87,23 +85,14 @@ def write_shard(job: ShardJob, progress: ProgressFn | None = None) -> ShardResul
                     if prepared.action == "repaired" and prepared.reason:
                         repairs[prepared.reason] += 1
                     record = pack_header(IRHeader(0, float(label), position, 0), prepared.data)
-                    line = format_index_line(position, offset).encode("ascii")
-                    for part in frame_parts(record):
-                        rec.write(part)
-                        rec_hash.update(part)
-                        offset += len(part)
-                    idx.write(line)
-                    idx_hash.update(line)
+                    writer.write(position, record)
                     crcs.append(zlib.crc32(record))
-                    index_bytes += len(line)
             pending_images += 1
             if progress is not None and time.monotonic() - last_report >= REPORT_EVERY_S:
                 progress(pending_images, pending_bytes)
                 pending_images = pending_bytes = 0
                 last_report = time.monotonic()
-        for f in (rec, idx):
-            f.flush()
-            os.fsync(f.fileno())
+        writer.flush_to_disk()
     os.replace(rec_tmp, dst / spec.rec_name)
     os.replace(idx_tmp, dst / spec.idx_name)
     fsync_dir(dst)
@@ -111,10 +100,10 @@ def write_shard(job: ShardJob, progress: ProgressFn | None = None) -> ShardResul
     result = ShardResult(
         name=spec.name,
         records=len(crcs),
-        bytes=offset,
-        sha256=rec_hash.hexdigest(),
-        index_bytes=index_bytes,
-        index_sha256=idx_hash.hexdigest(),
+        bytes=writer.position,
+        sha256=writer.rec_sha256,
+        index_bytes=writer.idx_bytes,
+        index_sha256=writer.idx_sha256,
         skipped=skipped,
         actions=dict(sorted(actions.items())),
         repairs=dict(sorted(repairs.items())),
