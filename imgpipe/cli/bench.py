@@ -53,7 +53,7 @@ def bench_command(
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if workers is None:
-        from imgpipe.loaders.torch import default_workers
+        from imgpipe.loaders.common import default_workers
 
         counts: tuple[int, ...] = (default_workers(gpus or nproc),)
     else:

@@ -34,9 +34,9 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from imgpipe.distenv import DistEnv
 from imgpipe.errors import ConfigError, DatasetError
-from imgpipe.shards import ShardSet, open_shards
+from imgpipe.loaders.common import default_workers, no_full_batch, open_for_rank
+from imgpipe.shards import ShardSet
 
 logger = logging.getLogger(__name__)
 
@@ -332,13 +332,9 @@ def make_dali_loader(
     ``initial_fill``: the reader's shuffle buffer, in records; ``prefetch``: DALI's queue depth.
     """
     _import_dali()
-    from imgpipe.loaders.torch import default_workers
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    if image_size < 1:
-        raise ConfigError(f"image_size must be >= 1, got {image_size}")
-    env = DistEnv.detect(rank, world_size)
-    shards = path if isinstance(path, ShardSet) else open_shards(path, split)
+    env, shards = open_for_rank(path, split, image_size=image_size, rank=rank, world_size=world_size)
     records = len(shards)
     if records < env.world_size:
         raise DatasetError(f"{path}: split {split!r} has {records} records, fewer than the {env.world_size} ranks")
@@ -361,10 +357,7 @@ def make_dali_loader(
     )
     loader = DaliLoader(spec)
     if train and len(loader) == 0:
-        raise DatasetError(
-            f"{path}: split {split!r} has {records} records: {records // env.world_size} per rank over "
-            f"{env.world_size} ranks, not one full batch of {batch_size}; lower batch_size"
-        )
+        raise no_full_batch(path, split, records, env.world_size, batch_size, "lower batch_size")
     return loader
 
 

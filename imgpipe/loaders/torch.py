@@ -51,10 +51,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from imgpipe import seeding
 from imgpipe.codec import jpeg_size
-from imgpipe.distenv import DistEnv, available_cpus
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
+from imgpipe.loaders.common import default_workers, no_full_batch, open_for_rank
 from imgpipe.sampler import EpochSampler
-from imgpipe.shards import PathLike, ShardSet, open_shards
+from imgpipe.shards import PathLike, ShardSet
 from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry
 
 logger = logging.getLogger(__name__)
@@ -68,11 +68,6 @@ _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.Decompressio
 # lazily, so fork is safe, and a rank started with spawn (imgpipe train --gpus N) would otherwise
 # spawn its workers too and pay seconds of imports per worker and epoch start.
 WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-
-
-def default_workers(local_world_size: int = 1) -> int:
-    """min(8, the CPUs available to this process divided among the local ranks), at least 1."""
-    return max(1, min(8, available_cpus() // max(1, local_world_size)))
 
 
 def decode_sample(payload: bytes, crop_for: Callable[[int, int], Crop], size: int) -> Image.Image:
@@ -404,12 +399,9 @@ def make_torch_loader(
     uint8 CHW sample (same shape out), run in the workers after imgpipe's geometry.
     ``loader.close()`` stops persistent workers.
     """
-    if image_size < 1:
-        raise ConfigError(f"image_size must be >= 1, got {image_size}")
     if prefetch_factor < 1:
         raise ConfigError(f"prefetch_factor must be >= 1, got {prefetch_factor}")
-    env = DistEnv.detect(rank, world_size)
-    shards = path if isinstance(path, ShardSet) else open_shards(path, split)
+    env, shards = open_for_rank(path, split, image_size=image_size, rank=rank, world_size=world_size)
     if len(shards) == 0:
         raise DatasetError(f"split {split!r} of {path} has no records")
     geometry: TrainGeometry | EvalGeometry = TrainGeometry(image_size=image_size) if train else EvalGeometry(image_size=image_size)
@@ -426,10 +418,7 @@ def make_torch_loader(
         window=shuffle_window,
     )
     if train and len(sampler) == 0:
-        raise DatasetError(
-            f"{path}: split {split!r} has {len(shards)} records: {len(shards) // env.world_size} per rank over "
-            f"{env.world_size} ranks, not one full batch of {batch_size}; lower batch_size or use remainder='pad'"
-        )
+        raise no_full_batch(path, split, len(shards), env.world_size, batch_size, "lower batch_size or use remainder='pad'")
     try:
         device = torch.device(device) if device is not None else torch.device("cpu")
     except RuntimeError as e:
