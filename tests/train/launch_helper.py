@@ -28,7 +28,10 @@ def per_rank(ctx: RankContext, mode: str) -> dict:
     if mode == "hang" and ctx.rank == 1:
         time.sleep(3600)
     if mode == "wait":
-        print(f"rank {ctx.rank} waiting", flush=True)
+        # one write of the whole line: under PIPE_BUF it cannot interleave with the other rank's
+        # (print writes the text and the newline separately, and the test runs unbuffered)
+        sys.stdout.write(f"rank {ctx.rank} waiting\n")
+        sys.stdout.flush()
         while True:
             time.sleep(0.1)
     ranks = [ctx.rank]
