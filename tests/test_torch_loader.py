@@ -19,10 +19,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _tiny_shards import make_tiny_pack  # noqa: E402
 
 from imgpipe.errors import DatasetError  # noqa: E402
-from imgpipe.loaders.torch import decode_sample, make_torch_loader  # noqa: E402
+from imgpipe.loaders.pixels import decode_sample
+from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
 from imgpipe.seeding import sample_rng  # noqa: E402
 from imgpipe.shards import open_shards  # noqa: E402
-from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry  # noqa: E402
+from imgpipe.transforms import (  # noqa: E402
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Crop,
+    EvalGeometry,
+    TrainGeometry,
+)
 
 SIZE = 32
 
@@ -91,11 +98,7 @@ def test_train_pixels_are_the_seeded_crop_of_the_record(tiny: Path) -> None:
     index = int(loader.sampler.batches(0)[0][0])
     payload = open_shards(tiny).read(index)[1]
     crop = TrainGeometry(image_size=SIZE).sample(*Image.open(io.BytesIO(payload)).size, sample_rng(11, 0, index))
-    ref = Image.open(io.BytesIO(payload)).convert("RGB").resize((SIZE, SIZE), Image.Resampling.BILINEAR, box=crop.box)
-    if crop.flip:
-        ref = ref.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    diff = np.abs(images[0].permute(1, 2, 0).numpy().astype(int) - np.asarray(ref).astype(int))
-    assert diff.mean() < 4  # equal, up to decoding at reduced size in the DCT domain
+    assert _mad(images[0], _pillow_reference(payload, crop)) < 4  # equal, up to decoding at reduced size in the DCT domain
 
 
 @pytest.mark.parametrize("crop", [Crop(10.0, 20.0, 320.0, 240.0, False), Crop(100.0, 0.0, 200.0, 300.0, True)])
@@ -104,11 +107,68 @@ def test_reduced_dct_decode_matches_a_full_decode(crop: Crop) -> None:
 
     payload = tiny_jpeg(np.random.default_rng(0), 400, 300)
     fast = decode_sample(payload, lambda w, h: crop, SIZE)  # 10x reduction: decoded at 1/8 scale
-    full = Image.open(io.BytesIO(payload)).convert("RGB").resize((SIZE, SIZE), Image.Resampling.BILINEAR, box=crop.box)
+    assert fast.shape == (3, SIZE, SIZE) and fast.dtype == torch.uint8
+    assert _mad(fast, _pillow_reference(payload, crop)) < 3
+
+
+def _pillow_reference(payload: bytes, crop: Crop) -> torch.Tensor:
+    """The crop as Pillow computes it from a full decode: resize(box=...) then the flip."""
+    image = Image.open(io.BytesIO(payload)).convert("RGB").resize((SIZE, SIZE), Image.Resampling.BILINEAR, box=crop.box)
     if crop.flip:
-        full = full.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    assert fast.size == (SIZE, SIZE) and fast.mode == "RGB"
-    assert np.abs(np.asarray(fast).astype(int) - np.asarray(full).astype(int)).mean() < 3
+        image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
+
+
+def _mad(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().mean())
+
+
+@pytest.mark.parametrize(
+    "crop", [Crop(0.0, 0.0, 400.0, 300.0), Crop(37.0, 11.0, 48.0, 40.0, True), Crop(5.0, 9.0, 20.0, 25.0), EvalGeometry(image_size=224).crop(400, 300)]
+)
+def test_full_decode_matches_pillow_for_shrinking_growing_and_eval_boxes(crop: Crop) -> None:
+    # below the draft threshold the JPEG goes through torchvision's decoder and torch's resize; the
+    # eval box is fractional in stored pixels (whole pixels of the resized image)
+    from _tiny_shards import tiny_jpeg
+
+    payload = tiny_jpeg(np.random.default_rng(1), 400, 300)
+    size = 48 if crop.width < 2 * 48 else 224
+    ours = decode_sample(payload, lambda w, h: crop, size)
+    reference = Image.open(io.BytesIO(payload)).convert("RGB").resize((size, size), Image.Resampling.BILINEAR, box=crop.box)
+    if crop.flip:
+        reference = reference.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    expected = torch.from_numpy(np.asarray(reference).copy()).permute(2, 0, 1)
+    assert ours.shape == expected.shape
+    match = _mad(ours, expected)
+    assert match < 1.5  # resampling rounding; a one-pixel shift or a missed flip costs far more
+    assert min(_mad(ours, expected.roll(1, dims=2)), _mad(ours, expected.flip(-1))) > max(3 * match, 2.0)
+
+
+def test_png_and_grayscale_records_decode_through_pillow() -> None:
+    rgb = np.random.default_rng(2).integers(0, 256, (60, 80, 3), dtype=np.uint8)
+    for mode, fmt in (("RGB", "PNG"), ("L", "JPEG"), ("CMYK", "JPEG")):
+        buffer = io.BytesIO()
+        Image.fromarray(rgb).convert(mode).save(buffer, fmt)
+        out = decode_sample(buffer.getvalue(), lambda w, h: Crop(0.0, 0.0, float(w), float(h)), 40)
+        reference = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB").resize((40, 40), Image.Resampling.BILINEAR)
+        assert out.shape == (3, 40, 40) and _mad(out, torch.from_numpy(np.asarray(reference).copy()).permute(2, 0, 1)) < 2, (mode, fmt)
+
+
+def test_a_header_over_the_bomb_limit_is_refused_before_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    from _tiny_shards import tiny_jpeg
+
+    payload = tiny_jpeg(np.random.default_rng(0), 400, 300)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 400 * 300 // 2 - 1)
+    with pytest.raises(Image.DecompressionBombError, match="400x300"):
+        decode_sample(payload, lambda w, h: Crop(0.0, 0.0, float(w), float(h)), SIZE)
+
+
+def test_a_truncated_jpeg_fails_with_pillows_reason() -> None:
+    from _tiny_shards import tiny_jpeg
+
+    payload = tiny_jpeg(np.random.default_rng(0), 400, 300)
+    with pytest.raises(OSError, match="truncated"):
+        decode_sample(payload[: len(payload) // 2], lambda w, h: Crop(0.0, 0.0, float(w), float(h)), SIZE)
 
 
 def test_eval_matches_torchvision_resize_and_center_crop(tiny: Path) -> None:

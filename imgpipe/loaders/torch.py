@@ -10,17 +10,16 @@ code that calls the global generators gets distinct streams per worker, rank and
 with persistent workers too (torch itself only seeds them once, from the main process's
 torch seed, which DDP scripts set identically on every rank).
 
-Decoding: the crop box is computed from the size in the JPEG header; when the box will be
-scaled down by 2x or more the JPEG is decoded reduced in the DCT domain (Pillow ``draft``)
-and the box mapped into the reduced image; then one bilinear antialiased resize of the box.
+Decoding and resampling one record: ``imgpipe.loaders.pixels`` (crop box from the JPEG
+header, reduced DCT decoding when the box shrinks 2x or more, torch's vectorized resize).
 
 Corrupt records: ``on_corrupt="raise"`` stops with the shard, record and source path;
 ``"skip"`` replaces the sample by the next decodable sample of the same batch (and its
 label), so every rank's batch count and batch size stay unchanged; ``loader.skipped``
 counts the replaced samples. A batch with no decodable sample at all still raises.
 
-On CUDA (and whenever ``channels_last`` is asked) workers lay batches out channels_last, so
-each image is one memcpy; batches come through pinned memory, are copied on a side stream
+On CUDA (and whenever ``channels_last`` is asked) workers lay batches out channels_last, the
+resampler's own layout, so each image is one memcpy; batches come through pinned memory, are copied on a side stream
 one batch ahead, then converted to float, normalized and laid out as asked on the GPU.
 On the CPU the main process normalizes as ``x * (1/std) + (-mean/std)`` into a new float32
 tensor (in-place passes: cheaper than a subtraction and a division).
@@ -37,10 +36,8 @@ memory at send time), and both sides drop the dead cache entries before every ba
 
 from __future__ import annotations
 
-import io
 import logging
 import multiprocessing
-import warnings
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -50,17 +47,22 @@ from torch.multiprocessing import reductions
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from imgpipe import seeding
-from imgpipe.codec import jpeg_size
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.common import default_workers, no_full_batch, open_for_rank
+from imgpipe.loaders.pixels import decode_sample
 from imgpipe.sampler import EpochSampler
 from imgpipe.shards import PathLike, ShardSet
-from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry
+from imgpipe.transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Crop,
+    EvalGeometry,
+    TrainGeometry,
+)
 
 logger = logging.getLogger(__name__)
 
 ON_CORRUPT = ("raise", "skip")
-DRAFT_MIN_REDUCTION = 2  # decode reduced when the box shrinks by at least this factor
 SampleTransform = Callable[[torch.Tensor], torch.Tensor]
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError, ImgpipeError)
 
@@ -70,26 +72,6 @@ _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.Decompressio
 WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
 
 
-def decode_sample(payload: bytes, crop_for: Callable[[int, int], Crop], size: int) -> Image.Image:
-    """Decode one image into a ``size`` x ``size`` RGB image along the box ``crop_for(w, h)`` picks."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        image = Image.open(io.BytesIO(payload))
-        stored = jpeg_size(payload) or image.size
-        crop = crop_for(*stored)
-        box = crop.box
-        reduction = min(crop.width, crop.height) / size
-        if image.format == "JPEG" and reduction >= DRAFT_MIN_REDUCTION:
-            wanted = (max(1, int(stored[0] * size / crop.width)), max(1, int(stored[1] * size / crop.height)))
-            image.draft("RGB", wanted)
-            sx, sy = image.size[0] / stored[0], image.size[1] / stored[1]
-            box = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
-        if image.mode != "RGB":
-            image = image.convert("RGB")
-        out = image.resize((size, size), Image.Resampling.BILINEAR, box=box)
-    return out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if crop.flip else out
-
-
 def release_dead_shared_storages() -> None:
     """Drop the entries of torch's shared-storage cache whose storages are gone (see "Memory" above)."""
     cache = getattr(reductions, "shared_cache", None)  # a torch internal: tolerate its absence
@@ -97,20 +79,6 @@ def release_dead_shared_storages() -> None:
         return
     with cache.lock:
         cache.free_dead_references()
-
-
-def write_pixels(image: Image.Image, out: torch.Tensor) -> None:
-    """Copy an RGB image into one uint8 CHW slot of a batch, in whichever memory layout the batch has.
-
-    A channels_last slot is one memcpy of the HWC pixels; a contiguous slot is filled plane by
-    plane (torch's strided HWC->CHW uint8 copy is many times slower).
-    """
-    if out.is_contiguous():
-        planes = out.numpy()
-        for channel, band in enumerate(image.split()):
-            planes[channel] = np.asarray(band)
-    else:
-        out.permute(1, 2, 0).numpy()[...] = np.asarray(image)
 
 
 class BatchDataset(Dataset):
@@ -185,7 +153,7 @@ class BatchDataset(Dataset):
             crop_for: Callable[[int, int], Crop] = lambda w, h: geometry.sample(w, h, rng)  # noqa: E731
         else:
             crop_for = geometry.crop
-        write_pixels(decode_sample(payload, crop_for, geometry.image_size), out)
+        out.copy_(decode_sample(payload, crop_for, geometry.image_size))
         if self.sample_transform is not None:
             result = self.sample_transform(out)
             if result is not out:

@@ -33,8 +33,12 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "packed"
 
 
-def write_config(folder: Path, packed: Path, workers: int = 0, base_lr: float = 0.4, tensorboard: bool = False, **train: object) -> Path:
-    """resnet18 at 32 px, batch 16 per rank: 5 optimizer steps per epoch on 2 ranks."""
+def write_config(folder: Path, packed: Path, workers: int = 0, base_lr: float = 0.1, tensorboard: bool = False, **train: object) -> Path:
+    """resnet18 at 32 px, batch 16 per rank: 5 optimizer steps per epoch on 2 ranks.
+
+    base_lr 0.1: at 0.4 the third epoch's val top-1 ranged 0.33-0.98 over seeds 0-3 and moved
+    with sub-1/255 pixel changes (resampling rounding); at 0.1 it was 0.95-1.0.
+    """
     config = {
         "data": {"path": str(packed), "workers": workers, "image_size": 32},
         "model": {"name": "resnet18"},
