@@ -21,6 +21,7 @@ any decoder allocates the image.
 
 from __future__ import annotations
 
+import functools
 import io
 import warnings
 from typing import Callable
@@ -35,26 +36,29 @@ from imgpipe.transforms import Crop
 
 DRAFT_MIN_REDUCTION = 2  # decode reduced when the box shrinks by at least this factor
 
-try:  # torchvision's image extension may be missing (a source build without libjpeg) or, one day, removed
-    from torchvision.io import ImageReadMode
-    from torchvision.io import decode_jpeg as _torchvision_decode_jpeg
-    from torchvision.io.image import _has_image_ops
 
-    TORCHVISION_JPEG = bool(_has_image_ops())
-except ImportError:
-    TORCHVISION_JPEG = False
+@functools.cache
+def torchvision_jpeg_decoder() -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """torchvision's JPEG decoder to RGB, imported at the first decode (in the workers, not the ranks);
+    None where its image extension is missing (a source build without libjpeg) or, one day, removed."""
+    try:
+        from torchvision.io import ImageReadMode, decode_jpeg
+        from torchvision.io.image import _has_image_ops
+    except ImportError:
+        return None
+    return functools.partial(decode_jpeg, mode=ImageReadMode.RGB) if _has_image_ops() else None
 
 
 def decode_sample(payload: bytes, crop_for: Callable[[int, int], Crop], size: int) -> torch.Tensor:
     """Decode one image into a ``size`` x ``size`` uint8 CHW tensor along the box ``crop_for(w, h)`` picks."""
-    stored = jpeg_size(payload)
-    if stored is None or not TORCHVISION_JPEG:
+    stored, decoder = jpeg_size(payload), torchvision_jpeg_decoder()
+    if stored is None or decoder is None:
         return pillow_sample(payload, crop_for, size)
     check_pixel_count(*stored)
     crop = crop_for(*stored)
     if min(crop.width, crop.height) / size >= DRAFT_MIN_REDUCTION:
         return pillow_sample(payload, lambda w, h: crop, size)
-    pixels = torchvision_decode(payload)
+    pixels = torchvision_decode(decoder, payload)
     if pixels is None:  # Pillow decodes it or says why it cannot
         return pillow_sample(payload, lambda w, h: crop, size)
     out = resample(pixels, crop.box, size)
@@ -71,12 +75,12 @@ def check_pixel_count(width: int, height: int) -> None:
         )
 
 
-def torchvision_decode(payload: bytes) -> torch.Tensor | None:
-    """A JPEG as a uint8 CHW tensor (HWC in memory) by torchvision's decoder; None where it fails."""
+def torchvision_decode(decoder: Callable[[torch.Tensor], torch.Tensor], payload: bytes) -> torch.Tensor | None:
+    """A JPEG as a uint8 CHW tensor (HWC in memory) by torchvision's ``decoder``; None where it fails."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # torchvision 0.29 points to TorchCodec; the decoder is unchanged
         try:
-            return _torchvision_decode_jpeg(torch.frombuffer(bytearray(payload), dtype=torch.uint8), mode=ImageReadMode.RGB)
+            return decoder(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
         except RuntimeError:
             return None
 
