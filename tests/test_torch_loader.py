@@ -19,17 +19,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _tiny_shards import make_tiny_pack  # noqa: E402
 
 from imgpipe.errors import DatasetError  # noqa: E402
-from imgpipe.loaders.pixels import decode_sample
+from imgpipe.loaders.pixels import decode_sample  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
 from imgpipe.seeding import sample_rng  # noqa: E402
 from imgpipe.shards import open_shards  # noqa: E402
-from imgpipe.transforms import (  # noqa: E402
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    Crop,
-    EvalGeometry,
-    TrainGeometry,
-)
+from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry  # noqa: E402
 
 SIZE = 32
 

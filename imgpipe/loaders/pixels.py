@@ -39,8 +39,9 @@ DRAFT_MIN_REDUCTION = 2  # decode reduced when the box shrinks by at least this 
 
 @functools.cache
 def torchvision_jpeg_decoder() -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """torchvision's JPEG decoder to RGB, imported at the first decode (in the workers, not the ranks);
-    None where its image extension is missing (a source build without libjpeg) or, one day, removed."""
+    """torchvision's JPEG decoder to RGB, imported on first use (the torch loader asks before it
+    forks its workers); None where torchvision's image extension is missing (a source build
+    without libjpeg) or, one day, removed."""
     try:
         from torchvision.io import ImageReadMode, decode_jpeg
         from torchvision.io.image import _has_image_ops

@@ -19,8 +19,9 @@ label), so every rank's batch count and batch size stay unchanged; ``loader.skip
 counts the replaced samples. A batch with no decodable sample at all still raises.
 
 On CUDA (and whenever ``channels_last`` is asked) workers lay batches out channels_last, the
-resampler's own layout, so each image is one memcpy; batches come through pinned memory, are copied on a side stream
-one batch ahead, then converted to float, normalized and laid out as asked on the GPU.
+resampler's own layout, so each image is one memcpy; batches come through pinned memory,
+are copied on a side stream one batch ahead, then converted to float, normalized and laid
+out as asked on the GPU.
 On the CPU the main process normalizes as ``x * (1/std) + (-mean/std)`` into a new float32
 tensor (in-place passes: cheaper than a subtraction and a division).
 
@@ -49,16 +50,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 from imgpipe import seeding
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.common import default_workers, no_full_batch, open_for_rank
-from imgpipe.loaders.pixels import decode_sample
+from imgpipe.loaders.pixels import decode_sample, torchvision_jpeg_decoder
 from imgpipe.sampler import EpochSampler
 from imgpipe.shards import PathLike, ShardSet
-from imgpipe.transforms import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    Crop,
-    EvalGeometry,
-    TrainGeometry,
-)
+from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +107,9 @@ class BatchDataset(Dataset):
         self.sample_transform = sample_transform
         self.channels_last = channels_last
         self._seeded: tuple[int, int] | None = None
+        # resolved here, in the process that forks the workers, so they share the import: in each
+        # worker it would cost ~170 MB of private memory and a second of the first epoch
+        torchvision_jpeg_decoder()
 
     def __len__(self) -> int:
         return len(self.shards)

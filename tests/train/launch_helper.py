@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import signal
 import sys
@@ -27,6 +28,10 @@ def per_rank(ctx: RankContext, mode: str) -> dict:
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "hang" and ctx.rank == 1:
         time.sleep(3600)
+    if mode == "leave":  # leave a worker process running and a line in stdout's buffer, as a careless rank would
+        child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(3600,), daemon=True)
+        child.start()
+        sys.stdout.write(f"rank {ctx.rank} left child {child.pid}\n")
     if mode == "wait":
         # one write of the whole line: under PIPE_BUF it cannot interleave with the other rank's
         # (print writes the text and the newline separately, and the test runs unbuffered)

@@ -94,6 +94,20 @@ def run_watched(*args: str) -> tuple[int, str, set[int]]:
     return proc.returncode, proc.stderr.read(), seen
 
 
+@pytest.mark.timeout(120)
+def test_finished_ranks_flush_their_output_and_stop_their_workers() -> None:
+    # a finished rank skips the interpreter's teardown (os._exit), so it must do that teardown's duties itself
+    env = {k: v for k, v in quiet_env().items() if k != "PYTHONUNBUFFERED"}  # buffered, as in a real run
+    proc = subprocess.Popen([sys.executable, HELPER, "leave", "--nproc", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=60)  # a worker left alive would hold the pipe open until then
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    assert json.loads(lines[-1])["sum"] == 3.0
+    children = [int(line.split()[-1]) for line in lines if " left child " in line]
+    assert len(children) == 2  # each rank's buffered line reached the pipe
+    assert wait_gone(children, 10) == []  # and its worker did not outlive it
+
+
 @pytest.mark.timeout(180)
 def test_a_failing_rank_is_named_and_the_others_stopped() -> None:
     code, stderr, seen = run_watched("fail", "--nproc", "2")
