@@ -138,6 +138,30 @@ def test_full_decode_matches_pillow_for_shrinking_growing_and_eval_boxes(crop: C
     assert min(_mad(ours, expected.roll(1, dims=2)), _mad(ours, expected.flip(-1))) > max(3 * match, 2.0)
 
 
+def test_an_extreme_aspect_eval_box_is_resampled_without_resizing_the_whole_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    from _tiny_shards import tiny_jpeg
+    from torchvision import transforms as T
+
+    import imgpipe.loaders.pixels as pixels
+
+    payload = tiny_jpeg(np.random.default_rng(3), 1600, 60)  # 26:1; eval resizes it to 986 x 37 for a 32 x 32 crop
+    largest: list[int] = [0]
+    real_resize = pixels.resize
+
+    def recording_resize(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        largest[0] = max(largest[0], height * width)
+        return real_resize(image, height, width)
+
+    monkeypatch.setattr(pixels, "resize", recording_resize)
+    ours = decode_sample(payload, EvalGeometry(image_size=SIZE).crop, SIZE)
+    assert largest[0] <= pixels.WHOLE_RESIZE_MAX_AREA * SIZE * SIZE
+    reference = T.Compose([T.Resize(EvalGeometry(image_size=SIZE).resize_shorter), T.CenterCrop(SIZE), T.PILToTensor()])
+    assert _mad(ours, reference(Image.open(io.BytesIO(payload)).convert("RGB"))) < 1.5
+    # an ordinary eval box still takes the torch path, with the whole-image resize
+    decode_sample(tiny_jpeg(np.random.default_rng(3), 60, 50), EvalGeometry(image_size=SIZE).crop, SIZE)
+    assert largest[0] > 0
+
+
 def test_png_and_grayscale_records_decode_through_pillow() -> None:
     rgb = np.random.default_rng(2).integers(0, 256, (60, 80, 3), dtype=np.uint8)
     for mode, fmt in (("RGB", "PNG"), ("L", "JPEG"), ("CMYK", "JPEG")):

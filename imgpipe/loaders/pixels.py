@@ -11,7 +11,8 @@ The crop box is computed from the size in the JPEG header, before decoding. Then
   ``size`` x ``size``, then cut;
 * a JPEG whose box shrinks ``DRAFT_MIN_REDUCTION`` times or more: Pillow, reduced in the DCT
   domain (``draft``), then Pillow's resize of the box mapped into the reduced image (sub-pixel
-  exact, where torch's resize takes whole pixels only);
+  exact, where torch's resize takes whole pixels only); Pillow too for an eval box of an
+  extreme aspect ratio, whose whole-image resize would be many times the box;
 * anything else, and any JPEG torchvision rejects: Pillow, so a corrupt record fails with
   Pillow's reason, the one ``imgpipe verify`` and pack print.
 
@@ -35,6 +36,7 @@ from imgpipe.codec import jpeg_size
 from imgpipe.transforms import Crop
 
 DRAFT_MIN_REDUCTION = 2  # decode reduced when the box shrinks by at least this factor
+WHOLE_RESIZE_MAX_AREA = 16  # a fractional box resampled by resizing the whole image: at most this many box areas
 
 
 @functools.cache
@@ -57,13 +59,24 @@ def decode_sample(payload: bytes, crop_for: Callable[[int, int], Crop], size: in
         return pillow_sample(payload, crop_for, size)
     check_pixel_count(*stored)
     crop = crop_for(*stored)
-    if min(crop.width, crop.height) / size >= DRAFT_MIN_REDUCTION:
+    if min(crop.width, crop.height) / size >= DRAFT_MIN_REDUCTION or whole_resize_too_large(crop, stored):
         return pillow_sample(payload, lambda w, h: crop, size)
     pixels = torchvision_decode(decoder, payload)
     if pixels is None:  # Pillow decodes it or says why it cannot
         return pillow_sample(payload, lambda w, h: crop, size)
     out = resample(pixels, crop.box, size)
     return out.flip(-1) if crop.flip else out
+
+
+def whole_resize_too_large(crop: Crop, stored: tuple[int, int]) -> bool:
+    """Would resampling this fractional box resize more than ``WHOLE_RESIZE_MAX_AREA`` box areas?
+
+    Eval boxes are about 0.77 of the shorter side squared, so only extreme aspect ratios (over
+    about 12:1) get there; Pillow resamples just their box, where a whole-image resize could
+    allocate hundreds of MB (a 10000x10 image eval-resized to 256 px high is 256000 px wide).
+    """
+    fractional = not all(float(v).is_integer() for v in crop.box)
+    return fractional and stored[0] * stored[1] > WHOLE_RESIZE_MAX_AREA * crop.width * crop.height
 
 
 def check_pixel_count(width: int, height: int) -> None:
