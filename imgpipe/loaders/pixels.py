@@ -59,13 +59,22 @@ def decode_sample(payload: bytes, crop_for: Callable[[int, int], Crop], size: in
         return pillow_sample(payload, crop_for, size)
     check_pixel_count(*stored)
     crop = crop_for(*stored)
-    if min(crop.width, crop.height) / size >= DRAFT_MIN_REDUCTION or whole_resize_too_large(crop, stored):
-        return pillow_sample(payload, lambda w, h: crop, size)
-    pixels = torchvision_decode(decoder, payload)
-    if pixels is None:  # Pillow decodes it or says why it cannot
+    pillow_first = reduces_in_dct(crop, size) or whole_resize_too_large(crop, stored)
+    pixels = None if pillow_first else torchvision_decode(decoder, payload)
+    if pixels is None:  # Pillow's draft or box resize, or a JPEG torchvision rejects: Pillow decodes it or says why not
         return pillow_sample(payload, lambda w, h: crop, size)
     out = resample(pixels, crop.box, size)
     return out.flip(-1) if crop.flip else out
+
+
+def reduces_in_dct(crop: Crop, size: int) -> bool:
+    """Does the box shrink by ``DRAFT_MIN_REDUCTION`` or more, so a JPEG is decoded reduced (Pillow ``draft``)?"""
+    return min(crop.width, crop.height) / size >= DRAFT_MIN_REDUCTION
+
+
+def is_integral(box: tuple[float, float, float, float]) -> bool:
+    """Whole pixels only (the train crop), as opposed to the eval crop's fractional box."""
+    return all(float(v).is_integer() for v in box)
 
 
 def whole_resize_too_large(crop: Crop, stored: tuple[int, int]) -> bool:
@@ -75,8 +84,7 @@ def whole_resize_too_large(crop: Crop, stored: tuple[int, int]) -> bool:
     about 12:1) get there; Pillow resamples just their box, where a whole-image resize could
     allocate hundreds of MB (a 10000x10 image eval-resized to 256 px high is 256000 px wide).
     """
-    fractional = not all(float(v).is_integer() for v in crop.box)
-    return fractional and stored[0] * stored[1] > WHOLE_RESIZE_MAX_AREA * crop.width * crop.height
+    return not is_integral(crop.box) and stored[0] * stored[1] > WHOLE_RESIZE_MAX_AREA * crop.width * crop.height
 
 
 def check_pixel_count(width: int, height: int) -> None:
@@ -108,7 +116,7 @@ def pillow_sample(payload: bytes, crop_for: Callable[[int, int], Crop], size: in
         stored = jpeg_size(payload) or image.size
         crop = crop_for(*stored)
         box = crop.box
-        if image.format == "JPEG" and min(crop.width, crop.height) / size >= DRAFT_MIN_REDUCTION:
+        if image.format == "JPEG" and reduces_in_dct(crop, size):
             image.draft("RGB", (max(1, int(stored[0] * size / crop.width)), max(1, int(stored[1] * size / crop.height))))
             sx, sy = image.size[0] / stored[0], image.size[1] / stored[1]
             box = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
@@ -123,7 +131,7 @@ def pillow_sample(payload: bytes, crop_for: Callable[[int, int], Crop], size: in
 def resample(pixels: torch.Tensor, box: tuple[float, float, float, float], size: int) -> torch.Tensor:
     """The ``box`` of a uint8 CHW image resized to ``size`` x ``size`` (bilinear, antialiased when shrinking)."""
     left, top, right, bottom = box
-    if all(float(v).is_integer() for v in box):
+    if is_integral(box):
         return resize(pixels[:, int(top) : int(bottom), int(left) : int(right)], size, size)
     sx, sy = size / (right - left), size / (bottom - top)
     height, width = pixels.shape[1:]

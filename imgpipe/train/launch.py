@@ -305,9 +305,10 @@ def _exit_reported(code: int) -> None:
     -6), which turned a job that had delivered its result into a failure. So: stop this rank's
     own worker processes as multiprocessing's exit handler would, flush, and ``os._exit``.
     """
-    for child in multiprocessing.active_children():
+    children = multiprocessing.active_children()
+    for child in children:
         child.terminate()
-    for child in multiprocessing.active_children():
+    for child in children:
         child.join(timeout=5)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
