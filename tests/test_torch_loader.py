@@ -105,9 +105,9 @@ def test_reduced_dct_decode_matches_a_full_decode(crop: Crop) -> None:
     assert _mad(fast, _pillow_reference(payload, crop)) < 3
 
 
-def _pillow_reference(payload: bytes, crop: Crop) -> torch.Tensor:
+def _pillow_reference(payload: bytes, crop: Crop, size: int = SIZE) -> torch.Tensor:
     """The crop as Pillow computes it from a full decode: resize(box=...) then the flip."""
-    image = Image.open(io.BytesIO(payload)).convert("RGB").resize((SIZE, SIZE), Image.Resampling.BILINEAR, box=crop.box)
+    image = Image.open(io.BytesIO(payload)).convert("RGB").resize((size, size), Image.Resampling.BILINEAR, box=crop.box)
     if crop.flip:
         image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
@@ -128,10 +128,7 @@ def test_full_decode_matches_pillow_for_shrinking_growing_and_eval_boxes(crop: C
     payload = tiny_jpeg(np.random.default_rng(1), 400, 300)
     size = 48 if crop.width < 2 * 48 else 224
     ours = decode_sample(payload, lambda w, h: crop, size)
-    reference = Image.open(io.BytesIO(payload)).convert("RGB").resize((size, size), Image.Resampling.BILINEAR, box=crop.box)
-    if crop.flip:
-        reference = reference.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    expected = torch.from_numpy(np.asarray(reference).copy()).permute(2, 0, 1)
+    expected = _pillow_reference(payload, crop, size)
     assert ours.shape == expected.shape
     match = _mad(ours, expected)
     assert match < 1.5  # resampling rounding; a one-pixel shift or a missed flip costs far more
@@ -167,9 +164,9 @@ def test_png_and_grayscale_records_decode_through_pillow() -> None:
     for mode, fmt in (("RGB", "PNG"), ("L", "JPEG"), ("CMYK", "JPEG")):
         buffer = io.BytesIO()
         Image.fromarray(rgb).convert(mode).save(buffer, fmt)
-        out = decode_sample(buffer.getvalue(), lambda w, h: Crop(0.0, 0.0, float(w), float(h)), 40)
-        reference = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB").resize((40, 40), Image.Resampling.BILINEAR)
-        assert out.shape == (3, 40, 40) and _mad(out, torch.from_numpy(np.asarray(reference).copy()).permute(2, 0, 1)) < 2, (mode, fmt)
+        whole = Crop(0.0, 0.0, 80.0, 60.0)
+        out = decode_sample(buffer.getvalue(), lambda w, h: whole, 40)
+        assert out.shape == (3, 40, 40) and _mad(out, _pillow_reference(buffer.getvalue(), whole, 40)) < 2, (mode, fmt)
 
 
 def test_a_header_over_the_bomb_limit_is_refused_before_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
