@@ -4,6 +4,8 @@ Every loader gets the same data (``imgpipe.synth`` JPEGs, packed with ``imgpipe.
 torchvision baseline reads the source tree), the same transforms (train: RandomResizedCrop
 0.08-1, 3/4-4/3 + flip; val: resize shorter side to size/0.875 + center crop; float32 NCHW
 normalized with ImageNet mean/std), the same batch size and the same worker / thread count.
+``imgpipe-torch-whole`` is imgpipe's torch loader as an install without its region decoder
+runs it (torchvision decodes whole JPEGs): the ratio between the two is what that decoder brings.
 
 Each loader runs ``repeats + 1`` consecutive epochs per split; the first is a warm-up
 (worker start, pipeline build, page cache) and the figures are medians over the others. Besides wall-clock images/s, each epoch
@@ -21,6 +23,7 @@ many processes at once as the loaders get workers (what the cores decode togethe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -30,18 +33,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from PIL import Image
 
 import imgpipe
+from imgpipe.loaders.pixels import describe_jpeg_decoder
 from imgpipe.manifest import manifest_path
 from imgpipe.shards import open_shards
 from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalGeometry
 
-LOADERS = ("imgpipe-torch", "torchvision", "dali-plain", "imgpipe-dali")
-TORCH_BASED = ("imgpipe-torch", "torchvision")
+LOADERS = ("imgpipe-torch", "imgpipe-torch-whole", "torchvision", "dali-plain", "imgpipe-dali")
+TORCH_BASED = ("imgpipe-torch", "imgpipe-torch-whole", "torchvision")
 
 
 # ----------------------------------------------------------------------------- data
@@ -64,6 +68,31 @@ def prepare(work: Path, classes: int, per_class: int, val_per_class: int, worker
 
 def imgpipe_torch(rec: Path, train: bool, a: argparse.Namespace) -> Any:
     return imgpipe.make_torch_loader(rec, "train" if train else "val", batch_size=a.batch_size, train=train, image_size=a.image_size, workers=a.workers)
+
+
+@contextlib.contextmanager
+def whole_decode() -> Iterator[None]:
+    """imgpipe's torch loader as an install without the region decoder runs it (workers forked inside inherit it)."""
+    from imgpipe.loaders import pixels
+
+    built = pixels.region_decoder
+    pixels.region_decoder = lambda: None
+    try:
+        yield
+    finally:
+        pixels.region_decoder = built
+
+
+class WholeDecodeTorch:
+    """imgpipe's torch loader decoding whole JPEGs with torchvision: what the region decoder brings, in the same run."""
+
+    def __init__(self, rec: Path, train: bool, a: argparse.Namespace) -> None:
+        with whole_decode():
+            self.loader = imgpipe_torch(rec, train, a)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        with whole_decode():
+            yield from self.loader
 
 
 def imgpipe_dali(rec: Path, train: bool, a: argparse.Namespace) -> Any:
@@ -314,18 +343,24 @@ def main(argv: list[str] | None = None) -> int:
     if not dali_available():
         print("nvidia.dali is not installed: skipping the DALI loaders (pip install 'imgpipe[dali]')")
         names = [n for n in names if "dali" not in n]
+    from imgpipe.loaders.pixels import region_decoder
+
+    if region_decoder() is None:  # imgpipe-torch already decodes whole images
+        names = [n for n in names if n != "imgpipe-torch-whole"]
     src, rec = prepare(a.work, a.classes, a.per_class, a.val_per_class, a.workers)
     cpus = len(os.sched_getaffinity(0))
     print(f"data: {len(open_shards(rec, 'train'))} train / {len(open_shards(rec, 'val'))} val JPEGs ({src}); "
           f"batch {a.batch_size}, size {a.image_size}, {a.workers} workers/threads, {cpus} CPUs, medians of {a.repeats} epochs")
+    print(f"imgpipe-torch decodes JPEGs: {describe_jpeg_decoder()}")
 
     makers: dict[str, Callable[[bool], Any]] = {
         "imgpipe-torch": lambda train: imgpipe_torch(rec, train, a),
+        "imgpipe-torch-whole": lambda train: WholeDecodeTorch(rec, train, a),
         "torchvision": lambda train: torchvision_baseline(src, train, a),
         "dali-plain": lambda train: PlainDali(rec, train, a),
         "imgpipe-dali": lambda train: imgpipe_dali(rec, train, a),
     }
-    figures: dict[str, Any] = {"config": {k: str(v) for k, v in vars(a).items()}, "cpus": cpus}
+    figures: dict[str, Any] = {"config": {k: str(v) for k, v in vars(a).items()}, "cpus": cpus, "jpeg_decoder": describe_jpeg_decoder()}
     figures["decode_only"] = d = decode_only(rec, a.repeats, min(a.workers, cpus))
     print(f"  {'decode-only':14s} train {d['images_per_s']:7.1f} images/s {d['images_per_cpu_s']:7.1f} images/CPU-s (Pillow, one process); "
           f"{d['parallel_images_per_s']:.1f} images/s in {d['processes']} processes at once "
@@ -353,6 +388,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  imgpipe-torch per core / decode-only     {per_core:5.2f}x ({per_cpu:5.2f}x per CPU-s)  "
               f"goal >= 0.8x: {'PASS' if per_core >= 0.8 else 'MISS'}")
         print(f"  imgpipe-torch / decode-only in {d['processes']} processes {parallel:5.2f}x")
+    if ours is not None and "imgpipe-torch-whole" in figures["train"]:
+        for split in ("train", "val"):
+            mine, whole = figures[split]["imgpipe-torch"], figures[split]["imgpipe-torch-whole"]
+            wall, eff = mine["images_per_s"] / whole["images_per_s"], mine["images_per_cpu_s"] / whole["images_per_cpu_s"]
+            print(f"  imgpipe-torch / imgpipe-torch-whole {split:5s} {wall:5.2f}x ({eff:5.2f}x per CPU-s)  what the region decoder brings")
+            figures[f"ratio_vs_whole_decode_{split}"] = {"wall": wall, "per_cpu": eff}
     if "imgpipe-dali" in figures["train"] and "dali-plain" in figures["train"]:
         for split in ("train", "val"):
             mine, theirs = figures[split]["imgpipe-dali"], figures[split]["dali-plain"]

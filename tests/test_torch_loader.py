@@ -46,6 +46,18 @@ def _equal(a, b) -> bool:
     return len(a) == len(b) and all(np.array_equal(x1, x2) and np.array_equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
 
 
+@pytest.fixture(params=["region decoder", "whole decode"])
+def decode_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a decode test with the region decoder and as installs without it decode (torchvision, whole images)."""
+    import imgpipe.loaders.pixels as pixels
+
+    if request.param == "whole decode":
+        monkeypatch.setattr(pixels, "region_decoder", lambda: None)
+    elif pixels.region_decoder() is None:
+        pytest.skip("the region decoder was not built (no libjpeg-turbo headers)")
+    return request.param
+
+
 # ------------------------------------------------------------------------------------------- output contract
 
 
@@ -95,6 +107,7 @@ def test_train_pixels_are_the_seeded_crop_of_the_record(tiny: Path) -> None:
     assert _mad(images[0], _pillow_reference(payload, crop)) < 4  # equal, up to decoding at reduced size in the DCT domain
 
 
+@pytest.mark.usefixtures("decode_path")
 @pytest.mark.parametrize("crop", [Crop(10.0, 20.0, 320.0, 240.0, False), Crop(100.0, 0.0, 200.0, 300.0, True)])
 def test_reduced_dct_decode_matches_a_full_decode(crop: Crop) -> None:
     from _tiny_shards import tiny_jpeg
@@ -117,11 +130,12 @@ def _mad(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().mean())
 
 
+@pytest.mark.usefixtures("decode_path")
 @pytest.mark.parametrize(
     "crop", [Crop(0.0, 0.0, 400.0, 300.0), Crop(37.0, 11.0, 48.0, 40.0, True), Crop(5.0, 9.0, 20.0, 25.0), EvalGeometry(image_size=224).crop(400, 300)]
 )
 def test_full_decode_matches_pillow_for_shrinking_growing_and_eval_boxes(crop: Crop) -> None:
-    # below the draft threshold the JPEG goes through torchvision's decoder and torch's resize; the
+    # below the draft threshold the JPEG is resampled by torch's resize; the
     # eval box is fractional in stored pixels (whole pixels of the resized image)
     from _tiny_shards import tiny_jpeg
 
@@ -135,6 +149,7 @@ def test_full_decode_matches_pillow_for_shrinking_growing_and_eval_boxes(crop: C
     assert min(_mad(ours, expected.roll(1, dims=2)), _mad(ours, expected.flip(-1))) > max(3 * match, 2.0)
 
 
+@pytest.mark.usefixtures("decode_path")
 def test_an_extreme_aspect_eval_box_is_resampled_without_resizing_the_whole_image(monkeypatch: pytest.MonkeyPatch) -> None:
     from _tiny_shards import tiny_jpeg
     from torchvision import transforms as T
@@ -159,6 +174,7 @@ def test_an_extreme_aspect_eval_box_is_resampled_without_resizing_the_whole_imag
     assert largest[0] > 0
 
 
+@pytest.mark.usefixtures("decode_path")
 def test_png_and_grayscale_records_decode_through_pillow() -> None:
     rgb = np.random.default_rng(2).integers(0, 256, (60, 80, 3), dtype=np.uint8)
     for mode, fmt in (("RGB", "PNG"), ("L", "JPEG"), ("CMYK", "JPEG")):
@@ -169,6 +185,7 @@ def test_png_and_grayscale_records_decode_through_pillow() -> None:
         assert out.shape == (3, 40, 40) and _mad(out, _pillow_reference(buffer.getvalue(), whole, 40)) < 2, (mode, fmt)
 
 
+@pytest.mark.usefixtures("decode_path")
 def test_a_header_over_the_bomb_limit_is_refused_before_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
     from _tiny_shards import tiny_jpeg
 
@@ -178,6 +195,7 @@ def test_a_header_over_the_bomb_limit_is_refused_before_decoding(monkeypatch: py
         decode_sample(payload, lambda w, h: Crop(0.0, 0.0, float(w), float(h)), SIZE)
 
 
+@pytest.mark.usefixtures("decode_path")
 def test_a_truncated_jpeg_fails_with_pillows_reason() -> None:
     from _tiny_shards import tiny_jpeg
 

@@ -55,6 +55,10 @@ def loader_pass(backend: str) -> None:
         f"{backend:5s} loader: {len(loader)} batches of {tuple(batch.shape)} {batch.dtype}, "
         f"{images / elapsed:,.0f} images/s"
     )
+    if backend == "torch":
+        from imgpipe.loaders.pixels import describe_jpeg_decoder
+
+        print(f"      JPEGs decoded: {describe_jpeg_decoder()}")
 
 
 def main() -> None:

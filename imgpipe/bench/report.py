@@ -51,6 +51,7 @@ def to_dict(result: BenchResult, verdict: Verdict) -> dict[str, Any]:
             "gpus": config.gpus,
             "device": result.device,
             "cpus": result.cpus,
+            "region_decoder": result.region_decoder,
             "backends": list(config.backends),
             "workers": list(config.workers),
             "steps": config.steps,

@@ -26,6 +26,7 @@ from imgpipe.bench.stats import RankStats, StepTimes
 from imgpipe.bench.system import SystemSampler, SystemSummary, diskstats_name, summarize
 from imgpipe.diskinfo import DiskInfo, device_for_path
 from imgpipe.distenv import available_cpus
+from imgpipe.loaders.pixels import region_decoder
 from imgpipe.errors import ConfigError
 from imgpipe.shards import ShardSet, open_shards
 from imgpipe.train.metrics import gather_objects
@@ -113,6 +114,7 @@ class BenchResult:
     cpus: int
     device: str
     runs: list[RunResult] = field(default_factory=list)
+    region_decoder: bool = True  # the torch loader decodes only each crop (``imgpipe.loaders._jpeg_region`` was built)
 
     def best(self, backend: str) -> RunResult | None:
         """The fastest run of ``backend`` (its best worker count)."""
@@ -168,6 +170,7 @@ def run_bench(config: BenchConfig) -> BenchResult | None:
         data_bytes=sum(p.stat().st_size for p in shards.rec_paths),
         cpus=available_cpus(),
         device="cuda" if config.gpus else "cpu",
+        region_decoder=region_decoder() is not None,
     )
     logger.info(
         "bench: %d rank(s), %s, workers %s, %d steps of %d on %s",

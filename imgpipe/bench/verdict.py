@@ -16,7 +16,9 @@ every threshold is a named constant below:
      SSD for rotational disks and network filesystems, otherwise more workers.
    * *decode bound* otherwise. Next action: raise workers to K = max(workers + 1,
      ceil(worker time per batch / the rank's own time per batch)) (enough workers to make
-     one batch per step), the DALI backend, or packing with ``--resize 256``.
+     one batch per step), the DALI backend, or packing with ``--resize 256``; first of all, for
+     the torch backend of an install without the region decoder, reinstalling where
+     libjpeg-turbo's headers are.
 3. **Compute bound** otherwise, with the loader's headroom: workers x compute time / loader
    time - 1 (how much faster the model could get before the loader limits it).
 
@@ -34,6 +36,7 @@ from typing import Any
 
 from imgpipe.bench.runner import BenchResult, RunResult
 from imgpipe.bench.system import describe_disk
+from imgpipe.loaders.pixels import REGION_DECODER_HEADERS
 
 DATA_BOUND_WAIT = 0.20
 MIN_CONSUME_MS = 1.0  # a rank's own time per batch below this: too small to size workers from
@@ -170,6 +173,8 @@ def _input_bound(result: BenchResult, run: RunResult) -> Verdict | None:
     else:
         raise_workers = f"raise workers to {target}"
     options = [raise_workers] + (["use `--backend dali`"] if run.backend != "dali" else []) + ["pack with `--resize 256`"]
+    if run.backend == "torch" and not result.region_decoder:
+        options.insert(0, f"reinstall imgpipe where libjpeg-turbo's headers are ({REGION_DECODER_HEADERS}) so the torch loader decodes only each crop")
     message = f"decode bound: ranks wait for data {_pct(wait)} of the time while decoding dominates the loader; " + ", ".join(options[:-1]) + f", or {options[-1]}"
     return Verdict("decode", message, run.backend, run.workers, cause="decode")
 

@@ -1,20 +1,21 @@
 """One record's payload to one ``size`` x ``size`` uint8 CHW tensor along a crop box.
 
-The crop box is computed from the size in the JPEG header, before decoding. Then:
+The crop box is computed from the size in the JPEG header, before decoding. Then, for a JPEG:
 
-* most JPEGs: torchvision's libjpeg-turbo decoder straight into a tensor (about 1.5x faster
-  than Pillow's decode plus its conversion to an array: no RGBX intermediate, no extra copy),
-  and torch's uint8 bilinear antialiased resize (vectorized for channels-last 3-channel
-  images; about 2.5x faster than Pillow's, same filter). An integral box (the train crop) is
-  cut out and resized; a fractional one (the eval center crop) is resampled as torchvision's
-  ``Resize`` + ``CenterCrop`` do it: the whole image resized so that the box becomes
-  ``size`` x ``size``, then cut;
-* a JPEG whose box shrinks ``DRAFT_MIN_REDUCTION`` times or more: Pillow, reduced in the DCT
-  domain (``draft``), then Pillow's resize of the box mapped into the reduced image (sub-pixel
-  exact, where torch's resize takes whole pixels only); Pillow too for an eval box of an
-  extreme aspect ratio, whose whole-image resize would be many times the box;
-* anything else, and any JPEG torchvision rejects: Pillow, so a corrupt record fails with
-  Pillow's reason, the one ``imgpipe verify`` and pack print.
+* where imgpipe's region decoder was built (``_jpeg_region.c``, a C extension over
+  libjpeg-turbo): only the box's rows and iMCU columns are decoded, as DALI and TensorFlow cut
+  a random crop, and the pixels are exactly those of a full decode. An integral box (the train
+  crop) is resized with torch's uint8 bilinear antialiased kernel (vectorized for channels-last
+  3-channel images; about 2.5x faster than Pillow's, same filter). A fractional box (the eval
+  center crop) is resampled from the whole image as torchvision's ``Resize`` + ``CenterCrop``
+  do it: the image resized so that the box becomes ``size`` x ``size``, then cut. A box that
+  shrinks ``DRAFT_MIN_REDUCTION`` times or more is decoded reduced in the DCT domain, as
+  Pillow's ``draft`` picks it, and resized by Pillow, whose box may fall between pixels;
+* where it was not built: torchvision's whole-image libjpeg-turbo decode and the same torch
+  resampling, and Pillow's ``draft`` for a box that shrinks that much;
+* Pillow for an eval box of an extreme aspect ratio, whose whole-image resize would be many
+  times the box, for anything not a JPEG, and for any JPEG the fast decoders reject, so a
+  corrupt record fails with Pillow's reason, the one ``imgpipe verify`` and pack print.
 
 Memory: the header's size is checked against Pillow's decompression-bomb limit before
 any decoder allocates the image.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import warnings
 from typing import Callable
 
@@ -35,15 +37,42 @@ from PIL import Image
 from imgpipe.codec import jpeg_size
 from imgpipe.transforms import Crop
 
+REGION_DECODER_HEADERS = "apt install libjpeg-turbo8-dev, dnf install libjpeg-turbo-devel or conda install libjpeg-turbo"
 DRAFT_MIN_REDUCTION = 2  # decode reduced when the box shrinks by at least this factor
 WHOLE_RESIZE_MAX_AREA = 16  # a fractional box resampled by resizing the whole image: at most this many box areas
 
 
+def load_decoders() -> None:
+    """Import the fast decoders now: the torch loader calls this before it forks its workers
+    (torchvision's image module imported in each worker costs ~170 MB of private memory)."""
+    if region_decoder() is None:
+        torchvision_jpeg_decoder()
+
+
+@functools.cache
+def region_decoder() -> Callable[..., bytearray] | None:
+    """``_jpeg_region.decode_region``; None where the extension was not built (no C compiler or
+    no libjpeg-turbo headers when imgpipe was installed)."""
+    try:
+        from imgpipe.loaders._jpeg_region import decode_region
+    except ImportError:
+        return None
+    return decode_region
+
+
+def describe_jpeg_decoder() -> str:
+    """How the torch loader decodes JPEGs on this install, in words (benchmarks, the demo)."""
+    if region_decoder() is not None:
+        from imgpipe.loaders._jpeg_region import LIBJPEG_TURBO_VERSION
+
+        return f"crop regions only, by imgpipe's extension over libjpeg-turbo {LIBJPEG_TURBO_VERSION}"
+    return f"whole images, by torchvision (imgpipe's region decoder was not built: {REGION_DECODER_HEADERS}, then reinstall imgpipe)"
+
+
 @functools.cache
 def torchvision_jpeg_decoder() -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """torchvision's JPEG decoder to RGB, imported on first use (the torch loader asks before it
-    forks its workers); None where torchvision's image extension is missing (a source build
-    without libjpeg) or, one day, removed."""
+    """torchvision's JPEG decoder to RGB, imported on first use; None where torchvision's image
+    extension is missing (a source build without libjpeg) or, one day, removed."""
     try:
         from torchvision.io import ImageReadMode, decode_jpeg
         from torchvision.io.image import _has_image_ops
@@ -54,17 +83,75 @@ def torchvision_jpeg_decoder() -> Callable[[torch.Tensor], torch.Tensor] | None:
 
 def decode_sample(payload: bytes, crop_for: Callable[[int, int], Crop], size: int) -> torch.Tensor:
     """Decode one image into a ``size`` x ``size`` uint8 CHW tensor along the box ``crop_for(w, h)`` picks."""
-    stored, decoder = jpeg_size(payload), torchvision_jpeg_decoder()
-    if stored is None or decoder is None:
+    stored = jpeg_size(payload)
+    if stored is None:
         return pillow_sample(payload, crop_for, size)
     check_pixel_count(*stored)
     crop = crop_for(*stored)
-    pillow_first = reduces_in_dct(crop, size) or whole_resize_too_large(crop, stored)
-    pixels = None if pillow_first else torchvision_decode(decoder, payload)
-    if pixels is None:  # Pillow's draft or box resize, or a JPEG torchvision rejects: Pillow decodes it or says why not
+    out = None if whole_resize_too_large(crop, stored) else fast_jpeg_sample(payload, crop, stored, size)
+    if out is None:  # Pillow's box resize, or a JPEG the fast decoders reject: Pillow decodes it or says why not
         return pillow_sample(payload, lambda w, h: crop, size)
-    out = resample(pixels, crop.box, size)
     return out.flip(-1) if crop.flip else out
+
+
+def fast_jpeg_sample(payload: bytes, crop: Crop, stored: tuple[int, int], size: int) -> torch.Tensor | None:
+    """The box, unflipped, by the region decoder where built, else by torchvision's whole decode;
+    None where the JPEG is rejected, or where only Pillow's ``draft`` reduces it in the DCT domain."""
+    decode = region_decoder()
+    if decode is not None:
+        try:
+            return region_sample(decode, payload, crop, stored, size)
+        except ValueError:  # libjpeg's error or warning
+            return None
+    decoder = torchvision_jpeg_decoder()
+    if decoder is None or reduces_in_dct(crop, size):
+        return None
+    pixels = torchvision_decode(decoder, payload)
+    return None if pixels is None else resample(pixels, crop.box, size)
+
+
+def region_sample(decode: Callable[..., bytearray], payload: bytes, crop: Crop, stored: tuple[int, int], size: int) -> torch.Tensor:
+    """The box, unflipped, from the region decoder: just the box (train), the whole image (eval),
+    or the box reduced in the DCT domain (a box that shrinks ``DRAFT_MIN_REDUCTION`` or more)."""
+    if reduces_in_dct(crop, size):
+        return reduced_region_sample(decode, payload, crop, stored, size)
+    if is_integral(crop.box):
+        left, top, width, height = (int(v) for v in crop[:4])
+        return resize(hwc_tensor(decode(payload, left, top, width, height, 1), height, width), size, size)
+    width, height = stored
+    return resample(hwc_tensor(decode(payload, 0, 0, width, height, 1), height, width), crop.box, size)
+
+
+def reduced_region_sample(decode: Callable[..., bytearray], payload: bytes, crop: Crop, stored: tuple[int, int], size: int) -> torch.Tensor:
+    """The box decoded at the reduction Pillow's ``draft`` picks, with a margin as wide as the resize
+    filter reaches, then Pillow's sub-pixel box resize: what ``pillow_sample`` computes, from a region."""
+    reduction = draft_reduction(stored, crop, size)
+    width, height = (-(-side // reduction) for side in stored)
+    sx, sy = width / stored[0], height / stored[1]
+    left, top, right, bottom = crop.box[0] * sx, crop.box[1] * sy, crop.box[2] * sx, crop.box[3] * sy
+    margin = math.ceil(max(1.0, (right - left) / size, (bottom - top) / size)) + 1
+    x0, y0 = max(0, math.floor(left) - margin), max(0, math.floor(top) - margin)
+    x1, y1 = min(width, math.ceil(right) + margin), min(height, math.ceil(bottom) + margin)
+    region = Image.frombuffer("RGB", (x1 - x0, y1 - y0), decode(payload, x0, y0, x1 - x0, y1 - y0, reduction), "raw", "RGB", 0, 1)
+    out = region.resize((size, size), Image.Resampling.BILINEAR, box=(left - x0, top - y0, right - x0, bottom - y0))
+    return torch.from_numpy(np.array(out)).permute(2, 0, 1)
+
+
+def hwc_tensor(buffer: bytearray, height: int, width: int) -> torch.Tensor:
+    """RGB bytes, row after row, as a uint8 CHW view (HWC, channels-last, in memory)."""
+    return torch.frombuffer(buffer, dtype=torch.uint8).view(height, width, 3).permute(2, 0, 1)
+
+
+def draft_request(stored: tuple[int, int], crop: Crop, size: int) -> tuple[int, int]:
+    """The image size to ask Pillow's ``draft`` for, so that the box still covers ``size`` x ``size`` pixels."""
+    return max(1, int(stored[0] * size / crop.width)), max(1, int(stored[1] * size / crop.height))
+
+
+def draft_reduction(stored: tuple[int, int], crop: Crop, size: int) -> int:
+    """The DCT-domain reduction Pillow's ``draft`` picks for ``draft_request``: the largest of 8, 4, 2 and 1 it allows."""
+    request = draft_request(stored, crop, size)
+    allowed = min(stored[0] // request[0], stored[1] // request[1])
+    return next(reduction for reduction in (8, 4, 2, 1) if allowed >= reduction)
 
 
 def reduces_in_dct(crop: Crop, size: int) -> bool:
@@ -117,7 +204,7 @@ def pillow_sample(payload: bytes, crop_for: Callable[[int, int], Crop], size: in
         crop = crop_for(*stored)
         box = crop.box
         if image.format == "JPEG" and reduces_in_dct(crop, size):
-            image.draft("RGB", (max(1, int(stored[0] * size / crop.width)), max(1, int(stored[1] * size / crop.height))))
+            image.draft("RGB", draft_request(stored, crop, size))
             sx, sy = image.size[0] / stored[0], image.size[1] / stored[1]
             box = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
         if image.mode != "RGB":

@@ -50,7 +50,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 from imgpipe import seeding
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.common import default_workers, no_full_batch, open_for_rank
-from imgpipe.loaders.pixels import decode_sample, torchvision_jpeg_decoder
+from imgpipe.loaders.pixels import decode_sample, load_decoders
 from imgpipe.sampler import EpochSampler
 from imgpipe.shards import PathLike, ShardSet
 from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry
@@ -109,7 +109,7 @@ class BatchDataset(Dataset):
         self._seeded: tuple[int, int] | None = None
         # resolved here, in the process that forks the workers, so they share the import: in each
         # worker it would cost ~170 MB of private memory and a second of the first epoch
-        torchvision_jpeg_decoder()
+        load_decoders()
 
     def __len__(self) -> int:
         return len(self.shards)

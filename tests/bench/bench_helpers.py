@@ -70,12 +70,12 @@ SSD = DiskInfo("/dev/nvme0n1p2", "/", "ext4", False, False)
 HDD = DiskInfo("/dev/sdb1", "/data", "ext4", True, False)
 
 
-def result(runs: list[RunResult], *, disk: DiskInfo = SSD, cold: bool = False, cpus: int = 8, **config: object) -> BenchResult:
+def result(runs: list[RunResult], *, disk: DiskInfo = SSD, cold: bool = False, cpus: int = 8, region_decoder: bool = True, **config: object) -> BenchResult:
     """A BenchResult around hand-made runs."""
     ranks = len(runs[0].ranks)
     config.setdefault("compute_ms", 20.0)
     cfg = BenchConfig(data="/data/imagenet", nproc=ranks, cold=cold, workers=tuple(sorted({r.workers for r in runs})), **config)
-    return BenchResult(cfg, disk, records=1000, data_bytes=10**8, cpus=cpus, device="cpu", runs=runs)
+    return BenchResult(cfg, disk, records=1000, data_bytes=10**8, cpus=cpus, device="cpu", runs=runs, region_decoder=region_decoder)
 
 
 def run(ranks: list[RankStats], *, workers: int = 2, iowait: float = 1.0, resident: float | None = 0.0, backend: str = "torch") -> RunResult:
@@ -108,7 +108,7 @@ SCHEMA: dict[str, Any] = {
         "disk": {"device": str, "mountpoint": str, "fstype": str, "rotational": (bool, type(None)), "network": bool},
     },
     "config": {
-        "ranks": int, "gpus": int, "device": str, "cpus": int, "backends": [str], "workers": [int], "steps": int, "warmup": int,
+        "ranks": int, "gpus": int, "device": str, "cpus": int, "region_decoder": bool, "backends": [str], "workers": [int], "steps": int, "warmup": int,
         "batch_size": int, "image_size": int, "model": (str, type(None)), "compute_ms": NUM, "cold": bool,
     },
     "runs": [RUN],

@@ -54,6 +54,15 @@ def test_decode_bound_beyond_the_cores_says_so_and_dali_runs_are_not_told_to_use
     assert v.bound == "decode" and "--backend dali" not in v.message and "--resize 256" in v.message
 
 
+def test_a_decode_bound_torch_run_without_the_region_decoder_is_told_to_build_it_first() -> None:
+    ranks = [rank_stats(0, wait=0.05, read=0.001, decode=0.30, compute=0.02)]
+    without = decide(result([run(ranks, workers=2)], cpus=4, region_decoder=False))
+    assert without.bound == "decode" and without.message.index("libjpeg-turbo's headers") < without.message.index("raise workers")
+    assert "libjpeg-turbo" not in decide(result([run(ranks, workers=2)], cpus=4)).message
+    dali = [rank_stats(0, wait=0.05, timed=False)]
+    assert "libjpeg-turbo" not in decide(result([run(dali, backend="dali")], cpus=4, backends=("dali",), region_decoder=False)).message
+
+
 def test_compute_bound_reports_headroom() -> None:
     ranks = [rank_stats(r, wait=0.001, read=0.001, decode=0.009, compute=0.02) for r in range(2)]
     v = decide(result([run(ranks, workers=2)]))

@@ -1,0 +1,21 @@
+"""The optional region decoder, a C extension over libjpeg-turbo (everything else is in pyproject.toml).
+
+It builds where a C compiler and libjpeg-turbo's headers are found (``libjpeg-turbo8-dev`` or
+``libjpeg62-turbo-dev`` on Debian/Ubuntu, ``libjpeg-turbo-devel`` on RHEL, ``libjpeg-turbo``
+from conda-forge); elsewhere the install goes on without it and the torch loader decodes whole
+JPEGs with torchvision.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "imgpipe.loaders._jpeg_region",
+            ["imgpipe/loaders/_jpeg_region.c"],
+            libraries=["jpeg"],
+            extra_compile_args=["-O2", "-Wall"],
+            optional=True,
+        )
+    ]
+)
