@@ -108,7 +108,9 @@ def test_train_pixels_are_the_seeded_crop_of_the_record(tiny: Path) -> None:
 
 
 @pytest.mark.usefixtures("decode_path")
-@pytest.mark.parametrize("crop", [Crop(10.0, 20.0, 320.0, 240.0, False), Crop(100.0, 0.0, 200.0, 300.0, True)])
+@pytest.mark.parametrize(
+    "crop", [Crop(10.0, 20.0, 320.0, 240.0, False), Crop(100.0, 0.0, 200.0, 300.0, True), EvalGeometry(image_size=SIZE).crop(400, 300)]
+)
 def test_reduced_dct_decode_matches_a_full_decode(crop: Crop) -> None:
     from _tiny_shards import tiny_jpeg
 
