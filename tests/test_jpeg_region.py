@@ -115,6 +115,33 @@ def test_libjpeg_errors_and_warnings_raise_with_libjpegs_message() -> None:
         decode_region(_jpeg(70, 50, mode="CMYK"), 0, 0, 70, 50, 1)
 
 
+def test_damaged_jpegs_raise_value_error_or_decode_never_crash() -> None:
+    # C code parsing untrusted bytes: every damaged input either decodes to the asked size or
+    # raises ValueError (a crash would take the test run down with it)
+    rng = np.random.default_rng(7)
+    originals = [_jpeg(64, 48, **JPEG_KINDS[kind]) for kind in ("4:2:0", "progressive", "restart markers")]
+    outcomes = {"decoded": 0, "refused": 0}
+    for _ in range(400):
+        payload = bytearray(originals[int(rng.integers(len(originals)))])
+        if rng.random() < 0.5:
+            for at in rng.integers(0, len(payload), size=int(rng.integers(1, 8))):
+                payload[at] = int(rng.integers(256))
+        else:
+            del payload[int(rng.integers(2, len(payload))) :]
+        reduction = int(rng.choice([1, 2, 4, 8]))
+        image_width, image_height = 64 // reduction, 48 // reduction
+        left, top = int(rng.integers(0, image_width)), int(rng.integers(0, image_height))
+        width, height = int(rng.integers(1, image_width - left + 1)), int(rng.integers(1, image_height - top + 1))
+        try:
+            out = decode_region(bytes(payload), left, top, width, height, reduction)
+        except ValueError:
+            outcomes["refused"] += 1
+        else:
+            assert len(out) == width * height * 3
+            outcomes["decoded"] += 1
+    assert outcomes["decoded"] > 20 and outcomes["refused"] > 100
+
+
 def test_the_loader_yields_the_same_batches_with_and_without_the_region_decoder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from _tiny_shards import make_tiny_pack
 

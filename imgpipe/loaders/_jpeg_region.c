@@ -137,6 +137,8 @@ static PyObject *decode_region(PyObject *module, PyObject *args) {
             (JDIMENSION)top + (JDIMENSION)height > d.cinfo.output_height) {
             PyErr_Format(PyExc_ValueError, "region %dx%d at (%d, %d) is not inside the %ux%u image", width, height, left,
                          top, d.cinfo.output_width, d.cinfo.output_height);
+        } else if ((size_t)width * (size_t)height > (size_t)PY_SSIZE_T_MAX / CHANNELS) {
+            PyErr_Format(PyExc_MemoryError, "region %dx%d is too large for this platform", width, height);
         } else if ((out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)width * height * CHANNELS)) != NULL) {
             Region region = {(JDIMENSION)left, (JDIMENSION)top, (JDIMENSION)width, (JDIMENSION)height};
             JSAMPLE *pixels = (JSAMPLE *)PyByteArray_AS_STRING(out);
