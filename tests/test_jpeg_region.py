@@ -30,7 +30,8 @@ def test_the_region_decoder_is_built_where_libjpeg_turbo_headers_are() -> None:
 
 
 decode_region = pixels.region_decoder()
-pytestmark = pytest.mark.skipif(decode_region is None, reason="the region decoder was not built (no libjpeg-turbo headers)")
+# the tests below need the decoder; the build check above must run without it, so no module-level pytestmark
+needs_decoder = pytest.mark.skipif(decode_region is None, reason="the region decoder was not built (no libjpeg-turbo headers)")
 
 
 def _jpeg(width: int, height: int, *, mode: str = "RGB", seed: int = 0, **save: object) -> bytes:
@@ -62,6 +63,7 @@ JPEG_KINDS = {
 }
 
 
+@needs_decoder
 @pytest.mark.parametrize("kind", JPEG_KINDS)
 def test_every_region_holds_exactly_the_pixels_of_a_whole_decode(kind: str) -> None:
     payload = _jpeg(173, 131, **JPEG_KINDS[kind])
@@ -76,6 +78,7 @@ def test_every_region_holds_exactly_the_pixels_of_a_whole_decode(kind: str) -> N
         assert np.array_equal(region, whole[top : top + height, left : left + width]), (left, top, width, height)
 
 
+@needs_decoder
 @pytest.mark.parametrize("reduction", [2, 4, 8])
 def test_reduced_regions_are_pillows_draft_decode(reduction: int) -> None:
     payload = _jpeg(389, 277, seed=reduction)
@@ -90,6 +93,7 @@ def test_reduced_regions_are_pillows_draft_decode(reduction: int) -> None:
         assert np.array_equal(region, whole[top : top + 7, left : left + 9])
 
 
+@needs_decoder
 @pytest.mark.parametrize(
     "call, message",
     [
@@ -105,6 +109,7 @@ def test_a_region_outside_the_image_is_refused_before_decoding(call: tuple[int, 
         decode_region(_jpeg(70, 50), *call)
 
 
+@needs_decoder
 def test_libjpeg_errors_and_warnings_raise_with_libjpegs_message() -> None:
     payload = _jpeg(70, 50)
     with pytest.raises(ValueError, match="Premature end of JPEG file"):  # a warning: libjpeg would fill gray
@@ -115,6 +120,7 @@ def test_libjpeg_errors_and_warnings_raise_with_libjpegs_message() -> None:
         decode_region(_jpeg(70, 50, mode="CMYK"), 0, 0, 70, 50, 1)
 
 
+@needs_decoder
 def test_damaged_jpegs_raise_value_error_or_decode_never_crash() -> None:
     # C code parsing untrusted bytes: every damaged input either decodes to the asked size or
     # raises ValueError (a crash would take the test run down with it)
@@ -142,6 +148,7 @@ def test_damaged_jpegs_raise_value_error_or_decode_never_crash() -> None:
     assert outcomes["decoded"] > 20 and outcomes["refused"] > 100
 
 
+@needs_decoder
 def test_the_loader_yields_the_same_batches_with_and_without_the_region_decoder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from _tiny_shards import make_tiny_pack
 
