@@ -39,7 +39,7 @@ import torch
 from PIL import Image
 
 import imgpipe
-from imgpipe.loaders.pixels import describe_jpeg_decoder
+from imgpipe.loaders.pixels import describe_jpeg_decoder, region_decoder
 from imgpipe.manifest import manifest_path
 from imgpipe.shards import open_shards
 from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalGeometry
@@ -343,8 +343,6 @@ def main(argv: list[str] | None = None) -> int:
     if not dali_available():
         print("nvidia.dali is not installed: skipping the DALI loaders (pip install 'imgpipe[dali]')")
         names = [n for n in names if "dali" not in n]
-    from imgpipe.loaders.pixels import region_decoder
-
     if region_decoder() is None:  # imgpipe-torch already decodes whole images
         names = [n for n in names if n != "imgpipe-torch-whole"]
     src, rec = prepare(a.work, a.classes, a.per_class, a.val_per_class, a.workers)

@@ -133,13 +133,17 @@ def reduced_region_sample(decode: Callable[..., bytearray], payload: bytes, crop
     x0, y0 = max(0, math.floor(left) - margin), max(0, math.floor(top) - margin)
     x1, y1 = min(width, math.ceil(right) + margin), min(height, math.ceil(bottom) + margin)
     region = Image.frombuffer("RGB", (x1 - x0, y1 - y0), decode(payload, x0, y0, x1 - x0, y1 - y0, reduction), "raw", "RGB", 0, 1)
-    out = region.resize((size, size), Image.Resampling.BILINEAR, box=(left - x0, top - y0, right - x0, bottom - y0))
-    return torch.from_numpy(np.array(out)).permute(2, 0, 1)
+    return chw_tensor(region.resize((size, size), Image.Resampling.BILINEAR, box=(left - x0, top - y0, right - x0, bottom - y0)))
 
 
 def hwc_tensor(buffer: bytearray, height: int, width: int) -> torch.Tensor:
     """RGB bytes, row after row, as a uint8 CHW view (HWC, channels-last, in memory)."""
     return torch.frombuffer(buffer, dtype=torch.uint8).view(height, width, 3).permute(2, 0, 1)
+
+
+def chw_tensor(image: Image.Image) -> torch.Tensor:
+    """An RGB Pillow image as a uint8 CHW tensor (HWC, channels-last, in memory)."""
+    return torch.from_numpy(np.array(image)).permute(2, 0, 1)
 
 
 def draft_request(stored: tuple[int, int], crop: Crop, size: int) -> tuple[int, int]:
@@ -212,7 +216,7 @@ def pillow_sample(payload: bytes, crop_for: Callable[[int, int], Crop], size: in
         out = image.resize((size, size), Image.Resampling.BILINEAR, box=box)
     if crop.flip:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return torch.from_numpy(np.array(out)).permute(2, 0, 1)
+    return chw_tensor(out)
 
 
 def resample(pixels: torch.Tensor, box: tuple[float, float, float, float], size: int) -> torch.Tensor:
