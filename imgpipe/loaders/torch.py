@@ -1,8 +1,10 @@
 """The torch loader: a DataLoader over a ShardSet whose workers build whole uint8 batches.
 
-Per epoch the ``EpochSampler`` gives this rank's batches; each request sent to a worker is
-``(epoch, record indices)``, and one worker reads, decodes and augments the whole batch
-into one preallocated uint8 NCHW tensor (one IPC round trip per batch). Every random
+Per epoch the ``EpochSampler`` gives this rank's batches; each request sent to a worker is a
+``BatchRequest`` (epoch, record indices, ring slot), and one worker reads, decodes and
+augments the whole batch into one uint8 NCHW tensor (one IPC round trip per batch). With
+persistent workers (the default) that tensor is a slot of a ``BatchRing``, shared memory
+allocated once, and the worker returns only the slot's number and the labels. Every random
 choice for record i in epoch e comes from ``seeding.sample_rng(seed, e, i)``, so batches are
 identical whatever the number of workers. Each worker also seeds ``random``, numpy and
 torch from (seed, epoch, rank, worker) whenever the epoch of its requests changes, so user
@@ -19,11 +21,13 @@ label), so every rank's batch count and batch size stay unchanged; ``loader.skip
 counts the replaced samples. A batch with no decodable sample at all still raises.
 
 On CUDA (and whenever ``channels_last`` is asked) workers lay batches out channels_last, the
-resampler's own layout, so each image is one memcpy; batches come through pinned memory,
-are copied on a side stream one batch ahead, then converted to float, normalized and laid
-out as asked on the GPU.
+resampler's own layout, so each image is one memcpy; batches are copied into pinned memory,
+then to the GPU on a side stream one batch ahead, then converted to float, normalized and
+laid out as asked on the GPU.
 On the CPU the main process normalizes as ``x * (1/std) + (-mean/std)`` into a new float32
-tensor (in-place passes: cheaper than a subtraction and a division).
+tensor, one image at a time (in-place passes while the image is in cache: cheaper than a
+subtraction and a division over the whole batch). Every yielded batch is a new tensor that
+the caller owns: a ring slot is copied out before it can be reused.
 
 Memory: for every storage it sends or receives, torch's ``torch.multiprocessing`` keeps a
 weak reference in ``reductions.shared_cache``, pruned only once that cache holds 128
@@ -32,14 +36,15 @@ chunk the batch just freed (glibc serves large buffers from its heap once it has
 one), so no later batch fit there: workers grew by one uint8 batch per batch, and the
 main process by one float32 batch per batch, for 128 batches. Hence workers build each
 batch directly in shared memory (``share_memory_()``: no heap chunk, and no copy into shared
-memory at send time), and both sides drop the dead cache entries before every batch.
+memory at send time), and both sides drop the dead cache entries before every batch. A ring
+slot is not a new storage, so only the small labels tensor travels that way with the ring.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -51,6 +56,7 @@ from imgpipe import seeding
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.common import default_workers, no_full_batch, open_for_rank
 from imgpipe.loaders.pixels import decode_sample, load_decoders
+from imgpipe.loaders.ring import BatchRing
 from imgpipe.sampler import EpochSampler
 from imgpipe.shards import PathLike, ShardSet
 from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry
@@ -76,14 +82,24 @@ def release_dead_shared_storages() -> None:
         cache.free_dead_references()
 
 
+class BatchRequest(NamedTuple):
+    """One batch to build: the records ``indices`` of ``epoch``, into the ring's ``slot`` if one is given."""
+
+    epoch: int
+    indices: np.ndarray
+    slot: int | None = None
+
+
 class BatchDataset(Dataset):
     """Map-style dataset whose items are whole batches.
 
-    ``dataset[(epoch, indices)]`` returns ``(images uint8 NCHW, labels int64, skipped record
-    indices, error message or None)``; errors travel as data so the main process raises them
-    as one-line ``DatasetError``s instead of torch's multi-line worker traceback. Holds only
-    the ShardSet (numpy arrays) and a few scalars: nothing grows per record. In a worker the
-    batch is allocated in shared memory, ready to send.
+    ``dataset[request]`` (a ``BatchRequest`` or an ``(epoch, indices)`` pair) returns
+    ``(images, labels int64, skipped record indices, error message or None)``; errors travel
+    as data so the main process raises them as one-line ``DatasetError``s instead of torch's
+    multi-line worker traceback. ``images`` is the request's ring slot number when it names
+    one (the batch is in ``ring``), else a uint8 NCHW tensor, allocated in shared memory in a
+    worker, ready to send. Holds only the ShardSet (numpy arrays), the ring and a few scalars:
+    nothing grows per record.
     """
 
     def __init__(
@@ -96,6 +112,7 @@ class BatchDataset(Dataset):
         on_corrupt: str = "raise",
         sample_transform: SampleTransform | None = None,
         channels_last: bool = False,
+        ring: BatchRing | None = None,
     ) -> None:
         if on_corrupt not in ON_CORRUPT:
             raise ConfigError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
@@ -106,6 +123,7 @@ class BatchDataset(Dataset):
         self.on_corrupt = on_corrupt
         self.sample_transform = sample_transform
         self.channels_last = channels_last
+        self.ring = ring
         self._seeded: tuple[int, int] | None = None
         # resolved here, in the process that forks the workers, so they share the import: in each
         # worker it would cost ~170 MB of private memory and a second of the first epoch
@@ -114,14 +132,19 @@ class BatchDataset(Dataset):
     def __len__(self) -> int:
         return len(self.shards)
 
-    def __getitem__(self, request: tuple[int, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, str | None]:
-        epoch, indices = request
+    def __getitem__(self, request: BatchRequest | tuple[int, np.ndarray]) -> tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None]:
+        epoch, indices, ring_slot = BatchRequest(*request)
         in_worker = self._seed_globals(epoch)
-        size = self.geometry.image_size
-        images = torch.empty((len(indices), 3, size, size), dtype=torch.uint8, memory_format=self._memory_format)
-        if in_worker:  # built in shared memory: sending it copies nothing and leaves no hole in the heap
+        if in_worker:
             release_dead_shared_storages()
-            images.share_memory_()
+        if ring_slot is not None and self.ring is not None:
+            images = self.ring.batch(ring_slot, len(indices))
+            sent: torch.Tensor | int = ring_slot
+        else:
+            size = self.geometry.image_size
+            images = sent = torch.empty((len(indices), 3, size, size), dtype=torch.uint8, memory_format=self._memory_format)
+            if in_worker:  # built in shared memory: sending it copies nothing and leaves no hole in the heap
+                images.share_memory_()
         labels = torch.empty(len(indices), dtype=torch.int64)
         bad: list[int] = []
         for slot, index in enumerate(indices.tolist()):
@@ -131,17 +154,17 @@ class BatchDataset(Dataset):
                 reason = "not a decodable image" if isinstance(e, UnidentifiedImageError) else str(e)
                 message = f"cannot decode {self.shards.describe(index)}: {reason}"
                 if self.on_corrupt == "raise":
-                    return images, labels, np.zeros(0, np.int64), message + "; run 'imgpipe verify' or use on_corrupt='skip'"
+                    return sent, labels, np.zeros(0, np.int64), message + "; run 'imgpipe verify' or use on_corrupt='skip'"
                 bad.append(slot)
         if bad:
             good = sorted(set(range(len(indices))) - set(bad))
             if not good:
-                return images, labels, indices[bad], f"no decodable record in a batch of {len(indices)} starting at {self.shards.describe(int(indices[0]))}"
+                return sent, labels, indices[bad], f"no decodable record in a batch of {len(indices)} starting at {self.shards.describe(int(indices[0]))}"
             for slot in bad:
                 donor = next((s for s in good if s > slot), good[0])
                 images[slot] = images[donor]
                 labels[slot] = labels[donor]
-        return images, labels, indices[bad].astype(np.int64), None
+        return sent, labels, indices[bad].astype(np.int64), None
 
     def _decode_into(self, out: torch.Tensor, epoch: int, index: int) -> int:
         _, payload = self.shards.read(index)
@@ -174,17 +197,20 @@ class BatchDataset(Dataset):
 
 
 class _Requests(Sampler):
-    """The DataLoader's sampler: yields the (epoch, indices) requests the TorchLoader queued for this pass."""
+    """The DataLoader's sampler: yields the requests the TorchLoader queued for this pass, each
+    with a ring slot claimed as the DataLoader takes it."""
 
-    def __init__(self) -> None:
+    def __init__(self, ring: BatchRing | None) -> None:
         self.epoch = 0
         self.batches: list[np.ndarray] = []
+        self.ring = ring
 
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        return ((self.epoch, batch) for batch in self.batches)
+    def __iter__(self) -> Iterator[BatchRequest]:
+        for batch in self.batches:
+            yield BatchRequest(self.epoch, batch, None if self.ring is None else self.ring.claim())
 
 
 def collate_whole_batch(batch: Any) -> Any:
@@ -209,6 +235,7 @@ class TorchLoader:
         prefetch_factor: int | None,
         pin_memory: bool,
         multiprocessing_context: str | None,
+        ring: BatchRing | None,
     ) -> None:
         self.shards = shards
         self.sampler = sampler
@@ -217,7 +244,9 @@ class TorchLoader:
         self.normalize = normalize
         self.channels_last = channels_last
         self.skipped = 0
-        self._requests = _Requests()
+        self._pin_memory = pin_memory
+        self._ring = ring
+        self._requests = _Requests(ring)
         self._loader = DataLoader(
             dataset,
             sampler=self._requests,
@@ -226,10 +255,10 @@ class TorchLoader:
             num_workers=workers,
             persistent_workers=persistent_workers and workers > 0,
             prefetch_factor=prefetch_factor if workers > 0 else None,
-            pin_memory=pin_memory,
+            pin_memory=pin_memory and ring is None,  # a ring slot is copied into pinned memory by upload()
             multiprocessing_context=(multiprocessing_context or WORKER_START) if workers > 0 else None,
         )
-        # (x - mean) / std as x * scale + bias: two cheap in-place passes instead of a subtraction and a division
+        # (x - mean) / std as x * scale + bias: in-place passes instead of a subtraction and a division
         mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float64)
         std = torch.tensor(IMAGENET_STD, dtype=torch.float64)
         self._scale = (1 / std).to(torch.float32).view(1, 3, 1, 1).to(device)
@@ -270,17 +299,22 @@ class TorchLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch, batches = self.sampler.begin_epoch()
         self._requests.epoch, self._requests.batches = epoch, batches
+        if self._ring is not None:
+            self._ring.begin_pass()
         results = iter(self._loader)
         if self.device.type == "cuda":
             yield from self._cuda_batches(results)
         else:
             for result in results:
-                release_dead_shared_storages()
-                images, labels = self._check(result)
+                images, labels, in_ring = self._receive(result)
+                batch = self._finish(images, copy=in_ring)
+                self._release()
                 self.sampler.mark_consumed()
-                yield self._finish(images), labels
+                yield batch, labels
 
-    def _check(self, result: tuple[torch.Tensor, torch.Tensor, np.ndarray, str | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _receive(self, result: tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None]) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """A worker's result as (images, labels, whether the images are a ring slot's view); raises its error."""
+        release_dead_shared_storages()
         images, labels, skipped, error = result
         if error is not None:
             raise DatasetError(error)
@@ -288,27 +322,45 @@ class TorchLoader:
             self.skipped += len(skipped)
             for index in skipped.tolist():
                 logger.warning("skipped corrupt %s (replaced by another sample of its batch)", self.shards.describe(index))
-        return images, labels
+        if isinstance(images, int):
+            assert self._ring is not None
+            return self._ring.batch(images, len(labels)), labels, True
+        return images, labels, False
 
-    def _finish(self, images: torch.Tensor) -> torch.Tensor:
+    def _release(self) -> None:
+        """The batch just received has been copied out of its ring slot (if it had one)."""
+        if self._ring is not None:
+            self._ring.release()
+
+    def _finish(self, images: torch.Tensor, *, copy: bool) -> torch.Tensor:
+        """The batch as yielded: float32 normalized, or uint8 (a new tensor where ``copy``), in the layout asked."""
         # workers build channels_last (HWC) batches for a GPU or when asked; the layout asked is made here
         layout = torch.channels_last if self.channels_last else torch.contiguous_format
         if not self.normalize:
+            if copy:
+                return torch.empty(images.shape, dtype=torch.uint8, device=images.device, memory_format=layout).copy_(images)
             return images.contiguous(memory_format=layout)
         out = torch.empty(images.shape, dtype=torch.float32, device=images.device, memory_format=layout)
-        return out.copy_(images).mul_(self._scale).add_(self._bias)  # the copy converts dtype and layout in one pass
+        if images.device.type != "cpu":
+            return out.copy_(images).mul_(self._scale).add_(self._bias)  # the copy converts dtype and layout in one pass
+        for image, target in zip(images.split(1), out.split(1)):  # one image at a time stays in the CPU's cache
+            target.copy_(image).mul_(self._scale).add_(self._bias)
+        return out
 
     def _cuda_batches(self, results: Iterator[Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Copy one batch ahead on a side stream; convert and normalize there; hand over safely."""
         stream = torch.cuda.Stream(device=self.device)
 
         def upload(result: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            release_dead_shared_storages()
-            images, labels = self._check(result)
+            images, labels, in_ring = self._receive(result)
+            if in_ring and self._pin_memory:
+                images = images.pin_memory()  # copies the slot out
             with torch.cuda.stream(stream):
-                images = images.to(self.device, non_blocking=True)
+                # from a slot in pageable memory, a blocking copy: the slot is free once it returns
+                images = images.to(self.device, non_blocking=self._pin_memory or not in_ring)
                 labels = labels.to(self.device, non_blocking=True)
-                return self._finish(images), labels
+                self._release()
+                return self._finish(images, copy=False), labels
 
         pending = None
         for result in results:
@@ -389,6 +441,13 @@ def make_torch_loader(
         device = torch.device(device) if device is not None else torch.device("cpu")
     except RuntimeError as e:
         raise ConfigError(f"device {device!r} is not a torch device; use e.g. 'cpu' or 'cuda:0' ({str(e).splitlines()[0]})") from None
+    workers = default_workers(env.local_world_size) if workers is None else int(workers)
+    if workers < 0:
+        raise ConfigError(f"workers must be >= 0, got {workers}")
+    layout = torch.channels_last if channels_last or device.type == "cuda" else torch.contiguous_format  # HWC slots: one memcpy per image
+    ring = None
+    if workers > 0 and persistent_workers:  # the requests in flight, and the batch being copied out
+        ring = BatchRing(workers * prefetch_factor + 1, batch_size=batch_size, image_size=image_size, memory_format=layout)
     dataset = BatchDataset(
         shards,
         geometry=geometry,
@@ -396,12 +455,10 @@ def make_torch_loader(
         rank=env.rank,
         on_corrupt=on_corrupt,
         sample_transform=sample_transform,
-        channels_last=channels_last or device.type == "cuda",  # HWC slots: one memcpy per image
+        channels_last=layout == torch.channels_last,
+        ring=ring,
     )
     shards.labels  # noqa: B018  (bare .rec files: read header labels once here, not in every worker)
-    workers = default_workers(env.local_world_size) if workers is None else int(workers)
-    if workers < 0:
-        raise ConfigError(f"workers must be >= 0, got {workers}")
     return TorchLoader(
         shards,
         sampler=sampler,
@@ -414,4 +471,5 @@ def make_torch_loader(
         prefetch_factor=prefetch_factor,
         pin_memory=device.type == "cuda" if pin_memory is None else pin_memory,
         multiprocessing_context=multiprocessing_context,
+        ring=ring,
     )

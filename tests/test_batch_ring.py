@@ -1,0 +1,111 @@
+"""The torch loader's shared-memory batch ring: a slot is reused only once its batch has been
+copied out, and every batch handed to the caller is the caller's own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from _tiny_shards import make_tiny_pack  # noqa: E402
+
+from imgpipe.errors import ConfigError  # noqa: E402
+from imgpipe.loaders.ring import BatchRing, check_shared_memory  # noqa: E402
+from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
+
+SIZE = 24
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_pack(tmp_path_factory.mktemp("ring") / "tiny", records=48, shards=2, classes=4, min_side=32, max_side=80)
+
+
+def _loader(tiny: Path, **kw):
+    kw.setdefault("batch_size", 4)
+    return make_torch_loader(tiny, image_size=SIZE, rank=0, world_size=1, seed=2, **kw)
+
+
+def _recording_claims(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
+    claims: list[int | None] = []
+    claim = BatchRing.claim
+
+    def recorded(self: BatchRing) -> int | None:
+        claims.append(claim(self))
+        return claims[-1]
+
+    monkeypatch.setattr(BatchRing, "claim", recorded)
+    return claims
+
+
+def test_a_slot_is_handed_out_again_only_after_its_batch_was_released() -> None:
+    ring = BatchRing(3, batch_size=2, image_size=4, memory_format=torch.contiguous_format)
+    assert [ring.claim(), ring.claim()] == [0, 1]
+    ring.release()  # request 0 copied out
+    assert [ring.claim(), ring.claim()] == [2, 0]  # request 3 reuses request 0's slot
+    assert ring.claim() is None  # request 4 would reuse request 1's slot, still unread: no slot
+    ring.release()
+    assert ring.claim() is None  # request 5 would reuse request 2's slot, still unread
+    ring.release()
+    ring.release()
+    assert ring.claim() == 0  # request 6: request 3 is released
+    ring.begin_pass()  # a new pass: nothing claimed before is read any more
+    assert [ring.claim(), ring.claim(), ring.claim()] == [1, 2, 0]
+
+
+def test_the_slots_are_shared_views_of_one_tensor() -> None:
+    ring = BatchRing(2, batch_size=3, image_size=4, memory_format=torch.channels_last)
+    assert ring.images.is_shared() and ring.images.is_contiguous(memory_format=torch.channels_last)
+    ring.images.zero_()
+    ring.batch(1, 2).fill_(7)
+    assert int(ring.images[3:5].min()) == 7 and int(ring.images[:3].max()) == 0 == int(ring.images[5:].max())
+
+
+def test_a_ring_larger_than_free_shared_memory_is_a_clear_error(tmp_path: Path) -> None:
+    check_shared_memory(1024, 3, str(tmp_path))  # fits
+    with pytest.raises(ConfigError, match=r"3 shared-memory batches need .* MiB but .* MiB free; enlarge it \(docker run --shm-size"):
+        check_shared_memory(1 << 62, 3, str(tmp_path))
+    check_shared_memory(1 << 62, 3, str(tmp_path / "missing"))  # no such tmpfs: nothing to check
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("normalize", [False, True])
+def test_batches_kept_by_the_caller_never_change(tiny: Path, normalize: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    claims = _recording_claims(monkeypatch)
+    # 1 worker x prefetch 1: a ring of 2 slots, each reused 6 times while the caller keeps every batch
+    kept = list(_loader(tiny, workers=1, prefetch_factor=1, normalize=normalize))
+    reference = list(_loader(tiny, workers=0, normalize=normalize))
+    assert len(kept) == len(reference) == 12
+    for (x, y), (x0, y0) in zip(kept, reference):
+        assert torch.equal(x, x0) and torch.equal(y, y0)
+    assert len({x.data_ptr() for x, _ in kept}) == 12  # twelve tensors of the caller's, none a view of the ring
+    assert claims == [0, 1] * 6  # every batch went through the ring
+
+
+@pytest.mark.timeout(120)
+def test_an_abandoned_pass_leaves_the_next_one_exact(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    claims = _recording_claims(monkeypatch)
+    loader = _loader(tiny, workers=2, normalize=False)
+    for step, _ in enumerate(loader):  # epoch 0: leave after 2 of 12 batches, 4 requests in flight
+        if step == 1:
+            break
+    epoch1 = [(x.clone(), y.clone()) for x, y in loader]
+    reference = _loader(tiny, workers=0, normalize=False)
+    reference.set_epoch(1)
+    assert all(torch.equal(x, x0) and torch.equal(y, y0) for (x, y), (x0, y0) in zip(epoch1, reference, strict=True))
+    assert None not in claims  # the abandoned requests did not keep their slots
+    loader.close()
+
+
+@pytest.mark.timeout(120)
+def test_without_persistent_workers_there_is_no_ring(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    claims = _recording_claims(monkeypatch)
+    loader = _loader(tiny, workers=1, persistent_workers=False, normalize=False)
+    assert loader.dataset.ring is None
+    batches = [x.numpy().copy() for _ in range(2) for x, _ in loader]
+    reference = _loader(tiny, workers=0, normalize=False)
+    assert all(np.array_equal(a, b) for a, b in zip(batches, [x.numpy() for _ in range(2) for x, _ in reference], strict=True))
+    assert claims == []
