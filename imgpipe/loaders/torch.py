@@ -415,6 +415,10 @@ def make_torch_loader(
     ``shuffle_window`` records per shuffle window. ``on_corrupt``: "raise" or "skip"
     (``loader.skipped`` counts). ``sample_transform``: optional user callable on each
     uint8 CHW sample (same shape out), run in the workers after imgpipe's geometry.
+    ``persistent_workers`` (default True) keeps the workers from epoch to epoch and lets them
+    decode into a ring of ``workers * prefetch_factor + 1`` uint8 batches in shared memory,
+    allocated once (``ConfigError`` when /dev/shm has less room free). ``pin_memory`` (default:
+    on CUDA) stages batches in pinned memory for the copy to the GPU.
     ``loader.close()`` stops persistent workers.
     """
     if prefetch_factor < 1:
