@@ -7,18 +7,19 @@ normalized with ImageNet mean/std), the same batch size and the same worker / th
 ``imgpipe-torch-whole`` is imgpipe's torch loader as an install without its region decoder
 runs it (torchvision decodes whole JPEGs): the ratio between the two is what that decoder brings.
 
-Each loader runs ``repeats + 1`` consecutive epochs per split; the first is a warm-up
-(worker start, pipeline build, page cache) and the figures are medians over the others. Besides wall-clock images/s, each epoch
-reports images per CPU-second (this process, its threads and its workers): on a shared
-machine that is the steadier measure of efficiency. Per-worker memory is sampled after every
-epoch (persistent workers; torch-based loaders only: DALI uses threads): RSS, and the
-private part (pages not shared with the parent), which is what copy-on-read growth shows in;
-the main process's private memory is sampled too (it receives and normalizes every batch). The decode-only
-limit decodes every train JPEG once with Pillow in one process (one core), and in as many
-processes at once as the loaders get workers (what the cores decode together). The per-core
-goal is judged paired: a decode-only pass runs just before each imgpipe-torch train epoch, and
-the figure is the median of the epochs' ratios, since this machine's speed drifts by 20-30 %
-over minutes.
+Each split runs ``repeats + 1`` rounds, and each round one epoch of every loader in turn; the
+first round is a warm-up (worker start, pipeline build, page cache) and the figures are medians
+over the others. This machine's speed drifts by 20-30 % over minutes, so every ratio is taken
+within a round and the median of the rounds' ratios is reported (and judged against the goals).
+Besides wall-clock images/s, each epoch reports images per CPU-second (this process, its
+threads and its workers): on a shared machine that is the steadier measure of efficiency.
+Per-worker memory is sampled after every epoch (persistent workers; torch-based loaders only:
+DALI uses threads): RSS, and the private part (pages not shared with the parent), which is
+what copy-on-read growth shows in; the main process's private memory is sampled too (it
+receives and normalizes every batch). The decode-only limit decodes every train JPEG once with
+Pillow in one process (one core), and in as many processes at once as the loaders get workers
+(what the cores decode together); for the per-core goal a decode-only pass also runs just
+before each imgpipe-torch train epoch.
 
     python benchmarks/loaders.py --quick --workers 2
 """
@@ -49,6 +50,7 @@ from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalGeometry
 
 LOADERS = ("imgpipe-torch", "imgpipe-torch-whole", "torchvision", "dali-plain", "imgpipe-dali")
 TORCH_BASED = ("imgpipe-torch", "imgpipe-torch-whole", "torchvision")
+SETTLE_S = 0.5  # rest after each epoch, before the next loader's
 
 
 # ----------------------------------------------------------------------------- data
@@ -287,20 +289,20 @@ def decode_pass(rec: Path) -> float:
 def measure_split(
     names: list[str], makers: dict[str, Callable[[bool], Any]], train: bool, a: argparse.Namespace, paired: dict[str, Callable[[], float]]
 ) -> dict[str, dict[str, Any]]:
-    """Each loader in turn, ``repeats + 1`` consecutive epochs; medians after the warm-up epoch.
+    """``repeats + 1`` rounds of one epoch of each loader in turn; medians after the warm-up round.
 
-    Consecutive epochs matter: DALI keeps computing its prefetched batches after an epoch
-    ends, so that work lands in the next epoch of the same loader (steady state), never in
-    another loader's measurement. A loader named in ``paired`` runs that measurement (a
-    decode-only pass) just before each of its epochs: a ratio of the two taken minutes apart
-    would carry this machine's drift (its speed wanders by 20-30 % over minutes).
+    Round-robin, so that this machine's drift (its speed wanders by 20-30 % over minutes) lands
+    on every loader alike: ratios between loaders are taken within a round (``round_ratios``).
+    Each epoch is followed by ``SETTLE_S`` of rest: DALI keeps computing its prefetched batches
+    after an epoch ends, and that work must not land in the next loader's epoch. A loader named
+    in ``paired`` runs that measurement (a decode-only pass) just before each of its epochs.
     """
     split = "train" if train else "val"
     runs: dict[str, dict[str, list[Any]]] = {name: {"rate": [], "per_cpu": [], "rss": [], "private": [], "main": [], "paired": []} for name in names}
     workers: dict[str, set[int]] = {name: set() for name in names}
-    for name in names:
-        loader = makers[name](train)
-        for _ in range(a.repeats + 1):
+    loaders = {name: makers[name](train) for name in names}
+    for _ in range(a.repeats + 1):
+        for name, loader in loaders.items():
             if name in paired:
                 runs[name]["paired"].append(paired[name]())
             before = set(child_pids())
@@ -314,7 +316,10 @@ def measure_split(
                 runs[name]["rss"].append(max((r for r, _ in sizes), default=0.0))
                 runs[name]["private"].append(max((p for _, p in sizes), default=0.0))
                 runs[name]["main"].append(memory_mb(os.getpid())[1])
-        del loader
+            time.sleep(SETTLE_S)
+    for loader in loaders.values():
+        getattr(loader, "close", lambda: None)()  # stop persistent workers before the next split starts its own
+    loaders.clear()
     out = {}
     for name, run in runs.items():
         out[name] = {
@@ -331,6 +336,23 @@ def measure_split(
         print(f"  {name:14s} {split:5s} {out[name]['images_per_s']:7.1f} images/s {out[name]['images_per_cpu_s']:7.1f} images/CPU-s"
               f"  epochs {out[name]['epochs_images_per_s']}{mem}", flush=True)
     return out
+
+
+def round_ratios(figures: dict[str, Any], split: str, mine: str, theirs: str) -> list[float]:
+    """``mine``'s images/s over ``theirs``, round by round, after the warm-up round."""
+    ours, other = figures[split][mine]["epochs_images_per_s"][1:], figures[split][theirs]["epochs_images_per_s"][1:]
+    return [m / t for m, t in zip(ours, other)]
+
+
+def report_ratio(figures: dict[str, Any], split: str, mine: str, theirs: str, goal: float | None, note: str = "") -> None:
+    """Print and record the median of ``round_ratios`` (and the ratio of images per CPU-second), with the goal's verdict."""
+    rounds = round_ratios(figures, split, mine, theirs)
+    wall = statistics.median(rounds)
+    eff = figures[split][mine]["images_per_cpu_s"] / figures[split][theirs]["images_per_cpu_s"]
+    verdict = f"goal >= {goal}x: {'PASS' if wall >= goal else 'MISS'}  " if goal is not None else ""
+    print(f"  {mine} / {theirs:19s} {split:5s} {wall:5.2f}x ({eff:5.2f}x per CPU-s)  {verdict}rounds {', '.join(f'{r:.2f}' for r in rounds)}  {note}".rstrip())
+    key = "ratio_vs_whole_decode" if theirs == "imgpipe-torch-whole" else f"ratio_{mine}_vs_{theirs}" if mine != "imgpipe-torch" else f"ratio_vs_{theirs}"
+    figures[f"{key}_{split}"] = {"wall": wall, "rounds": rounds, "per_cpu": eff}
 
 
 # ----------------------------------------------------------------------------- main
@@ -392,42 +414,29 @@ def main(argv: list[str] | None = None) -> int:
     for split, train in (("train", True), ("val", False)):
         figures[split] = measure_split(names, makers, train, a, per_core_pairs if train else {})
 
-    print("\nratios: wall images/s (CPU-efficiency: images per CPU-second); goals from issue 3")
+    print("\nratios: medians of the rounds' ratios of wall images/s (CPU-efficiency: ratio of images per CPU-second); goals from issue 3")
     ours = figures["train"].get("imgpipe-torch")
     for other, goal in (("torchvision", 2.0), ("dali-plain", 1.0)):
         if ours is None or other not in figures["train"]:
             continue
         for split in ("train", "val"):
-            mine, theirs = figures[split]["imgpipe-torch"], figures[split][other]
-            wall = mine["images_per_s"] / theirs["images_per_s"]
-            eff = mine["images_per_cpu_s"] / theirs["images_per_cpu_s"]
-            verdict = f"goal >= {goal}x: {'PASS' if wall >= goal else 'MISS'}" if split == "train" else ""
-            print(f"  imgpipe-torch / {other:12s} {split:5s} {wall:5.2f}x ({eff:5.2f}x per CPU-s)  {verdict}")
-            figures[f"ratio_vs_{other}_{split}"] = {"wall": wall, "per_cpu": eff}
+            report_ratio(figures, split, "imgpipe-torch", other, goal if split == "train" else None)
     if ours is not None:
         cores = min(a.workers, cpus)
-        per_core = ours["images_per_s"] / cores / d["images_per_s"]
-        per_cpu = ours["images_per_cpu_s"] / d["images_per_cpu_s"]
-        parallel = ours["images_per_s"] / d["parallel_images_per_s"]
         pairs = [rate / cores / decode for rate, decode in zip(ours["epochs_images_per_s"][1:], ours["paired_images_per_s"][1:])]
         paired = statistics.median(pairs)
-        figures["ratio_per_core_vs_decode_only"] = {
-            "paired": paired, "paired_epochs": pairs, "wall": per_core, "per_cpu": per_cpu, "vs_parallel_decode_only": parallel,
-        }
-        print(f"  imgpipe-torch per core / decode-only     {paired:5.2f}x paired (epochs {', '.join(f'{p:.2f}' for p in pairs)}; "
-              f"{per_core:5.2f}x against the first decode-only figure; {per_cpu:5.2f}x per CPU-s)  goal >= 0.8x: {'PASS' if paired >= 0.8 else 'MISS'}")
-        print(f"  imgpipe-torch / decode-only in {d['processes']} processes {parallel:5.2f}x")
+        per_cpu = ours["images_per_cpu_s"] / d["images_per_cpu_s"]
+        parallel = ours["images_per_s"] / d["parallel_images_per_s"]
+        figures["ratio_per_core_vs_decode_only"] = {"paired": paired, "rounds": pairs, "per_cpu": per_cpu, "vs_parallel_decode_only": parallel}
+        print(f"  imgpipe-torch per core / decode-only      train {paired:5.2f}x ({per_cpu:5.2f}x per CPU-s)  goal >= 0.8x: "
+              f"{'PASS' if paired >= 0.8 else 'MISS'}  rounds {', '.join(f'{p:.2f}' for p in pairs)} (decode-only pass just before each epoch)")
+        print(f"  imgpipe-torch / decode-only in {d['processes']} processes train {parallel:5.2f}x")
     if ours is not None and "imgpipe-torch-whole" in figures["train"]:
         for split in ("train", "val"):
-            mine, whole = figures[split]["imgpipe-torch"], figures[split]["imgpipe-torch-whole"]
-            wall, eff = mine["images_per_s"] / whole["images_per_s"], mine["images_per_cpu_s"] / whole["images_per_cpu_s"]
-            print(f"  imgpipe-torch / imgpipe-torch-whole {split:5s} {wall:5.2f}x ({eff:5.2f}x per CPU-s)  what the region decoder brings")
-            figures[f"ratio_vs_whole_decode_{split}"] = {"wall": wall, "per_cpu": eff}
+            report_ratio(figures, split, "imgpipe-torch", "imgpipe-torch-whole", None, "what the region decoder brings")
     if "imgpipe-dali" in figures["train"] and "dali-plain" in figures["train"]:
         for split in ("train", "val"):
-            mine, theirs = figures[split]["imgpipe-dali"], figures[split]["dali-plain"]
-            print(f"  imgpipe-dali / dali-plain          {split:5s} {mine['images_per_s'] / theirs['images_per_s']:5.2f}x "
-                  f"({mine['images_per_cpu_s'] / theirs['images_per_cpu_s']:5.2f}x per CPU-s)")
+            report_ratio(figures, split, "imgpipe-dali", "dali-plain", None)
     if a.json:
         a.json.write_text(json.dumps(figures, indent=1, default=float) + "\n")
     return 0
