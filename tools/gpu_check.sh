@@ -58,9 +58,9 @@ if not (work / "packed" / "manifest.json").exists():
 print(f"gpu_check: data ready in {time.perf_counter() - start:.0f}s")
 EOF
 
-echo "gpu_check: the torch loader's CUDA path (pinned copy on a side stream, GPU normalize) against its CPU path"
+echo "gpu_check: the torch loader's CUDA path (ring slot -> pinned copy -> side stream, GPU normalize) against its CPU path"
 "$PY" - "$WORK" <<'EOF' || echo "gpu_check: CUDA loader check FAILED"
-import sys
+import itertools, sys
 from pathlib import Path
 import torch
 import imgpipe
@@ -68,13 +68,17 @@ if not torch.cuda.is_available():
     print("gpu_check: skipped the CUDA loader check (no CUDA)")
     sys.exit(0)
 packed = Path(sys.argv[1]) / "packed"
-common = dict(batch_size=64, train=False, image_size=224, workers=4, seed=0)
-cpu_images, cpu_labels = next(iter(imgpipe.make_torch_loader(packed, "val", **common)))
-gpu_images, gpu_labels = next(iter(imgpipe.make_torch_loader(packed, "val", device="cuda", channels_last=True, **common)))
-assert gpu_images.is_cuda and gpu_images.is_contiguous(memory_format=torch.channels_last), "not channels_last on CUDA"
-diff = (gpu_images.cpu() - cpu_images).abs().max().item()
-assert torch.equal(gpu_labels.cpu(), cpu_labels) and diff < 1e-4, f"CUDA and CPU batches differ (max {diff})"
-print(f"gpu_check: CUDA loader batch equals the CPU one (max abs diff {diff:.1e}), channels_last")
+common = dict(batch_size=16, train=True, image_size=224, workers=4, seed=0)  # 30 batches: each of the 9 ring slots reused
+for normalize, pin in ((True, True), (False, True), (True, False)):
+    cpu = list(itertools.islice(imgpipe.make_torch_loader(packed, "train", normalize=normalize, **common), 30))
+    gpu = list(itertools.islice(imgpipe.make_torch_loader(packed, "train", device="cuda", channels_last=True, normalize=normalize, pin_memory=pin, **common), 30))
+    diff = 0.0
+    for (xc, yc), (xg, yg) in zip(cpu, gpu, strict=True):  # every GPU batch kept until now: none overwritten
+        assert xg.is_cuda and xg.is_contiguous(memory_format=torch.channels_last), "not channels_last on CUDA"
+        assert torch.equal(yg.cpu(), yc), "labels differ"
+        diff = max(diff, (xg.cpu().float() - xc.float()).abs().max().item())
+    assert diff < 1e-4, f"CUDA and CPU batches differ (max {diff}) with normalize={normalize} pin_memory={pin}"
+    print(f"gpu_check: 30 CUDA loader batches equal the CPU ones (max abs diff {diff:.1e}), normalize={normalize} pin_memory={pin}")
 EOF
 
 cat > "$WORK/config.yaml" <<EOF
