@@ -32,13 +32,15 @@ from typing import Any, Iterator
 import numpy as np
 
 from imgpipe.errors import DatasetError
-from imgpipe.loaders.torch import WORKER_START, BatchDataset, collate_whole_batch
+from imgpipe.loaders.ring import BatchRing
+from imgpipe.loaders.torch import WORKER_START, BatchDataset, RingRequests, collate_whole_batch
 from imgpipe.recordio import IRHeader
 from imgpipe.sampler import EpochSampler
 from imgpipe.shards import ShardSet, open_shards
 from imgpipe.transforms import TrainGeometry
 
 READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
+PREFETCH_FACTOR = 2  # make_torch_loader's default
 
 
 def read_delay_s(rank: int, environ: dict[str, str] | None = None) -> float:
@@ -98,9 +100,12 @@ class TimedBatchDataset(BatchDataset):
         return images, labels, self.shards.read_s, total - self.shards.read_s, error
 
 
-def make_timed_dataset(reads: TimedReads, *, image_size: int, seed: int, rank: int, channels_last: bool) -> TimedBatchDataset:
+def make_timed_dataset(
+    reads: TimedReads, *, image_size: int, seed: int, rank: int, channels_last: bool, ring: BatchRing | None = None
+) -> TimedBatchDataset:
     """A training-geometry TimedBatchDataset, configured as ``make_torch_loader(train=True)`` configures its own."""
-    return TimedBatchDataset(reads, geometry=TrainGeometry(image_size=image_size), seed=seed, rank=rank, channels_last=channels_last)  # type: ignore[arg-type]
+    geometry = TrainGeometry(image_size=image_size)
+    return TimedBatchDataset(reads, geometry=geometry, seed=seed, rank=rank, channels_last=channels_last, ring=ring)  # type: ignore[arg-type]
 
 
 def bench_requests(n: int, *, rank: int, world_size: int, batch_size: int, batches: int, seed: int) -> list[tuple[int, np.ndarray]]:
@@ -123,26 +128,39 @@ Batch = tuple[Any, Any, float, float, float]  # images, labels, read s, decode s
 def torch_batches(
     reads: TimedReads, *, batches: int, rank: int, world_size: int, device: Any, batch_size: int, image_size: int, seed: int, workers: int
 ) -> Iterator[Batch]:
-    """``batches`` batches of this rank through the torch loader's BatchDataset in a DataLoader, with their stage times."""
+    """``batches`` batches of this rank through the torch loader's BatchDataset in a DataLoader, with their stage times.
+
+    With workers, they decode into a shared-memory ring as the torch loader's do; a batch's slot
+    is released when the consumer asks for the next batch (it has copied or used it by then).
+    """
+    import torch
     from torch.utils.data import DataLoader
 
-    requests = bench_requests(len(reads), rank=rank, world_size=world_size, batch_size=batch_size, batches=batches, seed=seed)
-    dataset = make_timed_dataset(reads, image_size=image_size, seed=seed, rank=rank, channels_last=device.type == "cuda")
+    channels_last = device.type == "cuda"
+    ring = None
+    if workers:
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        ring = BatchRing(workers * PREFETCH_FACTOR + 1, batch_size=batch_size, image_size=image_size, memory_format=layout)
+    requests = RingRequests(ring)
+    requests.queued = bench_requests(len(reads), rank=rank, world_size=world_size, batch_size=batch_size, batches=batches, seed=seed)
+    dataset = make_timed_dataset(reads, image_size=image_size, seed=seed, rank=rank, channels_last=channels_last, ring=ring)
     loader = DataLoader(
         dataset,
         sampler=requests,
         batch_size=None,
         collate_fn=collate_whole_batch,
         num_workers=workers,
-        prefetch_factor=2 if workers else None,
+        prefetch_factor=PREFETCH_FACTOR if workers else None,
         # ranks started with spawn would spawn their workers too (seconds of imports each run);
         # fork is what a torchrun-started rank uses on Linux
         multiprocessing_context=WORKER_START if workers else None,
     )
-    for images, labels, read, decode, error in loader:
+    for sent, labels, read, decode, error in loader:
         if error is not None:
             raise DatasetError(error)
-        yield images, labels, read, decode, 0.0
+        yield ring.batch(sent, len(labels)) if ring is not None and isinstance(sent, int) else sent, labels, read, decode, 0.0
+        if ring is not None:
+            ring.release()
 
 
 def dali_batches(

@@ -196,21 +196,20 @@ class BatchDataset(Dataset):
         return True
 
 
-class _Requests(Sampler):
-    """The DataLoader's sampler: yields the requests the TorchLoader queued for this pass, each
-    with a ring slot claimed as the DataLoader takes it."""
+class RingRequests(Sampler):
+    """A DataLoader sampler over the ``queued`` (epoch, indices) batches of a pass: yields them as
+    ``BatchRequest``s, each with a ring slot claimed as the DataLoader takes it."""
 
     def __init__(self, ring: BatchRing | None) -> None:
-        self.epoch = 0
-        self.batches: list[np.ndarray] = []
         self.ring = ring
+        self.queued: list[tuple[int, np.ndarray]] = []
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return len(self.queued)
 
     def __iter__(self) -> Iterator[BatchRequest]:
-        for batch in self.batches:
-            yield BatchRequest(self.epoch, batch, None if self.ring is None else self.ring.claim())
+        for epoch, indices in self.queued:
+            yield BatchRequest(epoch, indices, None if self.ring is None else self.ring.claim())
 
 
 def collate_whole_batch(batch: Any) -> Any:
@@ -246,7 +245,7 @@ class TorchLoader:
         self.skipped = 0
         self._pin_memory = pin_memory
         self._ring = ring
-        self._requests = _Requests(ring)
+        self._requests = RingRequests(ring)
         self._loader = DataLoader(
             dataset,
             sampler=self._requests,
@@ -298,7 +297,7 @@ class TorchLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch, batches = self.sampler.begin_epoch()
-        self._requests.epoch, self._requests.batches = epoch, batches
+        self._requests.queued = [(epoch, batch) for batch in batches]
         if self._ring is not None:
             self._ring.begin_pass()
         results = iter(self._loader)
