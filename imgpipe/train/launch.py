@@ -27,10 +27,13 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
+
+from tqdm import tqdm
 
 from imgpipe.distenv import DistEnv
 from imgpipe.errors import DistributedError, ImgpipeError
@@ -269,6 +272,10 @@ def _rank_main(
 ) -> None:
     """Entry point of a spawned rank: die with the parent, log like it, set the torchrun variables, run, report."""
     _die_with_parent(parent_pid)
+    # tqdm's default lock is a multiprocessing lock: under spawn a named semaphore, which the
+    # os._exit below would leave to the resource tracker's "leaked semaphore" warning; one
+    # rank's progress bars only need a thread lock
+    tqdm.set_lock(threading.RLock())
     prefix = "imgpipe" if rank == 0 else f"imgpipe[rank {rank}]"
     logging.basicConfig(level=log_level, format=f"{prefix}: %(levelname)s: %(message)s", stream=sys.stderr)
     os.environ.update(

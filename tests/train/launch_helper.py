@@ -39,6 +39,9 @@ def per_rank(ctx: RankContext, mode: str) -> dict:
         sys.stdout.flush()
         while True:
             time.sleep(0.1)
+    from tqdm import tqdm
+
+    tqdm(total=1, disable=True).close()  # as the trainer's loop makes its progress bars (tqdm's lock)
     ranks = [ctx.rank]
     if ctx.distributed:
         gathered: list = [None] * ctx.world_size
