@@ -7,7 +7,7 @@ of its throughput (``benchmarks/loaders.py``). A ``BatchRing`` is allocated in s
 once, before the workers start (forked workers inherit it; spawned ones receive it once, with
 the dataset); each request names a slot, the worker decodes into that slot and returns the
 slot's number, and the main process copies the slot out (normalizing it, or into pinned
-memory) before it asks for the batch after next.
+memory) before it asks the DataLoader for the next batch.
 
 Why a slot is free when it is handed out again: a DataLoader keeps ``workers *
 prefetch_factor`` requests (P) ahead of the batch it returns, and takes the next request from
@@ -67,8 +67,8 @@ class BatchRing:
 
 
 def check_shared_memory(size: int, slots: int, folder: str = SHARED_MEMORY_DIR) -> None:
-    """Refuse a ring larger than the free space of ``folder`` (tmpfs): its pages are only taken when a
-    worker first writes them, and a full tmpfs then kills that worker with a bus error."""
+    """Refuse a ring larger than the free space of ``folder`` (a tmpfs): ``share_memory_`` writes every
+    page of it at once, and a tmpfs that runs out answers with a bus error that kills the process."""
     try:
         stats = os.statvfs(folder)
     except OSError:  # no such tmpfs here (not Linux): nothing to check
