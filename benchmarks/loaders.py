@@ -16,7 +16,8 @@ threads and its workers): on a shared machine that is the steadier measure of ef
 Per-worker memory is sampled after every epoch (persistent workers; torch-based loaders only:
 DALI uses threads): RSS, and the private part (pages not shared with the parent), which is
 what copy-on-read growth shows in; the main process's private memory is sampled too (it
-receives and normalizes every batch). The decode-only limit decodes every train JPEG once with
+receives and normalizes every batch; with every loader alive in the round-robin it also holds
+the DALI pipelines' buffers, which grow round after round, so compare it with --only). The decode-only limit decodes every train JPEG once with
 Pillow in one process (one core), and in as many processes at once as the loaders get workers
 (what the cores decode together); for the per-core goal a decode-only pass also runs just
 before each imgpipe-torch train epoch.
