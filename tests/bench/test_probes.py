@@ -31,4 +31,5 @@ def test_probe_batches_are_the_loaders_batches(tmp_path: Path, workers: int) -> 
     assert len(seen) == len(loader) == 10
     for (x, y), (x0, y0) in zip(seen, loader):
         assert torch.equal(x, x0) and torch.equal(y, y0)
-    assert len(storages) == (1 if workers else 10)  # with workers: every batch a slot of the one ring
+    if workers:  # every batch a slot of the one ring (without workers, freed batches' addresses get reused: no count)
+        assert len(storages) == 1
