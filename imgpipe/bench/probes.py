@@ -33,14 +33,13 @@ import numpy as np
 
 from imgpipe.errors import DatasetError
 from imgpipe.loaders.ring import BatchRing
-from imgpipe.loaders.torch import WORKER_START, BatchDataset, RingRequests, collate_whole_batch
+from imgpipe.loaders.torch import DEFAULT_PREFETCH_FACTOR, WORKER_START, BatchDataset, RingRequests, batch_images, collate_whole_batch
 from imgpipe.recordio import IRHeader
 from imgpipe.sampler import EpochSampler
 from imgpipe.shards import ShardSet, open_shards
 from imgpipe.transforms import TrainGeometry
 
 READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
-PREFETCH_FACTOR = 2  # make_torch_loader's default
 
 
 def read_delay_s(rank: int, environ: dict[str, str] | None = None) -> float:
@@ -140,7 +139,7 @@ def torch_batches(
     ring = None
     if workers:
         layout = torch.channels_last if channels_last else torch.contiguous_format
-        ring = BatchRing(workers * PREFETCH_FACTOR + 1, batch_size=batch_size, image_size=image_size, memory_format=layout)
+        ring = BatchRing.for_dataloader(workers, DEFAULT_PREFETCH_FACTOR, batch_size=batch_size, image_size=image_size, memory_format=layout)
     requests = RingRequests(ring)
     requests.queued = bench_requests(len(reads), rank=rank, world_size=world_size, batch_size=batch_size, batches=batches, seed=seed)
     dataset = make_timed_dataset(reads, image_size=image_size, seed=seed, rank=rank, channels_last=channels_last, ring=ring)
@@ -150,7 +149,7 @@ def torch_batches(
         batch_size=None,
         collate_fn=collate_whole_batch,
         num_workers=workers,
-        prefetch_factor=PREFETCH_FACTOR if workers else None,
+        prefetch_factor=DEFAULT_PREFETCH_FACTOR if workers else None,
         # ranks started with spawn would spawn their workers too (seconds of imports each run);
         # fork is what a torchrun-started rank uses on Linux
         multiprocessing_context=WORKER_START if workers else None,
@@ -158,7 +157,7 @@ def torch_batches(
     for sent, labels, read, decode, error in loader:
         if error is not None:
             raise DatasetError(error)
-        yield ring.batch(sent, len(labels)) if ring is not None and isinstance(sent, int) else sent, labels, read, decode, 0.0
+        yield batch_images(ring, sent, len(labels)), labels, read, decode, 0.0
         if ring is not None:
             ring.release()
 

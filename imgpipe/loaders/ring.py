@@ -40,6 +40,12 @@ class BatchRing:
         self._claimed = 0  # requests that asked for a slot, ever
         self._released = 0  # of those, the ones whose batch the main process has copied out
 
+    @classmethod
+    def for_dataloader(cls, workers: int, prefetch_factor: int, *, batch_size: int, image_size: int, memory_format: torch.memory_format) -> BatchRing:
+        """The ring a DataLoader with these ``workers`` and ``prefetch_factor`` needs: its requests in
+        flight, and the batch being copied out."""
+        return cls(workers * prefetch_factor + 1, batch_size=batch_size, image_size=image_size, memory_format=memory_format)
+
     def claim(self) -> int | None:
         """The slot for the next request; None when that slot's last batch has not been released yet."""
         request = self._claimed

@@ -71,6 +71,7 @@ _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.Decompressio
 # lazily, so fork is safe, and a rank started with spawn (imgpipe train --gpus N) would otherwise
 # spawn its workers too and pay seconds of imports per worker and epoch start.
 WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+DEFAULT_PREFETCH_FACTOR = 2  # batches requested ahead per worker
 
 
 def release_dead_shared_storages() -> None:
@@ -212,6 +213,14 @@ class RingRequests(Sampler):
             yield BatchRequest(epoch, indices, None if self.ring is None else self.ring.claim())
 
 
+def batch_images(ring: BatchRing | None, sent: torch.Tensor | int, count: int) -> torch.Tensor:
+    """The images a worker sent back: its tensor, or the first ``count`` images of the ring slot it names."""
+    if isinstance(sent, int):
+        assert ring is not None
+        return ring.batch(sent, count)
+    return sent
+
+
 def collate_whole_batch(batch: Any) -> Any:
     """The DataLoader collate function for items that already are whole batches."""
     return batch
@@ -321,10 +330,7 @@ class TorchLoader:
             self.skipped += len(skipped)
             for index in skipped.tolist():
                 logger.warning("skipped corrupt %s (replaced by another sample of its batch)", self.shards.describe(index))
-        if isinstance(images, int):
-            assert self._ring is not None
-            return self._ring.batch(images, len(labels)), labels, True
-        return images, labels, False
+        return batch_images(self._ring, images, len(labels)), labels, isinstance(images, int)
 
     def _release(self) -> None:
         """The batch just received has been copied out of its ring slot (if it had one)."""
@@ -400,7 +406,7 @@ def make_torch_loader(
     on_corrupt: str = "raise",
     sample_transform: SampleTransform | None = None,
     persistent_workers: bool = True,
-    prefetch_factor: int = 2,
+    prefetch_factor: int = DEFAULT_PREFETCH_FACTOR,
     pin_memory: bool | None = None,
     multiprocessing_context: str | None = None,
 ) -> TorchLoader:
@@ -449,8 +455,8 @@ def make_torch_loader(
         raise ConfigError(f"workers must be >= 0, got {workers}")
     layout = torch.channels_last if channels_last or device.type == "cuda" else torch.contiguous_format  # HWC slots: one memcpy per image
     ring = None
-    if workers > 0 and persistent_workers:  # the requests in flight, and the batch being copied out
-        ring = BatchRing(workers * prefetch_factor + 1, batch_size=batch_size, image_size=image_size, memory_format=layout)
+    if workers > 0 and persistent_workers:
+        ring = BatchRing.for_dataloader(workers, prefetch_factor, batch_size=batch_size, image_size=image_size, memory_format=layout)
     dataset = BatchDataset(
         shards,
         geometry=geometry,
