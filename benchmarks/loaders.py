@@ -17,10 +17,10 @@ Per-worker memory is sampled after every epoch (persistent workers; torch-based 
 DALI uses threads): RSS, and the private part (pages not shared with the parent), which is
 what copy-on-read growth shows in; the main process's private memory is sampled too (it
 receives and normalizes every batch; with every loader alive in the round-robin it also holds
-the DALI pipelines' buffers, which grow round after round, so compare it with --only). The decode-only limit decodes every train JPEG once with
-Pillow in one process (one core), and in as many processes at once as the loaders get workers
-(what the cores decode together); for the per-core goal a decode-only pass also runs just
-before each imgpipe-torch train epoch.
+the DALI pipelines' buffers, which grow round after round, so compare it with --only). The
+decode-only limit decodes every train JPEG once with Pillow in one process (one core), and in
+as many processes at once as the loaders get workers (what the cores decode together); for the
+per-core goal a decode-only pass also runs just before each imgpipe-torch train epoch.
 
     python benchmarks/loaders.py --quick --workers 2
 """
@@ -239,52 +239,46 @@ def decode_in_child(rec: Path, repeats: int, start: Any, results: Any) -> None:
         results.put((len(payloads) / (time.perf_counter() - began), len(payloads) / max(time.process_time() - cpu, 1e-9)))
 
 
-def decode_only(rec: Path, repeats: int, processes: int) -> dict[str, float]:
-    """The decode-only limit: every train JPEG decoded once with Pillow in one process (images/s,
-    images per CPU-second), and in ``processes`` processes at once (images/s: what this machine's
-    cores decode together, which is less than ``processes`` times one core where cores share
-    caches, memory bandwidth or a hypervisor's time).
+def decode_in_children(rec: Path, count: int, repeats: int) -> list[tuple[float, float]]:
+    """(images/s, images per CPU-second) of every pass of ``count`` forked children decoding at once, ``repeats`` passes each.
 
-    Both run in forked children, so this process never holds the payloads: a parent whose heap
-    has just freed hundreds of MB hands that fragmented heap to the loaders' forked workers,
-    whose private memory then grows epoch after epoch (measured with the old Pillow loader and
-    the new one alike), which is not how a training script starts its loaders.
+    Children, so this process never holds the payloads: a parent whose heap has just freed
+    hundreds of MB hands that fragmented heap to the loaders' forked workers, whose private
+    memory then grows epoch after epoch (measured with the old Pillow loader and the new one
+    alike), which is not how a training script starts its loaders.
     """
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
-    figures: dict[str, list[float]] = {}
-    for label, count in (("one", 1), ("parallel", processes)):
-        start, results = context.Barrier(count + 1), context.Queue()
-        children = [context.Process(target=decode_in_child, args=(rec, repeats, start, results)) for _ in range(count)]
-        for child in children:
-            child.start()
-        start.wait()
-        passes = [results.get() for _ in range(count * repeats)]
-        for child in children:
-            child.join()
-        figures[label] = [rate for rate, _ in passes]
-        figures[label + "_cpu"] = [per_cpu for _, per_cpu in passes]
+    start, results = context.Barrier(count + 1), context.Queue()
+    children = [context.Process(target=decode_in_child, args=(rec, repeats, start, results)) for _ in range(count)]
+    for child in children:
+        child.start()
+    start.wait()
+    passes = [results.get() for _ in range(count * repeats)]
+    for child in children:
+        child.join()
+    return passes
+
+
+def decode_only(rec: Path, repeats: int, processes: int) -> dict[str, float]:
+    """The decode-only limit: every train JPEG decoded once with Pillow in one process (images/s,
+    images per CPU-second), and in ``processes`` processes at once (images/s: what this machine's
+    cores decode together, which is less than ``processes`` times one core where cores share
+    caches, memory bandwidth or a hypervisor's time)."""
+    one = decode_in_children(rec, 1, repeats)
+    parallel = decode_in_children(rec, processes, repeats)
     return {
-        "images_per_s": statistics.median(figures["one"]),
-        "images_per_cpu_s": statistics.median(figures["one_cpu"]),
+        "images_per_s": statistics.median(rate for rate, _ in one),
+        "images_per_cpu_s": statistics.median(per_cpu for _, per_cpu in one),
         "processes": processes,
-        "parallel_images_per_s": processes * statistics.median(figures["parallel"]),
+        "parallel_images_per_s": processes * statistics.median(rate for rate, _ in parallel),
     }
 
 
 def decode_pass(rec: Path) -> float:
-    """One single-process decode-only pass (images/s), in a forked child, to pair with a loader epoch."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("fork")
-    start, results = context.Barrier(2), context.Queue()
-    child = context.Process(target=decode_in_child, args=(rec, 1, start, results))
-    child.start()
-    start.wait()
-    rate = results.get()[0]
-    child.join()
-    return float(rate)
+    """One single-process decode-only pass (images/s), to pair with a loader epoch."""
+    return decode_in_children(rec, 1, 1)[0][0]
 
 
 def measure_split(
@@ -345,14 +339,14 @@ def round_ratios(figures: dict[str, Any], split: str, mine: str, theirs: str) ->
     return [m / t for m, t in zip(ours, other)]
 
 
-def report_ratio(figures: dict[str, Any], split: str, mine: str, theirs: str, goal: float | None, note: str = "") -> None:
-    """Print and record the median of ``round_ratios`` (and the ratio of images per CPU-second), with the goal's verdict."""
+def report_ratio(figures: dict[str, Any], key: str, split: str, mine: str, theirs: str, goal: float | None, note: str = "") -> None:
+    """Print the median of ``round_ratios`` (and the ratio of images per CPU-second), with the goal's verdict;
+    record them as ``figures[key + "_" + split]``."""
     rounds = round_ratios(figures, split, mine, theirs)
     wall = statistics.median(rounds)
     eff = figures[split][mine]["images_per_cpu_s"] / figures[split][theirs]["images_per_cpu_s"]
     verdict = f"goal >= {goal}x: {'PASS' if wall >= goal else 'MISS'}  " if goal is not None else ""
     print(f"  {mine} / {theirs:19s} {split:5s} {wall:5.2f}x ({eff:5.2f}x per CPU-s)  {verdict}rounds {', '.join(f'{r:.2f}' for r in rounds)}  {note}".rstrip())
-    key = "ratio_vs_whole_decode" if theirs == "imgpipe-torch-whole" else f"ratio_{mine}_vs_{theirs}" if mine != "imgpipe-torch" else f"ratio_vs_{theirs}"
     figures[f"{key}_{split}"] = {"wall": wall, "rounds": rounds, "per_cpu": eff}
 
 
@@ -421,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         if ours is None or other not in figures["train"]:
             continue
         for split in ("train", "val"):
-            report_ratio(figures, split, "imgpipe-torch", other, goal if split == "train" else None)
+            report_ratio(figures, f"ratio_vs_{other}", split, "imgpipe-torch", other, goal if split == "train" else None)
     if ours is not None:
         cores = min(a.workers, cpus)
         pairs = [rate / cores / decode for rate, decode in zip(ours["epochs_images_per_s"][1:], ours["paired_images_per_s"][1:])]
@@ -434,10 +428,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  imgpipe-torch / decode-only in {d['processes']} processes train {parallel:5.2f}x")
     if ours is not None and "imgpipe-torch-whole" in figures["train"]:
         for split in ("train", "val"):
-            report_ratio(figures, split, "imgpipe-torch", "imgpipe-torch-whole", None, "what the region decoder brings")
+            report_ratio(figures, "ratio_vs_whole_decode", split, "imgpipe-torch", "imgpipe-torch-whole", None, "what the region decoder brings")
     if "imgpipe-dali" in figures["train"] and "dali-plain" in figures["train"]:
         for split in ("train", "val"):
-            report_ratio(figures, split, "imgpipe-dali", "dali-plain", None)
+            report_ratio(figures, "ratio_imgpipe-dali_vs_dali-plain", split, "imgpipe-dali", "dali-plain", None)
     if a.json:
         a.json.write_text(json.dumps(figures, indent=1, default=float) + "\n")
     return 0
