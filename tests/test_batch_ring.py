@@ -3,6 +3,7 @@ copied out, and every batch handed to the caller is the caller's own."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ torch = pytest.importorskip("torch")
 from _tiny_shards import make_tiny_pack  # noqa: E402
 
 from imgpipe.errors import ConfigError  # noqa: E402
-from imgpipe.loaders.ring import BatchRing, check_shared_memory  # noqa: E402
+from imgpipe.loaders.ring import BatchRing, allocation_lock, check_shared_memory  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
 
 SIZE = 24
@@ -109,3 +110,39 @@ def test_without_persistent_workers_there_is_no_ring(tiny: Path, monkeypatch: py
     reference = _loader(tiny, workers=0, normalize=False)
     assert all(np.array_equal(a, b) for a, b in zip(batches, [x.numpy() for _ in range(2) for x, _ in reference], strict=True))
     assert claims == []
+
+
+def test_a_ring_larger_than_available_memory_is_a_clear_error(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       4096 kB\nMemAvailable:   2048 kB\n")
+    check_shared_memory(1024, 3, str(tmp_path), meminfo=str(meminfo))  # fits
+    with pytest.raises(ConfigError, match=r"3 shared-memory batches need 3 MiB but only 2 MiB of memory is available; lower batch_size"):
+        check_shared_memory(3 << 20, 3, str(tmp_path), meminfo=str(meminfo))
+
+
+def test_shared_memory_that_runs_out_while_allocating_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a second rank can take the room between the check and the allocation: torch then fails to allocate
+    def out_of_room(self: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("unable to allocate shared memory(shm) for file </torch_1_2_0>: No space left on device (28)")
+
+    monkeypatch.setattr(torch.Tensor, "share_memory_", out_of_room)
+    with pytest.raises(ConfigError, match=r"^the torch loader's 3 shared-memory batches need 0 MiB but /dev/shm ran out \(unable to allocate .*\); enlarge it") as info:
+        BatchRing(3, batch_size=2, image_size=4, memory_format=torch.contiguous_format)
+    assert "\n" not in str(info.value)
+
+
+def test_rings_are_checked_and_allocated_one_at_a_time(tmp_path: Path) -> None:
+    done = threading.Event()
+
+    def second_rank() -> None:
+        with allocation_lock(str(tmp_path)):
+            done.set()
+
+    with allocation_lock(str(tmp_path)):
+        thread = threading.Thread(target=second_rank)
+        thread.start()
+        assert not done.wait(0.5)  # blocked while the first holds the lock
+    assert done.wait(10)
+    thread.join()
+    with allocation_lock(str(tmp_path / "missing")):  # no folder for the lock file: no lock, no error
+        pass

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from imgpipe.diskinfo import DiskInfo
+from imgpipe.meminfo import parse_meminfo
 
 logger = logging.getLogger(__name__)
 
@@ -90,21 +91,6 @@ def read_mb_s(before: dict[str, int], after: dict[str, int], device: str, second
     if device not in before or device not in after or seconds <= 0:
         return None
     return (after[device] - before[device]) * SECTOR_BYTES / seconds / 1e6
-
-
-# ----------------------------------------------------------------------------- /proc/meminfo
-
-
-def parse_meminfo(text: str) -> dict[str, int]:
-    """Map /proc/meminfo keys to bytes."""
-    values: dict[str, int] = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts:
-            scale = 1024 if len(parts) > 1 and parts[1] == "kB" else 1
-            values[key.strip()] = int(parts[0]) * scale
-    return values
 
 
 # ----------------------------------------------------------------------------- which disk

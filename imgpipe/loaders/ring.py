@@ -19,11 +19,14 @@ without a slot (its worker allocates a new shared tensor, as without the ring).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Iterator
 
 import torch
 
 from imgpipe.errors import ConfigError
+from imgpipe.meminfo import MEMINFO, available_memory
 
 SHARED_MEMORY_DIR = "/dev/shm"
 
@@ -35,8 +38,13 @@ class BatchRing:
         self.slots = slots
         self.batch_size = batch_size
         shape = (slots * batch_size, 3, image_size, image_size)
-        check_shared_memory(slots * batch_size * 3 * image_size * image_size, slots)
-        self.images = torch.empty(shape, dtype=torch.uint8, memory_format=memory_format).share_memory_()
+        size = slots * batch_size * 3 * image_size * image_size
+        with allocation_lock():  # ranks starting together check and allocate one after the other
+            check_shared_memory(size, slots)
+            try:
+                self.images = torch.empty(shape, dtype=torch.uint8, memory_format=memory_format).share_memory_()
+            except RuntimeError as e:  # something other than a ring took the room after the check
+                raise shared_memory_error(size, slots, f"{SHARED_MEMORY_DIR} ran out ({str(e).splitlines()[0]})") from None
         self._claimed = 0  # requests that asked for a slot, ever
         self._released = 0  # of those, the ones whose batch the main process has copied out
 
@@ -72,16 +80,48 @@ class BatchRing:
         return self.images[start : start + count]
 
 
-def check_shared_memory(size: int, slots: int, folder: str = SHARED_MEMORY_DIR) -> None:
-    """Refuse a ring larger than the free space of ``folder`` (a tmpfs): ``share_memory_`` writes every
-    page of it at once, and a tmpfs that runs out answers with a bus error that kills the process."""
+@contextlib.contextmanager
+def allocation_lock(folder: str = SHARED_MEMORY_DIR) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder``/.imgpipe-ring.lock: without it, every rank of a node
+    checks the room before any has allocated, they all pass, and together they exhaust it
+    (measured: two 19 GB rings on a 24 GB machine, one rank killed by the OOM killer, no message).
+    No lock where the file cannot be opened, or without ``fcntl`` (not Unix)."""
+    try:
+        import fcntl
+
+        fd = os.open(os.path.join(folder, ".imgpipe-ring.lock"), os.O_RDONLY | os.O_CREAT, 0o666)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def check_shared_memory(size: int, slots: int, folder: str = SHARED_MEMORY_DIR, meminfo: str = MEMINFO) -> None:
+    """Refuse a ring larger than the free space of ``folder`` (a tmpfs) or than the memory available
+    (tmpfs pages are memory): torch would fail to allocate it, or the kernel's OOM killer would
+    end the process while ``share_memory_`` writes it."""
     try:
         stats = os.statvfs(folder)
     except OSError:  # no such tmpfs here (not Linux): nothing to check
         return
     free = stats.f_bavail * stats.f_frsize
     if size > free:
+        raise shared_memory_error(size, slots, f"{folder} has {free / 2**20:.0f} MiB free")
+    memory = available_memory(meminfo)
+    if memory is not None and size > memory:
         raise ConfigError(
-            f"the torch loader's {slots} shared-memory batches need {size / 2**20:.0f} MiB but {folder} has "
-            f"{free / 2**20:.0f} MiB free; enlarge it (docker run --shm-size=...) or lower batch_size, workers or prefetch_factor"
+            f"the torch loader's {slots} shared-memory batches need {size / 2**20:.0f} MiB but only "
+            f"{memory / 2**20:.0f} MiB of memory is available; lower batch_size, workers or prefetch_factor"
         )
+
+
+def shared_memory_error(size: int, slots: int, why: str) -> ConfigError:
+    """The one-line error for a ring that does not fit in shared memory (``why``: what the tmpfs said)."""
+    return ConfigError(
+        f"the torch loader's {slots} shared-memory batches need {size / 2**20:.0f} MiB but {why}; "
+        "enlarge it (docker run --shm-size=...) or lower batch_size, workers or prefetch_factor"
+    )
