@@ -210,7 +210,7 @@ def _class_tars(archive: Path) -> dict[str, tuple[int, int]]:
     found: dict[str, tuple[int, int]] = {}
     ignored = 0
     with _open(archive) as fd:
-        members = _members(fd, 0, os.fstat(fd).st_size, str(archive))
+        members = _members(fd, 0, os.fstat(fd).st_size, str(archive), archive.name)
     for name, offset, size in members:
         if "/" in name or not name.endswith(".tar") or name.startswith("."):
             ignored += 1
@@ -230,7 +230,7 @@ def _scan_train(tars: TarFiles, class_tars: dict[str, tuple[int, int]], index: d
     archive = tars.train
     assert archive is not None
     base = archive.relative_to(tars.root).as_posix()
-    tasks = [(archive, *class_tars[wnid], f"{base}/{wnid}.tar") for wnid in sorted(class_tars)]
+    tasks = [(archive, *class_tars[wnid], f"{base}/{wnid}.tar", tars.root) for wnid in sorted(class_tars)]
     processes = min(workers or available_cpus(), len(tasks))
     if processes <= 1:
         listings = [_list_images(*task) for task in tasks]
@@ -238,7 +238,7 @@ def _scan_train(tars: TarFiles, class_tars: dict[str, tuple[int, int]], index: d
         context = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         with ProcessPoolExecutor(processes, mp_context=context) as pool:
             listings = list(pool.map(_list_images_task, tasks, chunksize=max(1, len(tasks) // (8 * processes))))
-    for (_, _, _, prefix), listing in zip(tasks, listings):
+    for (_, _, _, prefix, _), listing in zip(tasks, listings):
         if not listing.names:
             logger.warning("%s: class tar has no images; its label %d stays reserved", prefix, index[prefix.rsplit("/", 1)[1][:-4]])
     return _items(
@@ -250,7 +250,7 @@ def _scan_val(tars: TarFiles, devkit: object, index: dict[str, int]) -> SplitIte
     archive = tars.val
     assert archive is not None
     with _open(archive) as fd:
-        listing = _list_images(archive, 0, os.fstat(fd).st_size, archive.relative_to(tars.root).as_posix())
+        listing = _list_images(archive, 0, os.fstat(fd).st_size, archive.relative_to(tars.root).as_posix(), tars.root)
     if devkit is not None:
         labels = np.empty(len(listing.names), np.int32)
         for k, name in enumerate(listing.names):
@@ -277,17 +277,18 @@ def _items(listings: list[_Listing], labels: list[np.ndarray], archive: Path) ->
     return SplitItems(names, np.concatenate(labels) if labels else np.zeros(0, np.int32), rejected, spans)
 
 
-def _list_images_task(task: tuple[Path, int, int, str]) -> _Listing:
+def _list_images_task(task: tuple[Path, int, int, str, Path]) -> _Listing:
     return _list_images(*task)
 
 
-def _list_images(archive: Path, start: int, size: int, prefix: str) -> _Listing:
-    """The image members of the tar at [start, start + size) of ``archive``, as ``prefix/name``, sorted as ImageFolder sorts."""
+def _list_images(archive: Path, start: int, size: int, prefix: str, root: Path) -> _Listing:
+    """The image members of the tar at [start, start + size) of ``archive``, as ``prefix/name``
+    (``prefix`` relative to ``root``), sorted as ImageFolder sorts."""
     found: list[tuple[str, int, int]] = []
     rejected: list[tuple[str, str]] = []
     ignored = 0
     with _open(archive) as fd:
-        for name, offset, length in _members(fd, start, size, prefix):
+        for name, offset, length in _members(fd, start, size, str(root / prefix), archive.name):
             path = f"{prefix}/{name}"
             if not stays_inside_source_root(name):
                 rejected.append((path, ESCAPE_REASON))
@@ -311,10 +312,11 @@ def _list_images(archive: Path, start: int, size: int, prefix: str) -> _Listing:
     )
 
 
-def _members(fd: int, start: int, size: int, where: str) -> list[tuple[str, int, int]]:
+def _members(fd: int, start: int, size: int, where: str, download: str) -> list[tuple[str, int, int]]:
     """(name, absolute data offset, size) of each regular member of the tar at [start, start + size) of ``fd``.
 
-    Raises a DatasetError naming ``where`` and the last good member when the tar is truncated or corrupt.
+    Raises a DatasetError naming ``where`` and the last good member when the tar is truncated or
+    corrupt, and saying to download ``download`` (the file holding it) again.
     """
     window = _Window(fd, start, size)
     members: list[tuple[str, int, int]] = []
@@ -323,26 +325,26 @@ def _members(fd: int, start: int, size: int, where: str) -> list[tuple[str, int,
         with tarfile.TarFile(fileobj=window, mode="r") as archive:  # type: ignore[arg-type]
             while (member := archive.next()) is not None:
                 if member.offset_data + member.size > size:
-                    raise DatasetError(_broken(where, f"ends inside member {_clean(member.name)}"))
+                    raise DatasetError(_broken(where, f"ends inside member {_clean(member.name)}", download))
                 if member.isreg():
                     if member.sparse is not None:
-                        raise DatasetError(f"{where}: member {member.name} is a sparse file; ImageNet tars have none, download again")
+                        raise DatasetError(f"{where}: member {member.name} is a sparse file; ImageNet tars have none: download {download} again")
                     members.append((_clean(member.name), start + member.offset_data, member.size))
                 last = f"member {_clean(member.name)}"
                 archive.members.clear()  # memory stays flat: the names are kept here, not as TarInfo objects
             end = archive.offset
     except tarfile.TarError as e:
-        raise DatasetError(_broken(where, f"{e} after {last}")) from None
+        raise DatasetError(_broken(where, f"{e} after {last}", download)) from None
     tail = os.pread(fd, BLOCK, start + end) if end + BLOCK <= size else b""
     if len(tail) < BLOCK:
-        raise DatasetError(_broken(where, f"ends after {last} without the end-of-archive block"))
+        raise DatasetError(_broken(where, f"ends after {last} without the end-of-archive block", download))
     if tail.count(0) != BLOCK:
-        raise DatasetError(_broken(where, f"unreadable header at byte {end} after {last}"))
+        raise DatasetError(_broken(where, f"unreadable header at byte {end} after {last}", download))
     return members
 
 
-def _broken(where: str, what: str) -> str:
-    return f"{where}: truncated or corrupt tar: {what}; download it again and rerun"
+def _broken(where: str, what: str, download: str) -> str:
+    return f"{where}: truncated or corrupt tar: {what}; download {download} again and rerun"
 
 
 def _clean(name: str) -> str:
