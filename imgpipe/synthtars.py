@@ -18,7 +18,7 @@ import gzip
 import io
 import tarfile
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Iterable
 
 import numpy as np
 
@@ -35,9 +35,9 @@ PARENT_SYNSETS = 3  # non-leaf synsets in meta.mat, which a reader must leave ou
 def write_imagenet_tars(tree: Path, out: Path, wnids: list[str], seed: int) -> int:
     """Write the three image-net.org files of the synthetic ``tree`` into ``out``; return their total bytes."""
     rng = np.random.default_rng([seed, 17])
-    class_tars = {wnid: _tar_bytes(_files(tree / "train" / wnid), rng) for wnid in wnids}
     order = rng.permutation(len(wnids)).tolist()
-    atomic_write(out / TRAIN_TAR, lambda f: _write_tar(f, [(f"{wnids[k]}.tar", class_tars[wnids[k]]) for k in order]))
+    class_tars = ((f"{wnids[k]}.tar", _tar_bytes(_files(tree / "train" / wnids[k]), rng)) for k in order)  # one in memory at a time
+    atomic_write(out / TRAIN_TAR, lambda f: _write_tar(f, class_tars))
     val_files = _files(tree / "val")
     atomic_write(out / VAL_TAR, lambda f: _write_tar(f, [val_files[k] for k in rng.permutation(len(val_files)).tolist()]))
     csv = tree / "LOC_val_solution.csv"
@@ -58,7 +58,7 @@ def _tar_bytes(files: list[tuple[str, bytes]], rng: np.random.Generator) -> byte
     return buffer.getvalue()
 
 
-def _write_tar(f: BinaryIO, files: list[tuple[str, bytes]]) -> None:
+def _write_tar(f: BinaryIO, files: Iterable[tuple[str, bytes]]) -> None:
     with tarfile.open(fileobj=f, mode="w", format=tarfile.GNU_FORMAT) as archive:
         for name, data in files:
             info = tarfile.TarInfo(name)
