@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 TRAIN_TAR = "ILSVRC2012_img_train.tar"
 VAL_TAR = "ILSVRC2012_img_val.tar"
 BLOCK = 512
-ESCAPE_REASON = "member name is absolute or climbs out with '..'; it is left out"
+ESCAPE_REASON = "member name is absolute or climbs out with '..'"
 
 
 @dataclass(frozen=True)

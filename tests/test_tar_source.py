@@ -269,3 +269,26 @@ def test_node_identity_arguments_win_over_slurm() -> None:
     assert node_identity(None, None, {}) == (1, 0)
     assert node_identity(2, 1, slurm) == (2, 1)
     assert node_identity(None, 0, slurm) == (4, 0)
+
+
+@pytest.mark.timeout(120)
+def test_member_names_that_escape_are_left_out_and_listed(twins: tuple[Path, Path], tmp_path: Path) -> None:
+    tree, tars = twins
+    image = (tree / "val" / "ILSVRC2012_val_00000001.JPEG").read_bytes()
+    src = tmp_path / "src"
+    src.mkdir()
+    os.link(tars / DEVKIT_NAME, src / DEVKIT_NAME)
+    names = ["./ILSVRC2012_val_00000001.JPEG", "../ILSVRC2012_val_00000002.JPEG", "/abs/ILSVRC2012_val_00000003.JPEG",
+             "._ILSVRC2012_val_00000004.JPEG", "README.txt"]  # fmt: skip
+    with tarfile.open(src / VAL_TAR, "w", format=tarfile.GNU_FORMAT) as archive:
+        for name in names:
+            info = tarfile.TarInfo(name)
+            info.size = len(image)
+            archive.addfile(info, io.BytesIO(image))
+    report = pack(src, tmp_path / "out", workers=1, progress=False)
+    assert report.records == {"val": 1}
+    assert (tmp_path / "out" / "val.sources.txt").read_text() == f"{VAL_TAR}/ILSVRC2012_val_00000001.JPEG\n"
+    assert sorted(s.path for s in report.skipped) == [f"{VAL_TAR}/../ILSVRC2012_val_00000002.JPEG", f"{VAL_TAR}//abs/ILSVRC2012_val_00000003.JPEG"]
+    assert all("climbs out" in s.reason for s in report.skipped)
+    verified = imgpipe("verify", tmp_path / "out")
+    assert verified.returncode == 0, verified.stdout
