@@ -17,20 +17,20 @@ the damage starts.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
+import multiprocessing as mp
 import os
 import tarfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
-
-import multiprocessing as mp
+from typing import Iterator, Sequence
 
 import numpy as np
 
-from imgpipe.devkit import DEVKIT_NAME, read_devkit
+from imgpipe.devkit import DEVKIT_NAME, Devkit, read_devkit
 from imgpipe.distenv import available_cpus
 from imgpipe.errors import DatasetError
 from imgpipe.manifest import stays_inside_source_root
@@ -180,29 +180,25 @@ def scan_tars(tars: TarFiles, splits: Sequence[str] | None, workers: int | None 
     index = {name: i for i, name in enumerate(classes)}
     tree = SourceTree(root=tars.root, layout="tarballs", classes=classes)
     for split in wanted:
-        if split == "train":
-            tree.splits[split] = _scan_train(tars, class_tars or {}, index, workers)
-        else:
-            tree.splits[split] = _scan_val(tars, devkit, index)
+        if split == "train" and tars.train is not None and class_tars is not None:
+            tree.splits[split] = _scan_train(tars.train, tars.root, class_tars, index, workers)
+        elif tars.val is not None:
+            tree.splits[split] = _scan_val(tars.val, tars, devkit, index)
         logger.info("%s: %d images in %s", split, len(tree.splits[split]), found[split])
     return tree
 
 
-class _open:
-    """An O_RDONLY file descriptor as a context manager; a missing file is a DatasetError."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __enter__(self) -> int:
-        try:
-            self.fd = os.open(self.path, os.O_RDONLY)
-        except OSError as e:
-            raise DatasetError(f"{self.path}: cannot open ({e.strerror})") from None
-        return self.fd
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)
+@contextlib.contextmanager
+def _open(path: Path) -> Iterator[int]:
+    """A read-only file descriptor of ``path``; a file that cannot be opened is a DatasetError."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot open ({e.strerror})") from None
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _class_tars(archive: Path) -> dict[str, tuple[int, int]]:
@@ -226,11 +222,13 @@ def _class_tars(archive: Path) -> dict[str, tuple[int, int]]:
     return found
 
 
-def _scan_train(tars: TarFiles, class_tars: dict[str, tuple[int, int]], index: dict[str, int], workers: int | None) -> SplitItems:
-    archive = tars.train
-    assert archive is not None
-    base = archive.relative_to(tars.root).as_posix()
-    tasks = [(archive, *class_tars[wnid], f"{base}/{wnid}.tar", tars.root) for wnid in sorted(class_tars)]
+def _scan_train(
+    archive: Path, root: Path, class_tars: dict[str, tuple[int, int]], index: dict[str, int], workers: int | None
+) -> SplitItems:
+    """List every class tar of the train tar, in parallel; labels by sorted wnid."""
+    wnids = sorted(class_tars)
+    base = archive.relative_to(root).as_posix()
+    tasks = [(archive, *class_tars[wnid], f"{base}/{wnid}.tar", root) for wnid in wnids]
     processes = min(workers or available_cpus(), len(tasks))
     if processes <= 1:
         listings = [_list_images(*task) for task in tasks]
@@ -238,23 +236,19 @@ def _scan_train(tars: TarFiles, class_tars: dict[str, tuple[int, int]], index: d
         context = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         with ProcessPoolExecutor(processes, mp_context=context) as pool:
             listings = list(pool.map(_list_images_task, tasks, chunksize=max(1, len(tasks) // (8 * processes))))
-    for (_, _, _, prefix, _), listing in zip(tasks, listings):
+    for wnid, listing in zip(wnids, listings):
         if not listing.names:
-            logger.warning("%s: class tar has no images; its label %d stays reserved", prefix, index[prefix.rsplit("/", 1)[1][:-4]])
-    return _items(
-        listings, [np.full(len(listing.names), index[wnid], np.int32) for wnid, listing in zip(sorted(class_tars), listings)], archive
-    )
+            logger.warning("%s/%s.tar: class tar has no images; its label %d stays reserved", archive, wnid, index[wnid])
+    return _items(listings, [np.full(len(listing.names), index[wnid], np.int32) for wnid, listing in zip(wnids, listings)], archive)
 
 
-def _scan_val(tars: TarFiles, devkit: object, index: dict[str, int]) -> SplitItems:
-    archive = tars.val
-    assert archive is not None
-    with _open(archive) as fd:
-        listing = _list_images(archive, 0, os.fstat(fd).st_size, archive.relative_to(tars.root).as_posix(), tars.root)
+def _scan_val(archive: Path, tars: TarFiles, devkit: Devkit | None, index: dict[str, int]) -> SplitItems:
+    """List the flat val tar; labels from the devkit, else from the val CSV."""
+    listing = _list_images(archive, 0, archive.stat().st_size, archive.relative_to(tars.root).as_posix(), tars.root)
     if devkit is not None:
         labels = np.empty(len(listing.names), np.int32)
         for k, name in enumerate(listing.names):
-            wnid = devkit.val_wnid(name)  # type: ignore[attr-defined]
+            wnid = devkit.val_wnid(name)
             if wnid not in index:
                 raise DatasetError(f"{tars.root / name}: devkit class {wnid!r} is not one of the {len(index)} train classes")
             labels[k] = index[wnid]
