@@ -122,7 +122,8 @@ def _classify(paths: list[Path]) -> TarFiles:
     roles: dict[str, Path] = {}
     for path in paths:
         if not path.is_file():
-            raise DatasetError(f"{path}: no such file; name the train tar, the val tar, the devkit or {VAL_CSV}")
+            what = "is a folder" if path.is_dir() else "no such file"
+            raise DatasetError(f"{path}: {what}; among several SRCs name only the train tar, the val tar, the devkit or {VAL_CSV}")
         name = path.name.lower()
         if name.endswith((".tar.gz", ".tgz")):
             role = "devkit"
