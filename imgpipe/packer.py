@@ -1,6 +1,7 @@
 """``imgpipe pack``: scan a source tree, plan shards, write them in parallel, resume, finalize.
 
-Flow: ``source.scan`` -> ``plan.make_plan`` (pure function of the options) -> check DST
+Flow: ``source.scan`` (files, or members of image-net.org's tars read in place by
+``tarsource``) -> ``plan.make_plan`` (pure function of the options) -> check DST
 against the journal (same options, or ``--overwrite``) -> free-space check and slow-disk
 warning -> worker processes each write whole shards (``shardwriter``) -> when every shard
 of the plan is journaled, the sidecars and ``manifest.json`` are written (atomically, last).
