@@ -292,3 +292,14 @@ def test_member_names_that_escape_are_left_out_and_listed(twins: tuple[Path, Pat
     assert all("climbs out" in s.reason for s in report.skipped)
     verified = imgpipe("verify", tmp_path / "out")
     assert verified.returncode == 0, verified.stdout
+
+
+def test_synth_tars_command_writes_the_three_files_once(tmp_path: Path) -> None:
+    args = ("synth", tmp_path / "tars", "--tars", "--classes", "2", "--per-class", "2", "--val-per-class", "1", "--min-side", "16", "--max-side", "32")
+    first = imgpipe(*args)
+    assert first.returncode == 0, first.stderr
+    assert sorted(p.name for p in (tmp_path / "tars").iterdir()) == sorted([".imgpipe-synth.json", TRAIN_TAR, VAL_TAR, DEVKIT_NAME])
+    stamps = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "tars").iterdir()}
+    again = imgpipe(*args)
+    assert again.returncode == 0 and again.stdout == first.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "tars").iterdir()} == stamps
