@@ -88,7 +88,7 @@ def test_tars_pack_byte_identical_to_extracted_tree_and_verify(twins: tuple[Path
     assert info.returncode == 0 and f"{TRAIN_TAR}/" in info.stdout, info.stderr
 
 
-def test_devkit_ids_in_shuffled_order_give_sorted_wnid_classes(twins: tuple[Path, Path]) -> None:
+def test_devkit_ids_in_shuffled_order_give_sorted_wnid_classes(twins: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tree, tars = twins
     from scipy.io import loadmat
 
@@ -106,6 +106,16 @@ def test_devkit_ids_in_shuffled_order_give_sorted_wnid_classes(twins: tuple[Path
     csv = {line.split(",")[0]: line.split(",")[1].split()[0] for line in (tree / "LOC_val_solution.csv").read_text().splitlines()[1:]}
     assert len(devkit.ground_truth) == len(csv) == 12
     assert {name: devkit.val_wnid(name + ".JPEG") for name in csv} == csv
+
+    # torchvision's own devkit parser reads the synthetic devkit the same way (its md5 check is for the real file)
+    from torchvision.datasets import imagenet
+
+    monkeypatch.setattr(imagenet, "_verify_archive", lambda *args: None)
+    shutil.copy(tars / DEVKIT_NAME, tmp_path)
+    imagenet.parse_devkit_archive(str(tmp_path))
+    wnid_to_classes, val_wnids = imagenet.load_meta_file(str(tmp_path))
+    assert sorted(wnid_to_classes) == classes
+    assert val_wnids == [devkit.val_wnid(f"ILSVRC2012_val_{k:08d}.JPEG") for k in range(1, len(csv) + 1)]
 
 
 @pytest.mark.timeout(120)
