@@ -2,7 +2,8 @@
 
 Modes:
   (a) keep bytes: ``imgpipe pack`` (default) vs ``im2rec.py --pass-through`` (and ``cp -r``);
-  (b) re-encode:  ``imgpipe pack --resize 256 --quality 95`` vs ``im2rec.py --resize 256 --quality 95``.
+  (b) re-encode:  ``imgpipe pack --resize 256 --quality 95`` vs ``im2rec.py --resize 256 --quality 95``;
+  (t) tarballs:   ``imgpipe pack`` of the tree packed as ``ILSVRC2012_img_train.tar`` vs of the tree itself.
 
 im2rec is timed as its two real steps, ``--list --recursive`` then the packing run;
 imgpipe as one ``imgpipe pack`` (it lists by itself). Every command runs in a fresh
@@ -16,6 +17,7 @@ Usage::
 
     python benchmarks/pack_vs_im2rec.py                       # synthetic 20 classes x 50 (~100 MB)
     python benchmarks/pack_vs_im2rec.py --replicate 11 --modes a --cp   # a >= 1 GB tree, vs cp -r
+    python benchmarks/pack_vs_im2rec.py --modes t             # from the tars vs from the extracted tree
     IMGPIPE_MXNET_PYTHON=/path/to/mxnet/venv/bin/python python benchmarks/pack_vs_im2rec.py --src SRC
 """
 
@@ -92,6 +94,30 @@ def records_in(folder: Path) -> int:
     return sum(len(p.read_text().splitlines()) for p in folder.glob("*.idx"))
 
 
+def time_tars(src: Path, work: Path, workers: int, repeats: int, images: int) -> None:
+    """Mode t: keep-bytes pack from the train tar (read in place) vs from the extracted tree, runs interleaved."""
+    from imgpipe.synthtars import write_imagenet_tars
+
+    tars = work / f"{src.name}-tars"
+    if not (tars / "ILSVRC2012_img_train.tar").is_file():
+        tars.mkdir(parents=True, exist_ok=True)
+        write_imagenet_tars(src, tars, sorted(p.name for p in (src / "train").iterdir() if p.is_dir()), seed=0)
+    (tars / "ILSVRC2012_img_train.tar").read_bytes()  # warm the page cache, as tree_stats did for the tree
+    out = work / "out-tars"
+    times: dict[str, list[float]] = {"tree": [], "tars": []}
+    for _ in range(repeats):
+        for name, source in (("tree", src), ("tars", tars)):
+            shutil.rmtree(out, ignore_errors=True)
+            times[name].append(run_timed(imgpipe_commands(source, out, workers, resize=False)))
+            assert records_in(out) == images, f"pack from the {name} packed an unexpected number of records"
+    shutil.rmtree(out, ignore_errors=True)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    print("\n(t) keep bytes, from ILSVRC2012_img_train.tar vs from the extracted tree")
+    for name, seconds in medians.items():
+        print(f"  {name:<13} {seconds:7.2f} s  {images / seconds:9,.0f} images/s   runs: {', '.join(f'{t:.2f}' for t in times[name])}")
+    print(f"  tars / tree: {medians['tree'] / medians['tars']:.2f}x the speed")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--src", type=Path, help="tree with train/<class>/* (default: a synthetic one, made once)")
@@ -101,7 +127,7 @@ def main() -> None:
     parser.add_argument("--replicate", type=int, default=1, help="copies of each image (e.g. 11 gives ~1 GB from the default)")
     parser.add_argument("--workers", type=int, default=min(4, len(os.sched_getaffinity(0))))
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--modes", default="a,b", help="a (keep bytes), b (resize 256, quality 95), or a,b")
+    parser.add_argument("--modes", default="a,b", help="a (keep bytes), b (resize 256, quality 95), t (from the tars), e.g. a,b,t")
     parser.add_argument("--cp", action="store_true", help="also time cp -r of the train tree (mode a)")
     parser.add_argument("--mxnet-python", default=os.environ.get("IMGPIPE_MXNET_PYTHON"), help="python of the MXNet venv")
     args = parser.parse_args()
@@ -119,8 +145,11 @@ def main() -> None:
     if im2rec is None:
         print("IMGPIPE_MXNET_PYTHON / --mxnet-python not set: im2rec is not timed")
 
+    modes = [m.strip() for m in args.modes.split(",")]
+    if "t" in modes:
+        time_tars(src, args.work, args.workers, args.repeats, images)
     out = args.work / "out"
-    for mode in args.modes.split(","):
+    for mode in (m for m in modes if m != "t"):
         resize = mode.strip() == "b"
         label = "(b) --resize 256 --quality 95" if resize else "(a) keep bytes"
         times: dict[str, list[float]] = {"imgpipe": [], "im2rec": [], "cp -r": [], "cp -r + sync": []}

@@ -1,6 +1,7 @@
 """``imgpipe pack``: scan a source tree, plan shards, write them in parallel, resume, finalize.
 
-Flow: ``source.scan`` -> ``plan.make_plan`` (pure function of the options) -> check DST
+Flow: ``source.scan`` (files, or members of image-net.org's tars read in place by
+``tarsource``) -> ``plan.make_plan`` (pure function of the options) -> check DST
 against the journal (same options, or ``--overwrite``) -> free-space check and slow-disk
 warning -> worker processes each write whole shards (``shardwriter``) -> when every shard
 of the plan is journaled, the sidecars and ``manifest.json`` are written (atomically, last).
@@ -100,7 +101,7 @@ class PackReport:
 
 
 def pack(
-    src: str | os.PathLike,
+    src: str | os.PathLike | Sequence[str | os.PathLike],
     dst: str | os.PathLike,
     *,
     splits: Sequence[str] | None = None,
@@ -118,14 +119,19 @@ def pack(
     finalize: bool = False,
     progress: bool = True,
 ) -> PackReport:
-    """Pack ``src`` into RecordIO shards in ``dst``; see the module docstring. Raises PackError/DatasetError."""
+    """Pack ``src`` into RecordIO shards in ``dst``; see the module docstring. Raises PackError/DatasetError.
+
+    ``src`` is a source folder, one image-net.org tar, or several of its files (tars, devkit,
+    LOC_val_solution.csv) named one by one.
+    """
     started = time.monotonic()
-    src_path, dst_path = Path(os.path.abspath(src)), Path(os.path.abspath(dst))
-    _check_arguments(src_path, dst_path, workers, resize, quality, num_nodes, node_rank, overwrite)
+    sources = [src] if isinstance(src, (str, os.PathLike)) else list(src)
+    src_paths, dst_path = [Path(os.path.abspath(p)) for p in sources], Path(os.path.abspath(dst))
+    _check_arguments(src_paths, dst_path, workers, resize, quality, num_nodes, node_rank, overwrite)
     if shard_size is not None and shards is not None:
         raise PackError("give --shards or --shard-size, not both")
     size = parse_size(shard_size if shard_size is not None else DEFAULT_SHARD_SIZE)
-    plan = _plan(src_path, splits, size, shards, resize, quality, shuffle, seed)
+    plan, src_path = _plan(src_paths[0] if len(src_paths) == 1 else src_paths, splits, size, shards, resize, quality, shuffle, seed, workers)
     try:
         dst_path.mkdir(parents=True, exist_ok=True)
         if not os.access(dst_path, os.W_OK | os.X_OK):
@@ -173,14 +179,17 @@ def pack(
 
 
 def _check_arguments(
-    src: Path, dst: Path, workers: int | None, resize: int | None, quality: int, num_nodes: int, node_rank: int, overwrite: bool
+    srcs: Sequence[Path], dst: Path, workers: int | None, resize: int | None, quality: int, num_nodes: int, node_rank: int, overwrite: bool
 ) -> None:
-    if not src.is_dir():
-        what = "is a file, not a folder" if src.exists() else "no such folder"
-        raise PackError(f"SRC {src}: {what}; give the ImageNet root, the Kaggle download or a folder of class folders")
-    real_src, real_dst = Path(os.path.realpath(src)), Path(os.path.realpath(dst))
-    if real_dst == real_src or real_src in real_dst.parents:
-        raise PackError(f"DST {dst} is inside SRC {src}; choose a DST outside the source tree")
+    for src in srcs:
+        if not src.exists() or (not src.is_dir() and len(srcs) == 1 and not src.name.endswith(".tar")):
+            what = "is a file, not a folder or a .tar" if src.exists() else "no such folder or file"
+            raise PackError(
+                f"SRC {src}: {what}; give the ImageNet root, the Kaggle download, a folder of class folders or image-net.org's tars"
+            )
+        real_src, real_dst = Path(os.path.realpath(src)), Path(os.path.realpath(dst))
+        if src.is_dir() and (real_dst == real_src or real_src in real_dst.parents):
+            raise PackError(f"DST {dst} is inside SRC {src}; choose a DST outside the source tree")
     existing = next((p for p in (dst, *dst.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise PackError(f"DST {dst}: {existing} is a file, not a folder; choose another DST")
@@ -199,10 +208,11 @@ def _check_arguments(
 
 
 def _plan(
-    src: Path, splits: Sequence[str] | None, shard_size: int, shards: str | int | None,
-    resize: int | None, quality: int, shuffle: bool, seed: int,
-) -> PackPlan:
-    tree = source.scan(src, splits)
+    src: str | os.PathLike | Sequence[Path], splits: Sequence[str] | None, shard_size: int, shards: str | int | None,
+    resize: int | None, quality: int, shuffle: bool, seed: int, workers: int | None,
+) -> tuple[PackPlan, Path]:
+    """The plan, and the source root its paths are relative to."""
+    tree = source.scan(src, splits, workers)
     items = {name: (s.paths, s.labels) for name, s in tree.splits.items() if len(s.paths)}
     for name in tree.splits.keys() - items.keys():
         logger.warning("split %s has no images in %s; it is left out", name, src)
@@ -219,11 +229,13 @@ def _plan(
         "shuffle": shuffle,
         "seed": seed,
     }
+    spans = {name: s.spans for name, s in tree.splits.items() if s.spans is not None and name in items}
     plan = make_plan(
-        tree.root, tree.classes, items, options=options, shard_size=shard_size, shard_counts=counts, shuffle=shuffle, seed=seed
+        tree.root, tree.classes, items, options=options, shard_size=shard_size, shard_counts=counts, shuffle=shuffle, seed=seed,
+        spans=spans,
     )
     plan.rejected = {name: s.rejected for name, s in tree.splits.items() if s.rejected}
-    return plan
+    return plan, tree.root
 
 
 def _check_journal(journal: Journal, plan: PackPlan) -> None:
@@ -300,9 +312,9 @@ def _jobs(plan: PackPlan, todo: Sequence[ShardSpec], src: Path, dst: Path, resiz
     jobs = []
     for spec in todo:
         split = plan.splits[spec.split]
-        jobs.append(
-            ShardJob(dst, src, spec, split.paths[spec.start : spec.stop], split.labels[spec.start : spec.stop].tolist(), resize, quality)
-        )
+        window = slice(spec.start, spec.stop)
+        spans = split.spans.take(window) if split.spans is not None else None
+        jobs.append(ShardJob(dst, src, spec, split.paths[window], split.labels[window].tolist(), resize, quality, spans))
     return jobs
 
 

@@ -21,12 +21,15 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from imgpipe.errors import PackError
 from imgpipe.recordio import FRAME_HEADER, IR_SIZE
+
+if TYPE_CHECKING:
+    from imgpipe.tarsource import MemberSpans
 
 DEFAULT_SHARD_SIZE = "256MB"
 RECORD_OVERHEAD = FRAME_HEADER.size + IR_SIZE + 3  # frame header, IRHeader, worst-case padding
@@ -109,6 +112,7 @@ class SplitPlan:
     sizes: np.ndarray
     estimated_bytes: int
     shards: list[ShardSpec]
+    spans: MemberSpans | None = None  # tarball sources: where each planned item lies in its tar
 
 
 @dataclass
@@ -157,13 +161,19 @@ def make_plan(
     shard_counts: Mapping[str, int] | None,
     shuffle: bool,
     seed: int,
+    spans: Mapping[str, MemberSpans] | None = None,
 ) -> PackPlan:
-    """Order, shuffle and cut every split into shards; fingerprint the result."""
+    """Order, shuffle and cut every split into shards; fingerprint the result.
+
+    A split in ``spans`` lies inside a tar: its sizes are the members' (no stat), and its
+    spans are planned with it. The fingerprint does not depend on where the bytes lie.
+    """
     splits: dict[str, SplitPlan] = {}
     digest = hashlib.sha256(json.dumps({"options": dict(options), "classes": list(classes)}, sort_keys=True).encode())
     for split_index, (name, (paths, labels)) in enumerate(split_items.items()):
         labels = np.asarray(labels, dtype=np.int32)
-        sizes = source_sizes(root, paths)
+        split_spans = (spans or {}).get(name)
+        sizes = split_spans.sizes if split_spans is not None else source_sizes(root, paths)
         order = np.random.default_rng([seed, split_index]).permutation(len(paths)) if shuffle else np.arange(len(paths))
         planned_paths = [paths[k] for k in order.tolist()]
         planned_labels = labels[order]
@@ -175,7 +185,8 @@ def make_plan(
         count = max(1, min(count, len(paths)))
         bounds = [len(paths) * k // count for k in range(count + 1)]
         shards = [ShardSpec(name, k, count, bounds[k], bounds[k + 1]) for k in range(count)]
-        splits[name] = SplitPlan(name, planned_paths, planned_labels, sizes[order], estimated, shards)
+        planned_spans = split_spans.take(order) if split_spans is not None else None
+        splits[name] = SplitPlan(name, planned_paths, planned_labels, sizes[order], estimated, shards, planned_spans)
         digest.update(name.encode() + b"\0")
         digest.update("\n".join(planned_paths).encode("utf-8", "surrogateescape"))
         digest.update(planned_labels.astype("<i4").tobytes())

@@ -8,6 +8,7 @@ trusted and is rewritten by the next run.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -17,13 +18,17 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from imgpipe import codec
 from imgpipe.atomic import fsync_dir
+from imgpipe.errors import PackError
 from imgpipe.journal import Journal, ShardResult
 from imgpipe.plan import ShardSpec
 from imgpipe.recordio import IndexedRecordWriter, IRHeader, pack_header
+
+if TYPE_CHECKING:
+    from imgpipe.tarsource import MemberSpans
 
 ProgressFn = Callable[[int, int], None]  # (images done, source bytes read) since the last call
 
@@ -41,6 +46,7 @@ class ShardJob:
     labels: Sequence[int]
     resize: int | None
     quality: int
+    spans: MemberSpans | None = None  # tarball sources: read item k from this span of the tar, not from a file
 
 
 def tmp_names(dst: Path, spec: ShardSpec) -> tuple[Path, Path]:
@@ -57,6 +63,23 @@ def _read_source(path: Path) -> bytes | str:
         return f"unreadable ({e.strerror or type(e).__name__})"
 
 
+@contextlib.contextmanager
+def _source_reader(job: ShardJob) -> Iterator[Callable[[int, str], bytes | str]]:
+    """A reader of the job's item k (source path ``rel``): from its tar span, or from its file."""
+    spans = job.spans
+    if spans is None:
+        yield lambda k, rel: _read_source(job.src / rel)
+        return
+    try:
+        fd = os.open(spans.archive, os.O_RDONLY)
+    except OSError as e:
+        raise PackError(f"{spans.archive}: cannot open ({e.strerror}); was it moved since the scan?") from None
+    try:
+        yield lambda k, rel: spans.read(fd, k, rel)
+    finally:
+        os.close(fd)
+
+
 def write_shard(job: ShardJob, progress: ProgressFn | None = None) -> ShardResult:
     """Write the shard of ``job`` and journal it; return its result."""
     spec, dst = job.spec, job.dst
@@ -68,10 +91,10 @@ def write_shard(job: ShardJob, progress: ProgressFn | None = None) -> ShardResul
     source_bytes = 0
     pending_images = pending_bytes = 0
     last_report = time.monotonic()
-    with IndexedRecordWriter(rec_tmp, idx_tmp) as writer:
+    with _source_reader(job) as read, IndexedRecordWriter(rec_tmp, idx_tmp) as writer:
         for k, (rel, label) in enumerate(zip(job.paths, job.labels)):
             position = spec.start + k
-            data = _read_source(job.src / rel)
+            data = read(k, rel)
             if isinstance(data, str):
                 skipped.append((position, data))
             else:

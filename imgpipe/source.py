@@ -6,7 +6,9 @@ Accepted layouts (``SourceTree.layout``):
   or flat files labelled by ``LOC_val_solution.csv`` (beside ``val/``, inside it, or at the
   top of the Kaggle download when SRC is its ``ILSVRC/Data/CLS-LOC``);
 - ``kaggle``: ``SRC/ILSVRC/Data/CLS-LOC/{train,val}`` with ``SRC/LOC_val_solution.csv``;
-- ``class-folders``: ``SRC/<class>/*``, any folders of images, scanned as split ``train``.
+- ``class-folders``: ``SRC/<class>/*``, any folders of images, scanned as split ``train``;
+- ``tarballs``: image-net.org's ``ILSVRC2012_img_{train,val}.tar`` and devkit, read in place
+  (``tarsource``; only when SRC has no ``train/`` or Kaggle folders).
 
 Classes are the train folder names sorted as torchvision's ImageFolder sorts them (plain
 ``sorted()``); val uses the same label index. Only files with an image extension
@@ -28,11 +30,14 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from imgpipe.errors import DatasetError
+
+if TYPE_CHECKING:
+    from imgpipe.tarsource import MemberSpans
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +61,7 @@ class SplitItems:
     paths: list[str]
     labels: np.ndarray  # int32, one per path
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (path, reason) of files left out
+    spans: MemberSpans | None = None  # where each item lies inside a tar (tarball sources); None: files
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -71,8 +77,20 @@ class SourceTree:
     splits: dict[str, SplitItems] = field(default_factory=dict)
 
 
-def scan(src: str | os.PathLike, splits: Sequence[str] | None = None) -> SourceTree:
-    """Scan ``src`` for the requested splits (all found when None); a DatasetError says what is wrong."""
+def scan(
+    src: str | os.PathLike | Sequence[str | os.PathLike], splits: Sequence[str] | None = None, workers: int | None = None
+) -> SourceTree:
+    """Scan ``src`` for the requested splits (all found when None); a DatasetError says what is wrong.
+
+    ``src`` may also be image-net.org's tarballs (a folder holding them, one tar, or the files
+    named one by one): ``tarsource`` lists them in place, with ``workers`` processes.
+    """
+    from imgpipe import tarsource
+
+    tars = tarsource.find_tars(src)
+    if tars is not None:
+        return tarsource.scan_tars(tars, splits, workers)
+    assert isinstance(src, (str, os.PathLike))
     root = Path(os.path.abspath(src))
     if not root.is_dir():
         raise DatasetError(f"{src}: source folder not found")
@@ -129,10 +147,10 @@ def _classes(root: Path, split_dirs: dict[str, Path]) -> list[str]:
     names = _subdirs(val)
     if names:
         return names
-    return sorted({wnid for wnid, _ in _read_val_csv(_find_val_csv(root, val)).values()})
+    return sorted({wnid for wnid, _ in read_val_csv(_find_val_csv(root, val)).values()})
 
 
-def _is_image_name(name: str) -> bool:
+def is_image_name(name: str) -> bool:
     return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
 
 
@@ -156,7 +174,7 @@ def _walk_images(folder: Path, prefix: str) -> tuple[list[str], int]:
                             continue
                         seen_links.add((st.st_dev, st.st_ino))
                     subfolders.append((Path(entry.path), f"{rel}/{entry.name}"))
-                elif _is_image_name(entry.name):
+                elif is_image_name(entry.name):
                     found.append(f"{rel}/{entry.name}")
                 else:
                     ignored += 1
@@ -211,7 +229,7 @@ def _find_val_csv(root: Path, val: Path) -> Path:
     )
 
 
-def _read_val_csv(path: Path) -> dict[str, tuple[str, int]]:
+def read_val_csv(path: Path) -> dict[str, tuple[str, int]]:
     """ImageId -> (wnid, line number) from a Kaggle ``LOC_val_solution.csv``."""
     rows: dict[str, tuple[str, int]] = {}
     with open(path, newline="", encoding="utf-8") as f:
@@ -235,10 +253,14 @@ def _scan_flat_val(root: Path, folder: Path, index: dict[str, int]) -> SplitItem
     names, rejected = _reject_unlistable(names, folder)
     if not names:  # an empty val/ needs no label file; the packer leaves the split out
         return SplitItems([], np.zeros(0, np.int32), rejected)
-    csv_path = _find_val_csv(root, folder)
-    rows = _read_val_csv(csv_path)
     if ignored:
         logger.info("%s: ignored %d files without an image extension", folder, ignored)
+    return SplitItems(names, label_flat_val(root, names, _find_val_csv(root, folder), index), rejected)
+
+
+def label_flat_val(root: Path, names: list[str], csv_path: Path, index: dict[str, int]) -> np.ndarray:
+    """The label of each flat val image (``.../<ImageId>.<ext>``, relative to ``root``) from a LOC_val_solution.csv."""
+    rows = read_val_csv(csv_path)
     labels = np.empty(len(names), dtype=np.int32)
     for i, path in enumerate(names):
         image_id = os.path.splitext(path.rsplit("/", 1)[-1])[0]
@@ -250,5 +272,5 @@ def _scan_flat_val(root: Path, folder: Path, index: dict[str, int]) -> SplitItem
             raise DatasetError(f"{csv_path}: line {line}: class {wnid!r} of {image_id} is not one of the {len(index)} train classes")
         labels[i] = index[wnid]
     if len(rows) > len(names):
-        logger.warning("%s lists %d images; %d of them are in %s", csv_path, len(rows), len(names), folder)
-    return SplitItems(names, labels, rejected)
+        logger.warning("%s lists %d images; %d of them are in %s", csv_path, len(rows), len(names), root)
+    return labels

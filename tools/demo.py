@@ -1,7 +1,7 @@
 """`make demo`: the main job end to end on the embedded synthetic dataset.
 
-synth -> pack -> verify -> info -> one pass over each loader -> a 2-process CPU training run
--> a bench with its verdict. Every step is the real CLI (or the public API for the loaders),
+synth -> pack -> the same pack from image-net.org-style tars -> verify -> info -> one pass over
+each loader -> a 2-process CPU training run -> a bench with its verdict. Every step is the real CLI (or the public API for the loaders),
 run the way a user would run it; the output lands in ./demo/.
 """
 
@@ -19,6 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "demo"
 SRC = DEMO / "imagenet"
 REC = DEMO / "rec"
+TARS = DEMO / "ilsvrc-tars"
+REC_FROM_TARS = DEMO / "rec-from-tars"
+SYNTH_ARGS = ("--classes", "8", "--per-class", "40", "--val-per-class", "8", "--seed", "0", "--quirks", "--workers", "2")
+PACK_ARGS = ("--shard-size", "2MB", "--workers", "2")
 
 
 def step(title: str) -> None:
@@ -67,10 +71,19 @@ def main() -> None:
     DEMO.mkdir()
 
     step("1. make an ImageNet-shaped synthetic dataset (with a few broken files, on purpose)")
-    imgpipe("synth", str(SRC), "--classes", "8", "--per-class", "40", "--val-per-class", "8", "--seed", "0", "--quirks")
+    imgpipe("synth", str(SRC), *SYNTH_ARGS)
 
     step("2. pack it into RecordIO shards")
-    imgpipe("pack", str(SRC), str(REC), "--shard-size", "2MB", "--workers", "2")
+    imgpipe("pack", str(SRC), str(REC), *PACK_ARGS)
+
+    step("2b. the same images as image-net.org ships them (train tar, val tar, devkit), packed in place")
+    imgpipe("synth", str(TARS), *SYNTH_ARGS, "--tars")
+    imgpipe("pack", str(TARS), str(REC_FROM_TARS), *PACK_ARGS)
+    shards = sorted(p.name for p in REC.iterdir() if p.suffix in (".rec", ".idx") or p.name.endswith(".labels.npy"))
+    same = all((REC / name).read_bytes() == (REC_FROM_TARS / name).read_bytes() for name in shards)
+    print(f"{len(shards)} shard and label files from the tars are {'byte-identical' if same else 'DIFFERENT'} to those from the folders")
+    if not same:
+        sys.exit("demo: packing the tars gave other shards than packing the folders")
 
     step("3. verify the shards are intact and complete")
     imgpipe("verify", str(REC), "--decode")

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
+from typing import Mapping
 
 import click
 
 from imgpipe.cli import cli
 from imgpipe.errors import PackError
 
+logger = logging.getLogger(__name__)
+
 
 @cli.command("pack")
-@click.argument("src")
+@click.argument("src", nargs=-1, required=True)
 @click.argument("dst")
 @click.option("--splits", default=None, help="Comma-separated splits to pack (default: every split found), e.g. train,val.")
 @click.option("--shard-size", default=None, help="Target shard size, e.g. 256MB (default), 2MB, 1GiB.")
@@ -23,19 +28,53 @@ from imgpipe.errors import PackError
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the shuffle.")
 @click.option("--overwrite", is_flag=True, help="Delete a previous pack in DST and start again.")
 @click.option("--strict", is_flag=True, help="Exit non-zero if any source file was skipped.")
-@click.option("--num-nodes", type=int, default=1, show_default=True, help="Machines sharing the pack.")
-@click.option("--node-rank", type=int, default=0, show_default=True, help="This machine's rank in 0..num-nodes-1.")
+@click.option("--num-nodes", type=int, default=None, help="Machines sharing the pack (default: SLURM_NNODES under srun, else 1).")
+@click.option("--node-rank", type=int, default=None, help="This machine's rank in 0..num-nodes-1 (default: SLURM_NODEID under srun, else 0).")
 @click.option("--finalize", is_flag=True, help="Only write the manifest once every node has finished.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
-def pack_command(src: str, dst: str, splits: str | None, no_progress: bool, **options: object) -> None:
-    """Pack an ImageNet-style tree SRC into RecordIO shards in DST."""
+def pack_command(
+    src: tuple[str, ...], dst: str, splits: str | None, num_nodes: int | None, node_rank: int | None, no_progress: bool, **options: object
+) -> None:
+    """Pack SRC into RecordIO shards in DST.
+
+    SRC is an ImageNet-style folder (train/ and val/, the Kaggle download, class folders, or
+    image-net.org's tars), one tar, or image-net.org's files named one by one:
+    ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar, and ILSVRC2012_devkit_t12.tar.gz or
+    LOC_val_solution.csv.
+    """
     from imgpipe.packer import pack
 
     split_list = [s.strip() for s in splits.split(",") if s.strip()] if splits is not None else None
     if split_list == []:
         raise PackError(f"--splits {splits!r} names no split; give e.g. --splits train,val or leave it out for every split")
-    report = pack(src, dst, splits=split_list, progress=not no_progress and sys.stderr.isatty(), **options)  # type: ignore[arg-type]
+    nodes, rank = node_identity(num_nodes, node_rank, os.environ)
+    report = pack(
+        src[0] if len(src) == 1 else src, dst, splits=split_list, num_nodes=nodes, node_rank=rank,
+        progress=not no_progress and sys.stderr.isatty(), **options,  # type: ignore[arg-type]
+    )
     click.echo(report.summary())
+
+
+def node_identity(num_nodes: int | None, node_rank: int | None, environ: Mapping[str, str]) -> tuple[int, int]:
+    """(--num-nodes, --node-rank): each as given, else from srun's SLURM_NNODES/SLURM_NODEID, else one node."""
+    taken = []
+    if num_nodes is None and environ.get("SLURM_NNODES"):
+        num_nodes = _slurm_int(environ, "SLURM_NNODES", "--num-nodes")
+        taken.append("SLURM_NNODES")
+    if node_rank is None and environ.get("SLURM_NODEID"):
+        node_rank = _slurm_int(environ, "SLURM_NODEID", "--node-rank")
+        taken.append("SLURM_NODEID")
+    nodes, rank = (1 if num_nodes is None else num_nodes), (0 if node_rank is None else node_rank)
+    if taken:
+        logger.info("node %d of %d, from %s (--num-nodes/--node-rank override it)", rank, nodes, " and ".join(taken))
+    return nodes, rank
+
+
+def _slurm_int(environ: Mapping[str, str], name: str, option: str) -> int:
+    try:
+        return int(environ[name])
+    except ValueError:
+        raise PackError(f"{name}={environ[name]!r} is not an integer; give {option}") from None
 
 
 @cli.command("verify")
