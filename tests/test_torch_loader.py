@@ -528,19 +528,3 @@ def test_train_batch_larger_than_the_split_is_a_clear_error(tiny: Path) -> None:
     assert len(make_torch_loader(tiny, batch_size=32, image_size=SIZE, workers=0, rank=0, world_size=2, remainder="pad")) == 1
     batches = list(make_torch_loader(tiny, batch_size=64, image_size=SIZE, workers=0, rank=0, world_size=1, train=False))
     assert [len(y) for _, y in batches] == [40]
-
-
-@pytest.mark.parametrize(("option", "message"), [({"image_size": 0}, "image_size must be >= 1"), ({"prefetch_factor": 0}, "prefetch_factor")])
-def test_bad_loader_options_are_config_errors(tiny: Path, option: dict, message: str) -> None:
-    from imgpipe.errors import ConfigError
-
-    kw = {"batch_size": 4, "image_size": SIZE, "workers": 1, "rank": 0, "world_size": 1, **option}
-    with pytest.raises(ConfigError, match=message):
-        make_torch_loader(tiny, **kw)
-
-
-def test_an_unknown_device_is_a_config_error(tiny: Path) -> None:
-    from imgpipe.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="device 'tpu' is not a torch device"):
-        make_torch_loader(tiny, batch_size=4, image_size=SIZE, workers=0, rank=0, world_size=1, device="tpu")

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from imgpipe.errors import ConfigError, DatasetError
-from imgpipe.loaders.common import default_workers, no_full_batch, open_for_rank
+from imgpipe.loaders.common import ON_CORRUPT, check_choice, check_int, check_loader_args, default_workers, no_full_batch, open_for_rank
 from imgpipe.shards import ShardSet
 
 logger = logging.getLogger(__name__)
@@ -59,8 +59,10 @@ def _import_dali() -> Any:
     try:
         import nvidia.dali as dali
         import nvidia.dali.plugin.pytorch  # noqa: F401  (the DALIGenericIterator)
-    except ImportError as e:
+    except ModuleNotFoundError as e:
         raise ConfigError(f"NVIDIA DALI is not installed ({e}); {INSTALL_HINT} to use the DALI loader") from None
+    except Exception as e:  # an installed wheel that fails to import: a missing library, a mismatched build
+        raise ConfigError(f"NVIDIA DALI is installed but does not import ({type(e).__name__}: {e}); reinstall it: {INSTALL_HINT}") from None
     return dali
 
 
@@ -321,6 +323,7 @@ def make_dali_loader(
     channels_last: bool = False,
     initial_fill: int = DEFAULT_INITIAL_FILL,
     prefetch: int = 2,
+    on_corrupt: str = "raise",
 ) -> DaliLoader:
     """A DALI loader over a packed folder (or bare .rec/.idx files) with the torch loader's contract.
 
@@ -330,11 +333,22 @@ def make_dali_loader(
     ``len(loader)`` is this rank's batches per epoch; each ``iter()`` is the next epoch and
     ``set_epoch(e)`` picks one (see the module docstring for the train/eval policies).
     ``initial_fill``: the reader's shuffle buffer, in records; ``prefetch``: DALI's queue depth.
+    ``on_corrupt``: only "raise" (a record DALI cannot decode stops the epoch with its shard,
+    record and source); "skip" is the torch loader's.
     """
     _import_dali()
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    env, shards = open_for_rank(path, split, image_size=image_size, rank=rank, world_size=world_size)
+    args = check_loader_args(
+        split=split, batch_size=batch_size, train=train, image_size=image_size, workers=workers, seed=seed, rank=rank,
+        world_size=world_size, device=device, normalize=normalize, channels_last=channels_last,
+    )
+    initial_fill = check_int("initial_fill", initial_fill, minimum=1)
+    prefetch = check_int("prefetch", prefetch, minimum=1)
+    if check_choice("on_corrupt", on_corrupt, ON_CORRUPT) == "skip":
+        raise ConfigError(
+            "on_corrupt='skip' needs the torch loader: DALI decodes whole batches, so the DALI loader can only raise "
+            "on a corrupt record (on_corrupt='raise')"
+        )
+    env, shards = open_for_rank(path, args)
     records = len(shards)
     if records < env.world_size:
         raise DatasetError(f"{path}: split {split!r} has {records} records, fewer than the {env.world_size} ranks")
@@ -342,37 +356,21 @@ def make_dali_loader(
         rec_files=tuple(str(p) for p in shards.rec_paths),
         index_file=str(shards.dali_index_path()),
         records=records,
-        batch_size=batch_size,
-        train=train,
-        image_size=image_size,
-        workers=max(1, workers if workers is not None else default_workers(env.local_world_size)),
-        seed=seed,
+        batch_size=args.batch_size,
+        train=args.train,
+        image_size=args.image_size,
+        workers=max(1, args.workers if args.workers is not None else default_workers(env.local_world_size)),
+        seed=args.seed,
         rank=env.rank,
         world_size=env.world_size,
-        device_id=_device_id(device),
-        normalize=normalize,
-        channels_last=channels_last,
-        initial_fill=max(1, initial_fill),
-        prefetch=max(1, prefetch),
+        device_id=args.device.index if args.device.type == "cuda" else None,
+        normalize=args.normalize,
+        channels_last=args.channels_last,
+        initial_fill=initial_fill,
+        prefetch=prefetch,
     )
     loader = DaliLoader(spec)
-    if train and len(loader) == 0:
-        raise no_full_batch(path, split, records, env.world_size, batch_size, "lower batch_size")
+    if args.train and len(loader) == 0:
+        raise no_full_batch(path, split, records, env.world_size, args.batch_size, "lower batch_size")
     return loader
 
-
-def _device_id(device: str | torch.device | None) -> int | None:
-    """None for the CPU, the CUDA index for a CUDA device; anything else is a ConfigError."""
-    if device is None:
-        return None
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ConfigError(f"device {device!r} is not a torch device ({e})") from None
-    if dev.type == "cpu":
-        return None
-    if dev.type != "cuda":
-        raise ConfigError(f"the DALI loader runs on 'cpu' or a CUDA device, not {device!r}")
-    if not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA GPU; use device=None for DALI's CPU pipeline")
-    return dev.index if dev.index is not None else torch.cuda.current_device()
