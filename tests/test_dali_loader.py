@@ -19,14 +19,11 @@ from PIL import Image
 
 from imgpipe.atomic import atomic_write_bytes
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
-from imgpipe.loaders.dali import dali_available, epoch_seeds, shard_bounds
+from imgpipe.loaders.dali import epoch_seeds, shard_bounds
 from imgpipe.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
 from imgpipe.recordio import IndexedRecordWriter, IRHeader, pack_header
 
-pytestmark = [
-    pytest.mark.dali,
-    pytest.mark.skipif(not dali_available(), reason="nvidia.dali is not importable (pip install 'imgpipe[dali]')"),
-]
+pytestmark = [pytest.mark.dali, pytest.mark.usefixtures("require_dali")]  # conftest: skip only if not installed
 
 RECORDS = 23  # prime: no world size or batch size divides it, so every remainder path runs
 SIZE = 32
