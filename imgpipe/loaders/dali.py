@@ -29,12 +29,12 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from imgpipe.errors import ConfigError, DatasetError
+from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.common import ON_CORRUPT, check_choice, check_int, check_loader_args, default_workers, no_full_batch, open_for_rank
 from imgpipe.shards import ShardSet
 
@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'imgpipe[dali]'"
 READER_NAME = "Reader"
+_DECODING_OPERATORS = ("decoders", "peek_image_shape")  # in DALI's message when a record did not decode
 DEFAULT_INITIAL_FILL = 1024
 _SEED_DOMAIN = 0x44414C49  # "DALI": keeps these seeds apart from imgpipe.seeding's families
 
@@ -101,8 +102,9 @@ def shard_bounds(records: int, shard: int, shards: int) -> tuple[int, int]:
 class DaliLoader:
     """Iterable of ``(images, labels)`` batches; each new ``iter()`` is the next epoch."""
 
-    def __init__(self, spec: _Spec) -> None:
+    def __init__(self, spec: _Spec, shards: ShardSet) -> None:
         self._spec = spec
+        self._shards = shards  # to name a record DALI could not decode
         self._next_epoch = 0
         self.epoch = 0  # the epoch being (or last) iterated, as TorchLoader.epoch
         self._eval_iterator: Any = None
@@ -138,7 +140,7 @@ class DaliLoader:
             iterator = self._eval_iterator or self._make_iterator(epoch)
             batches = iter(iterator)  # DALI's __iter__ resets a finished iterator for the next epoch
         except RuntimeError as e:
-            raise self._decode_error(e) from None
+            raise self._decode_error(e, epoch, 0) from None
         self._eval_iterator = None  # handed back below only once this epoch has run to its end
         device = torch.device("cpu") if spec.device_id is None else torch.device("cuda", spec.device_id)
         produced = 0
@@ -148,7 +150,7 @@ class DaliLoader:
             except StopIteration:
                 break
             except RuntimeError as e:
-                raise self._decode_error(e) from None
+                raise self._decode_error(e, epoch, produced) from None
             labels = out["labels"].reshape(-1)
             if labels.numel() == 0:  # PARTIAL can end on a batch made only of padding
                 continue
@@ -162,15 +164,26 @@ class DaliLoader:
         if not spec.train:  # eval epochs are all alike: keep the warm pipeline for the next one
             self._eval_iterator = iterator
 
-    def _decode_error(self, error: RuntimeError) -> Exception:
-        """A DALI decoder failure as a one-line DatasetError naming the shards; anything else unchanged."""
-        if "decoders" not in str(error):
+    def _decode_error(self, error: RuntimeError, epoch: int, produced: int) -> Exception:
+        """A DALI decoder failure as the torch loader's one-line DatasetError (shard, record, source); anything else unchanged.
+
+        DALI's message does not say which record failed, so the records this rank's reader has
+        reached are checked in stored order with Pillow, as ``imgpipe verify --decode`` does. The
+        reader reads its shard in stored order (train shuffles inside a buffer of what it read),
+        so this costs about what DALI decoded before it failed; eval skips the batches it yielded.
+        """
+        if not any(op in str(error) for op in _DECODING_OPERATORS):
             return error
-        folder = Path(self._spec.rec_files[0]).parent
-        return DatasetError(
-            f"DALI could not decode a record of the {len(self._spec.rec_files)} shard(s) in {folder}; "
-            f"locate it with 'imgpipe verify --decode {folder}', or use the torch loader with on_corrupt='skip'"
-        )
+        spec = self._spec
+        start, end = shard_bounds(spec.records, (spec.rank + epoch) % spec.world_size if spec.train else spec.rank, spec.world_size)
+        first = start if spec.train else start + produced * spec.batch_size
+        fix = "run 'imgpipe verify --decode' on the folder, or use the torch loader with on_corrupt='skip'"
+        found = first_undecodable(self._shards, range(first, end))
+        if found is None:
+            folder = Path(spec.rec_files[0]).parent
+            return DatasetError(f"DALI could not decode one of records {first} to {end - 1} of {folder} (Pillow decodes them all); {fix}")
+        index, reason = found
+        return DatasetError(f"cannot decode {self._shards.describe(index)}: {reason}; {fix}")
 
     def _make_iterator(self, epoch: int) -> Any:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
@@ -178,6 +191,20 @@ class DaliLoader:
         policy = LastBatchPolicy.DROP if self._spec.train else LastBatchPolicy.PARTIAL
         pipe = _build_pipeline(self._spec, epoch)
         return DALIGenericIterator([pipe], ["images", "labels"], reader_name=READER_NAME, last_batch_policy=policy)
+
+
+def first_undecodable(shards: ShardSet, indices: Iterable[int]) -> tuple[int, str] | None:
+    """The first of ``indices`` whose record does not read or decode whole, with the reason; None if all do."""
+    from imgpipe.codec import decode_failure
+
+    for index in indices:
+        try:
+            reason = decode_failure(shards.read(index)[1])
+        except ImgpipeError as e:
+            reason = str(e)
+        if reason is not None:
+            return index, reason
+    return None
 
 
 def _build_pipeline(spec: _Spec, epoch: int) -> Any:
@@ -369,7 +396,7 @@ def make_dali_loader(
         initial_fill=initial_fill,
         prefetch=prefetch,
     )
-    loader = DaliLoader(spec)
+    loader = DaliLoader(spec, shards)
     if args.train and len(loader) == 0:
         raise no_full_batch(path, split, records, env.world_size, args.batch_size, "lower batch_size")
     return loader
