@@ -357,16 +357,6 @@ def test_bare_rec_glob_and_block_shuffle(tiny: Path) -> None:
     assert not _equal(packed, _run(_uint8(tiny, seed=1)))
 
 
-def test_eval_ranks_see_every_record_once(tiny: Path) -> None:
-    labels = []
-    for rank in range(3):
-        loader = make_torch_loader(tiny, batch_size=4, train=False, image_size=SIZE, workers=0, rank=rank, world_size=3)
-        batches = _run(loader)
-        assert len(batches) == len(loader)
-        labels.extend(np.concatenate([y for _, y in batches]).tolist())
-    assert sorted(labels) == sorted(open_shards(tiny).labels.tolist())
-
-
 @pytest.mark.timeout(180)
 def test_two_process_gloo_group_supplies_rank_and_world(tiny: Path, tmp_path: Path) -> None:
     with socket.socket() as s:
@@ -528,3 +518,48 @@ def test_train_batch_larger_than_the_split_is_a_clear_error(tiny: Path) -> None:
     assert len(make_torch_loader(tiny, batch_size=32, image_size=SIZE, workers=0, rank=0, world_size=2, remainder="pad")) == 1
     batches = list(make_torch_loader(tiny, batch_size=64, image_size=SIZE, workers=0, rank=0, world_size=1, train=False))
     assert [len(y) for _, y in batches] == [40]
+
+
+# ------------------------------------------------------------------------------------------- claims across world sizes
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """23 records (no world size or batch size here divides it) whose label IS the record index."""
+    return make_tiny_pack(tmp_path_factory.mktemp("indexed") / "indexed", records=23, shards=2, classes=23, min_side=40, max_side=96)
+
+
+@pytest.mark.timeout(180)
+def test_augmentation_does_not_depend_on_rank_or_world_size(indexed: Path) -> None:
+    """The same (seed, epoch, record) gives the same pixels at world size 1, 2 and 3 (and any worker count)."""
+    pixels: dict[int, dict[tuple[int, int], np.ndarray]] = {}
+    for world in (1, 2, 3):
+        seen = pixels.setdefault(world, {})
+        for rank in range(world):
+            loader = make_torch_loader(indexed, batch_size=2, image_size=SIZE, workers=rank % 2, normalize=False, rank=rank, world_size=world, seed=3)
+            for epoch in range(2):
+                for images, labels in loader:  # label = record index
+                    for image, record in zip(images.numpy(), labels.tolist()):
+                        assert (epoch, record) not in seen
+                        seen[(epoch, record)] = image.copy()
+            loader.close()
+    assert [len(pixels[w]) for w in (1, 2, 3)] == [2 * 22, 2 * 20, 2 * 18]  # drop: whole global batches of 2, 4, 6
+    for world in (2, 3):
+        common = pixels[1].keys() & pixels[world].keys()
+        assert len(common) >= 2 * 17
+        for key in common:
+            assert np.array_equal(pixels[1][key], pixels[world][key]), (world, key)
+    assert not np.array_equal(*(pixels[1][(e, r)] for e, r in [(0, 5), (1, 5)]))  # the epoch does change the crop
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_eval_yields_every_record_exactly_once_with_none_padded(indexed: Path, world: int) -> None:
+    records: list[int] = []
+    for rank in range(world):
+        loader = make_torch_loader(indexed, "train", batch_size=4, train=False, image_size=SIZE, workers=1, rank=rank, world_size=world)
+        batches = [(images.shape[0], labels.tolist()) for images, labels in loader]
+        loader.close()
+        assert len(batches) == len(loader) and all(n == len(labels) for n, labels in batches)
+        records.extend(label for _, labels in batches for label in labels)  # label = record index
+    assert len(records) == 23 and sorted(records) == list(range(23))
