@@ -177,10 +177,10 @@ class DaliLoader:
         spec = self._spec
         start, end = shard_bounds(spec.records, (spec.rank + epoch) % spec.world_size if spec.train else spec.rank, spec.world_size)
         first = start if spec.train else start + produced * spec.batch_size
-        fix = "run 'imgpipe verify --decode' on the folder, or use the torch loader with on_corrupt='skip'"
+        folder = Path(spec.rec_files[0]).parent
+        fix = f"run 'imgpipe verify --decode {folder}', or use the torch loader with on_corrupt='skip'"
         found = first_undecodable(self._shards, range(first, end))
         if found is None:
-            folder = Path(spec.rec_files[0]).parent
             return DatasetError(f"DALI could not decode one of records {first} to {end - 1} of {folder} (Pillow decodes them all); {fix}")
         index, reason = found
         return DatasetError(f"cannot decode {self._shards.describe(index)}: {reason}; {fix}")
