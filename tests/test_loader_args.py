@@ -99,6 +99,13 @@ def test_a_bad_argument_is_one_config_error_naming_it(
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
+@pytest.mark.parametrize("path", [123, None, b"/data/rec", [], ["a.rec", 5]], ids=["int", "None", "bytes", "empty-list", "list-with-int"])
+def test_a_path_of_the_wrong_kind_is_one_config_error(backend: str, path: object, request: pytest.FixtureRequest) -> None:
+    with pytest.raises(ConfigError, match=r"^path must be a packed folder, a \.rec file, a glob, a list of \.rec files or a ShardSet, got "):
+        factory(backend, request)(path, batch_size=4, image_size=32, workers=0, rank=0, world_size=1)
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
 def test_numpy_integers_and_bools_are_accepted(tiny: Path, backend: str, request: pytest.FixtureRequest) -> None:
     loader = factory(backend, request)(tiny, batch_size=np.int64(4), image_size=np.int32(32), workers=0, seed=np.uint8(1), rank=0, world_size=1,
                               train=np.bool_(False), normalize=np.bool_(True))  # fmt: skip

@@ -8,6 +8,7 @@ naming the argument and what it accepts, never a TypeError or a torch error from
 from __future__ import annotations
 
 import numbers
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -144,8 +145,14 @@ def check_loader_args(
 def open_for_rank(path: object, args: LoaderArgs) -> tuple[DistEnv, ShardSet]:
     """Resolve this rank and open ``path`` (or take a ShardSet as it is)."""
     env = DistEnv.detect(args.rank, args.world_size)
-    shards = path if isinstance(path, ShardSet) else open_shards(path, args.split)
-    return env, shards
+    if isinstance(path, ShardSet):
+        return env, path
+    paths = [path] if isinstance(path, (str, os.PathLike)) else path
+    if not isinstance(paths, (list, tuple)) or not paths or not all(isinstance(p, (str, os.PathLike)) for p in paths):
+        raise ConfigError(
+            f"path must be a packed folder, a .rec file, a glob, a list of .rec files or a ShardSet, got {path!r} ({type(path).__name__})"
+        )
+    return env, open_shards(path, args.split)  # type: ignore[arg-type]
 
 
 def no_full_batch(path: object, split: str, records: int, world_size: int, batch_size: int, fix: str) -> DatasetError:
