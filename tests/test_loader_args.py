@@ -5,6 +5,7 @@ Real shards, the real factories (DALI's CPU build); nothing is iterated, the che
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -103,6 +104,20 @@ def test_a_bad_argument_is_one_config_error_naming_it(
 def test_a_path_of_the_wrong_kind_is_one_config_error(backend: str, path: object, request: pytest.FixtureRequest) -> None:
     with pytest.raises(ConfigError, match=r"^path must be a packed folder, a \.rec file, a glob, a list of \.rec files or a ShardSet, got "):
         factory(backend, request)(path, batch_size=4, image_size=32, workers=0, rank=0, world_size=1)
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
+@pytest.mark.parametrize(("epoch", "message"), [("3", "epoch must be an integer >= 0, got '3'"), (2.5, "epoch must be an integer"), (-1, "epoch must be >= 0")])
+def test_set_epoch_checks_its_argument(tiny: Path, backend: str, epoch: object, message: str, request: pytest.FixtureRequest) -> None:
+    loader = factory(backend, request)(tiny, batch_size=4, image_size=32, workers=0, rank=0, world_size=1)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        loader.set_epoch(epoch)
+
+
+def test_a_loader_state_that_is_not_a_dict_is_one_config_error(tiny: Path, request: pytest.FixtureRequest) -> None:
+    loader = factory("torch", request)(tiny, batch_size=4, image_size=32, workers=0, rank=0, world_size=1)
+    with pytest.raises(ConfigError, match="cannot resume: a loader state is the dict loader.state_dict.. returned, got NoneType"):
+        loader.load_state_dict(None)
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])

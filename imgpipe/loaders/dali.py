@@ -120,9 +120,7 @@ class DaliLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Run ``epoch`` on the next ``iter()``; later iterations continue from it."""
-        if epoch < 0:
-            raise ConfigError(f"epoch must be >= 0, got {epoch}")
-        self._next_epoch = int(epoch)
+        self._next_epoch = check_int("epoch", epoch, minimum=0)
 
     def __len__(self) -> int:
         return self._batches

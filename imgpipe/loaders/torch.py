@@ -297,7 +297,7 @@ class TorchLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` run ``epoch``."""
-        self.sampler.set_epoch(epoch)
+        self.sampler.set_epoch(check_int("epoch", epoch, minimum=0))
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch and the batches of it already yielded, for a checkpoint."""
@@ -305,6 +305,8 @@ class TorchLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next ``iter()`` yields exactly the batches an uninterrupted run would have yielded next."""
+        if not isinstance(state, dict):
+            raise ConfigError(f"cannot resume: a loader state is the dict loader.state_dict() returned, got {type(state).__name__}")
         self.sampler.load_state_dict(state)
 
     def close(self) -> None:
