@@ -563,3 +563,31 @@ def test_eval_yields_every_record_exactly_once_with_none_padded(indexed: Path, w
         assert len(batches) == len(loader) and all(n == len(labels) for n, labels in batches)
         records.extend(label for _, labels in batches for label in labels)  # label = record index
     assert len(records) == 23 and sorted(records) == list(range(23))
+
+
+# ------------------------------------------------------------------------------------------- sample_transform
+
+
+def _raises_value_error(image: torch.Tensor) -> torch.Tensor:
+    raise ValueError("a bug in the user's transform")
+
+
+def _returns_float(image: torch.Tensor) -> torch.Tensor:
+    return image.float() / 255
+
+
+def test_a_failing_sample_transform_is_never_taken_for_a_corrupt_record(tiny: Path) -> None:
+    """Its exception reaches the caller as it is; on_corrupt='skip' must not hide it as skipped samples."""
+    loader = _uint8(tiny, on_corrupt="skip", sample_transform=_raises_value_error)
+    with pytest.raises(ValueError, match="a bug in the user's transform"):
+        _run(loader)
+    assert loader.skipped == 0
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_sample_transform_returning_another_dtype_or_shape_is_one_line(tiny: Path, workers: int) -> None:
+    """A float in [0, 1] copied into the uint8 batch would silently be all zeros."""
+    loader = _uint8(tiny, workers=workers, sample_transform=_returns_float)
+    with pytest.raises(DatasetError, match=r"sample_transform must return a uint8 tensor of shape \(3, 32, 32\), got torch.float32 \(3, 32, 32\) for train-0000"):
+        _run(loader)
+    loader.close()

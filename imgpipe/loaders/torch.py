@@ -167,6 +167,11 @@ class BatchDataset(Dataset):
                 if self.on_corrupt == "raise":
                     return sent, labels, np.zeros(0, np.int64), message + "; run 'imgpipe verify' or use on_corrupt='skip'"
                 bad.append(slot)
+                continue
+            # outside the try: an error of the user's transform is theirs, never a corrupt record to skip
+            wrong = self._transform_into(images[slot], index)
+            if wrong is not None:
+                return sent, labels, np.zeros(0, np.int64), wrong
         if bad:
             good = sorted(set(range(len(indices))) - set(bad))
             if not good:
@@ -186,11 +191,20 @@ class BatchDataset(Dataset):
         else:
             crop_for = geometry.crop
         out.copy_(decode_sample(payload, crop_for, geometry.image_size))
-        if self.sample_transform is not None:
-            result = self.sample_transform(out)
-            if result is not out:
-                out.copy_(result)
         return int(self.shards.labels[index])
+
+    def _transform_into(self, out: torch.Tensor, index: int) -> str | None:
+        """Apply ``sample_transform`` to ``out`` in place; the error message if it returned something else than such a sample."""
+        if self.sample_transform is None:
+            return None
+        result = self.sample_transform(out)
+        if result is out:
+            return None
+        if not isinstance(result, torch.Tensor) or result.shape != out.shape or result.dtype != torch.uint8:
+            got = f"{result.dtype} {tuple(result.shape)}" if isinstance(result, torch.Tensor) else type(result).__name__
+            return f"sample_transform must return a uint8 tensor of shape {tuple(out.shape)}, got {got} for {self.shards.describe(index)}"
+        out.copy_(result)
+        return None
 
     @property
     def _memory_format(self) -> torch.memory_format:
