@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,28 @@ def test_an_installed_but_broken_dali_fails_instead_of_skipping(tmp_path: Path, 
     result = run_pytest(DALI_TESTS, strict=strict, pythonpath=[tmp_path])
     assert re.fullmatch(r"2 (failed|errors)|1 failed, 1 error", result.stdout.strip().splitlines()[-1].split(" in ")[0]), result.stdout[-3000:]
     assert result.returncode != 0 and "libdali.so" in result.stdout
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_rebuilds_the_mxnet_venv_under_a_stale_stamp(tmp_path: Path) -> None:
+    """The Makefile's stamp counts only while the venv's python imports mxnet; else the venv is rebuilt."""
+    (tmp_path / "tools").mkdir()
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    (tmp_path / "tools" / "interop-requirements.txt").write_text("")
+    venv_python = tmp_path / ".venv-mxnet" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    stamp = tmp_path / ".venv-mxnet" / ".installed"
+    make = ["make", "--no-print-directory", "interop-venv", "PYTHON=false"]  # a rebuild would run `false -m venv` and fail
+
+    stamp.touch()  # over a missing interpreter
+    rebuilt = subprocess.run(make, cwd=tmp_path, capture_output=True, text=True, timeout=50)
+    assert rebuilt.returncode != 0 and "false -m venv --clear .venv-mxnet" in rebuilt.stdout and not stamp.exists()
+
+    mxnet = os.environ.get("IMGPIPE_MXNET_PYTHON") or sys.executable
+    venv_python.write_text(f"#!/bin/sh\nexec {mxnet} \"$@\"\n")
+    venv_python.chmod(0o755)
+    stamp.touch()
+    kept = subprocess.run(make, cwd=tmp_path, capture_output=True, text=True, timeout=50)
+    imports = subprocess.run([str(venv_python), "-c", "import mxnet"], capture_output=True).returncode == 0
+    assert (kept.returncode == 0 and "is up to date" in kept.stdout) == imports, kept.stdout + kept.stderr
