@@ -82,6 +82,13 @@ def mxnet_python() -> str:
     return python
 
 
+@pytest.fixture(scope="session")
+def im2rec_script(mxnet_python: str) -> str:
+    """MXNet's own ``tools/im2rec.py``, from the reference venv."""
+    code = "import mxnet, os; print(os.path.join(os.path.dirname(mxnet.__file__), 'tools', 'im2rec.py'))"
+    return subprocess.run([mxnet_python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
 def dali_problem() -> str | None:
     """None when DALI imports; else why not. Raises nothing: a broken install is reported by ``require_dali``."""
     if importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("nvidia.dali") is None:
