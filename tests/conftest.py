@@ -112,7 +112,7 @@ def require_dali() -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+def pytest_runtest_makereport() -> Iterator[None]:
     """A skip of a DALI or MXNet test (by any route: skipif, skip(), importorskip) becomes a failure
     under make test, and for DALI also whenever DALI is installed but broken."""
     outcome = yield
