@@ -15,18 +15,24 @@ $(VENV)/.installed: pyproject.toml setup.py imgpipe/loaders/_jpeg_region.c
 	$(PY) -m pip install --quiet $(TORCH_PINS) -e '.[dev,dali]'
 	touch $@
 
+# The stamp is written only once the interpreter really imports mxnet.
 $(MXVENV)/.installed: tools/interop-requirements.txt
-	$(PYTHON) -m venv $(MXVENV)
+	$(PYTHON) -m venv --clear $(MXVENV)
 	$(MXVENV)/bin/python -m pip install --quiet -r tools/interop-requirements.txt
+	$(MXVENV)/bin/python -c "import mxnet"
 	touch $@
 
-interop-venv: $(MXVENV)/.installed
+# A stamp left over a deleted or broken venv is dropped, so the venv is rebuilt.
+interop-venv:
+	@$(MXVENV)/bin/python -c "import mxnet" 2>/dev/null || rm -f $(MXVENV)/.installed
+	@$(MAKE) --no-print-directory $(MXVENV)/.installed
 
 demo: $(VENV)/.installed
 	$(PY) tools/demo.py
 
-test: $(VENV)/.installed $(MXVENV)/.installed
-	IMGPIPE_MXNET_PYTHON=$(abspath $(MXVENV))/bin/python $(PY) -m pytest $(PYTEST_ARGS)
+# IMGPIPE_STRICT_DEPS=1: a missing or broken MXNet venv or DALI fails the run instead of skipping (tests/conftest.py).
+test: $(VENV)/.installed interop-venv
+	IMGPIPE_STRICT_DEPS=1 IMGPIPE_MXNET_PYTHON=$(abspath $(MXVENV))/bin/python $(PY) -m pytest $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(MXVENV) demo

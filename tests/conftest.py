@@ -1,15 +1,29 @@
 """Shared fixtures: a small synthetic ImageNet tree and that tree packed, made once per session.
 
 Treat both as read-only: copy them (``shutil.copytree``) before changing anything.
+
+Reference tools (MXNet's venv, DALI) must not vanish into skips where they are required:
+
+* ``IMGPIPE_MXNET_PYTHON`` set but not an interpreter that imports mxnet: the tests that need
+  it fail (a broken reference is a broken setup, whoever runs the tests).
+* DALI installed but not importable: its tests fail.
+* ``IMGPIPE_STRICT_DEPS=1`` (``make test`` sets it): a missing MXNet venv or DALI fails too;
+  any skip whose reason names DALI or MXNet (from these fixtures, a skipif, importorskip) is
+  reported as a failure. Without it, plain ``pytest`` skips what is not installed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+
+STRICT_ENV = "IMGPIPE_STRICT_DEPS"
+MXNET_ENV = "IMGPIPE_MXNET_PYTHON"
 
 SYNTH_CLASSES = 4
 SYNTH_PER_CLASS = 12
@@ -39,12 +53,32 @@ def packed_dir(synth_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return dst
 
 
+def strict_deps() -> bool:
+    """True under ``make test``: missing reference tools fail instead of skipping."""
+    return os.environ.get(STRICT_ENV, "") not in ("", "0")
+
+
+def missing(reason: str) -> None:
+    """Skip for a tool that is not installed, or fail when ``make test`` requires it."""
+    if strict_deps():
+        pytest.fail(f"{reason} ({STRICT_ENV}=1: make test requires it)", pytrace=False)
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def mxnet_python() -> str:
-    """The MXNet 1.9.1 reference interpreter (``make test`` builds it); the test is skipped without it."""
-    python = os.environ.get("IMGPIPE_MXNET_PYTHON", "")
-    if not python or not os.access(python, os.X_OK):
-        pytest.skip("IMGPIPE_MXNET_PYTHON is not set to the MXNet venv's python (make test builds it)")
+    """The MXNet 1.9.1 reference interpreter (``make test`` builds it and sets IMGPIPE_MXNET_PYTHON)."""
+    python = os.environ.get(MXNET_ENV, "")
+    if not python:
+        missing(f"{MXNET_ENV} is not set to the MXNet venv's python (make test builds it)")
+    probe = [python, "-c", "import mxnet, sys; sys.stdout.write(mxnet.__version__)"]
+    try:
+        result = subprocess.run(probe, capture_output=True, text=True, timeout=120)
+    except OSError as e:
+        pytest.fail(f"{MXNET_ENV}={python} is not an interpreter ({e}); rerun make test to rebuild .venv-mxnet", pytrace=False)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        pytest.fail(f"{MXNET_ENV}={python} cannot import mxnet ({last}); rerun make test to rebuild .venv-mxnet", pytrace=False)
     return python
 
 
@@ -53,3 +87,45 @@ def im2rec_script(mxnet_python: str) -> str:
     """MXNet's own ``tools/im2rec.py``, from the reference venv."""
     code = "import mxnet, os; print(os.path.join(os.path.dirname(mxnet.__file__), 'tools', 'im2rec.py'))"
     return subprocess.run([mxnet_python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def dali_problem() -> str | None:
+    """None when DALI imports; else why not. Raises nothing: a broken install is reported by ``require_dali``."""
+    if importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("nvidia.dali") is None:
+        return "not installed"
+    try:
+        import nvidia.dali  # noqa: F401
+        import nvidia.dali.plugin.pytorch  # noqa: F401
+    except Exception as e:  # any failure of an installed wheel: ImportError, OSError on a missing library
+        return f"installed but broken: {type(e).__name__}: {e}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def require_dali() -> None:
+    """Skip without DALI (fail under make test); fail when DALI is installed but does not import."""
+    problem = dali_problem()
+    if problem == "not installed":
+        missing("NVIDIA DALI is not installed (pip install 'imgpipe[dali]')")
+    elif problem is not None:
+        pytest.fail(f"NVIDIA DALI is {problem}; reinstall it (pip install --force-reinstall 'imgpipe[dali]')", pytrace=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport() -> Iterator[None]:
+    """A skip of a DALI or MXNet test (by any route: skipif, skip(), importorskip) becomes a failure
+    under make test, and for DALI also whenever DALI is installed but broken."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    dali, mxnet = "dali" in reason.lower(), "mxnet" in reason.lower()  # a GPU-only skip stays a skip
+    if strict_deps() and (dali or mxnet):
+        why = f"{STRICT_ENV}=1 (make test) requires DALI and the MXNet venv"
+    elif dali and dali_problem() not in (None, "not installed"):
+        why = f"NVIDIA DALI is {dali_problem()}"
+    else:
+        return
+    report.outcome = "failed"
+    report.longrepr = f"skipped, but {why}: {reason}"

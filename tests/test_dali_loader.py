@@ -19,14 +19,11 @@ from PIL import Image
 
 from imgpipe.atomic import atomic_write_bytes
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
-from imgpipe.loaders.dali import dali_available, epoch_seeds, shard_bounds
+from imgpipe.loaders.dali import epoch_seeds, shard_bounds
 from imgpipe.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
 from imgpipe.recordio import IndexedRecordWriter, IRHeader, pack_header
 
-pytestmark = [
-    pytest.mark.dali,
-    pytest.mark.skipif(not dali_available(), reason="nvidia.dali is not importable (pip install 'imgpipe[dali]')"),
-]
+pytestmark = [pytest.mark.dali, pytest.mark.usefixtures("require_dali")]  # conftest: skip only if not installed
 
 RECORDS = 23  # prime: no world size or batch size divides it, so every remainder path runs
 SIZE = 32
@@ -233,12 +230,20 @@ def test_bare_rec_files_by_glob_read_through_one_combined_index(indexed: Path) -
     assert [k for b in epoch_labels(dl) for k in b] == list(range(RECORDS))  # record order across the 3 files
 
 
-@pytest.mark.timeout(60)
-def test_a_record_that_does_not_decode_is_a_one_line_dataset_error(tmp_path: Path) -> None:
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize(("world_size", "rank", "bad"), [(1, 0, 2), (1, 0, 29), (2, 1, 22)])
+def test_a_record_that_does_not_decode_is_named_in_one_line(tmp_path: Path, train: bool, world_size: int, rank: int, bad: int) -> None:
+    """As the torch loader does: the shard, the record, its id, offset and source, in one line."""
     sys.path.insert(0, str(Path(__file__).parent))
     from _tiny_shards import make_tiny_pack
 
-    folder = make_tiny_pack(tmp_path / "c", records=6, shards=2, classes=2, corrupt=(2,))
-    with pytest.raises(DatasetError, match=r"DALI could not decode a record of the 2 shard\(s\) in .*imgpipe verify --decode") as info:
-        list(loader(folder, batch_size=3, train=False))
-    assert "\n" not in str(info.value)
+    folder = make_tiny_pack(tmp_path / "c", records=30, shards=2, classes=3, corrupt=(bad,))
+    dl = loader(folder, batch_size=3, train=train, rank=rank, world_size=world_size, on_corrupt="raise")
+    with pytest.raises(DatasetError) as info:
+        list(dl)
+    message = str(info.value)
+    shard = "train-00000-of-00002.rec" if bad < 15 else "train-00001-of-00002.rec"
+    assert f"cannot decode {shard} record {bad} (id {2 * bad}, offset " in message, message
+    assert f"source train/n{bad % 3:08d}/n{bad % 3:08d}_{bad}.JPEG): not an image" in message
+    assert "imgpipe verify --decode" in message and "\n" not in message

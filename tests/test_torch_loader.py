@@ -357,16 +357,6 @@ def test_bare_rec_glob_and_block_shuffle(tiny: Path) -> None:
     assert not _equal(packed, _run(_uint8(tiny, seed=1)))
 
 
-def test_eval_ranks_see_every_record_once(tiny: Path) -> None:
-    labels = []
-    for rank in range(3):
-        loader = make_torch_loader(tiny, batch_size=4, train=False, image_size=SIZE, workers=0, rank=rank, world_size=3)
-        batches = _run(loader)
-        assert len(batches) == len(loader)
-        labels.extend(np.concatenate([y for _, y in batches]).tolist())
-    assert sorted(labels) == sorted(open_shards(tiny).labels.tolist())
-
-
 @pytest.mark.timeout(180)
 def test_two_process_gloo_group_supplies_rank_and_world(tiny: Path, tmp_path: Path) -> None:
     with socket.socket() as s:
@@ -530,17 +520,74 @@ def test_train_batch_larger_than_the_split_is_a_clear_error(tiny: Path) -> None:
     assert [len(y) for _, y in batches] == [40]
 
 
-@pytest.mark.parametrize(("option", "message"), [({"image_size": 0}, "image_size must be >= 1"), ({"prefetch_factor": 0}, "prefetch_factor")])
-def test_bad_loader_options_are_config_errors(tiny: Path, option: dict, message: str) -> None:
-    from imgpipe.errors import ConfigError
-
-    kw = {"batch_size": 4, "image_size": SIZE, "workers": 1, "rank": 0, "world_size": 1, **option}
-    with pytest.raises(ConfigError, match=message):
-        make_torch_loader(tiny, **kw)
+# ------------------------------------------------------------------------------------------- claims across world sizes
 
 
-def test_an_unknown_device_is_a_config_error(tiny: Path) -> None:
-    from imgpipe.errors import ConfigError
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """23 records (no world size or batch size here divides it) whose label IS the record index."""
+    return make_tiny_pack(tmp_path_factory.mktemp("indexed") / "indexed", records=23, shards=2, classes=23, min_side=40, max_side=96)
 
-    with pytest.raises(ConfigError, match="device 'tpu' is not a torch device"):
-        make_torch_loader(tiny, batch_size=4, image_size=SIZE, workers=0, rank=0, world_size=1, device="tpu")
+
+@pytest.mark.timeout(180)
+def test_augmentation_does_not_depend_on_rank_or_world_size(indexed: Path) -> None:
+    """The same (seed, epoch, record) gives the same pixels at world size 1, 2 and 3 (and any worker count)."""
+    pixels: dict[int, dict[tuple[int, int], np.ndarray]] = {}
+    for world in (1, 2, 3):
+        seen = pixels.setdefault(world, {})
+        for rank in range(world):
+            loader = make_torch_loader(indexed, batch_size=2, image_size=SIZE, workers=rank % 2, normalize=False, rank=rank, world_size=world, seed=3)
+            for epoch in range(2):
+                for images, labels in loader:  # label = record index
+                    for image, record in zip(images.numpy(), labels.tolist()):
+                        assert (epoch, record) not in seen
+                        seen[(epoch, record)] = image.copy()
+            loader.close()
+    assert [len(pixels[w]) for w in (1, 2, 3)] == [2 * 22, 2 * 20, 2 * 18]  # drop: whole global batches of 2, 4, 6
+    for world in (2, 3):
+        common = pixels[1].keys() & pixels[world].keys()
+        assert len(common) >= 2 * 17
+        for key in common:
+            assert np.array_equal(pixels[1][key], pixels[world][key]), (world, key)
+    assert not np.array_equal(*(pixels[1][(e, r)] for e, r in [(0, 5), (1, 5)]))  # the epoch does change the crop
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_eval_yields_every_record_exactly_once_with_none_padded(indexed: Path, world: int) -> None:
+    records: list[int] = []
+    for rank in range(world):
+        loader = make_torch_loader(indexed, "train", batch_size=4, train=False, image_size=SIZE, workers=1, rank=rank, world_size=world)
+        batches = [(images.shape[0], labels.tolist()) for images, labels in loader]
+        loader.close()
+        assert len(batches) == len(loader) and all(n == len(labels) for n, labels in batches)
+        records.extend(label for _, labels in batches for label in labels)  # label = record index
+    assert len(records) == 23 and sorted(records) == list(range(23))
+
+
+# ------------------------------------------------------------------------------------------- sample_transform
+
+
+def _raises_value_error(image: torch.Tensor) -> torch.Tensor:
+    raise ValueError("a bug in the user's transform")
+
+
+def _returns_float(image: torch.Tensor) -> torch.Tensor:
+    return image.float() / 255
+
+
+def test_a_failing_sample_transform_is_never_taken_for_a_corrupt_record(tiny: Path) -> None:
+    """Its exception reaches the caller as it is; on_corrupt='skip' must not hide it as skipped samples."""
+    loader = _uint8(tiny, on_corrupt="skip", sample_transform=_raises_value_error)
+    with pytest.raises(ValueError, match="a bug in the user's transform"):
+        _run(loader)
+    assert loader.skipped == 0
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_sample_transform_returning_another_dtype_or_shape_is_one_line(tiny: Path, workers: int) -> None:
+    """A float in [0, 1] copied into the uint8 batch would silently be all zeros."""
+    loader = _uint8(tiny, workers=workers, sample_transform=_returns_float)
+    with pytest.raises(DatasetError, match=r"sample_transform must return a uint8 tensor of shape \(3, 32, 32\), got torch.float32 \(3, 32, 32\) for train-0000"):
+        _run(loader)
+    loader.close()

@@ -1,10 +1,27 @@
-"""What both loaders do before they differ: check the shared arguments, find the rank, open the shards."""
+"""What both loaders do before they differ: check the arguments, find the rank, open the shards.
+
+Every public argument is checked here, once for both loaders: a mistake (``image_size="224"``,
+``batch_size=8.5``, ``train=1``, ``device="cuda"`` without a GPU) is one ``ConfigError``
+naming the argument and what it accepts, never a TypeError or a torch error from deep inside.
+"""
 
 from __future__ import annotations
+
+import numbers
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
 
 from imgpipe.distenv import DistEnv, available_cpus
 from imgpipe.errors import ConfigError, DatasetError
 from imgpipe.shards import ShardSet, open_shards
+
+if TYPE_CHECKING:
+    import torch
+
+ON_CORRUPT = ("raise", "skip")  # what a loader does with a record it cannot decode
 
 
 def default_workers(local_world_size: int = 1) -> int:
@@ -12,13 +29,130 @@ def default_workers(local_world_size: int = 1) -> int:
     return max(1, min(8, available_cpus() // max(1, local_world_size)))
 
 
-def open_for_rank(path: object, split: str, *, image_size: int, rank: int | None, world_size: int | None) -> tuple[DistEnv, ShardSet]:
-    """Validate ``image_size``, resolve this rank, and open ``path`` (or take a ShardSet as it is)."""
-    if image_size < 1:
-        raise ConfigError(f"image_size must be >= 1, got {image_size}")
-    env = DistEnv.detect(rank, world_size)
-    shards = path if isinstance(path, ShardSet) else open_shards(path, split)  # type: ignore[arg-type]
-    return env, shards
+def check_int(name: str, value: object, *, minimum: int, accepted: str = "") -> int:
+    """``value`` as an int >= ``minimum``; bools, floats and strings are refused."""
+    accepted = accepted or f"an integer >= {minimum}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name} must be {accepted}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_optional_int(name: str, value: object, *, minimum: int) -> int | None:
+    """None, or ``value`` as an int >= ``minimum``."""
+    return None if value is None else check_int(name, value, minimum=minimum, accepted=f"an integer >= {minimum} or None")
+
+
+def check_bool(name: str, value: object, *, accepted: str = "True or False") -> bool:
+    """``value`` as a bool; 0/1 and strings are refused."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"{name} must be {accepted}, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
+def check_optional_bool(name: str, value: object) -> bool | None:
+    """None, or ``value`` as a bool."""
+    return None if value is None else check_bool(name, value, accepted="True, False or None")
+
+
+def check_choice(name: str, value: object, choices: Sequence[str]) -> str:
+    """``value`` if it is one of ``choices``."""
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def resolve_device(device: object) -> "torch.device":
+    """The device batches go to: the CPU for None/"cpu"; a visible CUDA device, with its index, for "cuda"/"cuda:N".
+
+    A bare "cuda" becomes the current CUDA device, so the loader keeps using the GPU it was
+    built on even if the caller switches devices later.
+    """
+    import torch
+
+    accepted = "None, 'cpu', 'cuda' or 'cuda:N' (or a torch.device of those)"
+    if device is None:
+        return torch.device("cpu")
+    if not isinstance(device, (str, torch.device)):
+        raise ConfigError(f"device must be {accepted}, got {device!r} ({type(device).__name__})")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise ConfigError(f"device {device!r} is not a torch device; use {accepted} ({str(e).splitlines()[0]})") from None
+    if resolved.type == "cpu":
+        return resolved
+    if resolved.type != "cuda":
+        raise ConfigError(f"device {device!r}: the loaders run on {accepted}")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA GPU; use device=None to load on the CPU")
+    count = torch.cuda.device_count()
+    index = torch.cuda.current_device() if resolved.index is None else resolved.index
+    if index >= count:
+        raise ConfigError(f"device {device!r}: torch sees {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return torch.device("cuda", index)
+
+
+@dataclass(frozen=True)
+class LoaderArgs:
+    """The arguments both loaders share, checked and normalized (ints are ints, the device has its index)."""
+
+    split: str
+    batch_size: int
+    train: bool
+    image_size: int
+    workers: int | None
+    seed: int
+    rank: int | None
+    world_size: int | None
+    device: "torch.device"
+    normalize: bool
+    channels_last: bool
+
+
+def check_loader_args(
+    *,
+    split: object,
+    batch_size: object,
+    train: object,
+    image_size: object,
+    workers: object,
+    seed: object,
+    rank: object,
+    world_size: object,
+    device: object,
+    normalize: object,
+    channels_last: object,
+) -> LoaderArgs:
+    """Check the shared loader arguments; the first mistake is a ConfigError naming it."""
+    if not isinstance(split, str) or not split:
+        raise ConfigError(f"split must be a split name such as 'train' or 'val', got {split!r}")
+    return LoaderArgs(
+        split=split,
+        batch_size=check_int("batch_size", batch_size, minimum=1),
+        train=check_bool("train", train),
+        image_size=check_int("image_size", image_size, minimum=1),
+        workers=check_optional_int("workers", workers, minimum=0),
+        seed=check_int("seed", seed, minimum=0),
+        rank=check_optional_int("rank", rank, minimum=0),
+        world_size=check_optional_int("world_size", world_size, minimum=1),
+        device=resolve_device(device),
+        normalize=check_bool("normalize", normalize),
+        channels_last=check_bool("channels_last", channels_last),
+    )
+
+
+def open_for_rank(path: object, args: LoaderArgs) -> tuple[DistEnv, ShardSet]:
+    """Resolve this rank and open ``path`` (or take a ShardSet as it is)."""
+    env = DistEnv.detect(args.rank, args.world_size)
+    if isinstance(path, ShardSet):
+        return env, path
+    paths = [path] if isinstance(path, (str, os.PathLike)) else path
+    if not isinstance(paths, (list, tuple)) or not paths or not all(isinstance(p, (str, os.PathLike)) for p in paths):
+        raise ConfigError(
+            f"path must be a packed folder, a .rec file, a glob, a list of .rec files or a ShardSet, got {path!r} ({type(path).__name__})"
+        )
+    return env, open_shards(path, args.split)  # type: ignore[arg-type]
 
 
 def no_full_batch(path: object, split: str, records: int, world_size: int, batch_size: int, fix: str) -> DatasetError:

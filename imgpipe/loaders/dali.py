@@ -29,19 +29,20 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from imgpipe.errors import ConfigError, DatasetError
-from imgpipe.loaders.common import default_workers, no_full_batch, open_for_rank
+from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
+from imgpipe.loaders.common import ON_CORRUPT, check_choice, check_int, check_loader_args, default_workers, no_full_batch, open_for_rank
 from imgpipe.shards import ShardSet
 
 logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'imgpipe[dali]'"
 READER_NAME = "Reader"
+_DECODING_OPERATORS = ("decoders", "peek_image_shape")  # in DALI's message when a record did not decode
 DEFAULT_INITIAL_FILL = 1024
 _SEED_DOMAIN = 0x44414C49  # "DALI": keeps these seeds apart from imgpipe.seeding's families
 
@@ -59,8 +60,10 @@ def _import_dali() -> Any:
     try:
         import nvidia.dali as dali
         import nvidia.dali.plugin.pytorch  # noqa: F401  (the DALIGenericIterator)
-    except ImportError as e:
+    except ModuleNotFoundError as e:
         raise ConfigError(f"NVIDIA DALI is not installed ({e}); {INSTALL_HINT} to use the DALI loader") from None
+    except Exception as e:  # an installed wheel that fails to import: a missing library, a mismatched build
+        raise ConfigError(f"NVIDIA DALI is installed but does not import ({type(e).__name__}: {e}); reinstall it: {INSTALL_HINT}") from None
     return dali
 
 
@@ -99,8 +102,9 @@ def shard_bounds(records: int, shard: int, shards: int) -> tuple[int, int]:
 class DaliLoader:
     """Iterable of ``(images, labels)`` batches; each new ``iter()`` is the next epoch."""
 
-    def __init__(self, spec: _Spec) -> None:
+    def __init__(self, spec: _Spec, shards: ShardSet) -> None:
         self._spec = spec
+        self._shards = shards  # to name a record DALI could not decode
         self._next_epoch = 0
         self.epoch = 0  # the epoch being (or last) iterated, as TorchLoader.epoch
         self._eval_iterator: Any = None
@@ -116,9 +120,7 @@ class DaliLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Run ``epoch`` on the next ``iter()``; later iterations continue from it."""
-        if epoch < 0:
-            raise ConfigError(f"epoch must be >= 0, got {epoch}")
-        self._next_epoch = int(epoch)
+        self._next_epoch = check_int("epoch", epoch, minimum=0)
 
     def __len__(self) -> int:
         return self._batches
@@ -136,7 +138,7 @@ class DaliLoader:
             iterator = self._eval_iterator or self._make_iterator(epoch)
             batches = iter(iterator)  # DALI's __iter__ resets a finished iterator for the next epoch
         except RuntimeError as e:
-            raise self._decode_error(e) from None
+            raise self._decode_error(e, epoch, 0) from None
         self._eval_iterator = None  # handed back below only once this epoch has run to its end
         device = torch.device("cpu") if spec.device_id is None else torch.device("cuda", spec.device_id)
         produced = 0
@@ -146,7 +148,7 @@ class DaliLoader:
             except StopIteration:
                 break
             except RuntimeError as e:
-                raise self._decode_error(e) from None
+                raise self._decode_error(e, epoch, produced) from None
             labels = out["labels"].reshape(-1)
             if labels.numel() == 0:  # PARTIAL can end on a batch made only of padding
                 continue
@@ -160,15 +162,26 @@ class DaliLoader:
         if not spec.train:  # eval epochs are all alike: keep the warm pipeline for the next one
             self._eval_iterator = iterator
 
-    def _decode_error(self, error: RuntimeError) -> Exception:
-        """A DALI decoder failure as a one-line DatasetError naming the shards; anything else unchanged."""
-        if "decoders" not in str(error):
+    def _decode_error(self, error: RuntimeError, epoch: int, produced: int) -> Exception:
+        """A DALI decoder failure as the torch loader's one-line DatasetError (shard, record, source); anything else unchanged.
+
+        DALI's message does not say which record failed, so the records this rank's reader has
+        reached are checked in stored order with Pillow, as ``imgpipe verify --decode`` does. The
+        reader reads its shard in stored order (train shuffles inside a buffer of what it read),
+        so this costs about what DALI decoded before it failed; eval skips the batches it yielded.
+        """
+        if not any(op in str(error) for op in _DECODING_OPERATORS):
             return error
-        folder = Path(self._spec.rec_files[0]).parent
-        return DatasetError(
-            f"DALI could not decode a record of the {len(self._spec.rec_files)} shard(s) in {folder}; "
-            f"locate it with 'imgpipe verify --decode {folder}', or use the torch loader with on_corrupt='skip'"
-        )
+        spec = self._spec
+        start, end = shard_bounds(spec.records, (spec.rank + epoch) % spec.world_size if spec.train else spec.rank, spec.world_size)
+        first = start if spec.train else start + produced * spec.batch_size
+        folder = Path(spec.rec_files[0]).parent
+        fix = f"run 'imgpipe verify --decode {folder}', or use the torch loader with on_corrupt='skip'"
+        found = first_undecodable(self._shards, range(first, end))
+        if found is None:
+            return DatasetError(f"DALI could not decode one of records {first} to {end - 1} of {folder} (Pillow decodes them all); {fix}")
+        index, reason = found
+        return DatasetError(f"cannot decode {self._shards.describe(index)}: {reason}; {fix}")
 
     def _make_iterator(self, epoch: int) -> Any:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
@@ -176,6 +189,20 @@ class DaliLoader:
         policy = LastBatchPolicy.DROP if self._spec.train else LastBatchPolicy.PARTIAL
         pipe = _build_pipeline(self._spec, epoch)
         return DALIGenericIterator([pipe], ["images", "labels"], reader_name=READER_NAME, last_batch_policy=policy)
+
+
+def first_undecodable(shards: ShardSet, indices: Iterable[int]) -> tuple[int, str] | None:
+    """The first of ``indices`` whose record does not read or decode whole, with the reason; None if all do."""
+    from imgpipe.codec import decode_failure
+
+    for index in indices:
+        try:
+            reason = decode_failure(shards.read(index)[1])
+        except ImgpipeError as e:
+            reason = str(e)
+        if reason is not None:
+            return index, reason
+    return None
 
 
 def _build_pipeline(spec: _Spec, epoch: int) -> Any:
@@ -321,6 +348,7 @@ def make_dali_loader(
     channels_last: bool = False,
     initial_fill: int = DEFAULT_INITIAL_FILL,
     prefetch: int = 2,
+    on_corrupt: str = "raise",
 ) -> DaliLoader:
     """A DALI loader over a packed folder (or bare .rec/.idx files) with the torch loader's contract.
 
@@ -330,11 +358,22 @@ def make_dali_loader(
     ``len(loader)`` is this rank's batches per epoch; each ``iter()`` is the next epoch and
     ``set_epoch(e)`` picks one (see the module docstring for the train/eval policies).
     ``initial_fill``: the reader's shuffle buffer, in records; ``prefetch``: DALI's queue depth.
+    ``on_corrupt``: only "raise" (a record DALI cannot decode stops the epoch with its shard,
+    record and source); "skip" is the torch loader's.
     """
     _import_dali()
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    env, shards = open_for_rank(path, split, image_size=image_size, rank=rank, world_size=world_size)
+    args = check_loader_args(
+        split=split, batch_size=batch_size, train=train, image_size=image_size, workers=workers, seed=seed, rank=rank,
+        world_size=world_size, device=device, normalize=normalize, channels_last=channels_last,
+    )
+    initial_fill = check_int("initial_fill", initial_fill, minimum=1)
+    prefetch = check_int("prefetch", prefetch, minimum=1)
+    if check_choice("on_corrupt", on_corrupt, ON_CORRUPT) == "skip":
+        raise ConfigError(
+            "on_corrupt='skip' needs the torch loader: DALI decodes whole batches, so the DALI loader can only raise "
+            "on a corrupt record (on_corrupt='raise')"
+        )
+    env, shards = open_for_rank(path, args)
     records = len(shards)
     if records < env.world_size:
         raise DatasetError(f"{path}: split {split!r} has {records} records, fewer than the {env.world_size} ranks")
@@ -342,37 +381,21 @@ def make_dali_loader(
         rec_files=tuple(str(p) for p in shards.rec_paths),
         index_file=str(shards.dali_index_path()),
         records=records,
-        batch_size=batch_size,
-        train=train,
-        image_size=image_size,
-        workers=max(1, workers if workers is not None else default_workers(env.local_world_size)),
-        seed=seed,
+        batch_size=args.batch_size,
+        train=args.train,
+        image_size=args.image_size,
+        workers=max(1, args.workers if args.workers is not None else default_workers(env.local_world_size)),
+        seed=args.seed,
         rank=env.rank,
         world_size=env.world_size,
-        device_id=_device_id(device),
-        normalize=normalize,
-        channels_last=channels_last,
-        initial_fill=max(1, initial_fill),
-        prefetch=max(1, prefetch),
+        device_id=args.device.index if args.device.type == "cuda" else None,
+        normalize=args.normalize,
+        channels_last=args.channels_last,
+        initial_fill=initial_fill,
+        prefetch=prefetch,
     )
-    loader = DaliLoader(spec)
-    if train and len(loader) == 0:
-        raise no_full_batch(path, split, records, env.world_size, batch_size, "lower batch_size")
+    loader = DaliLoader(spec, shards)
+    if args.train and len(loader) == 0:
+        raise no_full_batch(path, split, records, env.world_size, args.batch_size, "lower batch_size")
     return loader
 
-
-def _device_id(device: str | torch.device | None) -> int | None:
-    """None for the CPU, the CUDA index for a CUDA device; anything else is a ConfigError."""
-    if device is None:
-        return None
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ConfigError(f"device {device!r} is not a torch device ({e})") from None
-    if dev.type == "cpu":
-        return None
-    if dev.type != "cuda":
-        raise ConfigError(f"the DALI loader runs on 'cpu' or a CUDA device, not {device!r}")
-    if not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA GPU; use device=None for DALI's CPU pipeline")
-    return dev.index if dev.index is not None else torch.cuda.current_device()

@@ -54,16 +54,26 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from imgpipe import seeding
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
-from imgpipe.loaders.common import default_workers, no_full_batch, open_for_rank
+from imgpipe.loaders.common import (
+    ON_CORRUPT,
+    check_bool,
+    check_choice,
+    check_int,
+    check_loader_args,
+    check_optional_bool,
+    check_optional_int,
+    default_workers,
+    no_full_batch,
+    open_for_rank,
+)
 from imgpipe.loaders.pixels import decode_sample, load_decoders
 from imgpipe.loaders.ring import BatchRing
-from imgpipe.sampler import EpochSampler
+from imgpipe.sampler import REMAINDER_POLICIES, EpochSampler
 from imgpipe.shards import PathLike, ShardSet
 from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry
 
 logger = logging.getLogger(__name__)
 
-ON_CORRUPT = ("raise", "skip")
 SampleTransform = Callable[[torch.Tensor], torch.Tensor]
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError, ImgpipeError)
 
@@ -157,6 +167,11 @@ class BatchDataset(Dataset):
                 if self.on_corrupt == "raise":
                     return sent, labels, np.zeros(0, np.int64), message + "; run 'imgpipe verify' or use on_corrupt='skip'"
                 bad.append(slot)
+                continue
+            # outside the try: an error of the user's transform is theirs, never a corrupt record to skip
+            wrong = self._transform_into(images[slot], index)
+            if wrong is not None:
+                return sent, labels, np.zeros(0, np.int64), wrong
         if bad:
             good = sorted(set(range(len(indices))) - set(bad))
             if not good:
@@ -176,11 +191,20 @@ class BatchDataset(Dataset):
         else:
             crop_for = geometry.crop
         out.copy_(decode_sample(payload, crop_for, geometry.image_size))
-        if self.sample_transform is not None:
-            result = self.sample_transform(out)
-            if result is not out:
-                out.copy_(result)
         return int(self.shards.labels[index])
+
+    def _transform_into(self, out: torch.Tensor, index: int) -> str | None:
+        """Apply ``sample_transform`` to ``out`` in place; the error message if it returned something else than such a sample."""
+        if self.sample_transform is None:
+            return None
+        result = self.sample_transform(out)
+        if result is out:
+            return None
+        if not isinstance(result, torch.Tensor) or result.shape != out.shape or result.dtype != torch.uint8:
+            got = f"{result.dtype} {tuple(result.shape)}" if isinstance(result, torch.Tensor) else type(result).__name__
+            return f"sample_transform must return a uint8 tensor of shape {tuple(out.shape)}, got {got} for {self.shards.describe(index)}"
+        out.copy_(result)
+        return None
 
     @property
     def _memory_format(self) -> torch.memory_format:
@@ -287,7 +311,7 @@ class TorchLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` run ``epoch``."""
-        self.sampler.set_epoch(epoch)
+        self.sampler.set_epoch(check_int("epoch", epoch, minimum=0))
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch and the batches of it already yielded, for a checkpoint."""
@@ -295,6 +319,8 @@ class TorchLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next ``iter()`` yields exactly the batches an uninterrupted run would have yielded next."""
+        if not isinstance(state, dict):
+            raise ConfigError(f"cannot resume: a loader state is the dict loader.state_dict() returned, got {type(state).__name__}")
         self.sampler.load_state_dict(state)
 
     def close(self) -> None:
@@ -426,33 +452,44 @@ def make_torch_loader(
     on CUDA) stages batches in pinned memory for the copy to the GPU.
     ``loader.close()`` stops persistent workers.
     """
-    if prefetch_factor < 1:
-        raise ConfigError(f"prefetch_factor must be >= 1, got {prefetch_factor}")
-    env, shards = open_for_rank(path, split, image_size=image_size, rank=rank, world_size=world_size)
+    args = check_loader_args(
+        split=split, batch_size=batch_size, train=train, image_size=image_size, workers=workers, seed=seed, rank=rank,
+        world_size=world_size, device=device, normalize=normalize, channels_last=channels_last,
+    )
+    check_choice("remainder", remainder, REMAINDER_POLICIES)
+    check_choice("on_corrupt", on_corrupt, ON_CORRUPT)
+    shuffle = check_optional_bool("shuffle", shuffle)
+    block_shuffle = check_optional_int("block_shuffle", block_shuffle, minimum=1)
+    shuffle_window = check_optional_int("shuffle_window", shuffle_window, minimum=1)
+    if shuffle_window is not None and block_shuffle is None:
+        raise ConfigError("shuffle_window only applies with block_shuffle; set block_shuffle too, or leave shuffle_window None")
+    if sample_transform is not None and not callable(sample_transform):
+        raise ConfigError(f"sample_transform must be a callable on a uint8 CHW tensor or None, got {sample_transform!r}")
+    persistent_workers = check_bool("persistent_workers", persistent_workers)
+    prefetch_factor = check_int("prefetch_factor", prefetch_factor, minimum=1)
+    pin_memory = check_optional_bool("pin_memory", pin_memory)
+    if multiprocessing_context is not None:
+        check_choice("multiprocessing_context", multiprocessing_context, multiprocessing.get_all_start_methods())
+    batch_size, image_size, device, channels_last = args.batch_size, args.image_size, args.device, args.channels_last
+    env, shards = open_for_rank(path, args)
     if len(shards) == 0:
         raise DatasetError(f"split {split!r} of {path} has no records")
-    geometry: TrainGeometry | EvalGeometry = TrainGeometry(image_size=image_size) if train else EvalGeometry(image_size=image_size)
+    geometry: TrainGeometry | EvalGeometry = TrainGeometry(image_size=image_size) if args.train else EvalGeometry(image_size=image_size)
     sampler = EpochSampler(
         len(shards),
         batch_size=batch_size,
-        train=train,
+        train=args.train,
         shuffle=shuffle,
-        seed=seed,
+        seed=args.seed,
         rank=env.rank,
         world_size=env.world_size,
         remainder=remainder,
         block_size=block_shuffle,
         window=shuffle_window,
     )
-    if train and len(sampler) == 0:
+    if args.train and len(sampler) == 0:
         raise no_full_batch(path, split, len(shards), env.world_size, batch_size, "lower batch_size or use remainder='pad'")
-    try:
-        device = torch.device(device) if device is not None else torch.device("cpu")
-    except RuntimeError as e:
-        raise ConfigError(f"device {device!r} is not a torch device; use e.g. 'cpu' or 'cuda:0' ({str(e).splitlines()[0]})") from None
-    workers = default_workers(env.local_world_size) if workers is None else int(workers)
-    if workers < 0:
-        raise ConfigError(f"workers must be >= 0, got {workers}")
+    workers = default_workers(env.local_world_size) if args.workers is None else args.workers
     layout = torch.channels_last if channels_last or device.type == "cuda" else torch.contiguous_format  # HWC slots: one memcpy per image
     ring = None
     if workers > 0 and persistent_workers:
@@ -460,7 +497,7 @@ def make_torch_loader(
     dataset = BatchDataset(
         shards,
         geometry=geometry,
-        seed=seed,
+        seed=args.seed,
         rank=env.rank,
         on_corrupt=on_corrupt,
         sample_transform=sample_transform,
@@ -474,7 +511,7 @@ def make_torch_loader(
         dataset=dataset,
         workers=workers,
         device=device,
-        normalize=normalize,
+        normalize=args.normalize,
         channels_last=channels_last,
         persistent_workers=persistent_workers,
         prefetch_factor=prefetch_factor,

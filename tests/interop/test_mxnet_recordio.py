@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import struct
 import subprocess
 from pathlib import Path
@@ -21,14 +20,9 @@ from imgpipe import recordio
 from imgpipe.recordio import MAGIC_BYTES as M
 from imgpipe.recordio import IRHeader
 
-pytestmark = pytest.mark.interop
+pytestmark = [pytest.mark.interop, pytest.mark.usefixtures("mxnet_python")]  # conftest: skip, or fail under make test
 
 HERE = Path(__file__).parent
-MXNET_PYTHON = os.environ.get("IMGPIPE_MXNET_PYTHON", "")
-if not MXNET_PYTHON:
-    pytest.skip("IMGPIPE_MXNET_PYTHON is not set: run `make test`, which builds the MXNet venv", allow_module_level=True)
-if not os.access(MXNET_PYTHON, os.X_OK):
-    pytest.skip(f"IMGPIPE_MXNET_PYTHON={MXNET_PYTHON} is not an executable interpreter", allow_module_level=True)
 
 MAGIC_AS_FLOAT = struct.unpack("<f", M)[0]  # a label whose bits are the magic, at aligned offset 4
 MAGIC_AS_ID = struct.unpack("<Q", M + b"\0\0\0\0")[0]  # an id whose low word is the magic, at aligned offset 8
@@ -102,7 +96,7 @@ def make_jpegs(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def mx(tmp_path_factory, packed_dir: Path) -> dict:
+def mx(tmp_path_factory, packed_dir: Path, mxnet_python: str) -> dict:
     """Write imgpipe's shard, run MXNet once: it writes the same records, reads both shards and
     every shard of a real ``imgpipe pack`` output, and runs im2rec."""
     tmp = tmp_path_factory.mktemp("mx")
@@ -124,7 +118,7 @@ def mx(tmp_path_factory, packed_dir: Path) -> dict:
     job = {"write": [dict(theirs, records=records)], "read": [ours, theirs, *packed], "im2rec": im2rec}
     (tmp / "job.json").write_text(json.dumps(job))
     proc = subprocess.run(
-        [MXNET_PYTHON, str(HERE / "mx_helper.py"), str(tmp / "job.json"), str(tmp / "result.json")],
+        [mxnet_python, str(HERE / "mx_helper.py"), str(tmp / "job.json"), str(tmp / "result.json")],
         capture_output=True,
         text=True,
         timeout=240,

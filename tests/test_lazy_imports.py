@@ -1,0 +1,49 @@
+"""The README's "nothing imports torch or DALI until it is used", in a fresh interpreter.
+
+Opening shards, packing and verifying never load torch or DALI; the torch loader loads torch
+but not DALI.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    import imgpipe
+
+    src, dst, out = (Path(p) for p in sys.argv[1:4])
+    heavy = lambda: sorted(m for m in ("torch", "nvidia.dali") if m in sys.modules)
+    shards = imgpipe.open_shards(src, split="train")
+    shards.read(0), shards.describe(0), shards.labels
+    imgpipe.pack(dst / "tree", out, workers=1, progress=False)
+    assert imgpipe.verify(out, decode=True, workers=1, progress=False).ok
+    print("data:", heavy())
+    imgpipe.make_torch_loader(src, batch_size=2, image_size=16, workers=0, rank=0, world_size=1)
+    print("torch loader:", heavy())
+    """
+)
+
+
+@pytest.mark.timeout(120)
+def test_opening_packing_and_verifying_never_import_torch_or_dali(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _tiny_shards import make_tiny_pack, tiny_jpeg
+
+    src = make_tiny_pack(tmp_path / "src", records=4, shards=1)
+    rng = np.random.default_rng(0)
+    for name in ("a", "b"):
+        (tmp_path / "tree" / name).mkdir(parents=True)
+        (tmp_path / "tree" / name / "x.jpg").write_bytes(tiny_jpeg(rng, 32, 24))
+    result = subprocess.run([sys.executable, "-c", SCRIPT, str(src), str(tmp_path), str(tmp_path / "out")],
+                            capture_output=True, text=True, timeout=100)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == ["data: []", "torch loader: ['torch']"]
