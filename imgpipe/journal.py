@@ -19,6 +19,7 @@ from typing import Any
 
 from imgpipe.atomic import atomic_write_bytes
 from imgpipe.errors import PackError
+from imgpipe.manifest import MANIFEST_NAME, SHARD_FILE
 
 JOURNAL_DIR = ".imgpipe-pack"
 PLAN_NAME = "plan.json"
@@ -65,9 +66,10 @@ class Journal:
         except (OSError, ValueError) as e:
             raise PackError(f"{self.folder / PLAN_NAME}: unreadable pack journal ({e}); pass --overwrite to start again") from None
 
-    def write_plan(self, options: dict[str, Any], fingerprint: str) -> None:
+    def write_plan(self, options: dict[str, Any], fingerprint: str, shards: int) -> None:
+        """Record the options, the plan fingerprint and the planned shard count (for 'incomplete pack' messages)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        data = json.dumps({"options": options, "fingerprint": fingerprint}, indent=1, sort_keys=True) + "\n"
+        data = json.dumps({"options": options, "fingerprint": fingerprint, "shards": shards}, indent=1, sort_keys=True) + "\n"
         atomic_write_bytes(self.folder / PLAN_NAME, data.encode("utf-8"))
 
     def entry_path(self, shard_name: str) -> Path:
@@ -107,3 +109,28 @@ class Journal:
                         "wait for it to finish or stop it first"
                     ) from None
                 time.sleep(0.05)
+
+
+def unfinished_pack(folder: str | os.PathLike) -> str | None:
+    """A one-line 'incomplete pack' message when ``folder`` holds a pack journal but no manifest, else None.
+
+    A folder is complete only when its manifest exists: shards beside a journal are a pack
+    that was killed, ran out of disk, is still running, or waits for other nodes.
+    """
+    folder = Path(folder)
+    journal = folder / JOURNAL_DIR
+    if (folder / MANIFEST_NAME).exists() or not journal.is_dir():
+        return None
+    done = sum(1 for p in journal.iterdir() if (m := SHARD_FILE.match(p.name)) and m["ext"] == "json")
+    try:
+        total = json.loads((journal / PLAN_NAME).read_text(encoding="utf-8")).get("shards")
+    except (OSError, ValueError, AttributeError):
+        total = None
+    rerun = "rerun the same 'imgpipe pack' (with --num-nodes: every --node-rank, then --finalize)"
+    if not isinstance(total, int):
+        state = f"{done} shard(s) finished, the planned count is unknown"
+    elif done < total:
+        state = f"{total - done} of {total} shards missing"
+    else:
+        state = f"all {total} shards written"
+    return f"{folder}: incomplete pack: {state}, no {MANIFEST_NAME}; {rerun}"

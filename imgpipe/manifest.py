@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from imgpipe.errors import DatasetError
 FORMAT = "imgpipe-recordio"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+SHARD_FILE = re.compile(r"^(?P<split>[^/]+)-\d{5}-of-\d{5}\.(?P<ext>rec|idx|json)$")  # a shard, its index, its journal entry
 
 
 @dataclass

@@ -19,7 +19,6 @@ import logging
 import multiprocessing as mp
 import os
 import queue as queue_module
-import re
 import shutil
 import threading
 import time
@@ -39,13 +38,12 @@ from imgpipe.diskinfo import check_free_space, warn_if_slow
 from imgpipe.distenv import available_cpus
 from imgpipe.errors import ImgpipeError, PackError
 from imgpipe.journal import JOURNAL_DIR, Journal, ShardResult
-from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped, SplitInfo, write_manifest
+from imgpipe.manifest import MANIFEST_NAME, SHARD_FILE, Manifest, ShardInfo, Skipped, SplitInfo, write_manifest
 from imgpipe.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size
 from imgpipe.shardwriter import ShardJob, init_worker, tmp_names, write_shard, write_shard_in_worker
 
 logger = logging.getLogger(__name__)
 
-SHARD_FILE = re.compile(r"^[^/]+-\d{5}-of-\d{5}\.(rec|idx)$")
 SIDECAR_SUFFIXES = (".sources.txt", ".labels.npy", ".crc32.npy")
 STALE_TMP_S = 600.0  # an atomic write takes milliseconds: a temp file this old belongs to a killed process
 
@@ -235,7 +233,7 @@ def _check_journal(journal: Journal, plan: PackPlan) -> None:
             raise PackError(
                 f"DST {journal.dst} already holds packed files ({leftovers[0]}) from an unknown pack: pass --overwrite to start again"
             )
-        journal.write_plan(plan.options, plan.fingerprint)
+        journal.write_plan(plan.options, plan.fingerprint, len(plan.shards))
         return
     if stored.get("options") != plan.options:
         old = stored.get("options") or {}
@@ -249,7 +247,12 @@ def _check_journal(journal: Journal, plan: PackPlan) -> None:
 
 
 def _is_pack_output(name: str) -> bool:
-    return name == MANIFEST_NAME or name == JOURNAL_DIR or bool(SHARD_FILE.match(name)) or name.endswith(SIDECAR_SUFFIXES)
+    return name == MANIFEST_NAME or name == JOURNAL_DIR or _is_shard_file(name) or name.endswith(SIDECAR_SUFFIXES)
+
+
+def _is_shard_file(name: str) -> bool:
+    match = SHARD_FILE.match(name)
+    return bool(match) and match["ext"] != "json"
 
 
 def remove_pack_outputs(dst: Path) -> None:

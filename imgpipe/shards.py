@@ -21,7 +21,8 @@ import numpy as np
 from imgpipe import recordio
 from imgpipe.atomic import atomic_write_bytes
 from imgpipe.errors import DatasetError, RecordIOError
-from imgpipe.manifest import Manifest, load_manifest, manifest_path
+from imgpipe.journal import unfinished_pack
+from imgpipe.manifest import SHARD_FILE, Manifest, load_manifest, manifest_path
 
 logger = logging.getLogger(__name__)
 
@@ -247,15 +248,40 @@ def _load_lines(path: Path, count: int) -> tuple[bytes, np.ndarray]:
 
 
 def open_shards(path: PathLike | Sequence[PathLike], split: str = "train") -> ShardSet:
-    """Open a packed folder (with manifest.json), or bare .rec files with their .idx (path, list or glob)."""
+    """Open a packed folder (with manifest.json), or bare .rec files with their .idx (path, list or glob).
+
+    In a folder without a manifest only file names decide the split: ``{split}-NNNNN-of-NNNNN.rec``
+    or ``{split}.rec`` (im2rec's prefix). Given files or a glob, every file given is read as ``split``.
+    """
     if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
         if manifest_path(path).is_file():
             return _open_packed(Path(path), split)
-        recs = sorted(Path(path).glob("*.rec"))
-        if not recs:
-            raise DatasetError(f"{path}: no manifest.json and no .rec files; is it a folder made by 'imgpipe pack'?")
-        return _open_bare(recs, split)
+        unfinished = unfinished_pack(path)
+        if unfinished is not None:
+            raise DatasetError(unfinished)
+        return _open_bare(_split_files(Path(path), split), split)
     return _open_bare(_expand(path), split)
+
+
+def _split_files(folder: Path, split: str) -> list[Path]:
+    """The .rec files of ``split`` in a folder without a manifest, chosen by file name only."""
+    recs = sorted(folder.glob("*.rec"))
+    if not recs:
+        raise DatasetError(f"{folder}: no manifest.json and no .rec files; is it a folder made by 'imgpipe pack'?")
+    named = {rec: _split_of(rec) for rec in recs}
+    mine = [rec for rec, name in named.items() if name == split]
+    if not mine:
+        raise DatasetError(
+            f"{folder}: no manifest.json and no {split}-NNNNN-of-NNNNN.rec or {split}.rec for split {split!r} "
+            f"(the file names give: {', '.join(sorted(set(named.values())))}); pass the .rec files themselves to read them as {split!r}"
+        )
+    return mine
+
+
+def _split_of(rec: Path) -> str:
+    """The split a .rec file's name states: ``{split}-00001-of-00008.rec`` or ``{split}.rec``."""
+    match = SHARD_FILE.match(rec.name)
+    return match["split"] if match else rec.stem
 
 
 def _expand(path: PathLike | Sequence[PathLike]) -> list[Path]:
