@@ -93,6 +93,7 @@ class Manifest:
     options: dict[str, Any]
     source: str
     skipped: list[Skipped] = field(default_factory=list)
+    fingerprint: str = ""  # the pack plan's: lets a rerun recognise a finished pack whose journal is gone ("" if unknown)
     format: str = FORMAT
     version: int = FORMAT_VERSION
 
@@ -132,6 +133,7 @@ class Manifest:
                 options=dict(data["options"]),
                 source=str(data["source"]),
                 skipped=[Skipped(**s) for s in data.get("skipped", [])],
+                fingerprint=str(data.get("fingerprint", "")),
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise DatasetError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None

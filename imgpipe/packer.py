@@ -38,7 +38,7 @@ from imgpipe.diskinfo import check_free_space, warn_if_slow
 from imgpipe.distenv import available_cpus
 from imgpipe.errors import ImgpipeError, PackError
 from imgpipe.journal import JOURNAL_DIR, Journal, ShardResult
-from imgpipe.manifest import MANIFEST_NAME, SHARD_FILE, Manifest, ShardInfo, Skipped, SplitInfo, write_manifest
+from imgpipe.manifest import MANIFEST_NAME, SHARD_FILE, Manifest, ShardInfo, Skipped, SplitInfo, load_manifest, write_manifest
 from imgpipe.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size
 from imgpipe.shardwriter import ShardJob, init_worker, tmp_names, write_shard, write_shard_in_worker
 
@@ -131,33 +131,34 @@ def pack(
     except OSError as e:
         raise PackError(f"DST {dst_path}: cannot write there ({e.strerror}); choose a writable folder") from None
     journal = Journal(dst_path)
-    if overwrite:
-        remove_pack_outputs(dst_path)
-    _check_journal(journal, plan)
-    lock_fd = journal.lock(node_rank)
+    lock_fd = journal.lock(node_rank, whole_dst=overwrite)  # before anything in DST is read, written or deleted
     try:
-        report = PackReport(dst=dst_path, shards_total=len(plan.shards))
-        mine = [] if finalize else [s for k, s in enumerate(plan.shards) if k % num_nodes == node_rank]
-        _remove_stale_tmp(dst_path, mine, everything=num_nodes == 1)
-        todo = [s for s in mine if not _finished(journal, dst_path, s)]
-        report.shards_reused = len(mine) - len(todo)
-        if todo:
-            needed = sum(int(plan.splits[s.split].sizes[s.start : s.stop].sum()) for s in todo)
-            check_free_space(dst_path, needed, what=f"{len(todo)} shard(s) to write")
-            warn_if_slow(dst_path)
-            _write_shards(plan, todo, src_path, dst_path, resize, quality, workers, progress, report)
-        report.seconds = time.monotonic() - started
-        pending = [s.name for s in plan.shards if journal.read_entry(s.name) is None]
-        report.shards_pending = pending
-        if pending and (finalize or num_nodes == 1):
-            raise PackError(
-                f"{dst_path}: {len(pending)} shard(s) are not written yet (e.g. {pending[0]}); "
-                f"run every --node-rank 0..{num_nodes - 1} first, then --finalize"
-            )
-        if not pending:
-            if num_nodes > 1:  # every shard is journaled; what is left is a killed node's atomic-write temp file
-                _remove_stale_tmp(dst_path, plan.shards, everything=False, older_than_s=STALE_TMP_S)
-            _finalize(plan, journal, src_path, dst_path, report)
+        if overwrite:
+            remove_pack_outputs(dst_path)
+        report = _check_journal(journal, plan, num_nodes)
+        if report is None:
+            report = PackReport(dst=dst_path, shards_total=len(plan.shards))
+            mine = [] if finalize else [s for k, s in enumerate(plan.shards) if k % num_nodes == node_rank]
+            _remove_stale_tmp(dst_path, mine, everything=num_nodes == 1)
+            todo = [s for s in mine if not _finished(journal, dst_path, s)]
+            report.shards_reused = len(mine) - len(todo)
+            if todo:
+                needed = sum(int(plan.splits[s.split].sizes[s.start : s.stop].sum()) for s in todo)
+                check_free_space(dst_path, needed, what=f"{len(todo)} shard(s) to write")
+                warn_if_slow(dst_path)
+                _write_shards(plan, todo, src_path, dst_path, resize, quality, workers, progress, report)
+            report.seconds = time.monotonic() - started
+            pending = [s.name for s in plan.shards if journal.read_entry(s.name) is None]
+            report.shards_pending = pending
+            if pending and (finalize or num_nodes == 1):
+                raise PackError(
+                    f"{dst_path}: {len(pending)} shard(s) are not written yet (e.g. {pending[0]}); "
+                    f"run every --node-rank 0..{num_nodes - 1} first, then --finalize"
+                )
+            if not pending:
+                if num_nodes > 1:  # every shard is journaled; what is left is a killed node's atomic-write temp file
+                    _remove_stale_tmp(dst_path, plan.shards, everything=False, older_than_s=STALE_TMP_S)
+                _finalize(plan, journal, src_path, dst_path, report)
     finally:
         os.close(lock_fd)
     logger.debug("%s", report.summary())
@@ -224,26 +225,45 @@ def _plan(
     return plan
 
 
-def _check_journal(journal: Journal, plan: PackPlan) -> None:
-    """Refuse a DST packed with other options; start a journal in an unused DST."""
+def _check_journal(journal: Journal, plan: PackPlan, num_nodes: int) -> PackReport | None:
+    """Refuse a DST packed with other options; start a journal in an unused DST.
+
+    A finished pack whose journal is gone (copied without dot-folders) is recognised from its
+    manifest: with the same options and source it is complete, and its report is returned.
+    """
+    restart = (
+        "empty DST (or choose another), then start every node again with the same options"
+        if num_nodes > 1 else "pass --overwrite to start again"
+    )
     stored = journal.read_plan()
-    if stored is None:
-        leftovers = [p.name for p in journal.dst.iterdir() if _is_pack_output(p.name)]
+    if stored is None and (journal.dst / MANIFEST_NAME).exists():
+        manifest = load_manifest(journal.dst)
+        stored = {"options": manifest.options, "fingerprint": manifest.fingerprint or plan.fingerprint}
+        source = f" (from its {MANIFEST_NAME}; the journal {JOURNAL_DIR}/ is gone)"
+    elif stored is None:
+        leftovers = [p.name for p in journal.dst.iterdir() if _is_pack_output(p.name) and p.name != JOURNAL_DIR]
+        leftovers += [f"{JOURNAL_DIR}/{p.name}" for p in journal.folder.iterdir() if not p.name.endswith(".lock")]
         if leftovers:
-            raise PackError(
-                f"DST {journal.dst} already holds packed files ({leftovers[0]}) from an unknown pack: pass --overwrite to start again"
-            )
+            raise PackError(f"DST {journal.dst} already holds packed files ({leftovers[0]}) from an unknown pack: {restart}")
         journal.write_plan(plan.options, plan.fingerprint, len(plan.shards))
-        return
+        return None
+    else:
+        manifest, source = None, ""
     if stored.get("options") != plan.options:
         old = stored.get("options") or {}
         diffs = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in plan.options.items() if old.get(k) != v]
-        raise PackError(f"DST {journal.dst} was packed with different options ({'; '.join(diffs)}): pass --overwrite to start again")
+        raise PackError(f"DST {journal.dst} was packed with different options ({'; '.join(diffs)}){source}: {restart}")
     if stored.get("fingerprint") != plan.fingerprint:
         raise PackError(
-            f"DST {journal.dst} was packed from a different source tree (files added, removed or changed size since): "
-            "pass --overwrite to start again"
+            f"DST {journal.dst} was packed from a different source tree (files added, removed or changed size since){source}: {restart}"
         )
+    if manifest is None:
+        return None
+    logger.warning("%s: %s holds a finished pack with these options; nothing to do ('imgpipe verify' checks it)", journal.dst, MANIFEST_NAME)
+    records = {name: split.records for name, split in manifest.splits.items()}
+    shards = sum(len(split.shards) for split in manifest.splits.values())
+    return PackReport(journal.dst, records=records, skipped=manifest.skipped, shards_total=shards, shards_reused=shards,
+                      manifest=journal.dst / MANIFEST_NAME)
 
 
 def _is_pack_output(name: str) -> bool:
@@ -256,10 +276,17 @@ def _is_shard_file(name: str) -> bool:
 
 
 def remove_pack_outputs(dst: Path) -> None:
-    """Delete what a pack writes in ``dst`` (shards, sidecars, manifest, journal, temp files); nothing else."""
+    """Delete what a pack writes in ``dst`` (shards, sidecars, manifest, journal, temp files); nothing else.
+
+    The journal's lock files stay: the caller holds one of them.
+    """
     for path in dst.iterdir():
         if path.name == JOURNAL_DIR:
-            shutil.rmtree(path)
+            for entry in path.iterdir():
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                elif not entry.name.endswith(".lock"):
+                    entry.unlink()
         elif _is_pack_output(path.name) or (path.name.startswith(".") and path.name.endswith(".tmp")):
             path.unlink()
 
@@ -446,7 +473,9 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
         )
         report.records[name] = int(order.size)
     skipped += [Skipped(name, path, reason) for name, rejected in plan.rejected.items() for path, reason in rejected]
-    manifest = Manifest(classes=plan.classes, splits=splits, options=plan.options, source=str(src), skipped=skipped)
+    manifest = Manifest(
+        classes=plan.classes, splits=splits, options=plan.options, source=str(src), skipped=skipped, fingerprint=plan.fingerprint
+    )
     report.manifest = write_manifest(dst, manifest)
     report.skipped = skipped
     report.actions = dict(sorted(actions.items()))
