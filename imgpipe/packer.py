@@ -33,13 +33,13 @@ import numpy as np
 from tqdm import tqdm
 
 from imgpipe import source
-from imgpipe.atomic import atomic_write_bytes
+from imgpipe.atomic import atomic_write_bytes, fsync_dir
 from imgpipe.diskinfo import check_free_space, warn_if_slow
 from imgpipe.distenv import available_cpus
 from imgpipe.errors import ImgpipeError, PackError
 from imgpipe.journal import JOURNAL_DIR, Journal, ShardResult
 from imgpipe.manifest import MANIFEST_NAME, SHARD_FILE, Manifest, ShardInfo, Skipped, SplitInfo, load_manifest, write_manifest
-from imgpipe.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size
+from imgpipe.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size, published_names
 from imgpipe.shardwriter import ShardJob, init_worker, tmp_names, write_shard, write_shard_in_worker
 
 logger = logging.getLogger(__name__)
@@ -140,7 +140,8 @@ def pack(
             report = PackReport(dst=dst_path, shards_total=len(plan.shards))
             mine = [] if finalize else [s for k, s in enumerate(plan.shards) if k % num_nodes == node_rank]
             _remove_stale_tmp(dst_path, mine, everything=num_nodes == 1)
-            todo = [s for s in mine if not _finished(journal, dst_path, s)]
+            published = _published(plan, journal)
+            todo = [s for s in mine if not _finished(journal, dst_path, s, published)]
             report.shards_reused = len(mine) - len(todo)
             if todo:
                 needed = sum(int(plan.splits[s.split].sizes[s.start : s.stop].sum()) for s in todo)
@@ -307,17 +308,32 @@ def _remove_stale_tmp(dst: Path, mine: Iterable[ShardSpec], everything: bool, ol
             continue
 
 
-def _finished(journal: Journal, dst: Path, spec: ShardSpec) -> bool:
-    """A shard is done when it is journaled and both files have the journaled sizes."""
+def _published(plan: PackPlan, journal: Journal) -> dict[str, str]:
+    """Planned -> published shard names, for every split whose shards are all journaled."""
+    names: dict[str, str] = {}
+    for split in plan.splits.values():
+        entries = [journal.read_entry(spec.name) for spec in split.shards]
+        if all(entry is not None for entry in entries):
+            names.update(published_names(split, [entry.records for entry in entries if entry is not None]))
+    return names
+
+
+def _finished(journal: Journal, dst: Path, spec: ShardSpec, published: dict[str, str]) -> bool:
+    """A shard is done when it is journaled and both files have the journaled sizes, under the
+    planned name or (once finalize renumbered the shards) the published one; or when it is
+    journaled without records (every item skipped: it has no files)."""
     entry = journal.read_entry(spec.name)
     if entry is None:
         return False
-    try:
-        sizes = ((dst / spec.rec_name).stat().st_size, (dst / spec.idx_name).stat().st_size)
-    except FileNotFoundError:
-        sizes = None
-    if sizes == (entry.bytes, entry.index_bytes):
+    if entry.records == 0:
         return True
+    for name in dict.fromkeys([spec.name, published.get(spec.name, spec.name)]):
+        try:
+            sizes = ((dst / f"{name}.rec").stat().st_size, (dst / f"{name}.idx").stat().st_size)
+        except FileNotFoundError:
+            continue
+        if sizes == (entry.bytes, entry.index_bytes):
+            return True
     logger.warning("%s: journaled but its files are missing or changed size; writing it again", spec.name)
     journal.entry_path(spec.name).unlink(missing_ok=True)
     return False
@@ -442,6 +458,7 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
     skipped: list[Skipped] = []
     actions: Counter[str] = Counter()
     repairs: Counter[str] = Counter()
+    published = _published(plan, journal)
     for name, split in plan.splits.items():
         kept: list[np.ndarray] = []
         crcs: list[np.ndarray] = []
@@ -450,15 +467,28 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
             entry = journal.read_entry(spec.name)
             if entry is None:
                 raise PackError(f"{journal.entry_path(spec.name)}: journal entry vanished while finalizing; rerun the pack")
+            final = published.get(spec.name)
+            _publish(dst, spec, final)
+            skipped += [Skipped(name, split.paths[pos], reason) for pos, reason in entry.skipped]
+            actions.update(entry.actions)
+            repairs.update(entry.repairs)
+            if final is None:
+                continue
             gone = {pos for pos, _ in entry.skipped}
             positions = np.array([p for p in range(spec.start, spec.stop) if p not in gone], dtype=np.int64)
             kept.append(positions)
             crcs.append(np.array(entry.crc32, dtype=np.uint32))
-            skipped += [Skipped(name, split.paths[pos], reason) for pos, reason in entry.skipped]
-            actions.update(entry.actions)
-            repairs.update(entry.repairs)
             shard_infos.append(
-                ShardInfo(spec.rec_name, spec.idx_name, entry.records, entry.bytes, entry.sha256, entry.index_bytes, entry.index_sha256)
+                ShardInfo(f"{final}.rec", f"{final}.idx", entry.records, entry.bytes, entry.sha256, entry.index_bytes, entry.index_sha256)
+            )
+        fsync_dir(dst)
+        if not shard_infos:
+            logger.warning("split %s: every image was skipped; the split is left out", name)
+            continue
+        if len(shard_infos) < len(split.shards):
+            logger.warning(
+                "split %s: %d of %d planned shard(s) held only skipped images and are left out; the other %d are numbered -of-%05d",
+                name, len(split.shards) - len(shard_infos), len(split.shards), len(shard_infos), len(shard_infos),
             )
         order = np.concatenate(kept)
         sources = "".join(split.paths[p] + "\n" for p in order.tolist()).encode("utf-8", "surrogateescape")
@@ -473,6 +503,8 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
         )
         report.records[name] = int(order.size)
     skipped += [Skipped(name, path, reason) for name, rejected in plan.rejected.items() for path, reason in rejected]
+    if not splits:
+        raise PackError(f"every source image was skipped (first: {skipped[0]}); nothing to pack")
     manifest = Manifest(
         classes=plan.classes, splits=splits, options=plan.options, source=str(src), skipped=skipped, fingerprint=plan.fingerprint
     )
@@ -480,6 +512,19 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
     report.skipped = skipped
     report.actions = dict(sorted(actions.items()))
     report.repairs = dict(sorted(repairs.items()))
+
+
+def _publish(dst: Path, spec: ShardSpec, final: str | None) -> None:
+    """Give a written shard its published name, or delete it when it holds no records (``final`` None).
+
+    Idempotent, so a finalize killed half-way is simply run again.
+    """
+    for ext in ("rec", "idx"):
+        planned = dst / f"{spec.name}.{ext}"
+        if final is None:
+            planned.unlink(missing_ok=True)
+        elif final != spec.name and planned.exists():
+            os.replace(planned, dst / f"{final}.{ext}")
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:
