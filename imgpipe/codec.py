@@ -262,6 +262,9 @@ def prepare_image(data: bytes, *, resize: int | None = None, quality: int = 95) 
     info = inspect_jpeg(data)
     reasons: list[str] = []
     if info is not None:
+        too_large = _too_large(info.width, info.height)
+        if too_large:  # kept or resized alike: what pack stores must decode in verify --decode and the loaders
+            return Prepared(None, "skipped", too_large)
         if not info.ends_with_eoi:
             if info.eoi_end is None:
                 return Prepared(None, "skipped", "truncated JPEG (no EOI marker)")
@@ -316,6 +319,19 @@ def _reencode(data: bytes, resize: int | None, quality: int, *, action: str, rea
     out = io.BytesIO()
     rgb.save(out, "JPEG", quality=quality, optimize=False, progressive=False)
     return Prepared(out.getvalue(), action, "; ".join(reasons) or None)
+
+
+def _too_large(width: int, height: int) -> str | None:
+    """The skip reason when Pillow would refuse to decode a ``width`` x ``height`` image.
+
+    Pillow raises DecompressionBombError above twice ``Image.MAX_IMAGE_PIXELS``; verify
+    --decode decodes with the same limit (and the loaders reject such images too), so pack
+    never stores one.
+    """
+    limit = 2 * Image.MAX_IMAGE_PIXELS if Image.MAX_IMAGE_PIXELS else None
+    if limit is None or width * height <= limit:
+        return None
+    return f"image too large to decode safely ({width}x{height} = {width * height:,} pixels, over Pillow's limit of {limit:,})"
 
 
 def decode_failure(data: bytes) -> str | None:

@@ -406,3 +406,23 @@ def test_a_read_only_dst_is_refused_with_one_line(synth_tree: Path, tmp_path: Pa
     for dst in (tmp_path / "ro", tmp_path / "ro" / "sub"):
         with pytest.raises(PackError, match="cannot write there"):
             pack(synth_tree, dst, progress=False)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("resize", [None, 32])
+def test_an_image_over_the_decoders_pixel_limit_is_skipped_in_both_modes(tmp_path: Path, resize: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pillow's decompression-bomb limit, lowered so that a 300x200 image stands for a 15000x15000 one."""
+    src = tmp_path / "src"
+    (src / "A").mkdir(parents=True)
+    Image.new("RGB", (60, 40), (200, 10, 10)).save(src / "A" / "small.jpg", quality=90)
+    Image.new("RGB", (300, 200), (10, 200, 10)).save(src / "A" / "huge.jpg", quality=90)  # clean YCbCr: kept byte for byte before
+    Image.new("RGB", (300, 200), (10, 10, 200)).save(src / "A" / "huge.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 20_000)  # Pillow refuses above 2 x 20,000 = 40,000 pixels
+    report = pack(src, tmp_path / "dst", resize=resize, workers=1, progress=False)
+    skipped = {s.path: s.reason for s in report.skipped}
+    assert skipped["A/huge.jpg"] == "image too large to decode safely (300x200 = 60,000 pixels, over Pillow's limit of 40,000)"
+    assert skipped["A/huge.png"].startswith("image too large to decode safely")
+    assert report.records == {"train": 1}
+    from imgpipe.verifier import verify
+
+    assert verify(tmp_path / "dst", decode=True, workers=1, progress=False).ok
