@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imgpipe.diskinfo import check_free_space, device_for_path
+from imgpipe.diskinfo import check_free_space, device_for_path, format_bytes, warn_if_slow
 from imgpipe.errors import DatasetError, PackError
 from imgpipe.journal import JOURNAL_DIR
 from imgpipe.manifest import load_manifest
@@ -295,7 +295,7 @@ def test_resize_shrinks_the_shorter_side_and_never_upscales(quirk_tree: Path, tm
 
 @pytest.mark.timeout(60)
 def test_free_space_is_checked_before_writing(synth_tree: Path, tmp_path: Path) -> None:
-    with pytest.raises(PackError, match="only .* GB is free"):
+    with pytest.raises(PackError, match=r"needs about 1000000.0 TB but only \d+\.\d [KMGT]B is free there"):
         check_free_space(tmp_path, 10**18)
     check_free_space(tmp_path, 1)
     small = tmp_path / "small"
@@ -307,7 +307,7 @@ def test_free_space_is_checked_before_writing(synth_tree: Path, tmp_path: Path) 
         pytest.skip("a real full disk needs root to mount a 64 KiB tmpfs; the check function was tested")
     try:
         assert device_for_path(small).fstype == "tmpfs"
-        with pytest.raises(PackError, match="needs about .* free"):
+        with pytest.raises(PackError, match=r"needs about \d+\.\d KB but only \d+\.\d KB is free"):  # not "0.00 GB ... 0.00 GB"
             pack(synth_tree, small / "out", workers=1, progress=False)
         assert not list((small / "out").glob("*.rec"))
     finally:
@@ -426,3 +426,28 @@ def test_an_image_over_the_decoders_pixel_limit_is_skipped_in_both_modes(tmp_pat
     from imgpipe.verifier import verify
 
     assert verify(tmp_path / "dst", decode=True, workers=1, progress=False).ok
+
+
+def test_format_bytes_picks_the_unit_that_fits() -> None:
+    assert [format_bytes(n) for n in (0, 999, 12_345, 8_000_000, 12_345_678_901, 3 * 10**15)] == [
+        "0 B", "999 B", "12.3 KB", "8.0 MB", "12.3 GB", "3000.0 TB"
+    ]
+
+
+def test_warn_if_slow_names_a_network_or_rotational_dst(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Through the seam device_for_path already has: a mounts table and a /sys/block of our own."""
+    mounts, sys_block = tmp_path / "mounts", tmp_path / "sys-block"
+    (sys_block / "hdz" / "queue").mkdir(parents=True)
+    (sys_block / "hdz" / "queue" / "rotational").write_text("1\n")
+    (sys_block / "ssz" / "queue").mkdir(parents=True)
+    (sys_block / "ssz" / "queue" / "rotational").write_text("0\n")
+    mounts.write_text("/dev/root / ext4 rw 0 0\nserver:/export /nfs nfs4 rw 0 0\n/dev/hdz /spin xfs rw 0 0\n/dev/ssz /fast xfs rw 0 0\n")
+    seam = dict(mounts_file=str(mounts), sys_block=sys_block)
+    with caplog.at_level("WARNING", logger="imgpipe.diskinfo"):
+        assert warn_if_slow("/nfs/imagenet", **seam).network
+        assert warn_if_slow("/spin/imagenet", **seam).rotational
+        assert warn_if_slow("/fast/imagenet", **seam).slow is False
+    assert [r.getMessage() for r in caplog.records] == [
+        "DST /nfs/imagenet is on a network filesystem (nfs4 at /nfs): reads and writes will be slow; use a local SSD if you can",
+        "DST /spin/imagenet is on a rotational disk (/dev/hdz): random reads will be slow; use an SSD if you can",
+    ]
