@@ -7,9 +7,11 @@ is its record id. Nothing here depends on the number of workers or machines.
 
 Shard count: ``--shards`` ("N" for every split, or "train=1024,val=64"), else
 ceil(estimated bytes / ``--shard-size``). The estimate is the sum of the source file sizes
-plus the framing overhead; with ``--resize`` the source size is still used, since a
-downscaled image re-encoded at quality 95 is smaller than its source in nearly every case,
-so shards come out at or below the requested size. A shard never holds zero items: a count
+plus the framing overhead: ``--shard-size`` is measured on source bytes, because output
+sizes are known only after decoding every image and the plan must come first (it is what
+makes resuming and multi-node packs possible). Shards of kept JPEGs come out at the
+requested size; re-encoding changes it: ``--resize`` makes shards smaller, repairs at
+``--quality 100`` can make them larger. A shard never holds zero items: a count
 above the number of images is cut to it, with a warning. A shard whose every item is
 skipped at pack time is not published (``published_names``).
 """
