@@ -21,10 +21,8 @@ from typing import Any
 
 from imgpipe.atomic import atomic_write_bytes
 from imgpipe.errors import PackError
-from imgpipe.manifest import MANIFEST_NAME, SHARD_FILE
+from imgpipe.manifest import JOURNAL_DIR, PLAN_NAME
 
-JOURNAL_DIR = ".imgpipe-pack"
-PLAN_NAME = "plan.json"
 
 
 @dataclass
@@ -155,27 +153,3 @@ def _alive(pid: int, host: str) -> bool:
         return True
     return True
 
-
-def unfinished_pack(folder: str | os.PathLike) -> str | None:
-    """A one-line 'incomplete pack' message when ``folder`` holds a pack journal but no manifest, else None.
-
-    A folder is complete only when its manifest exists: shards beside a journal are a pack
-    that was killed, ran out of disk, is still running, or waits for other nodes.
-    """
-    folder = Path(folder)
-    journal = folder / JOURNAL_DIR
-    if (folder / MANIFEST_NAME).exists() or not journal.is_dir():
-        return None
-    done = sum(1 for p in journal.iterdir() if (m := SHARD_FILE.match(p.name)) and m["ext"] == "json")
-    try:
-        total = json.loads((journal / PLAN_NAME).read_text(encoding="utf-8")).get("shards")
-    except (OSError, ValueError, AttributeError):
-        total = None
-    rerun = "rerun the same 'imgpipe pack' (with --num-nodes: every --node-rank, then --finalize)"
-    if not isinstance(total, int):
-        state = f"{done} shard(s) finished, the planned count is unknown"
-    elif done < total:
-        state = f"{total - done} of {total} shards missing"
-    else:
-        state = f"all {total} shards written"
-    return f"{folder}: incomplete pack: {state}, no {MANIFEST_NAME}; {rerun}"

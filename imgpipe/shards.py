@@ -21,8 +21,7 @@ import numpy as np
 from imgpipe import recordio
 from imgpipe.atomic import atomic_write_bytes
 from imgpipe.errors import DatasetError, RecordIOError
-from imgpipe.journal import unfinished_pack
-from imgpipe.manifest import SHARD_FILE, Manifest, load_manifest, manifest_path
+from imgpipe.manifest import SHARD_FILE, Manifest, load_manifest, manifest_path, unfinished_pack
 
 logger = logging.getLogger(__name__)
 

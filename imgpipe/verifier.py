@@ -33,8 +33,7 @@ from tqdm import tqdm
 from imgpipe.codec import decode_failure
 from imgpipe.distenv import available_cpus
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError
-from imgpipe.journal import unfinished_pack
-from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, sha256_file, stays_inside_source_root
+from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, sha256_file, stays_inside_source_root, unfinished_pack
 from imgpipe.recordio import IRHeader, iter_frames, read_index, unpack_header
 
 logger = logging.getLogger(__name__)

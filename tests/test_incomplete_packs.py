@@ -30,6 +30,8 @@ def test_verify_refuses_one_node_of_a_two_node_pack(synth_tree: Path, tmp_path: 
     assert f"{dst}: incomplete pack: 3 of 5 shards missing, no manifest.json; rerun the same 'imgpipe pack'" in result.stdout
     with pytest.raises(DatasetError, match="incomplete pack: 3 of 5 shards missing"):
         open_shards(dst)
+    info = imgpipe("info", dst)
+    assert info.returncode == 1 and f"imgpipe: error: {dst}: incomplete pack: 3 of 5 shards missing" in info.stderr
 
 
 @pytest.mark.timeout(60)
