@@ -1,9 +1,10 @@
 """One image in, one JPEG every backend reads the same way out: sniff, keep, repair or skip.
 
-``prepare_image`` decides from the JPEG headers alone whether the bytes can be stored as
-they are. The fast path never decodes: a baseline (SOF0/SOF1) or progressive (SOF2),
-8-bit, 3-component YCbCr JPEG without an EXIF rotation that ends with its EOI marker is
-kept byte-exact. Anything that DALI, MXNet (OpenCV) and Pillow would read differently is
+``prepare_image`` decides from the JPEG headers whether the bytes can be stored as they
+are: a baseline (SOF0/SOF1) or progressive (SOF2), 8-bit, 3-component YCbCr JPEG without
+an EXIF rotation that ends with its EOI marker is kept byte-exact, once Pillow has decoded
+it whole as ``imgpipe verify --decode`` will (so pack never stores what its own verify or
+the loaders reject; re-encoded output is Pillow's own, so every stored image decodes). Anything that DALI, MXNet (OpenCV) and Pillow would read differently is
 decoded with Pillow and re-encoded as a baseline RGB JPEG ("repaired"): CMYK/YCCK,
 grayscale, RGB-coded or 12-bit or arithmetic-coded JPEGs, other formats (PNG, GIF, BMP,
 WebP, ...) whatever their name, and an EXIF orientation other than 1 (applied, then the
@@ -16,8 +17,7 @@ is set, and DALI and OpenCV would fill the missing part with grey. Zero padding 
 EOI is allowed and kept; other bytes after the EOI are cut off (lossless, "repaired").
 Files Pillow cannot open or decode (empty, not an image, corrupt, or truncated other
 formats, with Pillow's default ``LOAD_TRUNCATED_IMAGES = False``) are skipped with the
-reason. The fast path does not check the entropy-coded data: ``imgpipe verify --decode``
-does. Re-encoding is deterministic: the same input always gives the same bytes.
+reason, and so is an image over Pillow's decompression-bomb limit. Re-encoding is deterministic: the same input always gives the same bytes.
 """
 
 from __future__ import annotations
@@ -282,6 +282,9 @@ def prepare_image(data: bytes, *, resize: int | None = None, quality: int = 95) 
         repairs = _repair_reasons(info)
         needs_resize = resize is not None and min(info.width, info.height) > resize
         if not repairs and not needs_resize:
+            failure = None if reasons else decode_failure(data)  # trimmed bytes were decoded above
+            if failure is not None:  # a clean header over a broken scan: verify --decode and the loaders would fail on it
+                return Prepared(None, "skipped", failure)
             return Prepared(data, "repaired" if reasons else "kept", "; ".join(reasons) or None)
         if not repairs:
             return _reencode(data, resize, quality, action="resized", reasons=reasons)

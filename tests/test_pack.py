@@ -451,3 +451,36 @@ def test_warn_if_slow_names_a_network_or_rotational_dst(tmp_path: Path, caplog: 
         "DST /nfs/imagenet is on a network filesystem (nfs4 at /nfs): reads and writes will be slow; use a local SSD if you can",
         "DST /spin/imagenet is on a rotational disk (/dev/hdz): random reads will be slow; use an SSD if you can",
     ]
+
+
+def _jpeg_with_a_broken_scan() -> bytes:
+    """A JPEG whose headers and EOI are intact but whose entropy-coded data Pillow cannot decode."""
+    import zlib
+
+    rng = np.random.default_rng(0)
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (64, 96, 3), dtype=np.uint8)).save(out, "JPEG", quality=90)
+    clean = out.getvalue()
+    for seed in range(1000):
+        data = bytearray(clean)
+        start = len(data) // 2 + seed % 97
+        data[start : start + 40] = zlib.crc32(bytes([seed])).to_bytes(4, "little") * 10
+        data = bytes(data)
+        try:
+            Image.open(io.BytesIO(data)).load()
+        except OSError:
+            return data
+    raise AssertionError("no corruption that Pillow refuses")
+
+
+@pytest.mark.timeout(60)
+def test_a_clean_header_over_a_broken_scan_is_skipped_so_verify_decode_passes(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "A").mkdir(parents=True)
+    Image.new("RGB", (60, 40), (200, 10, 10)).save(src / "A" / "good.jpg", quality=90)
+    (src / "A" / "broken.jpg").write_bytes(_jpeg_with_a_broken_scan())
+    report = pack(src, tmp_path / "dst", workers=1, progress=False)
+    assert [s.path for s in report.skipped] == ["A/broken.jpg"]
+    assert report.skipped[0].reason.startswith("cannot decode (OSError: ")
+    result = subprocess.run([sys.executable, "-m", "imgpipe", "verify", str(tmp_path / "dst"), "--decode"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
