@@ -229,7 +229,15 @@ def _scan_class_folders(root: Path, folder: Path, index: dict[str, int], split: 
     ignored = 0
     names = _subdirs(folder)
     inside = os.path.realpath(folder)
-    seen = {_identity(folder), *(_identity(folder / name) for name in names)}
+    classes: dict[tuple[int, int], str] = {}
+    for name in names:
+        other = classes.setdefault(_identity(folder / name), name)
+        if other != name:
+            raise DatasetError(
+                f"{folder / name}: the same folder as class {other!r} (a link?), so its images would be packed twice "
+                "under two labels; remove one of them"
+            )
+    seen = {_identity(folder), *classes}
     for name in names:
         if name not in index:
             raise DatasetError(f"{folder / name}: {split} class {name!r} is not a train class; remove it or add it to train/")

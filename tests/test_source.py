@@ -293,3 +293,10 @@ def test_a_val_csv_that_is_not_utf8_is_one_line_naming_it(tmp_path: Path) -> Non
     csv.write_bytes(csv.read_bytes().replace(b"n01000000 1", b"n01000000 \xe9"))  # Latin-1
     with pytest.raises(DatasetError, match=r"LOC_val_solution.csv: not UTF-8 text \(byte 0xe9 at offset \d+\); save it as CSV UTF-8"):
         scan(tmp_path)
+
+
+def test_two_class_folders_that_are_one_folder_are_refused(tmp_path: Path) -> None:
+    touch(tmp_path / "A" / "1.jpg")
+    os.symlink("A", tmp_path / "B")
+    with pytest.raises(DatasetError, match=r"/B: the same folder as class 'A' \(a link\?\), so its images would be packed twice"):
+        scan(tmp_path)
