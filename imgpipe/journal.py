@@ -64,7 +64,7 @@ class Journal:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:
-            raise PackError(f"{self.folder / PLAN_NAME}: unreadable pack journal ({e}); pass --overwrite to start again") from None
+            raise PackError(f"{self.folder / PLAN_NAME}: unreadable pack journal ({e}); pass --overwrite (or, with --num-nodes, empty DST) to start again") from None
 
     def write_plan(self, options: dict[str, Any], fingerprint: str, shards: int) -> None:
         """Record the options, the plan fingerprint and the planned shard count (for 'incomplete pack' messages)."""

@@ -87,3 +87,20 @@ def test_a_finished_pack_without_its_journal_is_recognised_from_its_manifest(pac
     assert {p.name: p.stat().st_mtime_ns for p in dst.iterdir() if p.name != JOURNAL_DIR} == files
     with pytest.raises(PackError, match=r"different options \(seed 0 -> 4\) \(from its manifest.json; the journal .imgpipe-pack/ is gone\): pass --overwrite"):
         pack(synth_tree, dst, shards="train=2,val=1", seed=4, workers=1, progress=False)
+
+
+@pytest.mark.timeout(60)
+def test_overwrite_waits_for_no_node_while_another_node_writes(synth_tree: Path, tmp_path: Path) -> None:
+    from imgpipe.journal import Journal
+
+    dst = tmp_path / "out"
+    pack(synth_tree, dst, shards=2, num_nodes=2, node_rank=0, workers=1, progress=False)
+    fd = Journal(dst).lock(1)  # node 1 of that pack is writing (here: this process holds its lock)
+    try:
+        with pytest.raises(PackError, match=rf"another imgpipe pack is writing {dst} \(pid {os.getpid()}\)"):
+            pack(synth_tree, dst, shards=3, overwrite=True, workers=1, progress=False)
+        assert len(list(dst.glob("*.rec"))) == 2  # node 0's shards are still there
+    finally:
+        os.close(fd)
+    pack(synth_tree, dst, shards=3, overwrite=True, workers=1, progress=False)
+    assert len(list(dst.glob("*.rec"))) == 6
