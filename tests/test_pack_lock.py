@@ -50,8 +50,11 @@ def test_a_second_pack_on_a_locked_dst_names_the_first_and_deletes_nothing(block
             time.sleep(0.02)
         before = {p.name for p in dst.rglob("*")}
         for extra in (["--overwrite"], [], ["--seed", "5", "--overwrite"]):  # whatever its options
-            second = imgpipe("pack", src, dst, "--no-shuffle", "--shards", "2", "--workers", "1", *extra)
-            _, err = second.communicate(timeout=60)
+            second = subprocess.run(  # run() kills it if it times out
+                [sys.executable, "-m", "imgpipe", "pack", str(src), str(dst), "--no-shuffle", "--shards", "2", "--workers", "1", *extra],
+                capture_output=True, text=True, timeout=60,
+            )
+            err = second.stderr
             assert second.returncode != 0
             assert f"imgpipe: error: another imgpipe pack is writing {dst} (pid {first.pid}); wait for it to finish or stop it" in err, err
             assert "Traceback" not in err and "--overwrite" not in err
