@@ -3,13 +3,14 @@
 ``prepare_image`` decides from the JPEG headers whether the bytes can be stored as they
 are: a baseline (SOF0/SOF1) or progressive (SOF2), 8-bit, 3-component YCbCr JPEG without
 an EXIF rotation that ends with its EOI marker is kept byte-exact, once Pillow has decoded
-it whole as ``imgpipe verify --decode`` will (so pack never stores what its own verify or
-the loaders reject; re-encoded output is Pillow's own, so every stored image decodes). Anything that DALI, MXNet (OpenCV) and Pillow would read differently is
-decoded with Pillow and re-encoded as a baseline RGB JPEG ("repaired"): CMYK/YCCK,
-grayscale, RGB-coded or 12-bit or arithmetic-coded JPEGs, other formats (PNG, GIF, BMP,
-WebP, ...) whatever their name, and an EXIF orientation other than 1 (applied, then the
-EXIF block is dropped: OpenCV and DALI's decoder (``adjust_orientation=True`` by default)
-turn the picture, while Pillow and so torchvision do not).
+it whole as ``imgpipe verify --decode`` will, so pack never stores what its own verify or
+the loaders reject (re-encoded output is Pillow's own). Anything that DALI, MXNet (OpenCV)
+and Pillow would read differently is decoded with Pillow and re-encoded as a baseline RGB
+JPEG ("repaired"): CMYK/YCCK, grayscale, RGB-coded or 12-bit or arithmetic-coded JPEGs,
+other formats (PNG, GIF, BMP, WebP, ...) whatever their name, and an EXIF orientation other
+than 1 (applied, then the EXIF block is dropped: OpenCV and DALI's decoder
+(``adjust_orientation=True`` by default) turn the picture, while Pillow and so torchvision
+do not).
 
 Truncated beyond repair: a JPEG whose data stops before its EOI marker is skipped without
 decoding ("truncated JPEG"); Pillow refuses such a file too unless ``LOAD_TRUNCATED_IMAGES``
@@ -17,7 +18,8 @@ is set, and DALI and OpenCV would fill the missing part with grey. Zero padding 
 EOI is allowed and kept; other bytes after the EOI are cut off (lossless, "repaired").
 Files Pillow cannot open or decode (empty, not an image, corrupt, or truncated other
 formats, with Pillow's default ``LOAD_TRUNCATED_IMAGES = False``) are skipped with the
-reason, and so is an image over Pillow's decompression-bomb limit. Re-encoding is deterministic: the same input always gives the same bytes.
+reason, and so is an image over Pillow's decompression-bomb limit. Re-encoding is
+deterministic: the same input always gives the same bytes.
 """
 
 from __future__ import annotations

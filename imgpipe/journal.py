@@ -24,7 +24,6 @@ from imgpipe.errors import PackError
 from imgpipe.manifest import JOURNAL_DIR, PLAN_NAME
 
 
-
 @dataclass
 class ShardResult:
     """A finished shard as its worker wrote it: checksums, and what happened to each item."""
@@ -64,7 +63,9 @@ class Journal:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:
-            raise PackError(f"{self.folder / PLAN_NAME}: unreadable pack journal ({e}); pass --overwrite (or, with --num-nodes, empty DST) to start again") from None
+            raise PackError(
+                f"{self.folder / PLAN_NAME}: unreadable pack journal ({e}); pass --overwrite (or, with --num-nodes, empty DST) to start again"
+            ) from None
 
     def write_plan(self, options: dict[str, Any], fingerprint: str, shards: int) -> None:
         """Record the options, the plan fingerprint and the planned shard count (for 'incomplete pack' messages)."""
@@ -121,7 +122,7 @@ class Journal:
                 holder = _lock_holder(path)
                 if (holder is not None and _alive(*holder)) or time.monotonic() > deadline:
                     os.close(fd)
-                    who = f"pid {holder[0]}" + (f" on {holder[1]}" if holder[1] != socket.gethostname() else "") if holder else "pid unknown"
+                    who = "pid unknown" if holder is None else f"pid {holder[0]}" + ("" if holder[1] == socket.gethostname() else f" on {holder[1]}")
                     raise PackError(
                         f"another imgpipe pack is writing {self.dst} ({who}); wait for it to finish or stop it, then rerun"
                     ) from None
@@ -152,4 +153,3 @@ def _alive(pid: int, host: str) -> bool:
     except PermissionError:
         return True
     return True
-

@@ -217,6 +217,8 @@ def unfinished_pack(folder: str | os.PathLike) -> str | None:
         total = json.loads((journal / PLAN_NAME).read_text(encoding="utf-8")).get("shards")
     except (OSError, ValueError, AttributeError):
         total = None
+        if not done:  # only the lock of a pack that stopped before planning (e.g. refused this DST)
+            return None
     rerun = "rerun the same 'imgpipe pack' (with --num-nodes: every --node-rank, then --finalize)"
     if not isinstance(total, int):
         state = f"{done} shard(s) finished, the planned count is unknown"

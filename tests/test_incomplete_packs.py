@@ -71,3 +71,26 @@ def test_im2rec_names_give_the_split(packed_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=r"the file names give: data, train\); pass the .rec files themselves"):
         open_shards(dst, "val")
     assert len(open_shards(dst / "data.rec", "val")) == 12
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_pack_leaves_bare_pairs_bare(packed_dir: Path, synth_tree: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "out"
+    dst.mkdir()
+    for ext in ("rec", "idx"):
+        shutil.copy(packed_dir / f"val-00000-of-00001.{ext}", dst / f"val-00000-of-00001.{ext}")
+    refused = imgpipe("pack", synth_tree, dst)
+    assert refused.returncode == 1 and "from an unknown pack: pass --overwrite" in refused.stderr
+    result = imgpipe("verify", dst, "--workers", "1")
+    assert result.returncode == 0, result.stdout
+    assert len(open_shards(dst, "val")) == 12
+
+
+@pytest.mark.timeout(60)
+def test_a_pack_whose_every_image_is_skipped_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "src" / "A").mkdir(parents=True)
+    (tmp_path / "src" / "A" / "x.jpg").write_bytes(b"not an image")
+    result = imgpipe("pack", tmp_path / "src", tmp_path / "dst")
+    assert result.returncode == 1
+    assert "imgpipe: error: every source image was skipped (first: train: A/x.jpg: not an image); nothing to pack" in result.stderr
+    assert "Traceback" not in result.stderr and not list((tmp_path / "dst").glob("*.rec"))
