@@ -250,7 +250,8 @@ def open_shards(path: PathLike | Sequence[PathLike], split: str = "train") -> Sh
     """Open a packed folder (with manifest.json), or bare .rec files with their .idx (path, list or glob).
 
     In a folder without a manifest only file names decide the split: ``{split}-NNNNN-of-NNNNN.rec``
-    or ``{split}.rec`` (im2rec's prefix). Given files or a glob, every file given is read as ``split``.
+    or ``{split}.rec`` (im2rec's prefix). Given files or a glob, every file given is read as
+    ``split``, and a shard named for another split is an error (a ``*.rec`` glob would mix them).
     """
     if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
         if manifest_path(path).is_file():
@@ -259,7 +260,12 @@ def open_shards(path: PathLike | Sequence[PathLike], split: str = "train") -> Sh
         if unfinished is not None:
             raise DatasetError(unfinished)
         return _open_bare(_split_files(Path(path), split), split)
-    return _open_bare(_expand(path), split)
+    recs = _expand(path)
+    other = next((rec for rec in recs if SHARD_FILE.match(rec.name) and _split_of(rec) != split), None)
+    if other is not None:
+        named = _split_of(other)
+        raise DatasetError(f"{other}: a shard of split {named!r}, opened as split {split!r}; give only that split's files and split={named!r}")
+    return _open_bare(recs, split)
 
 
 def _split_files(folder: Path, split: str) -> list[Path]:

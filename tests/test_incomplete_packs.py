@@ -94,3 +94,12 @@ def test_a_pack_whose_every_image_is_skipped_is_one_line(tmp_path: Path) -> None
     assert result.returncode == 1
     assert "imgpipe: error: every source image was skipped (first: train: A/x.jpg: not an image); nothing to pack" in result.stderr
     assert "Traceback" not in result.stderr and not list((tmp_path / "dst").glob("*.rec"))
+
+
+def test_given_files_of_another_split_are_refused(packed_dir: Path) -> None:
+    with pytest.raises(DatasetError, match=r"val-00000-of-00001.rec: a shard of split 'val', opened as split 'train'; give only that split's files"):
+        open_shards(str(packed_dir / "*.rec"))
+    with pytest.raises(DatasetError, match=r"split='val'"):
+        open_shards(packed_dir / "val-00000-of-00001.rec")
+    assert len(open_shards(packed_dir / "val-00000-of-00001.rec", "val")) == 12
+    assert len(open_shards(str(packed_dir / "train-*.rec"))) == 48
