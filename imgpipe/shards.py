@@ -122,6 +122,9 @@ class ShardSet:
         if not len(self):
             raise DatasetError(f"split {self.split!r} has no records: nothing for DALI to read")
         stats = [p.stat() for p in self.rec_paths]
+        empty = next((p for p, st in zip(self.rec_paths, stats) if st.st_size == 0), None)
+        if empty is not None:
+            raise DatasetError(f"{empty}: empty shard (no records): DALI cannot map an empty file; remove it and its .idx")
         sizes = np.array([st.st_size for st in stats], dtype=np.int64)
         fingerprint = hashlib.sha256()
         for path, st in zip(self.rec_paths, stats):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from imgpipe.errors import DatasetError
 from imgpipe.manifest import load_manifest
 from imgpipe.recordio import IndexedRecordWriter
 from imgpipe.shards import open_shards
@@ -91,3 +92,16 @@ def test_verify_flags_an_empty_shard(tmp_path: Path) -> None:
     assert [str(p) for p in report.problems] == [
         "train-00000-of-00001.rec: empty shard: no records (DALI cannot map an empty file); repack, or remove it and its .idx"
     ]
+
+
+def test_an_empty_bare_shard_is_one_line_for_dali(packed_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    for ext in ("rec", "idx"):
+        shutil.copy(packed_dir / f"train-00000-of-00002.{ext}", tmp_path / f"train-00000-of-00002.{ext}")
+    with IndexedRecordWriter(tmp_path / "train-00001-of-00002.rec", tmp_path / "train-00001-of-00002.idx"):
+        pass
+    shards = open_shards(tmp_path)
+    assert len(shards) == 24  # the torch loader reads around it
+    with pytest.raises(DatasetError, match=r"train-00001-of-00002.rec: empty shard \(no records\): DALI cannot map an empty file"):
+        shards.dali_index_path()
