@@ -272,16 +272,24 @@ def _read_val_csv(path: Path) -> dict[str, tuple[str, int]]:
     rows: dict[str, tuple[str, int]] = {}
     with open(path, newline="", encoding=_csv_encoding(path)) as f:
         reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header[:2]] != ["ImageId", "PredictionString"]:
-            raise DatasetError(f"{path}: line 1 must be the header 'ImageId,PredictionString', got {header!r}")
-        for row in reader:
-            if not row or not any(cell.strip() for cell in row):
-                continue
-            words = row[1].split() if len(row) >= 2 else []
-            if not row[0].strip() or not words:
-                raise DatasetError(f"{path}: line {reader.line_num}: expected 'ImageId,<wnid> x y x y ...', got {','.join(row)!r}")
-            rows[row[0].strip()] = (words[0], reader.line_num)
+        try:
+            header = next(reader, None)
+            if header is None or [h.strip() for h in header[:2]] != ["ImageId", "PredictionString"]:
+                raise DatasetError(f"{path}: line 1 must be the header 'ImageId,PredictionString', got {header!r}")
+            for row in reader:
+                if not row or not any(cell.strip() for cell in row):
+                    continue
+                words = row[1].split() if len(row) >= 2 else []
+                if not row[0].strip() or not words:
+                    raise DatasetError(f"{path}: line {reader.line_num}: expected 'ImageId,<wnid> x y x y ...', got {','.join(row)!r}")
+                image_id = row[0].strip()
+                earlier = rows.setdefault(image_id, (words[0], reader.line_num))
+                if earlier[0] != words[0]:
+                    raise DatasetError(
+                        f"{path}: line {reader.line_num}: {image_id} is {words[0]}, but line {earlier[1]} says {earlier[0]}; keep one row"
+                    )
+        except csv.Error as e:
+            raise DatasetError(f"{path}: line {reader.line_num}: not readable as CSV ({e})") from None
     return rows
 
 

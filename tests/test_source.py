@@ -300,3 +300,18 @@ def test_two_class_folders_that_are_one_folder_are_refused(tmp_path: Path) -> No
     os.symlink("A", tmp_path / "B")
     with pytest.raises(DatasetError, match=r"/B: the same folder as class 'A' \(a link\?\), so its images would be packed twice"):
         scan(tmp_path)
+
+
+def test_val_csv_rows_that_conflict_or_are_not_csv_are_one_line(tmp_path: Path) -> None:
+    make_train(tmp_path / "train")
+    make_flat_val(tmp_path / "val", tmp_path / "LOC_val_solution.csv")
+    csv = tmp_path / "LOC_val_solution.csv"
+    good = csv.read_text()
+    csv.write_text(good + "ILSVRC2012_val_00000001,n03000000 1 2 3 4\n")
+    with pytest.raises(DatasetError, match=r"line 5: ILSVRC2012_val_00000001 is n03000000, but line 3 says n02000000; keep one row"):
+        scan(tmp_path)
+    csv.write_text(good + "ILSVRC2012_val_00000001,n02000000 9 9 9 9\n")  # the same label twice: fine
+    assert len(scan(tmp_path).splits["val"]) == 3
+    csv.write_text(good + 'ILSVRC2012_val_00000009,"' + "x" * 200_000 + '"\n')  # over the csv module's field limit
+    with pytest.raises(DatasetError, match=r"LOC_val_solution.csv: line \d: not readable as CSV \(field larger than field limit"):
+        scan(tmp_path)
