@@ -100,7 +100,10 @@ class Journal:
         waited for (up to ``wait_s``). ``whole_dst`` (for --overwrite) also requires that no
         other node's lock is held.
         """
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise PackError(f"{self.folder}: cannot make the pack journal there ({e.strerror}); move that file away or choose another DST") from None
         fd = self._acquire(self.folder / f"node-{node_rank}.lock", wait_s)
         if whole_dst:
             for other in sorted(self.folder.glob("node-*.lock")):

@@ -107,3 +107,11 @@ def test_overwrite_waits_for_no_node_while_another_node_writes(synth_tree: Path,
         os.close(fd)
     pack(synth_tree, dst, shards=3, overwrite=True, workers=1, progress=False)
     assert len(list(dst.glob("*.rec"))) == 6
+
+
+def test_a_file_where_the_journal_goes_is_one_line(synth_tree: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / JOURNAL_DIR).write_text("not a folder")
+    with pytest.raises(PackError, match=r"\.imgpipe-pack: cannot make the pack journal there \(File exists\); move that file away"):
+        pack(synth_tree, dst, workers=1, progress=False)
