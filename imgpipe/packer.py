@@ -243,7 +243,7 @@ def _check_journal(journal: Journal, plan: PackPlan, num_nodes: int) -> PackRepo
         source = f" (from its {MANIFEST_NAME}; the journal {JOURNAL_DIR}/ is gone)"
     elif stored is None:
         leftovers = [p.name for p in journal.dst.iterdir() if _is_pack_output(p.name) and p.name != JOURNAL_DIR]
-        leftovers += [f"{JOURNAL_DIR}/{p.name}" for p in journal.folder.iterdir() if not p.name.endswith(".lock")]
+        leftovers += [f"{JOURNAL_DIR}/{p.name}" for p in journal.folder.iterdir() if not p.name.endswith((".lock", ".tmp"))]
         if leftovers:
             raise PackError(f"DST {journal.dst} already holds packed files ({leftovers[0]}) from an unknown pack: {restart}")
         journal.write_plan(plan.options, plan.fingerprint, len(plan.shards))

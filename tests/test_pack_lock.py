@@ -115,3 +115,12 @@ def test_a_file_where_the_journal_goes_is_one_line(synth_tree: Path, tmp_path: P
     (dst / JOURNAL_DIR).write_text("not a folder")
     with pytest.raises(PackError, match=r"\.imgpipe-pack: cannot make the pack journal there \(File exists\); move that file away"):
         pack(synth_tree, dst, workers=1, progress=False)
+
+
+@pytest.mark.timeout(60)
+def test_another_nodes_plan_half_written_is_not_an_unknown_pack(synth_tree: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "out"
+    (dst / JOURNAL_DIR).mkdir(parents=True)
+    (dst / JOURNAL_DIR / ".plan.json.x1y2.tmp").write_text("{")  # node 0 is writing plan.json (atomic write) right now
+    first = pack(synth_tree, dst, shards=2, num_nodes=2, node_rank=1, workers=1, progress=False)
+    assert first.shards_written == 2
