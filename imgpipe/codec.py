@@ -1,14 +1,16 @@
 """One image in, one JPEG every backend reads the same way out: sniff, keep, repair or skip.
 
-``prepare_image`` decides from the JPEG headers alone whether the bytes can be stored as
-they are. The fast path never decodes: a baseline (SOF0/SOF1) or progressive (SOF2),
-8-bit, 3-component YCbCr JPEG without an EXIF rotation that ends with its EOI marker is
-kept byte-exact. Anything that DALI, MXNet (OpenCV) and Pillow would read differently is
-decoded with Pillow and re-encoded as a baseline RGB JPEG ("repaired"): CMYK/YCCK,
-grayscale, RGB-coded or 12-bit or arithmetic-coded JPEGs, other formats (PNG, GIF, BMP,
-WebP, ...) whatever their name, and an EXIF orientation other than 1 (applied, then the
-EXIF block is dropped: OpenCV and DALI's decoder (``adjust_orientation=True`` by default)
-turn the picture, while Pillow and so torchvision do not).
+``prepare_image`` decides from the JPEG headers whether the bytes can be stored as they
+are: a baseline (SOF0/SOF1) or progressive (SOF2), 8-bit, 3-component YCbCr JPEG without
+an EXIF rotation that ends with its EOI marker is kept byte-exact, once Pillow has decoded
+it whole as ``imgpipe verify --decode`` will, so pack never stores what its own verify or
+the loaders reject (re-encoded output is Pillow's own). Anything that DALI, MXNet (OpenCV)
+and Pillow would read differently is decoded with Pillow and re-encoded as a baseline RGB
+JPEG ("repaired"): CMYK/YCCK, grayscale, RGB-coded or 12-bit or arithmetic-coded JPEGs,
+other formats (PNG, GIF, BMP, WebP, ...) whatever their name, and an EXIF orientation other
+than 1 (applied, then the EXIF block is dropped: OpenCV and DALI's decoder
+(``adjust_orientation=True`` by default) turn the picture, while Pillow and so torchvision
+do not).
 
 Truncated beyond repair: a JPEG whose data stops before its EOI marker is skipped without
 decoding ("truncated JPEG"); Pillow refuses such a file too unless ``LOAD_TRUNCATED_IMAGES``
@@ -16,8 +18,8 @@ is set, and DALI and OpenCV would fill the missing part with grey. Zero padding 
 EOI is allowed and kept; other bytes after the EOI are cut off (lossless, "repaired").
 Files Pillow cannot open or decode (empty, not an image, corrupt, or truncated other
 formats, with Pillow's default ``LOAD_TRUNCATED_IMAGES = False``) are skipped with the
-reason. The fast path does not check the entropy-coded data: ``imgpipe verify --decode``
-does. Re-encoding is deterministic: the same input always gives the same bytes.
+reason, and so is an image over Pillow's decompression-bomb limit. Re-encoding is
+deterministic: the same input always gives the same bytes.
 """
 
 from __future__ import annotations
@@ -262,6 +264,9 @@ def prepare_image(data: bytes, *, resize: int | None = None, quality: int = 95) 
     info = inspect_jpeg(data)
     reasons: list[str] = []
     if info is not None:
+        too_large = _too_large(info.width, info.height)
+        if too_large:  # kept or resized alike: what pack stores must decode in verify --decode and the loaders
+            return Prepared(None, "skipped", too_large)
         if not info.ends_with_eoi:
             if info.eoi_end is None:
                 return Prepared(None, "skipped", "truncated JPEG (no EOI marker)")
@@ -279,6 +284,9 @@ def prepare_image(data: bytes, *, resize: int | None = None, quality: int = 95) 
         repairs = _repair_reasons(info)
         needs_resize = resize is not None and min(info.width, info.height) > resize
         if not repairs and not needs_resize:
+            failure = None if reasons else decode_failure(data)  # trimmed bytes were decoded above
+            if failure is not None:  # a clean header over a broken scan: verify --decode and the loaders would fail on it
+                return Prepared(None, "skipped", failure)
             return Prepared(data, "repaired" if reasons else "kept", "; ".join(reasons) or None)
         if not repairs:
             return _reencode(data, resize, quality, action="resized", reasons=reasons)
@@ -316,6 +324,19 @@ def _reencode(data: bytes, resize: int | None, quality: int, *, action: str, rea
     out = io.BytesIO()
     rgb.save(out, "JPEG", quality=quality, optimize=False, progressive=False)
     return Prepared(out.getvalue(), action, "; ".join(reasons) or None)
+
+
+def _too_large(width: int, height: int) -> str | None:
+    """The skip reason when Pillow would refuse to decode a ``width`` x ``height`` image.
+
+    Pillow raises DecompressionBombError above twice ``Image.MAX_IMAGE_PIXELS``; verify
+    --decode decodes with the same limit (and the loaders reject such images too), so pack
+    never stores one.
+    """
+    limit = 2 * Image.MAX_IMAGE_PIXELS if Image.MAX_IMAGE_PIXELS else None
+    if limit is None or width * height <= limit:
+        return None
+    return f"image too large to decode safely ({width}x{height} = {width * height:,} pixels, over Pillow's limit of {limit:,})"
 
 
 def decode_failure(data: bytes) -> str | None:

@@ -104,19 +104,33 @@ def free_bytes(path: str | os.PathLike) -> int:
     return shutil.disk_usage(_existing_ancestor(Path(path))).free
 
 
+def format_bytes(n: float) -> str:
+    """A byte count in the unit that fits, in powers of 1000: ``512 B``, ``12.3 MB``, ``1.5 TB``."""
+    unit = "B"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            break
+        n /= 1000
+    return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+
+
 def check_free_space(path: str | os.PathLike, needed: int, *, what: str = "the output") -> None:
     """Raise PackError if ``needed`` bytes do not fit on the filesystem holding ``path``."""
     free = free_bytes(path)
     if needed > free:
+        shown = (format_bytes(needed), format_bytes(free))
+        if shown[0] == shown[1]:  # too close to tell apart at this precision
+            shown = (f"{needed:,} bytes", f"{free:,} bytes")
         raise PackError(
-            f"{path}: {what} needs about {needed / 1e9:.2f} GB but only {free / 1e9:.2f} GB is free there; "
-            "free some space or choose another DST"
+            f"{path}: {what} needs about {shown[0]} but only {shown[1]} is free there; free some space or choose another DST"
         )
 
 
-def warn_if_slow(path: str | os.PathLike, *, role: str = "DST") -> DiskInfo:
+def warn_if_slow(
+    path: str | os.PathLike, *, role: str = "DST", mounts_file: str = "/proc/mounts", sys_block: str | os.PathLike = "/sys/block"
+) -> DiskInfo:
     """Log a warning with SSD advice when ``path`` is on a rotational disk or a network filesystem."""
-    info = device_for_path(path)
+    info = device_for_path(path, mounts_file=mounts_file, sys_block=sys_block)
     if info.network:
         logger.warning(
             "%s %s is on a network filesystem (%s at %s): reads and writes will be slow; use a local SSD if you can",

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from imgpipe.diskinfo import format_bytes
 from imgpipe.manifest import Skipped, load_manifest
 
 
@@ -38,22 +39,13 @@ def describe(dst: str | os.PathLike) -> DatasetInfo:
     return DatasetInfo(Path(dst), manifest.source, manifest.classes, splits, manifest.options, manifest.skipped, manifest.version)
 
 
-def _size(n: float) -> str:
-    unit = "B"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            break
-        n /= 1000
-    return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-
-
 def format_info(info: DatasetInfo, *, show_classes: int = 10, show_skipped: int = 20) -> str:
     """Human-readable lines for ``imgpipe info``."""
     lines = [f"{info.path}  (imgpipe-recordio v{info.format_version}, packed from {info.source})"]
     lines.append("splits:")
     for s in info.splits:
-        avg = _size(s.bytes // s.records) if s.records else "-"
-        lines.append(f"  {s.name:<8} {s.records:>10,} records  {_size(s.bytes):>10}  {s.shards:>5} shard(s)  avg {avg}/record")
+        avg = format_bytes(s.bytes // s.records) if s.records else "-"
+        lines.append(f"  {s.name:<8} {s.records:>10,} records  {format_bytes(s.bytes):>10}  {s.shards:>5} shard(s)  avg {avg}/record")
     shown = ", ".join(info.classes[:show_classes]) + (f", ... ({len(info.classes) - show_classes} more)" if len(info.classes) > show_classes else "")
     lines.append(f"classes: {len(info.classes)}: {shown}")
     lines.append("options: " + ", ".join(f"{k}={v}" for k, v in sorted(info.options.items())))

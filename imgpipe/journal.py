@@ -4,7 +4,8 @@
 atomically right after the shard's .rec and .idx have been renamed into place: it is the
 only proof that a shard is finished, so a rerun skips exactly the journaled shards and
 rewrites anything else. Each node of a multi-node pack writes only its own entries, and
-holds ``node-{rank}.lock`` while it runs so that two packs never write the same shards.
+holds ``node-{rank}.lock`` (with its pid inside) while it runs, from before it touches DST
+(even to delete it for --overwrite) to the end, so that two packs never write the same shards.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,9 +21,7 @@ from typing import Any
 
 from imgpipe.atomic import atomic_write_bytes
 from imgpipe.errors import PackError
-
-JOURNAL_DIR = ".imgpipe-pack"
-PLAN_NAME = "plan.json"
+from imgpipe.manifest import JOURNAL_DIR, PLAN_NAME
 
 
 @dataclass
@@ -63,11 +63,14 @@ class Journal:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:
-            raise PackError(f"{self.folder / PLAN_NAME}: unreadable pack journal ({e}); pass --overwrite to start again") from None
+            raise PackError(
+                f"{self.folder / PLAN_NAME}: unreadable pack journal ({e}); pass --overwrite (or, with --num-nodes, empty DST) to start again"
+            ) from None
 
-    def write_plan(self, options: dict[str, Any], fingerprint: str) -> None:
+    def write_plan(self, options: dict[str, Any], fingerprint: str, shards: int) -> None:
+        """Record the options, the plan fingerprint and the planned shard count (for 'incomplete pack' messages)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        data = json.dumps({"options": options, "fingerprint": fingerprint}, indent=1, sort_keys=True) + "\n"
+        data = json.dumps({"options": options, "fingerprint": fingerprint, "shards": shards}, indent=1, sort_keys=True) + "\n"
         atomic_write_bytes(self.folder / PLAN_NAME, data.encode("utf-8"))
 
     def entry_path(self, shard_name: str) -> Path:
@@ -89,21 +92,67 @@ class Journal:
         data = json.dumps(asdict(result), separators=(",", ":"), sort_keys=True) + "\n"
         atomic_write_bytes(self.entry_path(result.name), data.encode("utf-8"))
 
-    def lock(self, node_rank: int, wait_s: float = 60.0) -> int:
-        """Take this node's lock (waiting for a killed run's workers to exit); return the fd to keep open."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"node-{node_rank}.lock"
+    def lock(self, node_rank: int, *, whole_dst: bool = False, wait_s: float = 30.0) -> int:
+        """Take this node's lock and write our pid into it; return the fd to keep open.
+
+        A lock held by a live pack fails at once, naming its pid. A lock whose holder died
+        (kill -9) is held on by its pool workers until they notice and exit, so that case is
+        waited for (up to ``wait_s``). ``whole_dst`` (for --overwrite) also requires that no
+        other node's lock is held.
+        """
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise PackError(f"{self.folder}: cannot make the pack journal there ({e.strerror}); move that file away or choose another DST") from None
+        fd = self._acquire(self.folder / f"node-{node_rank}.lock", wait_s)
+        if whole_dst:
+            for other in sorted(self.folder.glob("node-*.lock")):
+                if other.name != f"node-{node_rank}.lock":
+                    try:
+                        os.close(self._acquire(other, wait_s))
+                    except PackError:
+                        os.close(fd)
+                        raise
+        return fd
+
+    def _acquire(self, path: Path, wait_s: float) -> int:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + wait_s
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
             except BlockingIOError:
-                if time.monotonic() > deadline:
+                holder = _lock_holder(path)
+                if (holder is not None and _alive(*holder)) or time.monotonic() > deadline:
                     os.close(fd)
+                    who = "pid unknown" if holder is None else f"pid {holder[0]}" + ("" if holder[1] == socket.gethostname() else f" on {holder[1]}")
                     raise PackError(
-                        f"{path}: another 'imgpipe pack' (node {node_rank}) is still writing {self.dst}; "
-                        "wait for it to finish or stop it first"
+                        f"another imgpipe pack is writing {self.dst} ({who}); wait for it to finish or stop it, then rerun"
                     ) from None
                 time.sleep(0.05)
+                continue
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+            return fd
+
+
+def _lock_holder(path: Path) -> tuple[int, str] | None:
+    """(pid, host) written by the process that holds the lock, if it wrote them yet."""
+    try:
+        pid, host = path.read_text(encoding="utf-8").split()
+        return int(pid), host
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int, host: str) -> bool:
+    """Whether the lock holder still runs; a holder on another machine counts as running."""
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

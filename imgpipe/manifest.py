@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,9 @@ from imgpipe.errors import DatasetError
 FORMAT = "imgpipe-recordio"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+JOURNAL_DIR = ".imgpipe-pack"  # the pack journal (see imgpipe.journal)
+PLAN_NAME = "plan.json"  # in the journal: options, fingerprint, planned shard count
+SHARD_FILE = re.compile(r"^(?P<split>[^/]+)-\d{5}-of-\d{5}\.(?P<ext>rec|idx|json)$")  # a shard, its index, its journal entry
 
 
 @dataclass
@@ -91,6 +95,7 @@ class Manifest:
     options: dict[str, Any]
     source: str
     skipped: list[Skipped] = field(default_factory=list)
+    fingerprint: str = ""  # the pack plan's: lets a rerun recognise a finished pack whose journal is gone ("" if unknown)
     format: str = FORMAT
     version: int = FORMAT_VERSION
 
@@ -130,6 +135,7 @@ class Manifest:
                 options=dict(data["options"]),
                 source=str(data["source"]),
                 skipped=[Skipped(**s) for s in data.get("skipped", [])],
+                fingerprint=str(data.get("fingerprint", "")),
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise DatasetError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
@@ -172,7 +178,7 @@ def load_manifest(folder: str | os.PathLike) -> Manifest:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (FileNotFoundError, NotADirectoryError):
-        raise DatasetError(f"{path}: no manifest; is {folder} a folder made by 'imgpipe pack'?") from None
+        raise DatasetError(unfinished_pack(folder) or f"{path}: no manifest; is {folder} a folder made by 'imgpipe pack'?") from None
     except OSError as e:
         raise DatasetError(f"{path}: cannot read the manifest ({e.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -194,3 +200,30 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def unfinished_pack(folder: str | os.PathLike) -> str | None:
+    """A one-line 'incomplete pack' message when ``folder`` holds a pack journal but no manifest, else None.
+
+    A folder is complete only when its manifest exists: shards beside a journal are a pack
+    that was killed, ran out of disk, is still running, or waits for other nodes.
+    """
+    folder = Path(folder)
+    journal = folder / JOURNAL_DIR
+    if (folder / MANIFEST_NAME).exists() or not journal.is_dir():
+        return None
+    done = sum(1 for p in journal.iterdir() if (m := SHARD_FILE.match(p.name)) and m["ext"] == "json")
+    try:
+        total = json.loads((journal / PLAN_NAME).read_text(encoding="utf-8")).get("shards")
+    except (OSError, ValueError, AttributeError):
+        total = None
+        if not done:  # only the lock of a pack that stopped before planning (e.g. refused this DST)
+            return None
+    rerun = "rerun the same 'imgpipe pack' (with --num-nodes: every --node-rank, then --finalize)"
+    if not isinstance(total, int):
+        state = f"{done} shard(s) finished, the planned count is unknown"
+    elif done < total:
+        state = f"{total - done} of {total} shards missing"
+    else:
+        state = f"all {total} shards written"
+    return f"{folder}: incomplete pack: {state}, no {MANIFEST_NAME}; {rerun}"

@@ -20,7 +20,6 @@ import logging
 import multiprocessing as mp
 import os
 import queue as queue_module
-import re
 import shutil
 import threading
 import time
@@ -35,18 +34,17 @@ import numpy as np
 from tqdm import tqdm
 
 from imgpipe import source
-from imgpipe.atomic import atomic_write_bytes
+from imgpipe.atomic import atomic_write_bytes, fsync_dir
 from imgpipe.diskinfo import check_free_space, warn_if_slow
 from imgpipe.distenv import available_cpus
 from imgpipe.errors import ImgpipeError, PackError
 from imgpipe.journal import JOURNAL_DIR, Journal, ShardResult
-from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped, SplitInfo, write_manifest
-from imgpipe.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size
+from imgpipe.manifest import MANIFEST_NAME, SHARD_FILE, Manifest, ShardInfo, Skipped, SplitInfo, load_manifest, write_manifest
+from imgpipe.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size, published_names
 from imgpipe.shardwriter import ShardJob, init_worker, tmp_names, write_shard, write_shard_in_worker
 
 logger = logging.getLogger(__name__)
 
-SHARD_FILE = re.compile(r"^[^/]+-\d{5}-of-\d{5}\.(rec|idx)$")
 SIDECAR_SUFFIXES = (".sources.txt", ".labels.npy", ".crc32.npy")
 STALE_TMP_S = 600.0  # an atomic write takes milliseconds: a temp file this old belongs to a killed process
 
@@ -139,33 +137,35 @@ def pack(
     except OSError as e:
         raise PackError(f"DST {dst_path}: cannot write there ({e.strerror}); choose a writable folder") from None
     journal = Journal(dst_path)
-    if overwrite:
-        remove_pack_outputs(dst_path)
-    _check_journal(journal, plan)
-    lock_fd = journal.lock(node_rank)
+    lock_fd = journal.lock(node_rank, whole_dst=overwrite)  # before anything in DST is read, written or deleted
     try:
-        report = PackReport(dst=dst_path, shards_total=len(plan.shards))
-        mine = [] if finalize else [s for k, s in enumerate(plan.shards) if k % num_nodes == node_rank]
-        _remove_stale_tmp(dst_path, mine, everything=num_nodes == 1)
-        todo = [s for s in mine if not _finished(journal, dst_path, s)]
-        report.shards_reused = len(mine) - len(todo)
-        if todo:
-            needed = sum(int(plan.splits[s.split].sizes[s.start : s.stop].sum()) for s in todo)
-            check_free_space(dst_path, needed, what=f"{len(todo)} shard(s) to write")
-            warn_if_slow(dst_path)
-            _write_shards(plan, todo, src_path, dst_path, resize, quality, workers, progress, report)
-        report.seconds = time.monotonic() - started
-        pending = [s.name for s in plan.shards if journal.read_entry(s.name) is None]
-        report.shards_pending = pending
-        if pending and (finalize or num_nodes == 1):
-            raise PackError(
-                f"{dst_path}: {len(pending)} shard(s) are not written yet (e.g. {pending[0]}); "
-                f"run every --node-rank 0..{num_nodes - 1} first, then --finalize"
-            )
-        if not pending:
-            if num_nodes > 1:  # every shard is journaled; what is left is a killed node's atomic-write temp file
-                _remove_stale_tmp(dst_path, plan.shards, everything=False, older_than_s=STALE_TMP_S)
-            _finalize(plan, journal, src_path, dst_path, report)
+        if overwrite:
+            remove_pack_outputs(dst_path)
+        report = _check_journal(journal, plan, num_nodes)
+        if report is None:
+            report = PackReport(dst=dst_path, shards_total=len(plan.shards))
+            mine = [] if finalize else [s for k, s in enumerate(plan.shards) if k % num_nodes == node_rank]
+            _remove_stale_tmp(dst_path, mine, everything=num_nodes == 1)
+            published = _published(plan, journal)
+            todo = [s for s in mine if not _finished(journal, dst_path, s, published)]
+            report.shards_reused = len(mine) - len(todo)
+            if todo:
+                needed = sum(int(plan.splits[s.split].sizes[s.start : s.stop].sum()) for s in todo)
+                check_free_space(dst_path, needed, what=f"{len(todo)} shard(s) to write")
+                warn_if_slow(dst_path)
+                _write_shards(plan, todo, src_path, dst_path, resize, quality, workers, progress, report)
+            report.seconds = time.monotonic() - started
+            pending = [s.name for s in plan.shards if journal.read_entry(s.name) is None]
+            report.shards_pending = pending
+            if pending and (finalize or num_nodes == 1):
+                raise PackError(
+                    f"{dst_path}: {len(pending)} shard(s) are not written yet (e.g. {pending[0]}); "
+                    f"run every --node-rank 0..{num_nodes - 1} first, then --finalize"
+                )
+            if not pending:
+                if num_nodes > 1:  # every shard is journaled; what is left is a killed node's atomic-write temp file
+                    _remove_stale_tmp(dst_path, plan.shards, everything=False, older_than_s=STALE_TMP_S)
+                _finalize(plan, journal, src_path, dst_path, report)
     finally:
         os.close(lock_fd)
     logger.debug("%s", report.summary())
@@ -238,37 +238,68 @@ def _plan(
     return plan, tree.root
 
 
-def _check_journal(journal: Journal, plan: PackPlan) -> None:
-    """Refuse a DST packed with other options; start a journal in an unused DST."""
+def _check_journal(journal: Journal, plan: PackPlan, num_nodes: int) -> PackReport | None:
+    """Refuse a DST packed with other options; start a journal in an unused DST.
+
+    A finished pack whose journal is gone (copied without dot-folders) is recognised from its
+    manifest: with the same options and source it is complete, and its report is returned.
+    """
+    restart = (
+        "empty DST (or choose another), then start every node again with the same options"
+        if num_nodes > 1 else "pass --overwrite to start again"
+    )
     stored = journal.read_plan()
-    if stored is None:
-        leftovers = [p.name for p in journal.dst.iterdir() if _is_pack_output(p.name)]
+    if stored is None and (journal.dst / MANIFEST_NAME).exists():
+        manifest = load_manifest(journal.dst)
+        stored = {"options": manifest.options, "fingerprint": manifest.fingerprint or plan.fingerprint}
+        source = f" (from its {MANIFEST_NAME}; the journal {JOURNAL_DIR}/ is gone)"
+    elif stored is None:
+        leftovers = [p.name for p in journal.dst.iterdir() if _is_pack_output(p.name) and p.name != JOURNAL_DIR]
+        leftovers += [f"{JOURNAL_DIR}/{p.name}" for p in journal.folder.iterdir() if not p.name.endswith((".lock", ".tmp"))]
         if leftovers:
-            raise PackError(
-                f"DST {journal.dst} already holds packed files ({leftovers[0]}) from an unknown pack: pass --overwrite to start again"
-            )
-        journal.write_plan(plan.options, plan.fingerprint)
-        return
+            raise PackError(f"DST {journal.dst} already holds packed files ({leftovers[0]}) from an unknown pack: {restart}")
+        journal.write_plan(plan.options, plan.fingerprint, len(plan.shards))
+        return None
+    else:
+        manifest, source = None, ""
     if stored.get("options") != plan.options:
         old = stored.get("options") or {}
         diffs = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in plan.options.items() if old.get(k) != v]
-        raise PackError(f"DST {journal.dst} was packed with different options ({'; '.join(diffs)}): pass --overwrite to start again")
+        raise PackError(f"DST {journal.dst} was packed with different options ({'; '.join(diffs)}){source}: {restart}")
     if stored.get("fingerprint") != plan.fingerprint:
         raise PackError(
-            f"DST {journal.dst} was packed from a different source tree (files added, removed or changed size since): "
-            "pass --overwrite to start again"
+            f"DST {journal.dst} was packed from a different source tree (files added, removed or changed size since){source}: {restart}"
         )
+    if manifest is None:
+        return None
+    logger.warning("%s: %s holds a finished pack with these options; nothing to do ('imgpipe verify' checks it)", journal.dst, MANIFEST_NAME)
+    records = {name: split.records for name, split in manifest.splits.items()}
+    shards = sum(len(split.shards) for split in manifest.splits.values())
+    return PackReport(journal.dst, records=records, skipped=manifest.skipped, shards_total=shards, shards_reused=shards,
+                      manifest=journal.dst / MANIFEST_NAME)
 
 
 def _is_pack_output(name: str) -> bool:
-    return name == MANIFEST_NAME or name == JOURNAL_DIR or bool(SHARD_FILE.match(name)) or name.endswith(SIDECAR_SUFFIXES)
+    return name == MANIFEST_NAME or name == JOURNAL_DIR or _is_shard_file(name) or name.endswith(SIDECAR_SUFFIXES)
+
+
+def _is_shard_file(name: str) -> bool:
+    match = SHARD_FILE.match(name)
+    return bool(match) and match["ext"] != "json"
 
 
 def remove_pack_outputs(dst: Path) -> None:
-    """Delete what a pack writes in ``dst`` (shards, sidecars, manifest, journal, temp files); nothing else."""
+    """Delete what a pack writes in ``dst`` (shards, sidecars, manifest, journal, temp files); nothing else.
+
+    The journal's lock files stay: the caller holds one of them.
+    """
     for path in dst.iterdir():
         if path.name == JOURNAL_DIR:
-            shutil.rmtree(path)
+            for entry in path.iterdir():
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                elif not entry.name.endswith(".lock"):
+                    entry.unlink()
         elif _is_pack_output(path.name) or (path.name.startswith(".") and path.name.endswith(".tmp")):
             path.unlink()
 
@@ -289,17 +320,32 @@ def _remove_stale_tmp(dst: Path, mine: Iterable[ShardSpec], everything: bool, ol
             continue
 
 
-def _finished(journal: Journal, dst: Path, spec: ShardSpec) -> bool:
-    """A shard is done when it is journaled and both files have the journaled sizes."""
+def _published(plan: PackPlan, journal: Journal) -> dict[str, str]:
+    """Planned -> published shard names, for every split whose shards are all journaled."""
+    names: dict[str, str] = {}
+    for split in plan.splits.values():
+        entries = [journal.read_entry(spec.name) for spec in split.shards]
+        if all(entry is not None for entry in entries):
+            names.update(published_names(split, [entry.records for entry in entries if entry is not None]))
+    return names
+
+
+def _finished(journal: Journal, dst: Path, spec: ShardSpec, published: dict[str, str]) -> bool:
+    """A shard is done when it is journaled and both files have the journaled sizes, under the
+    planned name or (once finalize renumbered the shards) the published one; or when it is
+    journaled without records (every item skipped: it has no files)."""
     entry = journal.read_entry(spec.name)
     if entry is None:
         return False
-    try:
-        sizes = ((dst / spec.rec_name).stat().st_size, (dst / spec.idx_name).stat().st_size)
-    except FileNotFoundError:
-        sizes = None
-    if sizes == (entry.bytes, entry.index_bytes):
+    if entry.records == 0:
         return True
+    for name in dict.fromkeys([spec.name, published.get(spec.name, spec.name)]):
+        try:
+            sizes = ((dst / f"{name}.rec").stat().st_size, (dst / f"{name}.idx").stat().st_size)
+        except FileNotFoundError:
+            continue
+        if sizes == (entry.bytes, entry.index_bytes):
+            return True
     logger.warning("%s: journaled but its files are missing or changed size; writing it again", spec.name)
     journal.entry_path(spec.name).unlink(missing_ok=True)
     return False
@@ -424,6 +470,7 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
     skipped: list[Skipped] = []
     actions: Counter[str] = Counter()
     repairs: Counter[str] = Counter()
+    published = _published(plan, journal)
     for name, split in plan.splits.items():
         kept: list[np.ndarray] = []
         crcs: list[np.ndarray] = []
@@ -432,15 +479,28 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
             entry = journal.read_entry(spec.name)
             if entry is None:
                 raise PackError(f"{journal.entry_path(spec.name)}: journal entry vanished while finalizing; rerun the pack")
+            final = published.get(spec.name)
+            _publish(dst, spec, final)
+            skipped += [Skipped(name, split.paths[pos], reason) for pos, reason in entry.skipped]
+            actions.update(entry.actions)
+            repairs.update(entry.repairs)
+            if final is None:
+                continue
             gone = {pos for pos, _ in entry.skipped}
             positions = np.array([p for p in range(spec.start, spec.stop) if p not in gone], dtype=np.int64)
             kept.append(positions)
             crcs.append(np.array(entry.crc32, dtype=np.uint32))
-            skipped += [Skipped(name, split.paths[pos], reason) for pos, reason in entry.skipped]
-            actions.update(entry.actions)
-            repairs.update(entry.repairs)
             shard_infos.append(
-                ShardInfo(spec.rec_name, spec.idx_name, entry.records, entry.bytes, entry.sha256, entry.index_bytes, entry.index_sha256)
+                ShardInfo(f"{final}.rec", f"{final}.idx", entry.records, entry.bytes, entry.sha256, entry.index_bytes, entry.index_sha256)
+            )
+        fsync_dir(dst)
+        if not shard_infos:
+            logger.warning("split %s: every image was skipped; the split is left out", name)
+            continue
+        if len(shard_infos) < len(split.shards):
+            logger.warning(
+                "split %s: %d of %d planned shard(s) held only skipped images and are left out; the other %d are numbered -of-%05d",
+                name, len(split.shards) - len(shard_infos), len(split.shards), len(shard_infos), len(shard_infos),
             )
         order = np.concatenate(kept)
         sources = "".join(split.paths[p] + "\n" for p in order.tolist()).encode("utf-8", "surrogateescape")
@@ -455,11 +515,28 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
         )
         report.records[name] = int(order.size)
     skipped += [Skipped(name, path, reason) for name, rejected in plan.rejected.items() for path, reason in rejected]
-    manifest = Manifest(classes=plan.classes, splits=splits, options=plan.options, source=str(src), skipped=skipped)
+    if not splits:
+        raise PackError(f"every source image was skipped (first: {skipped[0]}); nothing to pack")
+    manifest = Manifest(
+        classes=plan.classes, splits=splits, options=plan.options, source=str(src), skipped=skipped, fingerprint=plan.fingerprint
+    )
     report.manifest = write_manifest(dst, manifest)
     report.skipped = skipped
     report.actions = dict(sorted(actions.items()))
     report.repairs = dict(sorted(repairs.items()))
+
+
+def _publish(dst: Path, spec: ShardSpec, final: str | None) -> None:
+    """Give a written shard its published name, or delete it when it holds no records (``final`` None).
+
+    Idempotent, so a finalize killed half-way is simply run again.
+    """
+    for ext in ("rec", "idx"):
+        planned = dst / f"{spec.name}.{ext}"
+        if final is None:
+            planned.unlink(missing_ok=True)
+        elif final != spec.name and planned.exists():
+            os.replace(planned, dst / f"{final}.{ext}")
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:

@@ -7,19 +7,24 @@ is its record id. Nothing here depends on the number of workers or machines.
 
 Shard count: ``--shards`` ("N" for every split, or "train=1024,val=64"), else
 ceil(estimated bytes / ``--shard-size``). The estimate is the sum of the source file sizes
-plus the framing overhead; with ``--resize`` the source size is still used, since a
-downscaled image re-encoded at quality 95 is smaller than its source in nearly every case,
-so shards come out at or below the requested size. A shard never holds zero items.
+plus the framing overhead: ``--shard-size`` is measured on source bytes, because output
+sizes are known only after decoding every image and the plan must come first (it is what
+makes resuming and multi-node packs possible). Shards of kept JPEGs come out at the
+requested size; re-encoding changes it: ``--resize`` makes shards smaller, repairs at
+``--quality 100`` can make them larger. A shard never holds zero items: a count
+above the number of images is cut to it, with a warning. A shard whose every item is
+skipped at pack time is not published (``published_names``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -30,6 +35,8 @@ from imgpipe.recordio import FRAME_HEADER, IR_SIZE
 
 if TYPE_CHECKING:
     from imgpipe.tarsource import MemberSpans
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_SHARD_SIZE = "256MB"
 RECORD_OVERHEAD = FRAME_HEADER.size + IR_SIZE + 3  # frame header, IRHeader, worst-case padding
@@ -182,6 +189,9 @@ def make_plan(
             count = shard_counts[name]
         else:
             count = max(1, math.ceil(estimated / shard_size))
+        if count > len(paths):
+            asked = f"--shards {count}" if shard_counts is not None else f"--shard-size {shard_size:,} B ({count} shards)"
+            logger.warning("split %s: %s but only %d image(s): writing %d shard(s) of one image", name, asked, len(paths), len(paths))
         count = max(1, min(count, len(paths)))
         bounds = [len(paths) * k // count for k in range(count + 1)]
         shards = [ShardSpec(name, k, count, bounds[k], bounds[k + 1]) for k in range(count)]
@@ -193,3 +203,14 @@ def make_plan(
         digest.update(sizes[order].astype("<i8").tobytes())
         digest.update(json.dumps(bounds).encode())
     return PackPlan(list(classes), splits, dict(options), digest.hexdigest())
+
+
+def published_names(split: SplitPlan, records: Sequence[int]) -> dict[str, str]:
+    """Planned shard name -> the name it is published under, given each shard's record count.
+
+    A shard whose every item was skipped is not published (it is absent from the result: an
+    empty .rec cannot be mapped by DALI), and the others are renumbered so that
+    ``-of-N`` is the number of files. Without empty shards every name stays as planned.
+    """
+    kept = [spec for spec, n in zip(split.shards, records) if n > 0]
+    return {spec.name: replace(spec, number=j, count=len(kept)).name for j, spec in enumerate(kept)}

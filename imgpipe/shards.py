@@ -21,7 +21,7 @@ import numpy as np
 from imgpipe import recordio
 from imgpipe.atomic import atomic_write_bytes
 from imgpipe.errors import DatasetError, RecordIOError
-from imgpipe.manifest import Manifest, load_manifest, manifest_path
+from imgpipe.manifest import SHARD_FILE, Manifest, load_manifest, manifest_path, unfinished_pack
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +122,9 @@ class ShardSet:
         if not len(self):
             raise DatasetError(f"split {self.split!r} has no records: nothing for DALI to read")
         stats = [p.stat() for p in self.rec_paths]
+        empty = next((p for p, st in zip(self.rec_paths, stats) if st.st_size == 0), None)
+        if empty is not None:
+            raise DatasetError(f"{empty}: empty shard (no records): DALI cannot map an empty file; remove it and its .idx")
         sizes = np.array([st.st_size for st in stats], dtype=np.int64)
         fingerprint = hashlib.sha256()
         for path, st in zip(self.rec_paths, stats):
@@ -247,15 +250,46 @@ def _load_lines(path: Path, count: int) -> tuple[bytes, np.ndarray]:
 
 
 def open_shards(path: PathLike | Sequence[PathLike], split: str = "train") -> ShardSet:
-    """Open a packed folder (with manifest.json), or bare .rec files with their .idx (path, list or glob)."""
+    """Open a packed folder (with manifest.json), or bare .rec files with their .idx (path, list or glob).
+
+    In a folder without a manifest only file names decide the split: ``{split}-NNNNN-of-NNNNN.rec``
+    or ``{split}.rec`` (im2rec's prefix). Given files or a glob, every file given is read as
+    ``split``, and a shard named for another split is an error (a ``*.rec`` glob would mix them).
+    """
     if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
         if manifest_path(path).is_file():
             return _open_packed(Path(path), split)
-        recs = sorted(Path(path).glob("*.rec"))
-        if not recs:
-            raise DatasetError(f"{path}: no manifest.json and no .rec files; is it a folder made by 'imgpipe pack'?")
-        return _open_bare(recs, split)
-    return _open_bare(_expand(path), split)
+        unfinished = unfinished_pack(path)
+        if unfinished is not None:
+            raise DatasetError(unfinished)
+        return _open_bare(_split_files(Path(path), split), split)
+    recs = _expand(path)
+    other = next((rec for rec in recs if SHARD_FILE.match(rec.name) and _split_of(rec) != split), None)
+    if other is not None:
+        named = _split_of(other)
+        raise DatasetError(f"{other}: a shard of split {named!r}, opened as split {split!r}; give only that split's files and split={named!r}")
+    return _open_bare(recs, split)
+
+
+def _split_files(folder: Path, split: str) -> list[Path]:
+    """The .rec files of ``split`` in a folder without a manifest, chosen by file name only."""
+    recs = sorted(folder.glob("*.rec"))
+    if not recs:
+        raise DatasetError(f"{folder}: no manifest.json and no .rec files; is it a folder made by 'imgpipe pack'?")
+    named = {rec: _split_of(rec) for rec in recs}
+    mine = [rec for rec, name in named.items() if name == split]
+    if not mine:
+        raise DatasetError(
+            f"{folder}: no manifest.json and no {split}-NNNNN-of-NNNNN.rec or {split}.rec for split {split!r} "
+            f"(the file names give: {', '.join(sorted(set(named.values())))}); pass the .rec files themselves to read them as {split!r}"
+        )
+    return mine
+
+
+def _split_of(rec: Path) -> str:
+    """The split a .rec file's name states: ``{split}-00001-of-00008.rec`` or ``{split}.rec``."""
+    match = SHARD_FILE.match(rec.name)
+    return match["split"] if match else rec.stem
 
 
 def _expand(path: PathLike | Sequence[PathLike]) -> list[Path]:

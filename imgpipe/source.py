@@ -15,9 +15,11 @@ Classes are the train folder names sorted as torchvision's ImageFolder sorts the
 (``IMAGE_EXTENSIONS``, any case) are candidates; other files are ignored and counted in
 the log. A candidate that turns out not to be an image is skipped later, at pack time.
 Hidden files and folders (a leading ``.``) are ignored. A file whose path contains a
-newline cannot be written to the line-based sources sidecar: it is left out and listed in
-``SplitItems.rejected`` with the reason, and the packer reports it as skipped. Class folders are walked
-recursively, like ImageFolder. Paths are posix, relative to ``SourceTree.root``; train is
+newline cannot be written to the line-based sources sidecar, nor a name that is not UTF-8
+into the JSON manifest: such a file is left out and listed in ``SplitItems.rejected`` with
+the reason (its bytes shown as ``\\xNN``), and the packer reports it as skipped; such a
+class folder is a DatasetError. Class folders are walked recursively, like ImageFolder;
+symlinks are followed, but each folder is walked once. Paths are posix, relative to ``SourceTree.root``; train is
 in ImageFolder's order (class, then folder, then file name), val by file name. Only
 ``os.scandir`` is used, without a per-file ``stat``, and paths are kept as ``list[str]``
 plus an int32 label array, so 1.28 M files cost about 120 MB.
@@ -25,6 +27,7 @@ plus an int32 label array, so 1.28 M files cost about 120 MB.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import logging
 import os
@@ -46,6 +49,7 @@ IMAGE_EXTENSIONS = frozenset(
 )
 VAL_CSV = "LOC_val_solution.csv"
 NEWLINE_REASON = "file name contains a newline (the sources sidecar is one path per line); rename the file"
+NOT_UTF8_REASON = "file or folder name is not valid UTF-8 (the manifest and the sidecars are UTF-8); rename it"
 KAGGLE_DATA = ("ILSVRC", "Data", "CLS-LOC")
 ACCEPTED_LAYOUTS = (
     "SRC/train/<wnid>/* with optional SRC/val/ (class folders, or flat with LOC_val_solution.csv); "
@@ -136,7 +140,11 @@ def _detect_layout(root: Path) -> tuple[str, dict[str, Path]]:
 def _subdirs(folder: Path) -> list[str]:
     """Names of the visible sub-folders of ``folder``, sorted as ImageFolder sorts classes."""
     with os.scandir(folder) as entries:
-        return sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
+        names = sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
+    for name in names:
+        if _unlistable_reason(name):
+            raise DatasetError(f"{shown_path(str(folder / name))}: {_unlistable_reason(name)}")
+    return names
 
 
 def _classes(root: Path, split_dirs: dict[str, Path]) -> list[str]:
@@ -154,12 +162,24 @@ def is_image_name(name: str) -> bool:
     return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
 
 
-def _walk_images(folder: Path, prefix: str) -> tuple[list[str], int]:
-    """Image paths under ``folder`` (recursively, sorted), each as ``prefix/relative``; and the count of other files."""
+def _identity(path: str | os.PathLike) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _walk_images(folder: Path, prefix: str, seen: set[tuple[int, int]], inside: str) -> tuple[list[str], int]:
+    """Image paths under ``folder`` (recursively, sorted), each as ``prefix/relative``; and the count of other files.
+
+    Each folder is walked once: ``seen`` holds the (st_dev, st_ino) of every folder walked so
+    far in this split (and of the split's class folders), and a symlinked folder whose target
+    lies inside ``inside`` (the split folder's real path) is not followed, since the walk
+    reaches it by its real path. So neither a loop (``ln -s .. class/up``) nor a second way
+    into the tree packs an image twice. A link that cannot be resolved (a dangling link, a
+    link loop) is listed like a file and skipped with its reason at pack time.
+    """
     found: list[str] = []
     ignored = 0
     stack = [(folder, prefix)]
-    seen_links: set[tuple[int, int]] = set()  # symlinked folders are followed once, so a loop cannot hang
     while stack:
         current, rel = stack.pop()
         subfolders = []
@@ -167,30 +187,55 @@ def _walk_images(folder: Path, prefix: str) -> tuple[list[str], int]:
             for entry in entries:
                 if entry.name.startswith("."):
                     continue
-                if entry.is_dir():
-                    if entry.is_symlink():
-                        st = entry.stat()
-                        if (st.st_dev, st.st_ino) in seen_links:
+                try:
+                    is_dir = entry.is_dir()
+                    if is_dir and entry.is_symlink():
+                        real = os.path.realpath(entry.path)
+                        if real == inside or real.startswith(inside + os.sep):
+                            logger.info("%s: not followed, it links into the tree being scanned", entry.path)
                             continue
-                        seen_links.add((st.st_dev, st.st_ino))
+                    identity = _identity(entry.path) if is_dir else None
+                except OSError:  # e.g. ELOOP: a file link to itself
+                    is_dir, identity = False, None
+                if is_dir:
+                    if identity in seen:
+                        continue
+                    seen.add(identity)
                     subfolders.append((Path(entry.path), f"{rel}/{entry.name}"))
                 elif is_image_name(entry.name):
                     found.append(f"{rel}/{entry.name}")
                 else:
                     ignored += 1
-        stack.extend(subfolders)
+        stack.extend(sorted(subfolders, reverse=True))  # a fixed walk order: which way into a folder wins never varies
     found.sort(key=lambda path: path.rpartition("/")[::2])  # by folder, then name: ImageFolder's order
     return found, ignored
 
 
+def _unlistable_reason(path: str) -> str | None:
+    """Why ``path`` cannot be recorded in the sidecar and the manifest, or None."""
+    if "\n" in path:
+        return NEWLINE_REASON
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return NOT_UTF8_REASON
+    return None
+
+
+def shown_path(path: str) -> str:
+    """``path`` as valid UTF-8 text: bytes of a non-UTF-8 name (surrogate escapes) become ``\\xNN``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def _reject_unlistable(paths: list[str], folder: Path) -> tuple[list[str], list[tuple[str, str]]]:
-    """Split off paths with a newline (the sources sidecar holds one path per line)."""
-    rejected = [(path, NEWLINE_REASON) for path in paths if "\n" in path]
+    """Split off paths with a newline (the sources sidecar holds one path per line) or bytes that are not UTF-8."""
+    reasons = [_unlistable_reason(path) for path in paths]
+    rejected = [(shown_path(path), reason) for path, reason in zip(paths, reasons) if reason]
     if not rejected:
         return paths, []
     for path, reason in rejected:
-        logger.warning("%s: %r left out: %s", folder, path, reason)
-    return [path for path in paths if "\n" not in path], rejected
+        logger.warning("%s: %r left out: %s", shown_path(str(folder)), path, reason)
+    return [path for path, reason in zip(paths, reasons) if not reason], rejected
 
 
 def _scan_class_folders(root: Path, folder: Path, index: dict[str, int], split: str) -> SplitItems:
@@ -200,10 +245,21 @@ def _scan_class_folders(root: Path, folder: Path, index: dict[str, int], split: 
     labels: list[np.ndarray] = []
     rejected: list[tuple[str, str]] = []
     ignored = 0
-    for name in _subdirs(folder):
+    names = _subdirs(folder)
+    inside = os.path.realpath(folder)
+    classes: dict[tuple[int, int], str] = {}
+    for name in names:
+        other = classes.setdefault(_identity(folder / name), name)
+        if other != name:
+            raise DatasetError(
+                f"{folder / name}: the same folder as class {other!r} (a link?), so its images would be packed twice "
+                "under two labels; remove one of them"
+            )
+    seen = {_identity(folder), *classes}
+    for name in names:
         if name not in index:
             raise DatasetError(f"{folder / name}: {split} class {name!r} is not a train class; remove it or add it to train/")
-        files, skipped = _walk_images(folder / name, f"{prefix}{name}")
+        files, skipped = _walk_images(folder / name, f"{prefix}{name}", seen, inside)
         ignored += skipped
         files, bad = _reject_unlistable(files, folder / name)
         rejected += bad
@@ -232,24 +288,48 @@ def _find_val_csv(root: Path, val: Path) -> Path:
 def read_val_csv(path: Path) -> dict[str, tuple[str, int]]:
     """ImageId -> (wnid, line number) from a Kaggle ``LOC_val_solution.csv``."""
     rows: dict[str, tuple[str, int]] = {}
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding=_csv_encoding(path)) as f:
         reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header[:2]] != ["ImageId", "PredictionString"]:
-            raise DatasetError(f"{path}: line 1 must be the header 'ImageId,PredictionString', got {header!r}")
-        for row in reader:
-            if not row or not any(cell.strip() for cell in row):
-                continue
-            words = row[1].split() if len(row) >= 2 else []
-            if not row[0].strip() or not words:
-                raise DatasetError(f"{path}: line {reader.line_num}: expected 'ImageId,<wnid> x y x y ...', got {','.join(row)!r}")
-            rows[row[0].strip()] = (words[0], reader.line_num)
+        try:
+            header = next(reader, None)
+            if header is None or [h.strip() for h in header[:2]] != ["ImageId", "PredictionString"]:
+                raise DatasetError(f"{path}: line 1 must be the header 'ImageId,PredictionString', got {header!r}")
+            for row in reader:
+                if not row or not any(cell.strip() for cell in row):
+                    continue
+                words = row[1].split() if len(row) >= 2 else []
+                if not row[0].strip() or not words:
+                    raise DatasetError(f"{path}: line {reader.line_num}: expected 'ImageId,<wnid> x y x y ...', got {','.join(row)!r}")
+                image_id = row[0].strip()
+                earlier = rows.setdefault(image_id, (words[0], reader.line_num))
+                if earlier[0] != words[0]:
+                    raise DatasetError(
+                        f"{path}: line {reader.line_num}: {image_id} is {words[0]}, but line {earlier[1]} says {earlier[0]}; keep one row"
+                    )
+        except csv.Error as e:
+            raise DatasetError(f"{path}: line {reader.line_num}: not readable as CSV ({e})") from None
     return rows
+
+
+def _csv_encoding(path: Path) -> str:
+    """UTF-8, with or without a byte-order mark (Excel's "CSV UTF-8"), or UTF-16 with its BOM; else a DatasetError."""
+    data = path.read_bytes()
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        encoding = "utf-16"
+    else:
+        encoding = "utf-8-sig"
+    try:
+        data.decode(encoding)
+    except UnicodeDecodeError as e:
+        raise DatasetError(
+            f"{path}: not {'UTF-16' if encoding == 'utf-16' else 'UTF-8'} text (byte {data[e.start]:#04x} at offset {e.start}); save it as CSV UTF-8"
+        ) from None
+    return encoding
 
 
 def _scan_flat_val(root: Path, folder: Path, index: dict[str, int]) -> SplitItems:
     base = folder.relative_to(root).as_posix()
-    names, ignored = _walk_images(folder, base)
+    names, ignored = _walk_images(folder, base, {_identity(folder)}, os.path.realpath(folder))
     names, rejected = _reject_unlistable(names, folder)
     if not names:  # an empty val/ needs no label file; the packer leaves the split out
         return SplitItems([], np.zeros(0, np.int32), rejected)

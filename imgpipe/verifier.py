@@ -5,7 +5,10 @@ the framing of every record, that the .idx lists exactly the record starts in or
 keys equal to the IRHeader ids, record counts, labels (integral, in range, equal to the
 labels sidecar), each record's crc32 against the checksum sidecar, and the sidecars
 themselves. ``decode=True`` also decodes every image with Pillow. Bare .rec/.idx pairs
-(e.g. from im2rec) get the framing and index checks. Shards are checked in parallel.
+(e.g. from im2rec) get the framing and index checks. A folder with a pack journal
+(``.imgpipe-pack/``) but no manifest is an unfinished pack: one problem, nothing else is
+checked. A shard without records is a problem (DALI cannot map an empty file). Shards are
+checked in parallel.
 
 A problem reads ``file: record K (offset O, source S): what``, where K is the record's
 index in its split (for a bare pair: in its file).
@@ -30,7 +33,7 @@ from tqdm import tqdm
 from imgpipe.codec import decode_failure
 from imgpipe.distenv import available_cpus
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError
-from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, sha256_file, stays_inside_source_root
+from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, sha256_file, stays_inside_source_root, unfinished_pack
 from imgpipe.recordio import IRHeader, iter_frames, read_index, unpack_header
 
 logger = logging.getLogger(__name__)
@@ -119,6 +122,9 @@ def verify(dst: str | os.PathLike, *, decode: bool = False, workers: int | None 
         report.problems += _stray_shards(path, manifest)
     elif path.is_file() and path.suffix == ".rec":
         checks = [ShardCheck(path, path.with_suffix(".idx"), decode=decode)]
+    elif path.is_dir() and (unfinished := unfinished_pack(path)) is not None:
+        report.problems.append(Problem(str(path), unfinished.partition(": ")[2]))
+        return report
     elif path.is_dir():
         recs = sorted(path.glob("*.rec"))
         if not recs:
@@ -263,6 +269,8 @@ def check_shard(check: ShardCheck) -> ShardOutcome:
     _check_index(check, starts, ids, problems)
     if expected is not None and len(starts) != expected.records:
         problems.append(Problem(name, f"{len(starts)} readable records, the manifest says {expected.records}"))
+    elif not starts and not problems:
+        problems.append(Problem(name, "empty shard: no records (DALI cannot map an empty file); repack, or remove it and its .idx"))
     if len(problems) > MAX_PROBLEMS_PER_SHARD:
         more = len(problems) - MAX_PROBLEMS_PER_SHARD
         problems = problems[:MAX_PROBLEMS_PER_SHARD] + [Problem(name, f"... and {more} more problem(s) in this shard")]

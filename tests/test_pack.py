@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imgpipe.diskinfo import check_free_space, device_for_path
+from imgpipe.diskinfo import check_free_space, device_for_path, format_bytes, warn_if_slow
 from imgpipe.errors import DatasetError, PackError
 from imgpipe.journal import JOURNAL_DIR
 from imgpipe.manifest import load_manifest
@@ -295,7 +295,7 @@ def test_resize_shrinks_the_shorter_side_and_never_upscales(quirk_tree: Path, tm
 
 @pytest.mark.timeout(60)
 def test_free_space_is_checked_before_writing(synth_tree: Path, tmp_path: Path) -> None:
-    with pytest.raises(PackError, match="only .* GB is free"):
+    with pytest.raises(PackError, match=r"needs about 1000000.0 TB but only \d+\.\d [KMGT]B is free there"):
         check_free_space(tmp_path, 10**18)
     check_free_space(tmp_path, 1)
     small = tmp_path / "small"
@@ -307,7 +307,7 @@ def test_free_space_is_checked_before_writing(synth_tree: Path, tmp_path: Path) 
         pytest.skip("a real full disk needs root to mount a 64 KiB tmpfs; the check function was tested")
     try:
         assert device_for_path(small).fstype == "tmpfs"
-        with pytest.raises(PackError, match="needs about .* free"):
+        with pytest.raises(PackError, match=r"needs about \d+\.\d KB but only \d+\.\d KB is free"):  # not "0.00 GB ... 0.00 GB"
             pack(synth_tree, small / "out", workers=1, progress=False)
         assert not list((small / "out").glob("*.rec"))
     finally:
@@ -406,3 +406,81 @@ def test_a_read_only_dst_is_refused_with_one_line(synth_tree: Path, tmp_path: Pa
     for dst in (tmp_path / "ro", tmp_path / "ro" / "sub"):
         with pytest.raises(PackError, match="cannot write there"):
             pack(synth_tree, dst, progress=False)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("resize", [None, 32])
+def test_an_image_over_the_decoders_pixel_limit_is_skipped_in_both_modes(tmp_path: Path, resize: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pillow's decompression-bomb limit, lowered so that a 300x200 image stands for a 15000x15000 one."""
+    src = tmp_path / "src"
+    (src / "A").mkdir(parents=True)
+    Image.new("RGB", (60, 40), (200, 10, 10)).save(src / "A" / "small.jpg", quality=90)
+    Image.new("RGB", (300, 200), (10, 200, 10)).save(src / "A" / "huge.jpg", quality=90)  # clean YCbCr: kept byte for byte before
+    Image.new("RGB", (300, 200), (10, 10, 200)).save(src / "A" / "huge.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 20_000)  # Pillow refuses above 2 x 20,000 = 40,000 pixels
+    report = pack(src, tmp_path / "dst", resize=resize, workers=1, progress=False)
+    skipped = {s.path: s.reason for s in report.skipped}
+    assert skipped["A/huge.jpg"] == "image too large to decode safely (300x200 = 60,000 pixels, over Pillow's limit of 40,000)"
+    assert skipped["A/huge.png"].startswith("image too large to decode safely")
+    assert report.records == {"train": 1}
+    from imgpipe.verifier import verify
+
+    assert verify(tmp_path / "dst", decode=True, workers=1, progress=False).ok
+
+
+def test_format_bytes_picks_the_unit_that_fits() -> None:
+    assert [format_bytes(n) for n in (0, 999, 12_345, 8_000_000, 12_345_678_901, 3 * 10**15)] == [
+        "0 B", "999 B", "12.3 KB", "8.0 MB", "12.3 GB", "3000.0 TB"
+    ]
+
+
+def test_warn_if_slow_names_a_network_or_rotational_dst(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Through the seam device_for_path already has: a mounts table and a /sys/block of our own."""
+    mounts, sys_block = tmp_path / "mounts", tmp_path / "sys-block"
+    (sys_block / "hdz" / "queue").mkdir(parents=True)
+    (sys_block / "hdz" / "queue" / "rotational").write_text("1\n")
+    (sys_block / "ssz" / "queue").mkdir(parents=True)
+    (sys_block / "ssz" / "queue" / "rotational").write_text("0\n")
+    mounts.write_text("/dev/root / ext4 rw 0 0\nserver:/export /nfs nfs4 rw 0 0\n/dev/hdz /spin xfs rw 0 0\n/dev/ssz /fast xfs rw 0 0\n")
+    seam = dict(mounts_file=str(mounts), sys_block=sys_block)
+    with caplog.at_level("WARNING", logger="imgpipe.diskinfo"):
+        assert warn_if_slow("/nfs/imagenet", **seam).network
+        assert warn_if_slow("/spin/imagenet", **seam).rotational
+        assert warn_if_slow("/fast/imagenet", **seam).slow is False
+    assert [r.getMessage() for r in caplog.records] == [
+        "DST /nfs/imagenet is on a network filesystem (nfs4 at /nfs): reads and writes will be slow; use a local SSD if you can",
+        "DST /spin/imagenet is on a rotational disk (/dev/hdz): random reads will be slow; use an SSD if you can",
+    ]
+
+
+def _jpeg_with_a_broken_scan() -> bytes:
+    """A JPEG whose headers and EOI are intact but whose entropy-coded data Pillow cannot decode."""
+    import zlib
+
+    rng = np.random.default_rng(0)
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (64, 96, 3), dtype=np.uint8)).save(out, "JPEG", quality=90)
+    clean = out.getvalue()
+    for seed in range(1000):
+        data = bytearray(clean)
+        start = len(data) // 2 + seed % 97
+        data[start : start + 40] = zlib.crc32(bytes([seed])).to_bytes(4, "little") * 10
+        data = bytes(data)
+        try:
+            Image.open(io.BytesIO(data)).load()
+        except OSError:
+            return data
+    raise AssertionError("no corruption that Pillow refuses")
+
+
+@pytest.mark.timeout(60)
+def test_a_clean_header_over_a_broken_scan_is_skipped_so_verify_decode_passes(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "A").mkdir(parents=True)
+    Image.new("RGB", (60, 40), (200, 10, 10)).save(src / "A" / "good.jpg", quality=90)
+    (src / "A" / "broken.jpg").write_bytes(_jpeg_with_a_broken_scan())
+    report = pack(src, tmp_path / "dst", workers=1, progress=False)
+    assert [s.path for s in report.skipped] == ["A/broken.jpg"]
+    assert report.skipped[0].reason.startswith("cannot decode (OSError: ")
+    result = subprocess.run([sys.executable, "-m", "imgpipe", "verify", str(tmp_path / "dst"), "--decode"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout

@@ -215,3 +215,103 @@ def test_an_empty_flat_val_folder_needs_no_label_file(tmp_path: Path) -> None:
     (tmp_path / "val").mkdir()
     tree = scan(tmp_path)
     assert tree.splits["train"].paths == ["train/n01/a.JPEG"] and len(tree.splits["val"]) == 0
+
+
+@pytest.mark.timeout(30)
+def test_folder_links_never_pack_an_image_twice(tmp_path: Path) -> None:
+    src, outside = tmp_path / "src", tmp_path / "outside"
+    for path in ("A/1.jpg", "B/2.jpg", "B/sub/3.jpg"):
+        touch(src / path)
+    touch(outside / "E" / "4.jpg")
+    os.symlink("..", src / "A" / "up")  # back up the tree: every class again under A/up
+    os.symlink("../B/sub", src / "A" / "cross")  # into another class: B/sub keeps its own label
+    os.symlink(outside / "E", src / "A" / "ext")  # outside the tree: followed once
+    os.symlink(src, outside / "E" / "back")  # ... and from there back in
+    items = scan(src).splits["train"]
+    assert items.paths == ["A/1.jpg", "A/ext/4.jpg", "B/2.jpg", "B/sub/3.jpg"]
+    assert items.labels.tolist() == [0, 0, 1, 1]
+
+
+def test_a_file_link_loop_is_listed_and_skipped_with_a_reason_at_pack_time(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from imgpipe.packer import pack
+
+    src = tmp_path / "src"
+    (src / "A").mkdir(parents=True)
+    Image.new("RGB", (16, 16)).save(src / "A" / "ok.jpg")
+    os.symlink("loop.jpg", src / "A" / "loop.jpg")
+    os.symlink("self", src / "A" / "self")  # no image extension: ignored
+    assert scan(src).splits["train"].paths == ["A/loop.jpg", "A/ok.jpg"]
+    report = pack(src, tmp_path / "dst", workers=1, progress=False)
+    assert [(s.path, s.reason) for s in report.skipped] == [("A/loop.jpg", "unreadable (Too many levels of symbolic links)")]
+    assert report.records == {"train": 1}
+
+
+def strict_json(raw: bytes) -> object:
+    """Parse as a strict reader does: UTF-8 text without lone surrogates."""
+    import json
+
+    data = json.loads(raw.decode("utf-8"))
+    json.dumps(data, ensure_ascii=False).encode("utf-8")  # raises on a lone surrogate such as "\udce9"
+    return data
+
+
+def test_non_utf8_names_are_skipped_with_a_reason_and_the_manifest_stays_strict_json(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from imgpipe.packer import pack
+
+    src = tmp_path / "src"
+    (src / "A").mkdir(parents=True)
+    Image.new("RGB", (16, 16)).save(src / "A" / "ok.jpg")
+    Image.new("RGB", (16, 16)).save(os.fsdecode(os.fsencode(src / "A") + b"/caf\xe9.jpg"))
+    report = pack(src, tmp_path / "dst", workers=1, progress=False)
+    assert [(s.path, s.reason) for s in report.skipped] == [("A/caf\\xe9.jpg", "file or folder name is not valid UTF-8 (the manifest and the sidecars are UTF-8); rename it")]
+    manifest = strict_json((tmp_path / "dst" / "manifest.json").read_bytes())
+    assert manifest["skipped"][0]["path"] == "A/caf\\xe9.jpg"
+
+    os.mkdir(os.fsencode(src) + b"/B\xff")
+    with pytest.raises(DatasetError, match=r"src/B\\xff: file or folder name is not valid UTF-8"):
+        scan(src)
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16"])
+def test_val_csv_with_a_byte_order_mark_is_read(tmp_path: Path, encoding: str) -> None:
+    make_train(tmp_path / "train")
+    make_flat_val(tmp_path / "val", tmp_path / "LOC_val_solution.csv")
+    csv = tmp_path / "LOC_val_solution.csv"
+    csv.write_bytes(csv.read_text().replace("\n", "\r\n").encode(encoding))  # as Excel saves it
+    val = scan(tmp_path).splits["val"]
+    assert val.labels.tolist() == [1, 0, 2]
+
+
+def test_a_val_csv_that_is_not_utf8_is_one_line_naming_it(tmp_path: Path) -> None:
+    make_train(tmp_path / "train")
+    make_flat_val(tmp_path / "val", tmp_path / "LOC_val_solution.csv")
+    csv = tmp_path / "LOC_val_solution.csv"
+    csv.write_bytes(csv.read_bytes().replace(b"n01000000 1", b"n01000000 \xe9"))  # Latin-1
+    with pytest.raises(DatasetError, match=r"LOC_val_solution.csv: not UTF-8 text \(byte 0xe9 at offset \d+\); save it as CSV UTF-8"):
+        scan(tmp_path)
+
+
+def test_two_class_folders_that_are_one_folder_are_refused(tmp_path: Path) -> None:
+    touch(tmp_path / "A" / "1.jpg")
+    os.symlink("A", tmp_path / "B")
+    with pytest.raises(DatasetError, match=r"/B: the same folder as class 'A' \(a link\?\), so its images would be packed twice"):
+        scan(tmp_path)
+
+
+def test_val_csv_rows_that_conflict_or_are_not_csv_are_one_line(tmp_path: Path) -> None:
+    make_train(tmp_path / "train")
+    make_flat_val(tmp_path / "val", tmp_path / "LOC_val_solution.csv")
+    csv = tmp_path / "LOC_val_solution.csv"
+    good = csv.read_text()
+    csv.write_text(good + "ILSVRC2012_val_00000001,n03000000 1 2 3 4\n")
+    with pytest.raises(DatasetError, match=r"line 5: ILSVRC2012_val_00000001 is n03000000, but line 3 says n02000000; keep one row"):
+        scan(tmp_path)
+    csv.write_text(good + "ILSVRC2012_val_00000001,n02000000 9 9 9 9\n")  # the same label twice: fine
+    assert len(scan(tmp_path).splits["val"]) == 3
+    csv.write_text(good + 'ILSVRC2012_val_00000009,"' + "x" * 200_000 + '"\n')  # over the csv module's field limit
+    with pytest.raises(DatasetError, match=r"LOC_val_solution.csv: line \d: not readable as CSV \(field larger than field limit"):
+        scan(tmp_path)

@@ -19,7 +19,10 @@ logger = logging.getLogger(__name__)
 @click.argument("src", nargs=-1, required=True)
 @click.argument("dst")
 @click.option("--splits", default=None, help="Comma-separated splits to pack (default: every split found), e.g. train,val.")
-@click.option("--shard-size", default=None, help="Target shard size, e.g. 256MB (default), 2MB, 1GiB.")
+@click.option(
+    "--shard-size", default=None,
+    help="Target shard size, e.g. 256MB (default), 2MB, 1GiB; measured on the source files, so --resize gives smaller shards.",
+)
 @click.option("--shards", default=None, help="Shard count instead of --shard-size: N per split, or train=1024,val=64.")
 @click.option("--workers", type=int, default=None, help="Worker processes (default: all CPUs). Output does not depend on it.")
 @click.option("--resize", type=int, default=None, help="Resize so the shorter side is S pixels (never upscales).")
