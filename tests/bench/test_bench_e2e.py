@@ -120,6 +120,25 @@ def test_cli_errors_are_one_line(small_pack: Path, tmp_path: Path) -> None:
     assert "imgpipe: error: --workers takes counts" in proc.stderr
 
 
+@pytest.mark.timeout(200)
+def test_unwritable_json_and_plot_paths_fail_before_measuring(small_pack: Path, tmp_path: Path) -> None:
+    """Every record read would take an hour (the delay hook): only a check before measuring can answer in time."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    slow = {READ_DELAY_ENV.format(rank=0): "3600000"}
+    cases = [
+        ("--json", tmp_path / "missing" / "bench.json", "folder " + str(tmp_path / "missing") + " does not exist"),
+        ("--json", a_file / "bench.json", f"{a_file} is a file, not a folder"),
+        ("--plot", tmp_path / "missing" / "bench.png", "does not exist"),
+        ("--plot", a_file / "bench.png", "is a file, not a folder"),
+    ]
+    for option, path, words in cases:
+        proc = imgpipe("bench", str(small_pack), "--gpus", "0", "--steps", "2", "--warmup", "0", option, str(path), env=slow, timeout=40)
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        assert proc.stderr.startswith(f"imgpipe: error: {option} {path}: ") and words in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1 and proc.stdout == ""
+
+
 @pytest.mark.dali
 @pytest.mark.timeout(180)
 def test_dali_backend_runs_and_its_internal_stages_are_unknown(small_pack: Path) -> None:
