@@ -14,52 +14,10 @@ import pytest
 import torch
 import yaml
 
-sys.path.insert(0, str(Path(__file__).parent))
-from proctree import descendants, quiet_env, rank_processes, wait_gone  # noqa: E402
+from proctree import descendants, quiet_env, rank_processes, wait_gone
+from train_cli import VAL_RECORDS, epochs_of, imgpipe_train, write_config
 
-VAL_RECORDS = 40  # 4 classes x 10
 TORCHRUN = Path(sys.executable).parent / "torchrun"
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A learnable synthetic ImageNet (4 classes, 40 train + 10 val images each), packed in 2 shards per split."""
-    from imgpipe.packer import pack
-    from imgpipe.synth import make_synthetic
-
-    root = tmp_path_factory.mktemp("train-data")
-    make_synthetic(root / "src", classes=4, per_class=40, val_per_class=10, min_side=64, max_side=128, progress=False)
-    pack(root / "src", root / "packed", shards=2, workers=1, progress=False)
-    return root / "packed"
-
-
-def write_config(folder: Path, packed: Path, workers: int = 0, base_lr: float = 0.1, tensorboard: bool = False, **train: object) -> Path:
-    """resnet18 at 32 px, batch 16 per rank: 5 optimizer steps per epoch on 2 ranks.
-
-    base_lr 0.1: at 0.4 the third epoch's val top-1 ranged 0.33-0.98 over seeds 0-3 and moved
-    with sub-1/255 pixel changes (resampling rounding); at 0.1 it was 0.95-1.0.
-    """
-    config = {
-        "data": {"path": str(packed), "workers": workers, "image_size": 32},
-        "model": {"name": "resnet18"},
-        "optim": {"base_lr": base_lr, "warmup_epochs": 0.5, "label_smoothing": 0.0},
-        "train": {"epochs": 3, "batch_size": 16, "seed": 0, "timeout_s": 60, "log_every": 1, **train},
-        "output": {"dir": str(folder / "run"), "tensorboard": tensorboard, "checkpoint_every_epochs": 0},
-    }
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def imgpipe_train(config: Path, *args: str, timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "imgpipe", "train", "--config", str(config), *args]
-    return subprocess.run(cmd, env=env or quiet_env(), capture_output=True, text=True, timeout=timeout)
-
-
-def epochs_of(run: Path) -> list[dict]:
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == "epoch"]
 
 
 def model_state(run: Path) -> dict[str, torch.Tensor]:
