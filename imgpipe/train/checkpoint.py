@@ -51,6 +51,25 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return state
 
 
+def load_model_state(model: torch.nn.Module, saved: dict[str, Any], path: str | os.PathLike, name: str, num_classes: int) -> None:
+    """Load the checkpoint's weights into ``model``, or one ConfigError naming both models and class counts.
+
+    torch's own refusal lists every mismatched key: hundreds for another architecture.
+    """
+    saved_name = saved.get("config", {}).get("model", {}).get("name", "?")
+    saved_classes = saved.get("num_classes")  # absent from checkpoints written before it was stored
+    advice = "resume with the checkpoint's model.name and class count, or train into another output.dir"
+    if saved_name != name or saved_classes not in (None, num_classes):
+        raise ConfigError(
+            f"{path}: the checkpoint is model {saved_name} with {saved_classes if saved_classes else 'unknown'} classes, "
+            f"the config asks for {name} with {num_classes}; {advice}"
+        )
+    try:
+        model.load_state_dict(saved["model"])
+    except RuntimeError:
+        raise ConfigError(f"{path}: the checkpoint's weights do not fit model {name} with {num_classes} classes; {advice}") from None
+
+
 def rng_state() -> dict[str, Any]:
     """This process's RNG states as weights_only-safe values."""
     version, internal, gauss = random.getstate()

@@ -111,6 +111,7 @@ class _Run:
         if self.steps_per_epoch == 0:
             raise ConfigError(f"train.grad_accum {self.accum} is more than the {len(data.train)} batches per epoch of each rank")
         self.global_batch = config.train.batch_size * ctx.world_size * self.accum
+        self.num_classes = num_classes
         self.model, self.ddp = build_model(config, num_classes, ctx)
         self.optimizer = build_optimizer(self.model, config, self.global_batch)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(config, self.steps_per_epoch))
@@ -350,6 +351,7 @@ class _Run:
             "loader": _loader_state(self.data.train) if self.state.epoch_step else None,
             "rng": rngs,
             "world_size": self.ctx.world_size,
+            "num_classes": self.num_classes,
             "config": self.config.to_dict(),
         }
         path = ckpt.save_checkpoint(ckpt.checkpoint_path(self.out), state)
@@ -364,7 +366,7 @@ class _Run:
         saved = ckpt.load_checkpoint(path)
         if saved["world_size"] != self.ctx.world_size:
             logger.warning("checkpoint was written by %d ranks, resuming on %d: the batch order changes", saved["world_size"], self.ctx.world_size)
-        self.model.load_state_dict(saved["model"])
+        ckpt.load_model_state(self.model, saved, path, self.config.model.name, self.num_classes)
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
         self.scaler.load_state_dict(saved["scaler"])
