@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +42,16 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Read a checkpoint with ``weights_only=True``; a ConfigError says what is wrong with it."""
     path = Path(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a foreign pickle's protocol warning would precede the one-line error
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no checkpoint to resume from; start without --resume") from None
-    except Exception as e:  # unpickling errors come in many types
-        raise ConfigError(f"{path}: not a readable imgpipe checkpoint ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    except Exception as e:  # unpickling errors come in many types; torch's text may advise weights_only=False: never pass that on
+        raise ConfigError(
+            f"{path}: not a readable imgpipe checkpoint ({type(e).__name__}: damaged, truncated, or not written by imgpipe train); "
+            "restore it from a copy, or move it away and train without --resume"
+        ) from None
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise ConfigError(f"{path}: not an imgpipe checkpoint of format {FORMAT_VERSION}")
     return state

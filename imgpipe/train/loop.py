@@ -45,7 +45,8 @@ class TrainResult:
     train_loss: list[float] = field(default_factory=list)  # per epoch
     train_top1: list[float] = field(default_factory=list)
     val_top1: float | None = None
-    val_top5: float | None = None
+    val_topk: float | None = None  # top-k accuracy, k = topk
+    topk: int = 5  # min(5, classes)
     val_samples: int = 0
     images_per_s: float = 0.0
     imbalance: float = 1.0
@@ -125,7 +126,7 @@ class _Run:
         self.timer = StepTimer(self.device)
         self.jsonl = JsonlWriter(self.out / "metrics.jsonl", enabled=ctx.is_main)
         self.tb = _tensorboard(self.out / "tensorboard") if ctx.is_main and config.output.tensorboard else None
-        self.result = TrainResult(output_dir=str(self.out), epochs_completed=0, step=0)
+        self.result = TrainResult(output_dir=str(self.out), epochs_completed=0, step=0, topk=self.topk)
         self._resume_loader: dict[str, Any] | None = None
         self._saved_step = -1
         if ctx.is_main:
@@ -309,7 +310,7 @@ class _Run:
         samples = int(samples)
         if samples != self.data.val_records:
             logger.error("validation saw %d samples but split %r has %d records", samples, self.config.data.val_split, self.data.val_records)
-        self.result.val_top1, self.result.val_top5, self.result.val_samples = top1 / max(samples, 1), topk / max(samples, 1), samples
+        self.result.val_top1, self.result.val_topk, self.result.val_samples = top1 / max(samples, 1), topk / max(samples, 1), samples
         return {
             "val_samples": samples,
             "val_loss": loss_sum / max(samples, 1),

@@ -39,3 +39,34 @@ def test_resume_with_another_model_or_class_count_is_one_line(packed: Path, tmp_
     torch.save(state, checkpoint)
     older = imgpipe_train(config, *SYNTHETIC, "--resume", "--set", "model.num_classes=10")
     one_line_error(older, "the checkpoint's weights do not fit model resnet18 with 10 classes")
+
+
+@pytest.mark.timeout(240)
+def test_a_corrupt_checkpoint_is_one_line_that_never_suggests_weights_only_false(packed: Path, tmp_path: Path) -> None:
+    import pickle
+
+    config = write_config(tmp_path, packed, max_steps=1)
+    checkpoint = tmp_path / "run" / "checkpoint.pt"
+    checkpoint.parent.mkdir(parents=True)
+    for content in (b"not a zip file at all", pickle.dumps({"model": Path("/x")})):  # garbage; a pickle torch's safe loader refuses
+        checkpoint.write_bytes(content)
+        done = imgpipe_train(config, *SYNTHETIC, "--resume")
+        line = one_line_error(done, str(checkpoint), "not a readable imgpipe checkpoint", "train without --resume")
+        assert "weights_only" not in done.stderr and "weights_only" not in line
+
+
+@pytest.mark.timeout(240)
+def test_a_typo_in_val_split_fails_naming_the_splits(packed: Path, tmp_path: Path) -> None:
+    done = imgpipe_train(write_config(tmp_path, packed, max_steps=1), "--set", "data.val_split=vall")
+    one_line_error(done, f"{packed}: no split 'vall' to validate on (has train, val)", "set data.val_split", "train.validate: false")
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+@pytest.mark.timeout(300)
+def test_epoch_and_final_lines_agree_on_k_of_top_k(packed: Path, tmp_path: Path) -> None:
+    """4 classes: top-5 would count every sample a hit; both lines say top-4."""
+    done = imgpipe_train(write_config(tmp_path, packed, epochs=1), "--gpus", "0")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "top-4" in done.stdout.split("val:")[1].splitlines()[0]
+    final = next(line for line in done.stdout.splitlines() if line.startswith("done:"))
+    assert "top-4" in final and "top-5" not in done.stdout, done.stdout
