@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from imgpipe.errors import ConfigError, TrainError
 from imgpipe.train import checkpoint as ckpt
+from imgpipe.train import faults
 from imgpipe.train.config import TrainConfig, save_config
 from imgpipe.train.data import TrainData, build_data
 from imgpipe.train.launch import RankContext, install_stop_handlers, stop_requested
@@ -86,12 +87,17 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
 
 
 def explain_failure(error: BaseException, ctx: RankContext, config: TrainConfig) -> TrainError | None:
-    """imgpipe's own one-line message for CUDA OOM (also disguised as 'illegal memory access') and DDP's unused parameters."""
+    """imgpipe's own one-line message for CUDA OOM, CUDA's illegal memory access and DDP's unused parameters."""
     if isinstance(error, torch.cuda.OutOfMemoryError):
-        return TrainError(_oom_message(ctx, config, disguised=False))
+        return TrainError(_oom_message(ctx, config))
     text = str(error)
     if "illegal memory access" in text:
-        return TrainError(_oom_message(ctx, config, disguised=True))
+        return TrainError(
+            f"rank {ctx.rank}: CUDA error 'illegal memory access' in model {config.model.name}: a sticky error (this process "
+            "cannot use the GPU again), usually a kernel reading out of bounds, such as a label >= the model's classes or "
+            "a bug in a custom op, not an out-of-memory; check that labels are below model.num_classes and rerun with "
+            "CUDA_LAUNCH_BLOCKING=1 to see the failing op"
+        )
     if UNUSED_PARAMS_TEXT in text:
         return TrainError(
             f"DDP found parameters of model {config.model.name!r} that got no gradient in a step: set "
@@ -298,7 +304,7 @@ class _Run:
         totals = torch.zeros(4, dtype=torch.float64, device=self.device)
         self.data.val.set_epoch(self.state.epoch)
         with torch.no_grad():
-            for images, labels in self.data.val:
+            for images, labels in faults.val_batches(self.data.val, self.ctx.rank):
                 with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None):
                     output = module(images)
                     loss = self.criterion(output.float(), labels)
@@ -308,8 +314,12 @@ class _Run:
         module.train()
         loss_sum, top1, topk, samples = totals.tolist()
         samples = int(samples)
-        if samples != self.data.val_records:
-            logger.error("validation saw %d samples but split %r has %d records", samples, self.config.data.val_split, self.data.val_records)
+        if samples != self.data.val_records:  # every rank has the all-reduced count: all stop together
+            raise TrainError(
+                f"validation saw {samples} samples but split {self.config.data.val_split!r} of {self.config.data.path} has "
+                f"{self.data.val_records} records, so its accuracy is not that of the split; run 'imgpipe verify {self.config.data.path}' "
+                "and report it as an imgpipe bug if the data is intact"
+            )
         self.result.val_top1, self.result.val_topk, self.result.val_samples = top1 / max(samples, 1), topk / max(samples, 1), samples
         return {
             "val_samples": samples,
@@ -395,6 +405,7 @@ def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tupl
     import torchvision
 
     model = torchvision.models.get_model(config.model.name, num_classes=num_classes)
+    faults.install(model, ctx.rank)
     if config.train.sync_bn and ctx.distributed:
         if ctx.device.type != "cuda":
             raise ConfigError("train.sync_bn needs GPUs (SyncBatchNorm is CUDA-only); set it to false for CPU runs")
@@ -506,16 +517,15 @@ def _tensorboard(folder: Path) -> Any:
     return SummaryWriter(str(folder))
 
 
-def _oom_message(ctx: RankContext, config: TrainConfig, disguised: bool = False) -> str:
+def _oom_message(ctx: RankContext, config: TrainConfig) -> str:
     memory = ""
     if ctx.device.type == "cuda":
         with contextlib.suppress(Exception):
             free, total = torch.cuda.mem_get_info(ctx.device)
             peak = torch.cuda.max_memory_allocated(ctx.device)
             memory = f"; peak allocated {peak / 2**30:.1f} GiB, free {free / 2**30:.1f} of {total / 2**30:.1f} GiB"
-    what = "CUDA error 'illegal memory access' (most often an out-of-memory in disguise)" if disguised else "CUDA out of memory"
     return (
-        f"rank {ctx.rank}: {what} with train.batch_size={config.train.batch_size} per process, model {config.model.name}, "
+        f"rank {ctx.rank}: CUDA out of memory with train.batch_size={config.train.batch_size} per process, model {config.model.name}, "
         f"image_size {config.data.image_size}, amp {config.train.amp}{memory}; lower train.batch_size (keep the global batch "
         f"with train.grad_accum), use train.amp: bf16, and check that no other process holds this GPU (nvidia-smi)"
     )
