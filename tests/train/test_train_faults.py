@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import subprocess
+import sys
+import time
+
 import pytest
-from proctree import quiet_env
+from proctree import descendants, quiet_env, wait_gone
 from test_train_errors import SYNTHETIC, one_line_error
 from train_cli import VAL_RECORDS, imgpipe_train, write_config
 
@@ -45,3 +49,23 @@ def test_validation_that_misses_samples_fails_the_run(packed: Path, tmp_path: Pa
     # rank 1 validates 20 records in batches of 16 and 4, and leaves out the 4
     done = imgpipe_train(write_config(tmp_path, packed, epochs=1), *TWO_RANKS, env=faulty(rank1="short-val"))
     one_line_error(done, f"validation saw {VAL_RECORDS - 4} samples but split 'val'", f"has {VAL_RECORDS} records")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_rank_that_hangs_is_named_not_the_healthy_one_that_timed_out(packed: Path, tmp_path: Path) -> None:
+    """Rank 1 stops in its second forward pass; rank 0 waits in the all-reduce until train.timeout_s."""
+    config = write_config(tmp_path, packed, workers=1, epochs=1, timeout_s=10)
+    cmd = [sys.executable, "-m", "imgpipe", "train", "--config", str(config), *TWO_RANKS]
+    proc = subprocess.Popen(cmd, env=faulty(rank1="hang"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen: set[int] = set()
+    while proc.poll() is None:  # every rank and loader worker that ever ran
+        seen.update(descendants(proc.pid))
+        time.sleep(0.5)
+    stderr = proc.stderr.read()
+    assert proc.returncode == 1
+    assert stderr.strip().splitlines()[-1].startswith(
+        "imgpipe: error: rank 1 hung: it did not reach the collective that rank 0 waited in for 10 s"
+    ), stderr[-3000:]
+    assert "rank 0 failed" not in stderr and "Traceback" not in stderr
+    assert len(seen) >= 4 and wait_gone(sorted(seen), 30) == []  # 2 ranks and their loader workers
