@@ -96,8 +96,10 @@ def install_stop_handlers() -> None:
 
     def _note(signum: int, _frame: object) -> None:
         global _stop_signal
-        if _stop_signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        if _stop_signal is not None:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now
+            return  # keep the first: a Ctrl-C reaches the ranks before the SIGTERM the launcher forwards
         _stop_signal = signum
         logger.debug("rank got %s; stopping at the next step", signal.Signals(signum).name)
 

@@ -151,9 +151,9 @@ def test_only_rank_set_is_one_line_not_keyerror(packed: Path, tmp_path: Path) ->
     assert done.stderr.startswith("imgpipe: error: RANK set but WORLD_SIZE not")
 
 
-def start_long_run(config: Path) -> subprocess.Popen:
+def start_long_run(config: Path, new_session: bool = False) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0", "--nproc", "2"]
-    return subprocess.Popen(cmd, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=new_session)
 
 
 def wait_for_steps(proc: subprocess.Popen, run: Path, steps: int, timeout: float = 150) -> set[int]:
@@ -202,3 +202,20 @@ def test_sigterm_writes_a_checkpoint_and_stops_every_process(packed: Path, tmp_p
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert state["step"] >= max(r["step"] for r in logged if r["kind"] == "step") >= 3
     assert wait_gone(sorted(seen), 20) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ctrl_c_to_the_process_group_stops_every_rank_and_worker(packed: Path, tmp_path: Path) -> None:
+    """As a terminal does: SIGINT to the launcher, both ranks and their DataLoader workers at once."""
+    run = tmp_path / "run"
+    proc = start_long_run(write_config(tmp_path, packed, workers=1, epochs=50, validate=False), new_session=True)
+    seen = wait_for_steps(proc, run, 2)
+    assert len(seen) >= 4  # 2 ranks and their loader workers
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert "stopped by SIGINT at step" in stderr.strip().splitlines()[-1], stderr[-3000:]
+    assert torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=True)["step"] >= 2
+    assert wait_gone(sorted(seen), 20) == []  # no orphans
