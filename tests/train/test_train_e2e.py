@@ -134,6 +134,33 @@ def test_the_same_run_under_torchrun(packed: Path, tmp_path: Path) -> None:
     assert [r["rank"] for r in epochs_of(tmp_path / "run")[0]["ranks"]] == [0, 1]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_same_run_under_slurm(packed: Path, tmp_path: Path) -> None:
+    """2 tasks started as `srun --ntasks 2` on one node starts them: SLURM's variables, plus the MASTER_* a job script exports."""
+    from imgpipe.train.launch import free_port
+
+    config = write_config(tmp_path, packed, epochs=1)
+    slurm = {
+        "SLURM_NTASKS": "2", "SLURM_NPROCS": "2", "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
+        "SLURM_NTASKS_PER_NODE": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "localhost", "SLURM_NODELIST": "localhost",
+        "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+    }
+    cmd = [sys.executable, "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0"]
+    tasks = [
+        subprocess.Popen(cmd, env=quiet_env(**slurm, SLURM_PROCID=str(t), SLURM_LOCALID=str(t)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for t in range(2)
+    ]
+    outputs = [task.communicate(timeout=240) for task in tasks]
+    for task, (_, stderr) in zip(tasks, outputs):
+        assert task.returncode == 0, stderr[-3000:]
+    assert outputs[0][0].count(f"val: {VAL_RECORDS} samples") == 1 and outputs[0][0].count("done: 1 epoch(s), 5 steps") == 1
+    assert outputs[1][0] == ""  # only rank 0 prints
+    assert [r["rank"] for r in epochs_of(tmp_path / "run")[0]["ranks"]] == [0, 1]
+    assert epochs_of(tmp_path / "run")[0]["train_samples"] == 160  # 5 steps x 16 x 2 ranks
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", map_location="cpu", weights_only=True)["world_size"] == 2
+
+
 @pytest.mark.timeout(120)
 def test_plain_run_without_launcher_on_synthetic_batches(packed: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, packed, max_steps=2, validate=False)
