@@ -230,6 +230,20 @@ def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str,
         raise ConfigError(f"{blame('model.num_classes')}: model.num_classes must be >= 2 or null (taken from the manifest)")
 
 
+def make_output_dir(config: TrainConfig) -> Path:
+    """Create ``output.dir`` now, so that a path that cannot be a folder fails before any data is opened."""
+    folder = Path(config.output.dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"output.dir {folder}: is a file, not a folder; choose another output.dir") from None
+    except OSError as e:
+        raise ConfigError(f"output.dir {folder}: cannot create it ({e.strerror}); choose another output.dir") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"output.dir {folder}: not writable; choose another output.dir")
+    return folder
+
+
 def save_config(config: TrainConfig, folder: str | os.PathLike) -> Path:
     """Write the resolved config as ``folder/config.yaml`` (atomically)."""
     path = Path(folder) / "config.yaml"

@@ -71,6 +71,11 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
     _seed_everything(config.train.seed, ctx.rank, config.train.deterministic, ctx.device)
     data = build_data(config, ctx)
     num_classes = config.model.num_classes or len(data.classes)
+    if num_classes < len(data.classes):  # a label >= classes: an IndexError on the CPU, a device-side assert on a GPU
+        raise ConfigError(
+            f"model.num_classes {num_classes} is less than the {len(data.classes)} classes of {config.data.path} (labels 0-{len(data.classes) - 1}); "
+            f"set it to at least {len(data.classes)}, or to null to take the count from the manifest"
+        )
     run: _Run | None = None
     try:
         run = _Run(ctx, config, data, num_classes)
