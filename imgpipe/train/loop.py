@@ -410,6 +410,8 @@ def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tupl
     import torchvision
 
     model = torchvision.models.get_model(config.model.name, num_classes=num_classes)
+    if getattr(model, "aux_logits", False):  # GoogLeNet, Inception v3: train on the main head; the auxiliary ones would get no loss
+        model = torchvision.models.get_model(config.model.name, num_classes=num_classes, aux_logits=False)
     faults.install(model, ctx.rank)
     if config.train.sync_bn and ctx.distributed:
         if ctx.device.type != "cuda":
@@ -418,6 +420,7 @@ def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tupl
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
     model = model.to(ctx.device, memory_format=memory_format)
+    check_image_size(model, config, ctx.device)
     if not ctx.distributed:
         return model, model
     ddp = torch.nn.parallel.DistributedDataParallel(
@@ -426,6 +429,30 @@ def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tupl
         find_unused_parameters=config.train.find_unused_parameters,
     )
     return model, ddp
+
+
+def check_image_size(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> None:
+    """A ConfigError unless ``model`` takes data.image_size images: one forward pass of one blank image, in eval mode.
+
+    Some models only take one size (ViT: 224 px) and fail deep inside their forward otherwise.
+    """
+    import torchvision
+
+    size = config.data.image_size
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, 3, size, size, device=device))
+    except (AssertionError, RuntimeError, ValueError) as e:
+        weights = torchvision.models.get_model_weights(config.model.name)
+        trained = next(iter(weights)).meta.get("min_size") if len(weights) else None
+        hint = f"; its weights were made at {trained[0]} px or more" if trained and trained[0] > size else ""
+        raise ConfigError(
+            f"model {config.model.name} cannot take data.image_size {size} images ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+            f"{hint}; set data.image_size to a size the model takes"
+        ) from None
+    finally:
+        model.train()
 
 
 def check_model_name(name: str) -> None:

@@ -85,3 +85,14 @@ def test_an_output_dir_that_cannot_be_a_folder_fails_before_training(packed: Pat
 def test_fewer_model_classes_than_the_pack_has_is_one_line(packed: Path, tmp_path: Path) -> None:
     done = imgpipe_train(write_config(tmp_path, packed, max_steps=1), "--set", "model.num_classes=2")
     one_line_error(done, "model.num_classes 2 is less than the 4 classes of", "labels 0-3", "set it to at least 4")
+
+
+@pytest.mark.timeout(240)
+def test_models_with_their_own_needs_train_or_say_why_not(packed: Path, tmp_path: Path) -> None:
+    """ViT takes only 224 px images; GoogLeNet returns auxiliary outputs in train mode."""
+    config = write_config(tmp_path, packed, max_steps=1)
+    done = imgpipe_train(config, *SYNTHETIC, "--set", "model.name=vit_b_16")
+    one_line_error(done, "model vit_b_16 cannot take data.image_size 32 images", "224 px", "set data.image_size")
+    done = imgpipe_train(config, *SYNTHETIC, "--set", "model.name=googlenet", "--set", "data.image_size=64")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "done: 0 epoch(s), 1 steps" in done.stdout
