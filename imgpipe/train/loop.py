@@ -455,8 +455,8 @@ def check_image_size(model: torch.nn.Module, config: TrainConfig, device: torch.
         model.train()
 
 
-def check_model_name(name: str) -> None:
-    """A ConfigError (with the closest names) unless ``name`` is a torchvision classification model."""
+def check_model_name(name: str, option: str = "model.name") -> None:
+    """A ConfigError naming ``option`` (with the closest names) unless ``name`` is a torchvision classification model."""
     import difflib
 
     import torchvision
@@ -464,7 +464,7 @@ def check_model_name(name: str) -> None:
     known = torchvision.models.list_models(module=torchvision.models)
     if name not in known:
         close = difflib.get_close_matches(name, known, n=3)
-        raise ConfigError(f"model.name {name!r} is not a torchvision classification model" + (f"; did you mean {', '.join(close)}?" if close else ""))
+        raise ConfigError(f"{option} {name!r} is not a torchvision classification model" + (f"; did you mean {', '.join(close)}?" if close else ""))
 
 
 def build_optimizer(model: torch.nn.Module, config: TrainConfig, global_batch: int) -> torch.optim.Optimizer:

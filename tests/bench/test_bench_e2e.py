@@ -98,6 +98,16 @@ def test_bad_options_are_one_line_config_errors(small_pack: Path) -> None:
         BenchConfig(data=str(small_pack), workers=(-1,)).check()
     with pytest.raises(ConfigError, match="one rank per GPU"):
         BenchConfig(data=str(small_pack), gpus=2, nproc=3).check()
+    # each message names the option that is wrong, and only that one
+    for options, message in (
+        ({"warmup": -1}, "--warmup must be >= 0 (got -1)"), ({"steps": 0}, "--steps must be >= 1 (got 0)"),
+        ({"batch_size": 0}, "--batch-size must be >= 1 (got 0)"), ({"image_size": 4}, "--image-size must be >= 8 (got 4)"),
+        ({"nproc": 0}, "--nproc must be >= 1 (got 0)"), ({"gpus": -1}, "--gpus must be >= 0 (got -1)"),
+        ({"model": "resnet5"}, "--model 'resnet5' is not a torchvision classification model; did you mean resnet50"),
+    ):
+        with pytest.raises(ConfigError) as error:
+            BenchConfig(data=str(small_pack), **options).check()
+        assert str(error.value).startswith(message), str(error.value)
     with pytest.raises(ConfigError, match="48 records, not one batch of 32 for each of 2 rank"):
         bench(BenchConfig(data=str(small_pack), nproc=2, batch_size=32))
     with pytest.raises(DatasetError, match="is not a number"):
