@@ -87,7 +87,7 @@ def test_model_compute_is_measured(small_pack: Path) -> None:
     stages = result.runs[0].ranks[0].stage_ms()
     assert stages["compute"] > 0.5 and stages["sync"] < stages["compute"]
     assert verdict.bound in ("compute", "decode", "io")
-    with pytest.raises(ConfigError, match="not a torchvision model"):
+    with pytest.raises(ConfigError, match="not a torchvision classification model"):
         bench(BenchConfig(data=str(small_pack), workers=(0,), steps=1, warmup=0, batch_size=2, image_size=32, model="resnet_nope"))
 
 
