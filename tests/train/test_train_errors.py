@@ -5,20 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from train_cli import imgpipe_train, write_config
-
-SYNTHETIC = ("--set", "data.backend=synthetic", "--set", "train.validate=false")
-
-
-def one_line_error(done, *words: str) -> str:
-    """The error line of a failed run: one ``imgpipe: error: ...`` line, last on stderr, holding every word; no traceback."""
-    assert done.returncode != 0, done.stdout[-2000:]
-    assert "Traceback" not in done.stderr, done.stderr[-3000:]
-    errors = [line for line in done.stderr.splitlines() if line.startswith("imgpipe: error:")]
-    assert len(errors) == 1 and done.stderr.strip().splitlines()[-1] == errors[0], done.stderr[-3000:]
-    for word in words:
-        assert word in errors[0], errors[0]
-    return errors[0]
+from train_cli import SYNTHETIC, imgpipe_train, one_line_error, write_config
 
 
 @pytest.mark.timeout(240)

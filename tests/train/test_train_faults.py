@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from proctree import descendants, quiet_env, wait_gone
-from test_train_errors import SYNTHETIC, one_line_error
-from train_cli import VAL_RECORDS, imgpipe_train, write_config
+from train_cli import SYNTHETIC, VAL_RECORDS, imgpipe_train, one_line_error, write_config
 
 from imgpipe.train.faults import FAULT_ENV
 

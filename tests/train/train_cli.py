@@ -1,4 +1,4 @@
-"""Helpers for tests that run the real ``imgpipe train`` CLI: a tiny config and the subprocess call."""
+"""Helpers for tests that run the real ``imgpipe train`` CLI: a tiny config, the subprocess call, its one-line error."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import yaml
 from proctree import quiet_env
 
 VAL_RECORDS = 40  # 4 classes x 10 (the ``packed`` fixture of conftest.py)
+SYNTHETIC = ("--set", "data.backend=synthetic", "--set", "train.validate=false")
 
 
 def write_config(folder: Path, packed: Path, workers: int = 0, base_lr: float = 0.1, tensorboard: bool = False, **train: object) -> Path:
@@ -40,3 +41,14 @@ def imgpipe_train(config: Path, *args: str, timeout: float = 240, env: dict[str,
 def epochs_of(run: Path) -> list[dict]:
     lines = (run / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["kind"] == "epoch"]
+
+
+def one_line_error(done: subprocess.CompletedProcess, *words: str) -> str:
+    """The error line of a failed run: one ``imgpipe: error: ...`` line, last on stderr, holding every word; no traceback."""
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("imgpipe: error:")]
+    assert len(errors) == 1 and done.stderr.strip().splitlines()[-1] == errors[0], done.stderr[-3000:]
+    for word in words:
+        assert word in errors[0], errors[0]
+    return errors[0]
