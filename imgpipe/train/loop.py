@@ -23,12 +23,12 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from imgpipe.errors import ConfigError, TrainError
+from imgpipe.errors import ConfigError, DistributedError, ImgpipeError, TrainError
 from imgpipe.train import checkpoint as ckpt
 from imgpipe.train import faults
 from imgpipe.train.config import TrainConfig, save_config
 from imgpipe.train.data import TrainData, build_data
-from imgpipe.train.launch import RankContext, install_stop_handlers, stop_requested
+from imgpipe.train.launch import RankContext, install_stop_handlers, is_peer_failure, stop_requested
 from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gather_summaries, global_images_per_s, imbalance
 
 logger = logging.getLogger(__name__)
@@ -91,8 +91,12 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
             run.close()
 
 
-def explain_failure(error: BaseException, ctx: RankContext, config: TrainConfig) -> TrainError | None:
-    """imgpipe's own one-line message for CUDA OOM, CUDA's illegal memory access and DDP's unused parameters."""
+def explain_failure(error: BaseException, ctx: RankContext, config: TrainConfig) -> ImgpipeError | None:
+    """imgpipe's own one-line message for CUDA OOM, CUDA's illegal memory access, DDP's unused parameters, and a peer that died or hung.
+
+    The last is what the healthy ranks see under torchrun or SLURM, where no imgpipe launcher
+    watches the ranks (with --gpus/--nproc, the launcher names the failed or hung rank itself).
+    """
     if isinstance(error, torch.cuda.OutOfMemoryError):
         return TrainError(_oom_message(ctx, config))
     text = str(error)
@@ -107,6 +111,11 @@ def explain_failure(error: BaseException, ctx: RankContext, config: TrainConfig)
         return TrainError(
             f"DDP found parameters of model {config.model.name!r} that got no gradient in a step: set "
             "train.find_unused_parameters: true (slower), or make every output of the model take part in the loss"
+        )
+    if ctx.distributed and is_peer_failure(text):
+        return DistributedError(
+            f"rank {ctx.rank}: {type(error).__name__}: {text.splitlines()[0]}; another rank died, or hung for the process-group "
+            f"timeout ({ctx.timeout_s:g} s, train.timeout_s): the other ranks' output names the cause"
         )
     return None
 

@@ -134,23 +134,29 @@ def test_the_same_run_under_torchrun(packed: Path, tmp_path: Path) -> None:
     assert [r["rank"] for r in epochs_of(tmp_path / "run")[0]["ranks"]] == [0, 1]
 
 
+def start_slurm_tasks(config: Path, tasks: int, **extra: str) -> list[subprocess.Popen]:
+    """``tasks`` imgpipe train processes with the variables `srun --ntasks N` sets on one node, and the MASTER_* a job script exports."""
+    from imgpipe.train.launch import free_port
+
+    slurm = {
+        "SLURM_NTASKS": str(tasks), "SLURM_NPROCS": str(tasks), "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
+        "SLURM_NTASKS_PER_NODE": str(tasks), "SLURM_STEP_NUM_TASKS": str(tasks), "SLURM_STEP_NODELIST": "localhost",
+        "SLURM_NODELIST": "localhost", "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+        **extra,
+    }
+    cmd = [sys.executable, "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0"]
+    return [
+        subprocess.Popen(cmd, env=quiet_env(**slurm, SLURM_PROCID=str(t), SLURM_LOCALID=str(t)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for t in range(tasks)
+    ]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_same_run_under_slurm(packed: Path, tmp_path: Path) -> None:
     """2 tasks started as `srun --ntasks 2` on one node starts them: SLURM's variables, plus the MASTER_* a job script exports."""
-    from imgpipe.train.launch import free_port
-
     config = write_config(tmp_path, packed, epochs=1)
-    slurm = {
-        "SLURM_NTASKS": "2", "SLURM_NPROCS": "2", "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
-        "SLURM_NTASKS_PER_NODE": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "localhost", "SLURM_NODELIST": "localhost",
-        "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-    }
-    cmd = [sys.executable, "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0"]
-    tasks = [
-        subprocess.Popen(cmd, env=quiet_env(**slurm, SLURM_PROCID=str(t), SLURM_LOCALID=str(t)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for t in range(2)
-    ]
+    tasks = start_slurm_tasks(config, 2)
     outputs = [task.communicate(timeout=240) for task in tasks]
     for task, (_, stderr) in zip(tasks, outputs):
         assert task.returncode == 0, stderr[-3000:]
@@ -246,3 +252,21 @@ def test_ctrl_c_to_the_process_group_stops_every_rank_and_worker(packed: Path, t
     assert "stopped by SIGINT at step" in stderr.strip().splitlines()[-1], stderr[-3000:]
     assert torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=True)["step"] >= 2
     assert wait_gone(sorted(seen), 20) == []  # no orphans
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_under_slurm_the_rank_waiting_for_a_hung_one_says_so_in_one_line(packed: Path, tmp_path: Path) -> None:
+    """No imgpipe launcher watches SLURM tasks: the healthy rank's gloo timeout becomes one line pointing at the others."""
+    from imgpipe.train.faults import FAULT_ENV
+
+    tasks = start_slurm_tasks(write_config(tmp_path, packed, epochs=1, timeout_s=8), 2, **{FAULT_ENV.format(rank=1): "hang"})
+    try:
+        _, stderr = tasks[0].communicate(timeout=200)
+    finally:
+        tasks[1].kill()  # the hung rank never ends by itself
+        tasks[1].communicate()
+    assert tasks[0].returncode == 1
+    assert "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("imgpipe: error: rank 0: ") and "another rank died, or hung for the process-group timeout (8 s" in last, last
