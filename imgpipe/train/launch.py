@@ -408,10 +408,13 @@ def _timed_out(failed: list[int], errors: dict[int, str]) -> bool:
 
 def _hang_message(hung: list[int], waited: list[int], timeout_s: float) -> str:
     """The hung ranks are those still running, silent, when every other rank timed out waiting for them."""
-    ranks, others = ", ".join(map(str, hung)), ", ".join(map(str, waited))
+    def ranks(group: list[int]) -> str:
+        return f"rank{'s' if len(group) > 1 else ''} {', '.join(map(str, group))}"
+
+    they, were = ("they", "were") if len(hung) > 1 else ("it", "was")
     return (
-        f"rank {ranks} hung: it did not reach the collective that rank {others} waited in for {timeout_s:g} s "
-        f"(the process-group timeout); stopped every rank. Look at what rank {ranks} was doing: a stuck data loader, "
+        f"{ranks(hung)} hung: {they} did not reach the collective that {ranks(waited)} waited in for {timeout_s:g} s "
+        f"(the process-group timeout); stopped every rank. Look at what {they} {were} doing: a stuck data loader, "
         "a slow or dead filesystem, or code that only some ranks run"
     )
 

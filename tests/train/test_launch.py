@@ -129,6 +129,15 @@ def test_a_hanging_rank_is_named_and_everyone_exits_after_the_timeout() -> None:
     assert wait_gone(sorted(seen), 10) == []
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_of_three_ranks_the_hung_one_is_named_not_the_two_that_timed_out() -> None:
+    code, stderr, seen = run_watched("hang", "--nproc", "3", "--timeout", "4")
+    assert code == 1
+    assert "imgpipe: error: rank 1 hung: it did not reach the collective that ranks 0, 2 waited in for 4 s" in stderr, stderr
+    assert wait_gone(sorted(seen), 10) == []
+
+
 @pytest.mark.timeout(180)
 def test_ranks_die_with_a_killed_launcher() -> None:
     """kill -9 of the launcher leaves no rank behind (PR_SET_PDEATHSIG), so no GPU stays held by an orphan."""
