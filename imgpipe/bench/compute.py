@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from imgpipe.errors import ConfigError
 
 
 class Compute:
@@ -26,12 +25,7 @@ class Compute:
         if model:
             import torchvision
 
-            try:
-                self.model = torchvision.models.get_model(model, num_classes=classes).to(ctx.device)
-            except ValueError:
-                raise ConfigError(
-                    f"--model {model!r} is not a torchvision model (e.g. resnet18, resnet50, mobilenet_v3_small)"
-                ) from None
+            self.model = torchvision.models.get_model(model, num_classes=classes).to(ctx.device)  # the name passed BenchConfig.check
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
             self.loss = torch.nn.CrossEntropyLoss()
 

@@ -24,6 +24,35 @@ SCHEMA_VERSION = 1
 PLOT_HINT = "pip install 'imgpipe[plot]'"
 
 
+# ----------------------------------------------------------------------------- output paths
+
+
+def check_output_path(option: str, path: str | os.PathLike) -> None:
+    """A ConfigError now, before minutes of measuring, unless ``path`` can be written as a file.
+
+    The folder must exist and be writable, and ``path`` must not be a folder itself; the file
+    is only written at the end of the run.
+    """
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        raise ConfigError(f"{option} {path}: is a folder; give a file name inside it")
+    if not folder.exists():
+        raise ConfigError(f"{option} {path}: folder {folder} does not exist; create it (mkdir -p {folder}) or write elsewhere")
+    if not folder.is_dir():
+        raise ConfigError(f"{option} {path}: {folder} is a file, not a folder; choose a path in a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {path}: folder {folder} is not writable; choose a path in a folder you can write to")
+
+
+def require_matplotlib() -> None:
+    """A ConfigError naming the extra to install unless matplotlib imports."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"--plot needs matplotlib: {PLOT_HINT}") from None
+
+
 # ----------------------------------------------------------------------------- JSON
 
 
@@ -154,13 +183,11 @@ def _num(value: float | None, width: int, digits: int = 1) -> str:
 
 def write_plot(path: str | os.PathLike, result: BenchResult, verdict: Verdict) -> Path:
     """PNG: per-rank timelines (data-wait / compute / sync) of the judged run, and images/s per run."""
-    try:
-        import matplotlib
+    require_matplotlib()
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError(f"--plot needs matplotlib: {PLOT_HINT}") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     judged = next(r for r in result.runs if r.backend == verdict.backend and r.workers == verdict.workers)
     fig, (timeline, bars) = plt.subplots(2, 1, figsize=(10, 3 + 0.5 * len(judged.ranks) + 3), gridspec_kw={"height_ratios": [max(2, len(judged.ranks)), 3]})
     colors = {"data-wait": "tab:red", "compute": "tab:blue", "sync (other ranks)": "tab:gray"}

@@ -61,20 +61,25 @@ class BenchConfig:
 
     def check(self) -> None:
         """Raise ConfigError naming the first invalid option."""
-        if self.gpus < 0 or self.nproc < 1:
-            raise ConfigError(f"--gpus must be >= 0 and --nproc >= 1 (got --gpus {self.gpus} --nproc {self.nproc})")
+        if self.gpus < 0:
+            raise ConfigError(f"--gpus must be >= 0 (got {self.gpus})")
+        if self.nproc < 1:
+            raise ConfigError(f"--nproc must be >= 1 (got {self.nproc})")
         if self.gpus and self.nproc not in (1, self.gpus):
             raise ConfigError(f"--nproc {self.nproc} differs from --gpus {self.gpus}: one rank per GPU; give only --gpus")
         if not self.backends or any(b not in BACKENDS for b in self.backends):
             raise ConfigError(f"--backend must be torch, dali or all (got {','.join(self.backends)})")
         if not self.workers or any(w < 0 for w in self.workers):
             raise ConfigError(f"--workers must be counts >= 0, e.g. 1,2,4 (got {','.join(map(str, self.workers))})")
-        if self.steps < 1 or self.warmup < 0:
-            raise ConfigError(f"--steps must be >= 1 (got {self.steps})")
-        if self.batch_size < 1 or self.image_size < 8:
-            raise ConfigError(f"--batch-size must be >= 1 and --image-size >= 8 (got {self.batch_size}, {self.image_size})")
+        for option, value, least in (("--steps", self.steps, 1), ("--warmup", self.warmup, 0), ("--batch-size", self.batch_size, 1), ("--image-size", self.image_size, 8)):
+            if value < least:
+                raise ConfigError(f"{option} must be >= {least} (got {value})")
         if self.model and self.compute_ms:
             raise ConfigError("give --model NAME or --compute-ms T, not both")
+        if self.model:
+            from imgpipe.train.loop import check_model_name
+
+            check_model_name(self.model, "--model")
         if self.compute_ms < 0:
             raise ConfigError(f"--compute-ms must be >= 0 (got {self.compute_ms})")
 

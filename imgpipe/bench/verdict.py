@@ -3,13 +3,17 @@
 The run judged is the fastest one (the best backend and worker count). Rules, in order;
 every threshold is a named constant below:
 
-1. **Straggler** (2+ ranks): the rank that waits most for data waits at least
-   ``STRAGGLER_WAIT_GAP`` (absolute fraction of its step time) more than every other rank,
-   and the others wait less than ``DATA_BOUND_WAIT`` (if they all starve, rule 2 applies).
-   Cause: *I/O* when its read time per batch is >= ``SLOW_STAGE_RATIO`` times the others'
-   median; *decode* when its decode time is; else *I/O* when iowait >= ``IOWAIT_HIGH_PCT``;
-   otherwise unknown. An I/O cause on a rotational or network disk gets the SSD advice.
-2. **Input bound**: the ranks' mean data-wait fraction is >= ``DATA_BOUND_WAIT``.
+1. **Straggler** (2+ ranks): a rank whose own loader is slower, not one that merely waited
+   longer. It waits most for data, at least ``STRAGGLER_WAIT_GAP`` (absolute fraction of its step
+   time) more than every other rank, the others wait less than ``DATA_BOUND_WAIT`` (if they all
+   starve, rule 2 applies), and its own read or decode time per batch is >= ``SLOW_STAGE_RATIO``
+   times the others' median: that stage is the cause (*I/O* or *decode*). Without that evidence
+   (equal stages, or stages unknown as with DALI) uneven waits only say which rank arrived last
+   at the all-reduce: on a shared saturated disk either one can, so rule 2 judges the run and a
+   note says why no rank was named. An I/O cause on a rotational or network disk gets the SSD
+   advice.
+2. **Input bound**: the job's data-wait fraction is >= ``DATA_BOUND_WAIT``: per step, the longest
+   data wait of any rank (the others wait for that rank in the all-reduce), over the step time.
 
    * *I/O bound* when system iowait >= ``IOWAIT_HIGH_PCT`` (as top's ``wa``), or when reading
      takes >= ``READ_SHARE_IO`` of the loader's per-batch worker time. Next action: a local
@@ -80,6 +84,13 @@ def decide(result: BenchResult) -> Verdict:
     """Apply the rules of the module docstring to the fastest run of ``result``."""
     run = result.best_run
     verdict = _straggler(result, run) or _input_bound(result, run) or _compute_bound(result, run)
+    uneven = _uneven_waits(run)
+    if uneven is not None and verdict.bound != "straggler":
+        rank, wait, others = run.ranks[uneven[0]].rank, uneven[1], uneven[2]
+        verdict.notes.append(
+            f"rank {rank} waited for data {_pct(wait)} of the time against {_pct(others)} on the others, but its own "
+            "read and decode are no slower (or unknown): it arrived last at the all-reduce, not a straggler"
+        )
     verdict.notes.extend(_notes(result, run))
     return verdict
 
@@ -88,47 +99,70 @@ def _waits(run: RunResult) -> list[float]:
     return [r.summary().data_wait_frac for r in run.ranks]
 
 
+def job_wait(run: RunResult) -> float:
+    """Fraction of the job's time spent waiting for data: per step, the longest wait of any rank.
+
+    Ranks step together (the all-reduce), so a step lasts as long as its most-starved rank's
+    wait plus the work; who waited in ``next(loader)`` and who in the all-reduce varies from step
+    to step when the ranks share one bottleneck, so no single rank's mean measures the job.
+    """
+    steps = list(zip(*(r.steps for r in run.ranks)))
+    total = sum(max(s.total for s in step) for step in steps)
+    return sum(max(s.wait for s in step) for step in steps) / total if total > 0 else 0.0
+
+
 def _iowait(run: RunResult) -> float | None:
     return run.system.iowait_pct if run.system else None
 
 
-def _straggler(result: BenchResult, run: RunResult) -> Verdict | None:
-    if len(run.ranks) < 2:
-        return None
-    waits = _waits(run)
-    slow = max(range(len(waits)), key=waits.__getitem__)
-    others = [w for r, w in enumerate(waits) if r != slow]
-    if waits[slow] - max(others) < STRAGGLER_WAIT_GAP or max(others) >= DATA_BOUND_WAIT:
-        return None  # no outlier, or every rank starves: the input-bound rules say why
-    stages = [r.stage_ms() for r in run.ranks]
-    rank = run.ranks[slow].rank
-    cause, detail, action = "unknown", "", f"look at what else runs on rank {rank}'s CPUs and disk"
-    for stage, name in (("read", "I/O"), ("decode", "decode")):
-        mine = stages[slow][stage]
-        rest = [s[stage] for i, s in enumerate(stages) if i != slow]
+def _slow_stage(stages: list[dict[str, float | None]], rank: int) -> tuple[str, float, float] | None:
+    """(stage, its ms, the others' median ms) of ``rank``'s first loader stage that is ``SLOW_STAGE_RATIO`` x slower."""
+    for stage in ("read", "decode"):
+        mine = stages[rank][stage]
+        rest = [s[stage] for i, s in enumerate(stages) if i != rank]
         if mine is None or any(v is None for v in rest):
             continue
         typical = max(statistics.median(rest), MIN_STAGE_MS)
         if mine >= SLOW_STAGE_RATIO * typical:
-            verb = "reading its records" if stage == "read" else "decoding its images"
-            cause, detail = name, f"; {name} cause: {verb} takes {mine:.1f} ms per batch against {typical:.1f} ms on the others"
-            break
-    high_iowait = (_iowait(run) or 0.0) >= IOWAIT_HIGH_PCT
-    if cause == "unknown" and high_iowait:
-        cause, detail = "I/O", "; I/O cause"
-    if cause == "I/O" and high_iowait:
-        detail += f" ({_iowait(run):.0f} % iowait on {describe_disk(result.disk)})"
-    if cause == "I/O":
-        if result.disk.rotational or result.disk.network:
-            action = f"pack to an SSD with `imgpipe pack SRC /ssd/imagenet` (or copy {result.config.data} there) and bench again"
-        else:
-            action = f"check the disk that serves rank {rank} (a slow or failing disk, a network mount) and put its data on a local SSD"
-    elif cause == "decode":
+            return stage, mine, typical
+    return None
+
+
+def _uneven_waits(run: RunResult) -> tuple[int, float, float] | None:
+    """(rank, its wait, the others' highest) when one rank waits for data clearly more than the rest."""
+    if len(run.ranks) < 2:
+        return None
+    waits = _waits(run)
+    slow = max(range(len(waits)), key=waits.__getitem__)
+    others = max(w for r, w in enumerate(waits) if r != slow)
+    if waits[slow] - others < STRAGGLER_WAIT_GAP or others >= DATA_BOUND_WAIT:
+        return None  # no outlier, or every rank starves: the input-bound rules say why
+    return slow, waits[slow], others
+
+
+def _straggler(result: BenchResult, run: RunResult) -> Verdict | None:
+    uneven = _uneven_waits(run)
+    if uneven is None:
+        return None
+    slow, wait, others = uneven
+    found = _slow_stage([r.stage_ms() for r in run.ranks], slow)
+    if found is None:
+        return None  # it waited longer, but its own loader is no slower: see _notes
+    stage, mine, typical = found
+    rank = run.ranks[slow].rank
+    cause = "I/O" if stage == "read" else "decode"
+    verb = "reading its records" if stage == "read" else "decoding its images"
+    detail = f"; {cause} cause: {verb} takes {mine:.1f} ms per batch against {typical:.1f} ms on the others"
+    iowait = _iowait(run)
+    if cause == "I/O" and iowait is not None and iowait >= IOWAIT_HIGH_PCT:
+        detail += f" ({iowait:.0f} % iowait on {describe_disk(result.disk)})"
+    if cause == "decode":
         action = f"give rank {rank} more CPU (other processes on its cores?) or more workers"
-    message = (
-        f"rank {rank} is a straggler: it waits for data {_pct(waits[slow])} of the time, "
-        f"against {_pct(max(others))} on the others{detail}; {action}"
-    )
+    elif result.disk.rotational or result.disk.network:
+        action = f"pack to an SSD with `imgpipe pack SRC /ssd/imagenet` (or copy {result.config.data} there) and bench again"
+    else:
+        action = f"check the disk that serves rank {rank} (a slow or failing disk, a network mount) and put its data on a local SSD"
+    message = f"rank {rank} is a straggler: it waits for data {_pct(wait)} of the time, against {_pct(others)} on the others{detail}; {action}"
     return Verdict("straggler", message, run.backend, run.workers, straggler=rank, cause=cause)
 
 
@@ -148,7 +182,7 @@ def _loader_ms(run: RunResult) -> tuple[float, float, float] | None:
 
 
 def _input_bound(result: BenchResult, run: RunResult) -> Verdict | None:
-    wait = statistics.mean(_waits(run))
+    wait = job_wait(run)
     if wait < DATA_BOUND_WAIT:
         return None
     iowait = _iowait(run)
@@ -191,7 +225,7 @@ def _workers_needed(run: RunResult, loader: tuple[float, float, float] | None) -
 
 
 def _compute_bound(result: BenchResult, run: RunResult) -> Verdict:
-    wait = statistics.mean(_waits(run))
+    wait = job_wait(run)
     loader = _loader_ms(run)
     if loader is not None and loader[0] + loader[1] > 0:
         headroom = max(run.workers, 1) * loader[2] / (loader[0] + loader[1]) - 1

@@ -45,8 +45,14 @@ def bench_command(
     read, as a slow disk would (see what one slow rank does to the job).
     """
     from imgpipe.bench import BenchConfig, bench
-    from imgpipe.bench.report import format_report, to_dict, write_json, write_plot
+    from imgpipe.bench.report import check_output_path, format_report, require_matplotlib, to_dict, write_json, write_plot
     from imgpipe.bench.runner import resolve_backends
+
+    for option, path in (("--json", json_path), ("--plot", plot_path)):
+        if path:
+            check_output_path(option, path)
+    if plot_path:
+        require_matplotlib()
 
     if gpus is None:
         import torch

@@ -37,5 +37,5 @@ def train_command(config_path: str | None, overrides: tuple[str, ...], gpus: int
     if result.images_per_s:
         summary += f", {result.images_per_s:.1f} images/s"
     if result.val_top1 is not None:
-        summary += f", val top-1 {result.val_top1:.4f} top-5 {result.val_top5:.4f} over {result.val_samples} samples"
+        summary += f", val top-1 {result.val_top1:.4f} top-{result.topk} {result.val_topk:.4f} over {result.val_samples} samples"
     click.echo(f"{summary}; outputs in {result.output_dir}")

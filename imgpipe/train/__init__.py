@@ -16,8 +16,10 @@ __all__ = ["TrainConfig", "TrainResult", "default_yaml", "demo_config_path", "lo
 
 def run(config: TrainConfig, *, gpus: int | None = None, nproc: int | None = None, backend: str | None = None) -> Any:
     """Train with ``config`` on the ranks that gpus/nproc or the launcher's environment give; returns a TrainResult."""
+    from imgpipe.train.config import make_output_dir
     from imgpipe.train.launch import launch
 
+    make_output_dir(config)
     return launch(_train_rank, config, gpus=gpus, nproc=nproc, backend=backend, timeout_s=config.train.timeout_s)
 
 

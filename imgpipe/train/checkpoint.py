@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +42,38 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Read a checkpoint with ``weights_only=True``; a ConfigError says what is wrong with it."""
     path = Path(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a foreign pickle's protocol warning would precede the one-line error
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no checkpoint to resume from; start without --resume") from None
-    except Exception as e:  # unpickling errors come in many types
-        raise ConfigError(f"{path}: not a readable imgpipe checkpoint ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    except Exception as e:  # unpickling errors come in many types; torch's text may advise weights_only=False: never pass that on
+        raise ConfigError(
+            f"{path}: not a readable imgpipe checkpoint ({type(e).__name__}: damaged, truncated, or not written by imgpipe train); "
+            "restore it from a copy, or move it away and train without --resume"
+        ) from None
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise ConfigError(f"{path}: not an imgpipe checkpoint of format {FORMAT_VERSION}")
     return state
+
+
+def load_model_state(model: torch.nn.Module, saved: dict[str, Any], path: str | os.PathLike, name: str, num_classes: int) -> None:
+    """Load the checkpoint's weights into ``model``, or one ConfigError naming both models and class counts.
+
+    torch's own refusal lists every mismatched key: hundreds for another architecture.
+    """
+    saved_name = saved.get("config", {}).get("model", {}).get("name", "?")
+    saved_classes = saved.get("num_classes")  # absent from checkpoints written before it was stored
+    advice = "resume with the checkpoint's model.name and class count, or train into another output.dir"
+    if saved_name != name or saved_classes not in (None, num_classes):
+        raise ConfigError(
+            f"{path}: the checkpoint is model {saved_name} with {saved_classes if saved_classes else 'unknown'} classes, "
+            f"the config asks for {name} with {num_classes}; {advice}"
+        )
+    try:
+        model.load_state_dict(saved["model"])
+    except RuntimeError:
+        raise ConfigError(f"{path}: the checkpoint's weights do not fit model {name} with {num_classes} classes; {advice}") from None
 
 
 def rng_state() -> dict[str, Any]:

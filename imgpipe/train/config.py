@@ -132,13 +132,12 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections (data, model, optim, train, output)")
         raw = loaded or {}
-    for item in overrides:
-        apply_override(raw, item)
-    return from_dict(raw, where)
+    origins = {apply_override(raw, item): f"--set {item}" for item in overrides}
+    return from_dict(raw, where, origins)
 
 
-def apply_override(raw: dict[str, Any], item: str) -> None:
-    """Apply one ``section.key=value`` (value parsed with yaml.safe_load) to a raw config dict."""
+def apply_override(raw: dict[str, Any], item: str) -> str:
+    """Apply one ``section.key=value`` (value parsed with yaml.safe_load) to a raw config dict; return ``section.key``."""
     key, sep, value = item.partition("=")
     section, dot, name = key.strip().partition(".")
     if not sep or not dot or not section or not name:
@@ -151,36 +150,55 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     if not isinstance(target, dict):
         raise ConfigError(f"--set {item!r}: section {section!r} is not a mapping")
     target[name] = parsed
+    return f"{section}.{name}"
 
 
-def from_dict(raw: Mapping[str, Any], where: str = "<config>") -> TrainConfig:
-    """Build a TrainConfig from plain data, naming any unknown or mistyped key."""
+def from_dict(raw: Mapping[str, Any], where: str = "<config>", origins: Mapping[str, str] | None = None) -> TrainConfig:
+    """Build a TrainConfig from plain data, naming any unknown or mistyped key.
+
+    ``origins`` maps ``section.key`` to the ``--set`` item that gave it: an error about that key
+    names the item rather than the file ``where``.
+    """
+    blame = _Blame(where, origins or {})
     config = TrainConfig()
     sections = {f.name: f for f in fields(TrainConfig)}
     for section, values in raw.items():
         if section not in sections:
-            raise ConfigError(f"{where}: unknown section {section!r}{_suggest(str(section), sections)}")
+            raise ConfigError(f"{blame(str(section))}: unknown section {section!r}{_suggest(str(section), sections)}")
         if values is None:
             continue
         if not isinstance(values, dict):
-            raise ConfigError(f"{where}: section {section!r} must be a mapping of keys")
+            raise ConfigError(f"{blame(str(section))}: section {section!r} must be a mapping of keys")
         target = getattr(config, section)
         hints = typing.get_type_hints(type(target))
         for key, value in values.items():
             if key not in hints:
-                raise ConfigError(f"{where}: unknown key '{section}.{key}'{_suggest(str(key), list(hints), prefix=f'{section}.')}")
-            setattr(target, key, _coerce(value, hints[key], f"{section}.{key}", where))
-    validate(config, where)
+                raise ConfigError(f"{blame(f'{section}.{key}')}: unknown key '{section}.{key}'{_suggest(str(key), list(hints), prefix=f'{section}.')}")
+            setattr(target, key, _coerce(value, hints[key], f"{section}.{key}", blame(f"{section}.{key}")))
+    validate(config, where, origins)
     return config
 
 
-def validate(config: TrainConfig, where: str = "<config>") -> None:
-    """Check choices and ranges; every message names the key."""
+class _Blame:
+    """Where a key's value came from: its ``--set`` item, else the config file."""
+
+    def __init__(self, where: str, origins: Mapping[str, str]) -> None:
+        self.where, self.origins = where, origins
+
+    def __call__(self, key: str) -> str:
+        if key in self.origins:
+            return self.origins[key]
+        return next((item for dotted, item in self.origins.items() if dotted.split(".")[0] == key), self.where)
+
+
+def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str, str] | None = None) -> None:
+    """Check choices and ranges; every message names the key, and the ``--set`` item that gave it (see from_dict)."""
+    blame = _Blame(where, origins or {})
     for dotted, allowed in CHOICES.items():
         section, key = dotted.split(".")
         value = getattr(getattr(config, section), key)
         if value not in allowed:
-            raise ConfigError(f"{where}: {dotted} must be one of {', '.join(allowed)}, got {value!r}")
+            raise ConfigError(f"{blame(dotted)}: {dotted} must be one of {', '.join(allowed)}, got {value!r}")
     positive = {
         "data.image_size": config.data.image_size,
         "train.epochs": config.train.epochs,
@@ -191,7 +209,7 @@ def validate(config: TrainConfig, where: str = "<config>") -> None:
     }
     for key, value in positive.items():
         if value <= 0:
-            raise ConfigError(f"{where}: {key} must be > 0, got {value}")
+            raise ConfigError(f"{blame(key)}: {key} must be > 0, got {value}")
     for key, value in {
         "data.workers": config.data.workers,
         "optim.base_lr": config.optim.base_lr,
@@ -203,13 +221,27 @@ def validate(config: TrainConfig, where: str = "<config>") -> None:
         "output.checkpoint_every_epochs": config.output.checkpoint_every_epochs,
     }.items():
         if value is not None and value < 0:
-            raise ConfigError(f"{where}: {key} must be >= 0, got {value}")
+            raise ConfigError(f"{blame(key)}: {key} must be >= 0, got {value}")
     if config.train.max_steps is not None and config.train.max_steps <= 0:
-        raise ConfigError(f"{where}: train.max_steps must be > 0 or null, got {config.train.max_steps}")
+        raise ConfigError(f"{blame('train.max_steps')}: train.max_steps must be > 0 or null, got {config.train.max_steps}")
     if not 0.0 <= config.optim.label_smoothing < 1.0:
-        raise ConfigError(f"{where}: optim.label_smoothing must be in [0, 1), got {config.optim.label_smoothing}")
+        raise ConfigError(f"{blame('optim.label_smoothing')}: optim.label_smoothing must be in [0, 1), got {config.optim.label_smoothing}")
     if config.model.num_classes is not None and config.model.num_classes < 2:
-        raise ConfigError(f"{where}: model.num_classes must be >= 2 or null (taken from the manifest)")
+        raise ConfigError(f"{blame('model.num_classes')}: model.num_classes must be >= 2 or null (taken from the manifest)")
+
+
+def make_output_dir(config: TrainConfig) -> Path:
+    """Create ``output.dir`` now, so that a path that cannot be a folder fails before any data is opened."""
+    folder = Path(config.output.dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"output.dir {folder}: is a file, not a folder; choose another output.dir") from None
+    except OSError as e:
+        raise ConfigError(f"output.dir {folder}: cannot create it ({e.strerror}); choose another output.dir") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"output.dir {folder}: not writable; choose another output.dir")
+    return folder
 
 
 def save_config(config: TrainConfig, folder: str | os.PathLike) -> Path:

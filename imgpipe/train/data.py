@@ -7,7 +7,6 @@ decoding and no data wait, to compare the real loaders against.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -18,8 +17,6 @@ from imgpipe.manifest import Manifest, load_manifest
 from imgpipe.sampler import batch_count
 from imgpipe.train.config import TrainConfig
 from imgpipe.train.launch import RankContext
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -41,10 +38,12 @@ def build_data(config: TrainConfig, ctx: RankContext) -> TrainData:
         raise DatasetError(
             f"{config.data.path}: no split {config.data.train_split!r} (has {', '.join(sorted(manifest.splits))}); set data.train_split"
         )
-    val_split = config.data.val_split if config.train.validate else ""
+    val_split = config.data.val_split if config.train.validate and config.data.backend != "synthetic" else ""
     if val_split and val_split not in manifest.splits:
-        logger.warning("%s has no split %r: skipping validation", config.data.path, val_split)
-        val_split = ""
+        raise DatasetError(
+            f"{config.data.path}: no split {val_split!r} to validate on (has {', '.join(sorted(manifest.splits))}); "
+            "set data.val_split to one of them, or train.validate: false"
+        )
     kwargs = dict(
         image_size=config.data.image_size,
         workers=config.data.workers,
@@ -59,7 +58,6 @@ def build_data(config: TrainConfig, ctx: RankContext) -> TrainData:
     if backend == "synthetic":
         train = SyntheticBatches(manifest, config, ctx)
         val = None
-        val_split = ""
     else:
         make = _loader_factory(backend)
         train = make(config.data.path, config.data.train_split, batch_size=config.train.batch_size, train=True, **kwargs)

@@ -6,7 +6,8 @@
 - ``gpus=N`` (N > 1), or ``gpus=0, nproc=N`` (N > 1): start N ranks itself (``spawn``), with
   MASTER_ADDR=127.0.0.1, a free port, RANK/WORLD_SIZE/LOCAL_RANK set, and watch them: when one
   exits non-zero the others are stopped (SIGTERM, then SIGKILL after a grace period) and a
-  DistributedError names the rank. Every rank dies with its parent (PR_SET_PDEATHSIG);
+  DistributedError names the rank; when the others timed out in a collective, it names the rank
+  that never reached it (still running, silent). Every rank dies with its parent (PR_SET_PDEATHSIG);
 - otherwise: one process and no process group (works inside an IDE debugger).
 
 Each rank binds its CUDA device before anything else touches CUDA, then joins the process group
@@ -46,9 +47,11 @@ DEFAULT_TIMEOUT_S = 1800.0
 DEFAULT_GRACE_S = 30.0
 FAILURE_GRACE_S = 10.0
 SETTLE_S = 1.0
+HANG_SETTLE_S = 5.0  # the healthy ranks of a hung job time out a moment apart: wait for them all to report
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")
 _PR_SET_PDEATHSIG = 1
-PEER_FAILURE_WORDS = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout", "socket", "nccl")
+TIMEOUT_WORDS = ("timed out", "timeout")
+PEER_FAILURE_WORDS = ("connection closed", "connection reset", "broken pipe", "socket", "nccl", *TIMEOUT_WORDS)
 
 _stop_signal: int | None = None
 
@@ -93,8 +96,10 @@ def install_stop_handlers() -> None:
 
     def _note(signum: int, _frame: object) -> None:
         global _stop_signal
-        if _stop_signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        if _stop_signal is not None:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now
+            return  # keep the first: a Ctrl-C reaches the ranks before the SIGTERM the launcher forwards
         _stop_signal = signum
         logger.debug("rank got %s; stopping at the next step", signal.Signals(signum).name)
 
@@ -260,7 +265,7 @@ def _spawn(fn: Callable[[RankContext, Any], T], arg: Any, ranks: int, *, use_cud
         for proc in procs:
             proc.start()
         try:
-            results = _watch(procs, conns, forward)
+            results = _watch(procs, conns, forward, timeout_s)
         finally:
             _stop(procs, grace_s)
     return results[0]
@@ -334,8 +339,8 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _watch(procs: list, conns: list, forward: "_ForwardStopSignals") -> list:
-    """Wait for every rank; on the first failure stop the others and raise naming the rank."""
+def _watch(procs: list, conns: list, forward: "_ForwardStopSignals", timeout_s: float) -> list:
+    """Wait for every rank; on the first failure stop the others and raise naming the rank (the hung one, after a timeout)."""
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}
     pending = set(range(len(procs)))
@@ -345,11 +350,15 @@ def _watch(procs: list, conns: list, forward: "_ForwardStopSignals") -> list:
         _collect(procs, conns, pending, results, errors)
         failed = _failed(procs, pending, errors)
         if failed:
-            settle = time.monotonic() + SETTLE_S  # let the rank that caused it report too
-            while pending and time.monotonic() < settle:
+            settle = time.monotonic() + (HANG_SETTLE_S if _timed_out(failed, errors) else SETTLE_S)  # let the rank that caused it report too
+            while pending - set(errors) and time.monotonic() < settle:
                 time.sleep(0.05)
                 _collect(procs, conns, pending, results, errors)
             failed = _failed(procs, pending, errors)
+            hung = sorted(r for r in pending if r not in errors) if _timed_out(failed, errors) else []
+            if hung:
+                _stop(procs, FAILURE_GRACE_S)
+                raise DistributedError(_hang_message(hung, failed, timeout_s))
             rank = _first_failure(failed, procs, errors)
             still = sorted(r for r in pending if r != rank)
             _stop(procs, FAILURE_GRACE_S)  # a peer is gone: nothing left worth saving
@@ -390,6 +399,24 @@ def _first_failure(failed: list[int], procs: list, errors: dict[int, str]) -> in
         return (2 if is_peer_failure(errors.get(rank, "")) else 1, rank)
 
     return min(failed, key=order)
+
+
+def _timed_out(failed: list[int], errors: dict[int, str]) -> bool:
+    """Did every failed rank time out waiting in a collective (rather than die or fail on its own)?"""
+    return bool(failed) and all(any(w in errors.get(r, "").lower() for w in TIMEOUT_WORDS) for r in failed)
+
+
+def _hang_message(hung: list[int], waited: list[int], timeout_s: float) -> str:
+    """The hung ranks are those still running, silent, when every other rank timed out waiting for them."""
+    def ranks(group: list[int]) -> str:
+        return f"rank{'s' if len(group) > 1 else ''} {', '.join(map(str, group))}"
+
+    they, were = ("they", "were") if len(hung) > 1 else ("it", "was")
+    return (
+        f"{ranks(hung)} hung: {they} did not reach the collective that {ranks(waited)} waited in for {timeout_s:g} s "
+        f"(the process-group timeout); stopped every rank. Look at what {they} {were} doing: a stuck data loader, "
+        "a slow or dead filesystem, or code that only some ranks run"
+    )
 
 
 def is_peer_failure(text: str) -> bool:

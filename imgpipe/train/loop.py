@@ -23,11 +23,12 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from imgpipe.errors import ConfigError, TrainError
+from imgpipe.errors import ConfigError, DistributedError, ImgpipeError, TrainError
 from imgpipe.train import checkpoint as ckpt
+from imgpipe.train import faults
 from imgpipe.train.config import TrainConfig, save_config
 from imgpipe.train.data import TrainData, build_data
-from imgpipe.train.launch import RankContext, install_stop_handlers, stop_requested
+from imgpipe.train.launch import RankContext, install_stop_handlers, is_peer_failure, stop_requested
 from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gather_summaries, global_images_per_s, imbalance
 
 logger = logging.getLogger(__name__)
@@ -45,7 +46,8 @@ class TrainResult:
     train_loss: list[float] = field(default_factory=list)  # per epoch
     train_top1: list[float] = field(default_factory=list)
     val_top1: float | None = None
-    val_top5: float | None = None
+    val_topk: float | None = None  # top-k accuracy, k = topk
+    topk: int = 5  # min(5, classes)
     val_samples: int = 0
     images_per_s: float = 0.0
     imbalance: float = 1.0
@@ -69,6 +71,11 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
     _seed_everything(config.train.seed, ctx.rank, config.train.deterministic, ctx.device)
     data = build_data(config, ctx)
     num_classes = config.model.num_classes or len(data.classes)
+    if num_classes < len(data.classes):  # a label >= classes: an IndexError on the CPU, a device-side assert on a GPU
+        raise ConfigError(
+            f"model.num_classes {num_classes} is less than the {len(data.classes)} classes of {config.data.path} (labels 0-{len(data.classes) - 1}); "
+            f"set it to at least {len(data.classes)}, or to null to take the count from the manifest"
+        )
     run: _Run | None = None
     try:
         run = _Run(ctx, config, data, num_classes)
@@ -84,17 +91,31 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
             run.close()
 
 
-def explain_failure(error: BaseException, ctx: RankContext, config: TrainConfig) -> TrainError | None:
-    """imgpipe's own one-line message for CUDA OOM (also disguised as 'illegal memory access') and DDP's unused parameters."""
+def explain_failure(error: BaseException, ctx: RankContext, config: TrainConfig) -> ImgpipeError | None:
+    """imgpipe's own one-line message for CUDA OOM, CUDA's illegal memory access, DDP's unused parameters, and a peer that died or hung.
+
+    The last is what the healthy ranks see under torchrun or SLURM, where no imgpipe launcher
+    watches the ranks (with --gpus/--nproc, the launcher names the failed or hung rank itself).
+    """
     if isinstance(error, torch.cuda.OutOfMemoryError):
-        return TrainError(_oom_message(ctx, config, disguised=False))
+        return TrainError(_oom_message(ctx, config))
     text = str(error)
     if "illegal memory access" in text:
-        return TrainError(_oom_message(ctx, config, disguised=True))
+        return TrainError(
+            f"rank {ctx.rank}: CUDA error 'illegal memory access' in model {config.model.name}: a sticky error (this process "
+            "cannot use the GPU again), usually a kernel reading out of bounds, such as a label >= the model's classes or "
+            "a bug in a custom op, not an out-of-memory; check that labels are below model.num_classes and rerun with "
+            "CUDA_LAUNCH_BLOCKING=1 to see the failing op"
+        )
     if UNUSED_PARAMS_TEXT in text:
         return TrainError(
             f"DDP found parameters of model {config.model.name!r} that got no gradient in a step: set "
             "train.find_unused_parameters: true (slower), or make every output of the model take part in the loss"
+        )
+    if ctx.distributed and is_peer_failure(text):
+        return DistributedError(
+            f"rank {ctx.rank}: {type(error).__name__}: {text.splitlines()[0]}; another rank died, or hung for the process-group "
+            f"timeout ({ctx.timeout_s:g} s, train.timeout_s): the other ranks' output names the cause"
         )
     return None
 
@@ -111,6 +132,7 @@ class _Run:
         if self.steps_per_epoch == 0:
             raise ConfigError(f"train.grad_accum {self.accum} is more than the {len(data.train)} batches per epoch of each rank")
         self.global_batch = config.train.batch_size * ctx.world_size * self.accum
+        self.num_classes = num_classes
         self.model, self.ddp = build_model(config, num_classes, ctx)
         self.optimizer = build_optimizer(self.model, config, self.global_batch)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(config, self.steps_per_epoch))
@@ -124,7 +146,7 @@ class _Run:
         self.timer = StepTimer(self.device)
         self.jsonl = JsonlWriter(self.out / "metrics.jsonl", enabled=ctx.is_main)
         self.tb = _tensorboard(self.out / "tensorboard") if ctx.is_main and config.output.tensorboard else None
-        self.result = TrainResult(output_dir=str(self.out), epochs_completed=0, step=0)
+        self.result = TrainResult(output_dir=str(self.out), epochs_completed=0, step=0, topk=self.topk)
         self._resume_loader: dict[str, Any] | None = None
         self._saved_step = -1
         if ctx.is_main:
@@ -296,7 +318,7 @@ class _Run:
         totals = torch.zeros(4, dtype=torch.float64, device=self.device)
         self.data.val.set_epoch(self.state.epoch)
         with torch.no_grad():
-            for images, labels in self.data.val:
+            for images, labels in faults.val_batches(self.data.val, self.ctx.rank):
                 with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None):
                     output = module(images)
                     loss = self.criterion(output.float(), labels)
@@ -306,9 +328,13 @@ class _Run:
         module.train()
         loss_sum, top1, topk, samples = totals.tolist()
         samples = int(samples)
-        if samples != self.data.val_records:
-            logger.error("validation saw %d samples but split %r has %d records", samples, self.config.data.val_split, self.data.val_records)
-        self.result.val_top1, self.result.val_top5, self.result.val_samples = top1 / max(samples, 1), topk / max(samples, 1), samples
+        if samples != self.data.val_records:  # every rank has the all-reduced count: all stop together
+            raise TrainError(
+                f"validation saw {samples} samples but split {self.config.data.val_split!r} of {self.config.data.path} has "
+                f"{self.data.val_records} records, so its accuracy is not that of the split; run 'imgpipe verify {self.config.data.path}' "
+                "and report it as an imgpipe bug if the data is intact"
+            )
+        self.result.val_top1, self.result.val_topk, self.result.val_samples = top1 / max(samples, 1), topk / max(samples, 1), samples
         return {
             "val_samples": samples,
             "val_loss": loss_sum / max(samples, 1),
@@ -350,6 +376,7 @@ class _Run:
             "loader": _loader_state(self.data.train) if self.state.epoch_step else None,
             "rng": rngs,
             "world_size": self.ctx.world_size,
+            "num_classes": self.num_classes,
             "config": self.config.to_dict(),
         }
         path = ckpt.save_checkpoint(ckpt.checkpoint_path(self.out), state)
@@ -364,7 +391,7 @@ class _Run:
         saved = ckpt.load_checkpoint(path)
         if saved["world_size"] != self.ctx.world_size:
             logger.warning("checkpoint was written by %d ranks, resuming on %d: the batch order changes", saved["world_size"], self.ctx.world_size)
-        self.model.load_state_dict(saved["model"])
+        ckpt.load_model_state(self.model, saved, path, self.config.model.name, self.num_classes)
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
         self.scaler.load_state_dict(saved["scaler"])
@@ -392,6 +419,9 @@ def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tupl
     import torchvision
 
     model = torchvision.models.get_model(config.model.name, num_classes=num_classes)
+    if getattr(model, "aux_logits", False):  # GoogLeNet, Inception v3: train on the main head; the auxiliary ones would get no loss
+        model = torchvision.models.get_model(config.model.name, num_classes=num_classes, aux_logits=False)
+    faults.install(model, ctx.rank)
     if config.train.sync_bn and ctx.distributed:
         if ctx.device.type != "cuda":
             raise ConfigError("train.sync_bn needs GPUs (SyncBatchNorm is CUDA-only); set it to false for CPU runs")
@@ -399,6 +429,7 @@ def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tupl
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
     model = model.to(ctx.device, memory_format=memory_format)
+    check_image_size(model, config, ctx.device)
     if not ctx.distributed:
         return model, model
     ddp = torch.nn.parallel.DistributedDataParallel(
@@ -409,8 +440,32 @@ def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tupl
     return model, ddp
 
 
-def check_model_name(name: str) -> None:
-    """A ConfigError (with the closest names) unless ``name`` is a torchvision classification model."""
+def check_image_size(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> None:
+    """A ConfigError unless ``model`` takes data.image_size images: one forward pass of one blank image, in eval mode.
+
+    Some models only take one size (ViT: 224 px) and fail deep inside their forward otherwise.
+    """
+    import torchvision
+
+    size = config.data.image_size
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, 3, size, size, device=device))
+    except (AssertionError, RuntimeError, ValueError) as e:
+        weights = torchvision.models.get_model_weights(config.model.name)
+        trained = next(iter(weights)).meta.get("min_size") if len(weights) else None
+        hint = f"; its weights were made at {trained[0]} px or more" if trained and trained[0] > size else ""
+        raise ConfigError(
+            f"model {config.model.name} cannot take data.image_size {size} images ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+            f"{hint}; set data.image_size to a size the model takes"
+        ) from None
+    finally:
+        model.train()
+
+
+def check_model_name(name: str, option: str = "model.name") -> None:
+    """A ConfigError naming ``option`` (with the closest names) unless ``name`` is a torchvision classification model."""
     import difflib
 
     import torchvision
@@ -418,7 +473,7 @@ def check_model_name(name: str) -> None:
     known = torchvision.models.list_models(module=torchvision.models)
     if name not in known:
         close = difflib.get_close_matches(name, known, n=3)
-        raise ConfigError(f"model.name {name!r} is not a torchvision classification model" + (f"; did you mean {', '.join(close)}?" if close else ""))
+        raise ConfigError(f"{option} {name!r} is not a torchvision classification model" + (f"; did you mean {', '.join(close)}?" if close else ""))
 
 
 def build_optimizer(model: torch.nn.Module, config: TrainConfig, global_batch: int) -> torch.optim.Optimizer:
@@ -503,16 +558,15 @@ def _tensorboard(folder: Path) -> Any:
     return SummaryWriter(str(folder))
 
 
-def _oom_message(ctx: RankContext, config: TrainConfig, disguised: bool = False) -> str:
+def _oom_message(ctx: RankContext, config: TrainConfig) -> str:
     memory = ""
     if ctx.device.type == "cuda":
         with contextlib.suppress(Exception):
             free, total = torch.cuda.mem_get_info(ctx.device)
             peak = torch.cuda.max_memory_allocated(ctx.device)
             memory = f"; peak allocated {peak / 2**30:.1f} GiB, free {free / 2**30:.1f} of {total / 2**30:.1f} GiB"
-    what = "CUDA error 'illegal memory access' (most often an out-of-memory in disguise)" if disguised else "CUDA out of memory"
     return (
-        f"rank {ctx.rank}: {what} with train.batch_size={config.train.batch_size} per process, model {config.model.name}, "
+        f"rank {ctx.rank}: CUDA out of memory with train.batch_size={config.train.batch_size} per process, model {config.model.name}, "
         f"image_size {config.data.image_size}, amp {config.train.amp}{memory}; lower train.batch_size (keep the global batch "
         f"with train.grad_accum), use train.amp: bf16, and check that no other process holds this GPU (nvidia-smi)"
     )

@@ -87,7 +87,7 @@ def test_model_compute_is_measured(small_pack: Path) -> None:
     stages = result.runs[0].ranks[0].stage_ms()
     assert stages["compute"] > 0.5 and stages["sync"] < stages["compute"]
     assert verdict.bound in ("compute", "decode", "io")
-    with pytest.raises(ConfigError, match="not a torchvision model"):
+    with pytest.raises(ConfigError, match="not a torchvision classification model"):
         bench(BenchConfig(data=str(small_pack), workers=(0,), steps=1, warmup=0, batch_size=2, image_size=32, model="resnet_nope"))
 
 
@@ -98,6 +98,16 @@ def test_bad_options_are_one_line_config_errors(small_pack: Path) -> None:
         BenchConfig(data=str(small_pack), workers=(-1,)).check()
     with pytest.raises(ConfigError, match="one rank per GPU"):
         BenchConfig(data=str(small_pack), gpus=2, nproc=3).check()
+    # each message names the option that is wrong, and only that one
+    for options, message in (
+        ({"warmup": -1}, "--warmup must be >= 0 (got -1)"), ({"steps": 0}, "--steps must be >= 1 (got 0)"),
+        ({"batch_size": 0}, "--batch-size must be >= 1 (got 0)"), ({"image_size": 4}, "--image-size must be >= 8 (got 4)"),
+        ({"nproc": 0}, "--nproc must be >= 1 (got 0)"), ({"gpus": -1}, "--gpus must be >= 0 (got -1)"),
+        ({"model": "resnet5"}, "--model 'resnet5' is not a torchvision classification model; did you mean resnet50"),
+    ):
+        with pytest.raises(ConfigError) as error:
+            BenchConfig(data=str(small_pack), **options).check()
+        assert str(error.value).startswith(message), str(error.value)
     with pytest.raises(ConfigError, match="48 records, not one batch of 32 for each of 2 rank"):
         bench(BenchConfig(data=str(small_pack), nproc=2, batch_size=32))
     with pytest.raises(DatasetError, match="is not a number"):
@@ -118,6 +128,25 @@ def test_cli_errors_are_one_line(small_pack: Path, tmp_path: Path) -> None:
     proc = imgpipe("bench", str(tmp_path), "--gpus", "0", "--workers", "1,x")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "imgpipe: error: --workers takes counts" in proc.stderr
+
+
+@pytest.mark.timeout(200)
+def test_unwritable_json_and_plot_paths_fail_before_measuring(small_pack: Path, tmp_path: Path) -> None:
+    """Every record read would take an hour (the delay hook): only a check before measuring can answer in time."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    slow = {READ_DELAY_ENV.format(rank=0): "3600000"}
+    cases = [
+        ("--json", tmp_path / "missing" / "bench.json", "folder " + str(tmp_path / "missing") + " does not exist"),
+        ("--json", a_file / "bench.json", f"{a_file} is a file, not a folder"),
+        ("--plot", tmp_path / "missing" / "bench.png", "does not exist"),
+        ("--plot", a_file / "bench.png", "is a file, not a folder"),
+    ]
+    for option, path, words in cases:
+        proc = imgpipe("bench", str(small_pack), "--gpus", "0", "--steps", "2", "--warmup", "0", option, str(path), env=slow, timeout=40)
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        assert proc.stderr.startswith(f"imgpipe: error: {option} {path}: ") and words in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1 and proc.stdout == ""
 
 
 @pytest.mark.dali

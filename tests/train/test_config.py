@@ -65,6 +65,26 @@ def test_mistakes_are_one_line_config_errors(tmp_path: Path, text: str, override
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.batch_size=abc", "--set train.batch_size=abc: train.batch_size must be int, got 'abc'"),
+        ("train.batch_size=0", "--set train.batch_size=0: train.batch_size must be > 0"),
+        ("train.amp=fp8", "--set train.amp=fp8: train.amp must be one of"),
+        ("trian.epochs=3", "--set trian.epochs=3: unknown section 'trian'"),
+        ("optim.lr=0.1", "--set optim.lr=0.1: unknown key 'optim.lr'"),
+    ],
+)
+def test_a_bad_set_value_blames_the_set_item_not_the_file(tmp_path: Path, override: str, message: str) -> None:
+    config = write(tmp_path, "train: {batch_size: 32, epochs: 2}\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(config, ["train.epochs=3", override])
+    assert str(error.value).startswith(message)
+    with pytest.raises(ConfigError) as error:  # a bad value in the file still names the file
+        load_config(write(tmp_path, "train: {batch_size: abc}\n"), ["train.epochs=3"])
+    assert str(error.value).startswith(f"{config}: train.batch_size must be int")
+
+
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such config file"):
         load_config(tmp_path / "nope.yaml")
@@ -85,6 +105,10 @@ def test_cli_print_config_and_one_line_error(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "imgpipe", "train", "--config", str(bad)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert done.stderr.strip() == f"imgpipe: error: {bad}: unknown key 'train.epocs'; did you mean 'train.epochs'?"
+    cmd = [sys.executable, "-m", "imgpipe", "train", "--config", str(write(tmp_path, "train: {epochs: 3}\n")), "--set", "train.batch_size=abc"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip() == "imgpipe: error: --set train.batch_size=abc: train.batch_size must be int, got 'abc'"
 
 
 def test_warmup_then_cosine_to_zero() -> None:

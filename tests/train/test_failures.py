@@ -52,12 +52,18 @@ def test_unused_parameters_get_the_hint(gloo_group: None) -> None:
 
 def test_out_of_memory_names_batch_size_and_advice() -> None:
     config = load_config(None, ["train.batch_size=512", "model.name=resnet152"])
-    for error in (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), RuntimeError("CUDA error: an illegal memory access was encountered")):
-        message = str(explain_failure(error, cpu_context(), config))
-        assert "train.batch_size=512 per process" in message and "resnet152" in message
-        assert "lower train.batch_size" in message and "train.amp: bf16" in message and "train.grad_accum" in message
-        assert "\n" not in message
-    assert "out-of-memory in disguise" in str(explain_failure(RuntimeError("an illegal memory access was encountered"), cpu_context(), config))
+    message = str(explain_failure(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), cpu_context(), config))
+    assert "train.batch_size=512 per process" in message and "resnet152" in message
+    assert "lower train.batch_size" in message and "train.amp: bf16" in message and "train.grad_accum" in message
+    assert "\n" not in message
+
+
+def test_an_illegal_memory_access_is_a_sticky_kernel_error_not_an_out_of_memory() -> None:
+    config = load_config(None, ["train.batch_size=512", "model.name=resnet152"])
+    message = str(explain_failure(RuntimeError("CUDA error: an illegal memory access was encountered"), cpu_context(), config))
+    assert "sticky" in message and "out of bounds" in message and "CUDA_LAUNCH_BLOCKING=1" in message
+    assert "out of memory" not in message.replace("not an out-of-memory", "") and "lower train.batch_size" not in message
+    assert "\n" not in message
 
 
 def test_other_errors_are_left_alone() -> None:

@@ -119,12 +119,22 @@ def test_a_failing_rank_is_named_and_the_others_stopped() -> None:
 
 
 @pytest.mark.timeout(180)
-def test_a_hanging_rank_makes_everyone_exit_after_the_timeout() -> None:
+def test_a_hanging_rank_is_named_and_everyone_exits_after_the_timeout() -> None:
     start = time.monotonic()
     code, stderr, seen = run_watched("hang", "--nproc", "2", "--timeout", "4")
     assert code == 1
-    assert "rank 0 failed" in stderr and "stopped the other ranks (1)" in stderr, stderr
+    assert "imgpipe: error: rank 1 hung: it did not reach the collective that rank 0 waited in for 4 s" in stderr, stderr
+    assert "rank 0 failed" not in stderr  # rank 0 is the healthy one that timed out
     assert time.monotonic() - start < 150
+    assert wait_gone(sorted(seen), 10) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_of_three_ranks_the_hung_one_is_named_not_the_two_that_timed_out() -> None:
+    code, stderr, seen = run_watched("hang", "--nproc", "3", "--timeout", "4")
+    assert code == 1
+    assert "imgpipe: error: rank 1 hung: it did not reach the collective that ranks 0, 2 waited in for 4 s" in stderr, stderr
     assert wait_gone(sorted(seen), 10) == []
 
 

@@ -14,52 +14,10 @@ import pytest
 import torch
 import yaml
 
-sys.path.insert(0, str(Path(__file__).parent))
-from proctree import descendants, quiet_env, rank_processes, wait_gone  # noqa: E402
+from proctree import descendants, quiet_env, rank_processes, wait_gone
+from train_cli import VAL_RECORDS, epochs_of, imgpipe_train, write_config
 
-VAL_RECORDS = 40  # 4 classes x 10
 TORCHRUN = Path(sys.executable).parent / "torchrun"
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A learnable synthetic ImageNet (4 classes, 40 train + 10 val images each), packed in 2 shards per split."""
-    from imgpipe.packer import pack
-    from imgpipe.synth import make_synthetic
-
-    root = tmp_path_factory.mktemp("train-data")
-    make_synthetic(root / "src", classes=4, per_class=40, val_per_class=10, min_side=64, max_side=128, progress=False)
-    pack(root / "src", root / "packed", shards=2, workers=1, progress=False)
-    return root / "packed"
-
-
-def write_config(folder: Path, packed: Path, workers: int = 0, base_lr: float = 0.1, tensorboard: bool = False, **train: object) -> Path:
-    """resnet18 at 32 px, batch 16 per rank: 5 optimizer steps per epoch on 2 ranks.
-
-    base_lr 0.1: at 0.4 the third epoch's val top-1 ranged 0.33-0.98 over seeds 0-3 and moved
-    with sub-1/255 pixel changes (resampling rounding); at 0.1 it was 0.95-1.0.
-    """
-    config = {
-        "data": {"path": str(packed), "workers": workers, "image_size": 32},
-        "model": {"name": "resnet18"},
-        "optim": {"base_lr": base_lr, "warmup_epochs": 0.5, "label_smoothing": 0.0},
-        "train": {"epochs": 3, "batch_size": 16, "seed": 0, "timeout_s": 60, "log_every": 1, **train},
-        "output": {"dir": str(folder / "run"), "tensorboard": tensorboard, "checkpoint_every_epochs": 0},
-    }
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def imgpipe_train(config: Path, *args: str, timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "imgpipe", "train", "--config", str(config), *args]
-    return subprocess.run(cmd, env=env or quiet_env(), capture_output=True, text=True, timeout=timeout)
-
-
-def epochs_of(run: Path) -> list[dict]:
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == "epoch"]
 
 
 def model_state(run: Path) -> dict[str, torch.Tensor]:
@@ -176,6 +134,39 @@ def test_the_same_run_under_torchrun(packed: Path, tmp_path: Path) -> None:
     assert [r["rank"] for r in epochs_of(tmp_path / "run")[0]["ranks"]] == [0, 1]
 
 
+def start_slurm_tasks(config: Path, tasks: int, **extra: str) -> list[subprocess.Popen]:
+    """``tasks`` imgpipe train processes with the variables `srun --ntasks N` sets on one node, and the MASTER_* a job script exports."""
+    from imgpipe.train.launch import free_port
+
+    slurm = {
+        "SLURM_NTASKS": str(tasks), "SLURM_NPROCS": str(tasks), "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
+        "SLURM_NTASKS_PER_NODE": str(tasks), "SLURM_STEP_NUM_TASKS": str(tasks), "SLURM_STEP_NODELIST": "localhost",
+        "SLURM_NODELIST": "localhost", "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+        **extra,
+    }
+    cmd = [sys.executable, "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0"]
+    return [
+        subprocess.Popen(cmd, env=quiet_env(**slurm, SLURM_PROCID=str(t), SLURM_LOCALID=str(t)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for t in range(tasks)
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_same_run_under_slurm(packed: Path, tmp_path: Path) -> None:
+    """2 tasks started as `srun --ntasks 2` on one node starts them: SLURM's variables, plus the MASTER_* a job script exports."""
+    config = write_config(tmp_path, packed, epochs=1)
+    tasks = start_slurm_tasks(config, 2)
+    outputs = [task.communicate(timeout=240) for task in tasks]
+    for task, (_, stderr) in zip(tasks, outputs):
+        assert task.returncode == 0, stderr[-3000:]
+    assert outputs[0][0].count(f"val: {VAL_RECORDS} samples") == 1 and outputs[0][0].count("done: 1 epoch(s), 5 steps") == 1
+    assert outputs[1][0] == ""  # only rank 0 prints
+    assert [r["rank"] for r in epochs_of(tmp_path / "run")[0]["ranks"]] == [0, 1]
+    assert epochs_of(tmp_path / "run")[0]["train_samples"] == 160  # 5 steps x 16 x 2 ranks
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", map_location="cpu", weights_only=True)["world_size"] == 2
+
+
 @pytest.mark.timeout(120)
 def test_plain_run_without_launcher_on_synthetic_batches(packed: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, packed, max_steps=2, validate=False)
@@ -193,9 +184,9 @@ def test_only_rank_set_is_one_line_not_keyerror(packed: Path, tmp_path: Path) ->
     assert done.stderr.startswith("imgpipe: error: RANK set but WORLD_SIZE not")
 
 
-def start_long_run(config: Path) -> subprocess.Popen:
+def start_long_run(config: Path, new_session: bool = False) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0", "--nproc", "2"]
-    return subprocess.Popen(cmd, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=new_session)
 
 
 def wait_for_steps(proc: subprocess.Popen, run: Path, steps: int, timeout: float = 150) -> set[int]:
@@ -244,3 +235,38 @@ def test_sigterm_writes_a_checkpoint_and_stops_every_process(packed: Path, tmp_p
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert state["step"] >= max(r["step"] for r in logged if r["kind"] == "step") >= 3
     assert wait_gone(sorted(seen), 20) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ctrl_c_to_the_process_group_stops_every_rank_and_worker(packed: Path, tmp_path: Path) -> None:
+    """As a terminal does: SIGINT to the launcher, both ranks and their DataLoader workers at once."""
+    run = tmp_path / "run"
+    proc = start_long_run(write_config(tmp_path, packed, workers=1, epochs=50, validate=False), new_session=True)
+    seen = wait_for_steps(proc, run, 2)
+    assert len(seen) >= 4  # 2 ranks and their loader workers
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert "stopped by SIGINT at step" in stderr.strip().splitlines()[-1], stderr[-3000:]
+    assert torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=True)["step"] >= 2
+    assert wait_gone(sorted(seen), 20) == []  # no orphans
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_under_slurm_the_rank_waiting_for_a_hung_one_says_so_in_one_line(packed: Path, tmp_path: Path) -> None:
+    """No imgpipe launcher watches SLURM tasks: the healthy rank's gloo timeout becomes one line pointing at the others."""
+    from imgpipe.train.faults import FAULT_ENV
+
+    tasks = start_slurm_tasks(write_config(tmp_path, packed, epochs=1, timeout_s=8), 2, **{FAULT_ENV.format(rank=1): "hang"})
+    try:
+        _, stderr = tasks[0].communicate(timeout=200)
+    finally:
+        tasks[1].kill()  # the hung rank never ends by itself
+        tasks[1].communicate()
+    assert tasks[0].returncode == 1
+    assert "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("imgpipe: error: rank 0: ") and "another rank died, or hung for the process-group timeout (8 s" in last, last
