@@ -18,6 +18,10 @@ Files Pillow cannot open or decode (empty, not an image, corrupt, or truncated o
 formats, with Pillow's default ``LOAD_TRUNCATED_IMAGES = False``) are skipped with the
 reason. The fast path does not check the entropy-coded data: ``imgpipe verify --decode``
 does. Re-encoding is deterministic: the same input always gives the same bytes.
+
+Resizing a JPEG that needs no repair goes through ``imgpipe.shrink`` (libjpeg-turbo in one C
+call) when its extension is built, else through Pillow here: the same size and filter, other
+bytes (see ``imgpipe.shrink``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from typing import Iterator
 
 import numpy as np
 from PIL import Image, ImageOps
+
+from imgpipe.shrink import shrink_jpeg
 
 logger = logging.getLogger(__name__)
 
@@ -281,6 +287,10 @@ def prepare_image(data: bytes, *, resize: int | None = None, quality: int = 95) 
         if not repairs and not needs_resize:
             return Prepared(data, "repaired" if reasons else "kept", "; ".join(reasons) or None)
         if not repairs:
+            size = (info.width, info.height)
+            shrunk = shrink_jpeg(data, size, _short_side_size(size, resize), quality)  # type: ignore[arg-type]
+            if shrunk is not None:
+                return Prepared(shrunk, "resized", "; ".join(reasons) or None)
             return _reencode(data, resize, quality, action="resized", reasons=reasons)
         reasons.extend(repairs)
     return _reencode(data, resize, quality, action="repaired", reasons=reasons)

@@ -1,0 +1,48 @@
+"""``pack --resize`` for the common case, a clean YCbCr JPEG, in one call into libjpeg-turbo.
+
+The optional C extension ``imgpipe._jpeg_shrink`` decodes in the DCT domain at 1/1, 1/2, 1/4
+or 1/8 (the SIMD scales; libjpeg's M/8 scales are slower than a full decode), resizes with
+Pillow's antialiased bilinear filter and encodes a baseline JPEG, without Python objects in
+between. Pillow's path (``draft`` at the same scales, ``Image.resize(BILINEAR)``, ``save``)
+has the same semantics and the same output size, at about half the speed; the bytes of the
+two paths differ (the C extension resizes columns before rows), so an installation without
+the extension packs other, equally deterministic, bytes.
+"""
+
+from __future__ import annotations
+
+from PIL import Image
+
+try:
+    from imgpipe._jpeg_shrink import shrink as _shrink
+except ImportError:  # no compiler or no libjpeg-turbo headers at install time
+    _shrink = None
+
+REDUCTIONS = (8, 4, 2, 1)
+
+
+def available() -> bool:
+    """True when the C extension is built, so that ``shrink_jpeg`` can do the work."""
+    return _shrink is not None
+
+
+def dct_reduction(size: tuple[int, int], target: tuple[int, int]) -> int:
+    """The largest of 8, 4, 2, 1 that keeps the decoded image at least ``target``: Pillow's ``draft`` rule."""
+    ratio = min(size[0] // target[0], size[1] // target[1])
+    return next(r for r in REDUCTIONS if r <= max(ratio, 1))
+
+
+def shrink_jpeg(data: bytes, size: tuple[int, int], target: tuple[int, int], quality: int) -> bytes | None:
+    """``data`` (a clean 3-component JPEG of ``size``) resized to ``target`` and re-encoded at ``quality``.
+
+    None when the extension is missing, the image is over Pillow's decompression-bomb limit,
+    or libjpeg reports any problem: the caller then takes Pillow's path, which decodes what it
+    can and names what it cannot.
+    """
+    limit = Image.MAX_IMAGE_PIXELS
+    if _shrink is None or (limit is not None and size[0] * size[1] > limit):
+        return None
+    try:
+        return _shrink(data, 8 // dct_reduction(size, target), target[0], target[1], quality)
+    except ValueError:
+        return None
