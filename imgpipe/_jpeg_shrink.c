@@ -1,18 +1,19 @@
 /*
- * imgpipe._jpeg_shrink: a JPEG shrunk to a given size and re-encoded, in one pass of libjpeg-turbo.
+ * imgpipe._jpeg_shrink: a JPEG shrunk to a given size and re-encoded, in one call into libjpeg-turbo.
  *
  * shrink(data, scale_num, width, height, quality) -> bytes
  * LIBJPEG_TURBO_VERSION: the version it was built against, e.g. "2.1.5"
  *
  * The source is decoded as RGB at scale_num/8 of its size in the DCT domain (libjpeg's scaled
  * IDCT, itself a low-pass filter), then resized to width x height with Pillow's antialiased
- * bilinear filter (a triangle whose support grows with the reduction, the same fixed-point
- * coefficients as Pillow's ImagingResample, so at scale 8/8 the pixels equal Pillow's
- * Image.resize(BILINEAR)), and encoded as a baseline 4:2:0 JPEG at the given quality with
- * libjpeg's defaults, as Pillow's save() does. Each decoded row is resized horizontally as it
- * arrives, so the full-size image is never held: memory is the scaled height x width x 3 plus
- * the output. The working buffers stay allocated per thread between calls (fresh pages for every
- * image cost more than the resize itself). The same input and arguments always give the same bytes.
+ * bilinear filter (a triangle whose support grows with the reduction, with the same fixed-point
+ * coefficients as Pillow's ImagingResample), and encoded as a baseline 4:2:0 JPEG at the given
+ * quality with libjpeg's defaults, as Pillow's save() does. Pillow resizes rows first; here the
+ * columns go first and the rows are resized as columns of the transposed image, so that both
+ * passes sum whole rows of contiguous bytes and vectorize (pixels may differ from Pillow's by
+ * one). Memory: the scaled image and four smaller buffers, kept per thread between calls (fresh
+ * pages for every image cost more than the resize itself). The same input and arguments always
+ * give the same bytes.
  *
  * Any libjpeg error or warning raises ValueError with libjpeg's message; the caller then hands
  * the image to Pillow. The caller checks the header's pixel count against its decompression-bomb
