@@ -36,7 +36,7 @@ from typing import Iterator
 import numpy as np
 from PIL import Image, ImageOps
 
-from imgpipe.shrink import shrink_jpeg
+from imgpipe.shrink import draft_size, shrink_jpeg
 
 logger = logging.getLogger(__name__)
 
@@ -360,11 +360,10 @@ def _short_side_size(size: tuple[int, int], short: int) -> tuple[int, int]:
 
 
 def _draft_for(image: Image.Image, short: int) -> None:
-    """Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the result still covers the target size."""
+    """Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the result stays twice the target size (``draft_size``)."""
     if image.format != "JPEG" or min(image.size) <= short:
         return
-    target = _short_side_size(image.size, short)
-    image.draft(None, target)
+    image.draft(None, draft_size(_short_side_size(image.size, short)))
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:

@@ -1,7 +1,8 @@
 """``pack --resize`` for the common case, a clean YCbCr JPEG, in one call into libjpeg-turbo.
 
 The optional C extension ``imgpipe._jpeg_shrink`` decodes in the DCT domain at 1/1, 1/2, 1/4
-or 1/8 (the SIMD scales; libjpeg's M/8 scales are slower than a full decode), resizes with
+or 1/8 (the SIMD scales; libjpeg's M/8 scales are slower than a full decode), keeping at least
+twice the target size, resizes with
 Pillow's antialiased bilinear filter and encodes a baseline JPEG, without Python objects in
 between. Pillow's path (``draft`` at the same scales, ``Image.resize(BILINEAR)``, ``save``)
 has the same semantics and the same output size, at about half the speed; the bytes of the
@@ -19,6 +20,7 @@ except ImportError:  # no compiler or no libjpeg-turbo headers at install time
     _shrink = None
 
 REDUCTIONS = (8, 4, 2, 1)
+REDUCING_GAP = 2  # the decoded image stays at least twice the target: DCT scaling alone aliases fine detail
 
 
 def available() -> bool:
@@ -26,9 +28,15 @@ def available() -> bool:
     return _shrink is not None
 
 
+def draft_size(target: tuple[int, int]) -> tuple[int, int]:
+    """The size to ask Pillow's ``draft`` for: ``target`` times ``REDUCING_GAP``, as ``Image.thumbnail`` does."""
+    return target[0] * REDUCING_GAP, target[1] * REDUCING_GAP
+
+
 def dct_reduction(size: tuple[int, int], target: tuple[int, int]) -> int:
-    """The largest of 8, 4, 2, 1 that keeps the decoded image at least ``target``: Pillow's ``draft`` rule."""
-    ratio = min(size[0] // target[0], size[1] // target[1])
+    """The reduction (8, 4, 2 or 1) that Pillow's ``draft`` picks for ``draft_size(target)``."""
+    request = draft_size(target)
+    ratio = min(size[0] // request[0], size[1] // request[1])
     return next(r for r in REDUCTIONS if r <= max(ratio, 1))
 
 
