@@ -46,6 +46,7 @@ import numpy as np
 from PIL import Image
 
 from imgpipe import shrink
+from imgpipe.codec import _short_side_size
 from imgpipe.synth import class_image, make_synthetic, make_wnids
 
 
@@ -164,15 +165,10 @@ def describe_tree(train: Path) -> str:
     return f"median {median[0]}x{median[1]} px, median file {statistics.median(files) / 1e3:.0f} KB, {large:.1%} above 1,000 px"
 
 
-def _short_side(size: tuple[int, int], short: int) -> tuple[int, int]:
-    width, height = size
-    return (short, round(height * short / width)) if width <= height else (round(width * short / height), short)
-
-
 def per_core_limit(train: Path, short: int = 256, quality: int = 95, limit: int = 600) -> dict[str, float]:
     """Images/s of one process, files already in memory: decode + antialiased resize + encode.
 
-    ``pillow``: ``draft`` (libjpeg's 1/2, 1/4, 1/8), ``resize(BILINEAR)``, ``save``: Pillow's
+    ``pillow``: ``draft`` (libjpeg's 1/2, 1/4, 1/8, as pack), ``resize(BILINEAR)``, ``save``: Pillow's
     libjpeg-turbo. ``libjpeg-turbo``: the same work in one C call (``imgpipe.shrink``), which is
     what pack runs for a clean JPEG. Images whose shorter side is already ``short`` are skipped,
     as pack keeps them.
@@ -182,11 +178,11 @@ def per_core_limit(train: Path, short: int = 256, quality: int = 95, limit: int 
         data = path.read_bytes()
         with Image.open(io.BytesIO(data)) as image:
             if min(image.size) > short:
-                payloads.append((data, image.size, _short_side(image.size, short)))
+                payloads.append((data, image.size, _short_side_size(image.size, short)))
 
     def pillow(data: bytes, size: tuple[int, int], target: tuple[int, int]) -> bytes:
         with Image.open(io.BytesIO(data)) as image:
-            image.draft("RGB", target)
+            image.draft("RGB", shrink.draft_size(target))
             out = io.BytesIO()
             image.convert("RGB").resize(target, Image.Resampling.BILINEAR).save(out, "JPEG", quality=quality)
             return out.getvalue()
@@ -203,6 +199,27 @@ def per_core_limit(train: Path, short: int = 256, quality: int = 95, limit: int 
             work(*payload)
         rates[name] = len(payloads) / (time.process_time() - started)
     return rates
+
+
+def dct_scale_costs(train: Path, short: int = 256, quality: int = 95, limit: int = 300) -> dict[str, float]:
+    """Milliseconds per image of ``imgpipe.shrink`` decoding at 6/8, 7/8 and 8/8, on the images whose
+    shorter side is 4/3-2x ``short`` (so 6/8 still covers the target; most of ImageNet): libjpeg-turbo's
+    M/8 scales other than 1/2, 1/4, 1/8 have no SIMD IDCT, and this shows whether they still pay."""
+    if not shrink.available():
+        return {}
+    payloads = []
+    for path in sorted(p for p in train.rglob("*") if p.is_file())[:limit]:
+        data = path.read_bytes()
+        with Image.open(io.BytesIO(data)) as image:
+            if short * 4 / 3 <= min(image.size) < 2 * short:
+                payloads.append((data, _short_side_size(image.size, short)))
+    costs = {}
+    for m in (6, 7, 8):
+        started = time.process_time()
+        for data, (width, height) in payloads:
+            shrink._shrink(data, m, width, height, quality)
+        costs[f"{m}/8"] = (time.process_time() - started) / max(len(payloads), 1) * 1e3
+    return costs
 
 
 def median_pair_ratio(imgpipe_times: list[float], im2rec_times: list[float]) -> float:
@@ -275,6 +292,9 @@ def main() -> None:
             pack_per_core = images / medians["imgpipe"] / args.workers
             print(f"  per core, one process, files in memory: {', '.join(f'{k} {v:,.0f}' for k, v in per_core.items())} images/s;"
                   f" imgpipe pack (whole command) {pack_per_core:,.0f} images/s per worker")  # fmt: skip
+            scales = dct_scale_costs(src / "train")
+            if scales:
+                print(f"  libjpeg-turbo decode scale, ms per 500x375-like image: {', '.join(f'{k} {v:.2f}' for k, v in scales.items())}")
     shutil.rmtree(out, ignore_errors=True)
 
 

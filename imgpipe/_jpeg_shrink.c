@@ -11,7 +11,7 @@
  * quality with libjpeg's defaults, as Pillow's save() does. Pillow resizes rows first; here the
  * columns go first and the rows are resized as columns of the transposed image, so that both
  * passes sum whole rows of contiguous bytes and vectorize (pixels may differ from Pillow's by
- * one). Memory: the scaled image and four smaller buffers, kept per thread between calls (fresh
+ * one). Memory: the scaled image and two smaller buffers, kept per thread between calls (fresh
  * pages for every image cost more than the resize itself). The same input and arguments always
  * give the same bytes.
  *
@@ -37,6 +37,7 @@
 
 #define CHANNELS 3
 #define PRECISION_BITS (32 - 8 - 2) /* Pillow's fixed-point precision for 8-bit resampling */
+#define BLOCK 8                     /* output rows resized together, then written transposed at once */
 
 typedef struct {
     struct jpeg_error_mgr pub;
@@ -56,11 +57,11 @@ typedef struct {
     ShrinkError err;
     int have_cinfo;
     /* In the thread's workspace: */
-    uint8_t *pixels;          /* the decoded image, rows x columns x 3 */
-    uint8_t *tall;            /* after the vertical pass: output height x decoded width x 3 */
-    uint8_t *turned, *narrow; /* the same transposed, and after the horizontal pass (still transposed) */
-    uint8_t *out;             /* output height x width x 3 */
-    int32_t *sums;            /* one output row of sums */
+    uint8_t *pixels; /* the decoded image, rows x columns x 3 */
+    uint8_t *turned; /* resized along the columns, transposed: decoded width x output height x 3 */
+    uint8_t *out;    /* output height x width x 3 */
+    int32_t *sums;   /* one output row of sums */
+    uint8_t *clipped; /* BLOCK rows of the same as bytes */
     Filter horizontal, vertical;
     unsigned char *jpeg;    /* the encoded result, from jpeg_mem_dest */
     unsigned long jpeg_size;
@@ -145,46 +146,48 @@ static void free_filter(Filter *f) {
 
 static inline uint8_t clip8(int32_t v) {
     v >>= PRECISION_BITS;
-    return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v;
+    v = v < 0 ? 0 : v;
+    v = v > 255 ? 255 : v;
+    return (uint8_t)v;
 }
 
-/* Rows of `in` (stride bytes each) resized along the columns into `out_rows` rows of `out`. Each
- * output row is a weighted sum of whole input rows, so the inner loops run over contiguous bytes
- * and vectorize. */
+/* The rows x columns RGB pixels of `in` resized along the columns to out_rows, written transposed:
+ * `out` is columns x out_rows. Each output row is a weighted sum of whole input rows, so the sums
+ * run over contiguous bytes and vectorize. Writing the result transposed, BLOCK rows at a time,
+ * lets the same function then resize the other axis, for less than a separate transpose costs.
+ * Two calls resize both axes and leave the image upright. */
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
 __attribute__((target_clones("avx2", "default"))) /* AVX2's 32-bit multiply; SSE2 has none */
 #endif
-static void resize_columns(const Filter *f, const uint8_t *restrict in, size_t stride, int out_rows, uint8_t *restrict out,
-                           int32_t *restrict sums) {
-    for (int yy = 0; yy < out_rows; yy++) {
-        const int *w = f->weights + (size_t)yy * f->ksize;
-        for (size_t i = 0; i < stride; i++) {
-            sums[i] = 1 << (PRECISION_BITS - 1);
-        }
-        for (int y = 0; y < f->taps[yy]; y++) {
-            const uint8_t *restrict row = in + (size_t)(f->first[yy] + y) * stride;
-            int32_t weight = w[y];
+static void resize_columns(const Filter *f, const uint8_t *restrict in, int columns, int out_rows, uint8_t *restrict out,
+                           int32_t *restrict sums, uint8_t *restrict clipped) {
+    size_t stride = (size_t)columns * CHANNELS;
+    for (int first = 0; first < out_rows; first += BLOCK) {
+        int count = out_rows - first < BLOCK ? out_rows - first : BLOCK;
+        for (int k = 0; k < count; k++) {
+            int yy = first + k;
+            const int *w = f->weights + (size_t)yy * f->ksize;
             for (size_t i = 0; i < stride; i++) {
-                sums[i] += row[i] * weight;
+                sums[i] = 1 << (PRECISION_BITS - 1);
+            }
+            for (int y = 0; y < f->taps[yy]; y++) {
+                const uint8_t *restrict row = in + (size_t)(f->first[yy] + y) * stride;
+                int32_t weight = w[y];
+                for (size_t i = 0; i < stride; i++) {
+                    sums[i] += row[i] * weight;
+                }
+            }
+            uint8_t *restrict bytes = clipped + (size_t)k * stride;
+            for (size_t i = 0; i < stride; i++) {
+                bytes[i] = clip8(sums[i]);
             }
         }
-        uint8_t *restrict dst = out + (size_t)yy * stride;
-        for (size_t i = 0; i < stride; i++) {
-            dst[i] = clip8(sums[i]);
-        }
-    }
-}
-
-/* rows x columns RGB pixels into columns x rows, so that the horizontal pass can run as a vertical one. */
-static void transpose(const uint8_t *restrict in, int rows, int columns, uint8_t *restrict out) {
-    for (int y = 0; y < rows; y++) {
-        const uint8_t *src = in + (size_t)y * columns * CHANNELS;
-        for (int x = 0; x < columns; x++) {
-            uint8_t *dst = out + ((size_t)x * rows + y) * CHANNELS;
-            dst[0] = src[0];
-            dst[1] = src[1];
-            dst[2] = src[2];
-            src += CHANNELS;
+        /* BLOCK output rows are BLOCK neighbouring pixels of each transposed row: one short copy each */
+        uint8_t *restrict dst = out + (size_t)first * CHANNELS;
+        for (int x = 0; x < columns; x++, dst += (size_t)out_rows * CHANNELS) {
+            for (int k = 0; k < count; k++) {
+                memcpy(dst + k * CHANNELS, clipped + (size_t)k * stride + (size_t)x * CHANNELS, CHANNELS);
+            }
         }
     }
 }
@@ -203,18 +206,17 @@ static int run(Shrink *s, const unsigned char *data, size_t size, int scale_num,
     int in_width = (int)s->dinfo.output_width, in_height = (int)s->dinfo.output_height;
     size_t in_stride = (size_t)in_width * CHANNELS, stride = (size_t)width * CHANNELS;
     size_t longest = in_stride > (size_t)height * CHANNELS ? in_stride : (size_t)height * CHANNELS;
-    size_t pixels = in_stride * (size_t)in_height, tall = in_stride * (size_t)height, narrow = stride * (size_t)height;
-    uint8_t *space = reserve(sizeof(int32_t) * longest + pixels + 2 * tall + 2 * narrow);
+    size_t pixels = in_stride * (size_t)in_height, turned = in_stride * (size_t)height, out = stride * (size_t)height;
+    uint8_t *space = reserve(sizeof(int32_t) * longest + BLOCK * longest + pixels + turned + out);
     if (space == NULL || make_filter(&s->horizontal, in_width, width) < 0 || make_filter(&s->vertical, in_height, height) < 0) {
         strcpy(s->err.message, "out of memory");
         return -1;
     }
     s->sums = (int32_t *)space; /* first: malloc's alignment suits int32 */
-    s->pixels = space + sizeof(int32_t) * longest;
-    s->tall = s->pixels + pixels;
-    s->turned = s->tall + tall;
-    s->narrow = s->turned + tall;
-    s->out = s->narrow + narrow;
+    s->clipped = space + sizeof(int32_t) * longest;
+    s->pixels = s->clipped + BLOCK * longest;
+    s->turned = s->pixels + pixels;
+    s->out = s->turned + turned;
     while (s->dinfo.output_scanline < s->dinfo.output_height) {
         JSAMPROW rows[1] = {s->pixels + (size_t)s->dinfo.output_scanline * in_stride};
         if (jpeg_read_scanlines(&s->dinfo, rows, 1) != 1) {
@@ -223,10 +225,8 @@ static int run(Shrink *s, const unsigned char *data, size_t size, int scale_num,
         }
     }
     jpeg_finish_decompress(&s->dinfo);
-    resize_columns(&s->vertical, s->pixels, in_stride, height, s->tall, s->sums);
-    transpose(s->tall, height, in_width, s->turned);
-    resize_columns(&s->horizontal, s->turned, (size_t)height * CHANNELS, width, s->narrow, s->sums);
-    transpose(s->narrow, width, height, s->out);
+    resize_columns(&s->vertical, s->pixels, in_width, height, s->turned, s->sums, s->clipped);
+    resize_columns(&s->horizontal, s->turned, height, width, s->out, s->sums, s->clipped);
 
     jpeg_create_compress(&s->cinfo);
     s->have_cinfo = 1;
