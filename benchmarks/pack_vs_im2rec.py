@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -222,6 +223,12 @@ def dct_scale_costs(train: Path, short: int = 256, quality: int = 95, limit: int
     return costs
 
 
+def children_cpu() -> float:
+    """CPU seconds (user + sys) of all finished child processes so far: a cost that other load on the machine barely changes."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def median_pair_ratio(imgpipe_times: list[float], im2rec_times: list[float]) -> float:
     """Median over the interleaved runs of im2rec's time / imgpipe's time in the same pair: a shared machine's load cancels."""
     return statistics.median(b / a for a, b in zip(imgpipe_times, im2rec_times))
@@ -266,13 +273,18 @@ def main() -> None:
         resize = mode.strip() == "b"
         label = "(b) --resize 256 --quality 95" if resize else "(a) keep bytes"
         times: dict[str, list[float]] = {"imgpipe": [], "im2rec": [], "cp -r": [], "cp -r + sync": []}
+        cpu_times: dict[str, list[float]] = {"imgpipe": [], "im2rec": []}
         for _ in range(args.repeats):
             shutil.rmtree(out, ignore_errors=True)
+            cpu = children_cpu()
             times["imgpipe"].append(run_timed(imgpipe_commands(src, out / "imgpipe", args.workers, resize)))
+            cpu_times["imgpipe"].append(children_cpu() - cpu)
             assert records_in(out / "imgpipe") == images, "imgpipe packed an unexpected number of records"
             if im2rec:
                 (out / "im2rec").mkdir(parents=True)
+                cpu = children_cpu()
                 times["im2rec"].append(run_timed(im2rec_commands(args.mxnet_python, im2rec, src, out / "im2rec" / "train", args.workers, resize)))
+                cpu_times["im2rec"].append(children_cpu() - cpu)
                 assert records_in(out / "im2rec") == images, "im2rec packed an unexpected number of records"
             if args.cp and not resize:
                 times["cp -r"].append(run_timed([["cp", "-r", str(src / "train"), str(out / "cp1")]]))
@@ -287,6 +299,8 @@ def main() -> None:
                 print(f"  imgpipe / {other}: {medians[other] / medians['imgpipe']:.2f}x the speed")
         if times["im2rec"]:
             print(f"  imgpipe / im2rec, median of the per-pair ratios: {median_pair_ratio(times['imgpipe'], times['im2rec']):.2f}x")
+            print(f"  CPU seconds (user + sys, all processes): imgpipe {statistics.median(cpu_times['imgpipe']):.2f}, "
+                  f"im2rec {statistics.median(cpu_times['im2rec']):.2f}; per-pair ratio {median_pair_ratio(cpu_times['imgpipe'], cpu_times['im2rec']):.2f}x")  # fmt: skip
         if resize:
             per_core = per_core_limit(src / "train")
             pack_per_core = images / medians["imgpipe"] / args.workers

@@ -2,12 +2,12 @@
 
 The optional C extension ``imgpipe._jpeg_shrink`` decodes in the DCT domain at 1/1, 1/2, 1/4
 or 1/8 (the SIMD scales; libjpeg's M/8 scales are slower than a full decode), keeping at least
-twice the target size, resizes with
-Pillow's antialiased bilinear filter and encodes a baseline JPEG, without Python objects in
-between. Pillow's path (``draft`` at the same scales, ``Image.resize(BILINEAR)``, ``save``)
-has the same semantics and the same output size, at about half the speed; the bytes of the
-two paths differ (the C extension resizes columns before rows), so an installation without
-the extension packs other, equally deterministic, bytes.
+twice the target size, resizes with Pillow's antialiased bilinear filter (a 4:2:0 source at full
+scale as its Y, Cb and Cr planes, without colour conversion) and encodes a baseline JPEG, with
+no Python objects in between. Pillow's path (``draft`` at the same scales, ``Image.resize
+(BILINEAR)``, ``save``) has the same semantics and the same output size at about half the
+speed, but other bytes: an installation without the extension packs other, equally
+deterministic, bytes.
 """
 
 from __future__ import annotations

@@ -80,8 +80,12 @@ def test_resized_output_is_antialiased_like_pillows_full_decode_and_resize(name:
 
 
 def shrink_target(size: tuple[int, int]) -> tuple[int, int]:
+    return _target(size, RESIZE)
+
+
+def _target(size: tuple[int, int], short: int) -> tuple[int, int]:
     width, height = size
-    return (RESIZE, round(height * RESIZE / width)) if width <= height else (round(width * RESIZE / height), RESIZE)
+    return (short, round(height * short / width)) if width <= height else (round(width * short / height), short)
 
 
 def test_clean_jpeg_is_resized_by_libjpeg_turbo_in_one_call() -> None:
@@ -131,3 +135,18 @@ def test_resized_pack_does_not_depend_on_workers_or_runs(tmp_path: Path, mode: s
         pack(tmp_path / "src", tmp_path / name, resize=RESIZE, shards=3, workers=workers, progress=False)
         outputs.append({p.name: p.read_bytes() for p in sorted((tmp_path / name).glob("*.rec"))})
     assert len(outputs[0]) == 3 and outputs[0] == outputs[1] == outputs[2]
+
+
+@pytest.mark.parametrize("size", [(501, 377), (333, 499), (260, 259), (1001, 667), (17, 900)])
+def test_sizes_that_are_not_whole_mcus(size: tuple[int, int], mode: str) -> None:
+    """Odd sizes, in and out, that end inside a 16-pixel MCU: the planes line up, and the last rows and columns are right."""
+    data = jpeg(photo(*size, seed=sum(size)), quality=92)
+    short = min(size) - 3
+    prepared = prepare_image(data, resize=short, quality=95)
+    with Image.open(io.BytesIO(data)) as source:
+        target = _target(source.size, short)
+        reference = np.asarray(source.convert("RGB").resize(target, Image.Resampling.BILINEAR), dtype=np.float32)
+    got = decoded(prepared.data)
+    assert got.shape == reference.shape
+    edges = np.concatenate([np.abs(got - reference)[:, -2:].reshape(-1, 3), np.abs(got - reference)[-2:].reshape(-1, 3)])
+    assert np.abs(got - reference).mean(axis=(0, 1)).max() <= 1.5 and edges.mean(axis=0).max() <= 3
