@@ -8,6 +8,8 @@ workers are forked, so they inherit the patch).
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,9 @@ from PIL import Image
 from imgpipe import shrink
 from imgpipe.codec import prepare_image
 from imgpipe.packer import pack
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_codec import OPENCV_SCRIPT  # noqa: E402
 
 RESIZE = 256
 
@@ -150,3 +155,17 @@ def test_sizes_that_are_not_whole_mcus(size: tuple[int, int], mode: str) -> None
     assert got.shape == reference.shape
     edges = np.concatenate([np.abs(got - reference)[:, -2:].reshape(-1, 3), np.abs(got - reference)[-2:].reshape(-1, 3)])
     assert np.abs(got - reference).mean(axis=(0, 1)).max() <= 1.5 and edges.mean(axis=0).max() <= 3
+
+
+@pytest.mark.interop
+@pytest.mark.timeout(120)
+def test_opencv_reads_the_resized_jpegs_as_pillow_does(tmp_path: Path, mxnet_python: str, mode: str) -> None:
+    """MXNet's side (OpenCV's imdecode, as im2rec and mx.image) sees the pixels the Pillow-based loaders see."""
+    paths = []
+    for name in ("500x375 4:2:0", "500x333 4:4:4", "2200x1650 large"):
+        path = tmp_path / f"{name.replace(' ', '_').replace(':', '')}.jpg"
+        path.write_bytes(prepare_image(SOURCES[name](), resize=RESIZE).data)
+        paths.append(path)
+    subprocess.run([mxnet_python, "-c", OPENCV_SCRIPT, *map(str, paths)], check=True, timeout=100)
+    for path in paths:
+        assert np.array_equal(np.load(f"{path}.npy"), decoded(path.read_bytes()).astype(np.uint8)), path.name
