@@ -250,9 +250,7 @@ static int round_up(int n, int multiple) {
     return (n + multiple - 1) / multiple * multiple;
 }
 
-/* A 4:2:0 YCbCr JPEG decoded at full scale: its planes as they are stored (no chroma upsampling, no colour
- * conversion), each resized (the chroma on the luma's scale, so the planes stay aligned) and encoded as
- * planes again. Half the samples of the RGB path, and libjpeg's upsampling and downsampling skipped. */
+/* Whether shrink_planes applies: a 4:2:0 YCbCr JPEG decoded at full scale. */
 static int can_stay_planar(const struct jpeg_decompress_struct *d, int scale_num) {
     const jpeg_component_info *c = d->comp_info;
     return scale_num == 8 && d->jpeg_color_space == JCS_YCbCr && d->num_components == 3 && c[0].h_samp_factor == 2 &&
@@ -260,6 +258,9 @@ static int can_stay_planar(const struct jpeg_decompress_struct *d, int scale_num
            c[2].v_samp_factor == 1;
 }
 
+/* The planes as they are stored (no chroma upsampling, no colour conversion), each resized (the chroma on
+ * the luma's scale, so the planes stay aligned), padded to whole MCUs and encoded as planes again: half
+ * the samples of the RGB path, and libjpeg's upsampling and downsampling skipped. */
 static int shrink_planes(Shrink *s, int width, int height) {
     struct jpeg_decompress_struct *d = &s->dinfo;
     d->raw_data_out = TRUE;
