@@ -1,9 +1,10 @@
-"""The optional region decoder, a C extension over libjpeg-turbo (everything else is in pyproject.toml).
+"""The optional C extensions over libjpeg-turbo: the loaders' region decoder and pack's JPEG shrinker
+(everything else is in pyproject.toml).
 
 It builds where a C compiler and libjpeg-turbo's headers are found (``libjpeg-turbo8-dev`` or
 ``libjpeg62-turbo-dev`` on Debian/Ubuntu, ``libjpeg-turbo-devel`` on RHEL, ``libjpeg-turbo``
-from conda-forge); elsewhere the install goes on without it and the torch loader decodes whole
-JPEGs with torchvision.
+from conda-forge); elsewhere the install goes on without them: the torch loader decodes whole
+JPEGs with torchvision, and ``pack --resize`` resizes with Pillow.
 """
 
 from setuptools import Extension, setup
@@ -16,6 +17,13 @@ setup(
             libraries=["jpeg"],
             extra_compile_args=["-O2", "-Wall"],
             optional=True,
-        )
+        ),
+        Extension(
+            "imgpipe._jpeg_shrink",
+            ["imgpipe/_jpeg_shrink.c"],
+            libraries=["jpeg"],
+            extra_compile_args=["-O3", "-Wall"],  # -O3: the vertical resize pass vectorizes
+            optional=True,
+        ),
     ]
 )

@@ -11,11 +11,20 @@ process, so start-up (imports) is part of the time. The source tree is read once
 timing so every run starts with a warm page cache; ``cp -r`` is timed with and without a
 final ``sync`` (imgpipe fsyncs every shard, im2rec does not). imgpipe gets
 ``--shards 4*workers`` so that every worker has shards to write (im2rec parallelises
-inside its single .rec). Medians over ``--repeats`` runs.
+inside its single .rec). The two tools run in alternation (imgpipe, im2rec, imgpipe, ...);
+medians over ``--repeats`` runs, and the median of the ratios within each pair, which a
+machine shared with other work disturbs less. Mode (b) also prints the per-core limit: decode
++ antialiased resize + encode in one process (``per_core_limit``).
+
+The default source is ImageNet-shaped (``make_imagenet_shaped``): synth's pictures at
+ImageNet's sizes (long side 500, mostly 4:3, 2.5 % with a long side of 1,000-2,400 px) and
+file sizes (quality 95: ~110 KB median); ``imgpipe synth``'s own defaults are smaller (sides
+300-500 px, ~80 KB) and square on average.
 
 Usage::
 
-    python benchmarks/pack_vs_im2rec.py                       # synthetic 20 classes x 50 (~100 MB)
+    python benchmarks/pack_vs_im2rec.py                       # 3,000 ImageNet-shaped JPEGs (~330 MB)
+    python benchmarks/pack_vs_im2rec.py --data synth          # imgpipe synth's defaults, 20 classes x 50
     python benchmarks/pack_vs_im2rec.py --replicate 11 --modes a --cp   # a >= 1 GB tree, vs cp -r
     python benchmarks/pack_vs_im2rec.py --modes t             # from the tars vs from the extracted tree
     IMGPIPE_MXNET_PYTHON=/path/to/mxnet/venv/bin/python python benchmarks/pack_vs_im2rec.py --src SRC
@@ -24,16 +33,24 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import io
 import os
+import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from imgpipe.synth import make_synthetic
+import numpy as np
+from PIL import Image
+
+from imgpipe import shrink
+from imgpipe.codec import _short_side_size
+from imgpipe.synth import class_image, make_synthetic, make_wnids
 
 
 def run_timed(commands: list[list[str]], cwd: Path | None = None) -> float:
@@ -93,6 +110,132 @@ def im2rec_commands(mxnet_python: str, im2rec: str, src: Path, prefix: Path, wor
 def records_in(folder: Path) -> int:
     return sum(len(p.read_text().splitlines()) for p in folder.glob("*.idx"))
 
+# ----------------------------------------------------------------------------- ImageNet-shaped data and the per-core limit
+
+IMAGENET_QUALITY = 95  # with synth's pictures: ~108 KB at 500x375, near ImageNet's median file
+IMAGENET_LARGE = 0.025  # share of images with a long side of 1,000-2,400 px
+IMAGENET_ASPECTS = ((4 / 3, 0.6), (3 / 2, 0.25), (5 / 4, 0.1), (1.0, 0.05))
+
+
+def imagenet_size(rng: np.random.Generator) -> tuple[int, int]:
+    """(width, height) as ImageNet's train images mostly are: long side 500, 4:3 or 3:2, most landscape."""
+    aspects, weights = zip(*IMAGENET_ASPECTS)
+    aspect = float(rng.choice(aspects, p=weights))
+    if rng.random() < IMAGENET_LARGE:
+        long_side = int(rng.integers(1000, 2401))
+    else:
+        long_side = 500 if rng.random() < 0.85 else int(rng.integers(300, 500))
+    short_side = round(long_side / aspect)
+    return (long_side, short_side) if rng.random() < 0.75 else (short_side, long_side)
+
+
+def _imagenet_image(task: tuple[Path, int, int, int, int]) -> None:
+    out, classes, label, k, seed = task
+    rng = np.random.default_rng([seed, label, k])
+    width, height = imagenet_size(rng)
+    Image.fromarray(class_image(rng, label, classes, width, height)).save(out, "JPEG", quality=IMAGENET_QUALITY)
+
+
+def make_imagenet_shaped(out: Path, images: int, classes: int, workers: int, seed: int = 0) -> Path:
+    """``out/train/<wnid>/*.JPEG``: ``images`` synth pictures at ImageNet's sizes and file sizes; made once."""
+    done = out / ".complete"
+    if done.exists():
+        return out
+    wnids = make_wnids(classes, seed)
+    tasks = []
+    for k in range(images):
+        label = k % classes
+        folder = out / "train" / wnids[label]
+        folder.mkdir(parents=True, exist_ok=True)
+        tasks.append((folder / f"{wnids[label]}_{k}.JPEG", classes, label, k, seed))
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(_imagenet_image, tasks, chunksize=16))
+    done.touch()
+    return out
+
+
+def describe_tree(train: Path) -> str:
+    """Median size and file size, and the share of images above 1,000 px, of a class-folder tree."""
+    sizes, files = [], []
+    for path in sorted(train.rglob("*")):
+        if path.is_file():
+            files.append(path.stat().st_size)
+            with Image.open(path) as image:
+                sizes.append(image.size)
+    areas = [w * h for w, h in sizes]
+    median = sizes[sorted(range(len(sizes)), key=areas.__getitem__)[len(sizes) // 2]]
+    large = sum(max(s) > 1000 for s in sizes) / len(sizes)
+    return f"median {median[0]}x{median[1]} px, median file {statistics.median(files) / 1e3:.0f} KB, {large:.1%} above 1,000 px"
+
+
+def per_core_limit(train: Path, short: int = 256, quality: int = 95, limit: int = 600) -> dict[str, float]:
+    """Images/s of one process, files already in memory: decode + antialiased resize + encode.
+
+    ``pillow``: ``draft`` (libjpeg's 1/2, 1/4, 1/8, as pack), ``resize(BILINEAR)``, ``save``: Pillow's
+    libjpeg-turbo. ``libjpeg-turbo``: the same work in one C call (``imgpipe.shrink``), which is
+    what pack runs for a clean JPEG. Images whose shorter side is already ``short`` are skipped,
+    as pack keeps them.
+    """
+    payloads = []
+    for path in sorted(p for p in train.rglob("*") if p.is_file())[:limit]:
+        data = path.read_bytes()
+        with Image.open(io.BytesIO(data)) as image:
+            if min(image.size) > short:
+                payloads.append((data, image.size, _short_side_size(image.size, short)))
+
+    def pillow(data: bytes, size: tuple[int, int], target: tuple[int, int]) -> bytes:
+        with Image.open(io.BytesIO(data)) as image:
+            image.draft("RGB", shrink.draft_size(target))
+            out = io.BytesIO()
+            image.convert("RGB").resize(target, Image.Resampling.BILINEAR).save(out, "JPEG", quality=quality)
+            return out.getvalue()
+
+    def c_call(data: bytes, size: tuple[int, int], target: tuple[int, int]) -> bytes | None:
+        return shrink.shrink_jpeg(data, size, target, quality)
+
+    rates = {}
+    for name, work in (("pillow", pillow), ("libjpeg-turbo", c_call)):
+        if name == "libjpeg-turbo" and not shrink.available():
+            continue
+        started = time.process_time()
+        for payload in payloads:
+            work(*payload)
+        rates[name] = len(payloads) / (time.process_time() - started)
+    return rates
+
+
+def dct_scale_costs(train: Path, short: int = 256, quality: int = 95, limit: int = 300) -> dict[str, float]:
+    """Milliseconds per image of ``imgpipe.shrink`` decoding at 6/8, 7/8 and 8/8, on the images whose
+    shorter side is 4/3-2x ``short`` (so 6/8 still covers the target; most of ImageNet): libjpeg-turbo's
+    M/8 scales other than 1/2, 1/4, 1/8 have no SIMD IDCT, and this shows whether they still pay."""
+    if not shrink.available():
+        return {}
+    payloads = []
+    for path in sorted(p for p in train.rglob("*") if p.is_file())[:limit]:
+        data = path.read_bytes()
+        with Image.open(io.BytesIO(data)) as image:
+            if short * 4 / 3 <= min(image.size) < 2 * short:
+                payloads.append((data, _short_side_size(image.size, short)))
+    costs = {}
+    for m in (6, 7, 8):
+        started = time.process_time()
+        for data, (width, height) in payloads:
+            shrink._shrink(data, m, width, height, quality)
+        costs[f"{m}/8"] = (time.process_time() - started) / max(len(payloads), 1) * 1e3
+    return costs
+
+
+def children_cpu() -> float:
+    """CPU seconds (user + sys) of all finished child processes so far: a cost that other load on the machine barely changes."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def median_pair_ratio(imgpipe_times: list[float], im2rec_times: list[float]) -> float:
+    """Median over the interleaved runs of im2rec's time / imgpipe's time in the same pair: a shared machine's load cancels."""
+    return statistics.median(b / a for a, b in zip(imgpipe_times, im2rec_times))
+
+
 
 def time_tars(src: Path, work: Path, workers: int, repeats: int, images: int) -> None:
     """Mode t: keep-bytes pack from the train tar (read in place) vs from the extracted tree, runs interleaved."""
@@ -120,8 +263,11 @@ def time_tars(src: Path, work: Path, workers: int, repeats: int, images: int) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--src", type=Path, help="tree with train/<class>/* (default: a synthetic one, made once)")
+    parser.add_argument("--src", type=Path, help="tree with train/<class>/* (default: a generated one, made once)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "imgpipe-bench", help="scratch folder")
+    parser.add_argument("--data", choices=["imagenet", "synth"], default="imagenet",
+                        help="generated tree: ImageNet's sizes and file sizes (--images), or imgpipe synth's defaults (--classes x --per-class)")  # fmt: skip
+    parser.add_argument("--images", type=int, default=3000)
     parser.add_argument("--classes", type=int, default=20)
     parser.add_argument("--per-class", type=int, default=50)
     parser.add_argument("--replicate", type=int, default=1, help="copies of each image (e.g. 11 gives ~1 GB from the default)")
@@ -134,13 +280,16 @@ def main() -> None:
 
     args.work.mkdir(parents=True, exist_ok=True)
     src = args.src
-    if src is None:
+    if src is None and args.data == "imagenet":
+        src = make_imagenet_shaped(args.work / f"imagenet-shaped-{args.images}", args.images, args.classes, args.workers)
+    elif src is None:
         src = args.work / f"synth-{args.classes}x{args.per_class}"
         make_synthetic(src, classes=args.classes, per_class=args.per_class, val_per_class=0, workers=args.workers)
     if args.replicate > 1:
         src = replicate(src / "train", args.work / f"{src.name}-x{args.replicate}", args.replicate)
     images, size = tree_stats(src / "train")
-    print(f"source {src}/train: {images:,} images, {size / 1e6:,.1f} MB; {args.workers} workers; median of {args.repeats}")
+    print(f"source {src}/train: {images:,} images, {size / 1e6:,.1f} MB ({describe_tree(src / 'train')}); "
+          f"{args.workers} workers; median of {args.repeats}")  # fmt: skip
     im2rec = im2rec_path(args.mxnet_python) if args.mxnet_python else None
     if im2rec is None:
         print("IMGPIPE_MXNET_PYTHON / --mxnet-python not set: im2rec is not timed")
@@ -153,13 +302,18 @@ def main() -> None:
         resize = mode.strip() == "b"
         label = "(b) --resize 256 --quality 95" if resize else "(a) keep bytes"
         times: dict[str, list[float]] = {"imgpipe": [], "im2rec": [], "cp -r": [], "cp -r + sync": []}
+        cpu_times: dict[str, list[float]] = {"imgpipe": [], "im2rec": []}
         for _ in range(args.repeats):
             shutil.rmtree(out, ignore_errors=True)
+            cpu = children_cpu()
             times["imgpipe"].append(run_timed(imgpipe_commands(src, out / "imgpipe", args.workers, resize)))
+            cpu_times["imgpipe"].append(children_cpu() - cpu)
             assert records_in(out / "imgpipe") == images, "imgpipe packed an unexpected number of records"
             if im2rec:
                 (out / "im2rec").mkdir(parents=True)
+                cpu = children_cpu()
                 times["im2rec"].append(run_timed(im2rec_commands(args.mxnet_python, im2rec, src, out / "im2rec" / "train", args.workers, resize)))
+                cpu_times["im2rec"].append(children_cpu() - cpu)
                 assert records_in(out / "im2rec") == images, "im2rec packed an unexpected number of records"
             if args.cp and not resize:
                 times["cp -r"].append(run_timed([["cp", "-r", str(src / "train"), str(out / "cp1")]]))
@@ -172,6 +326,18 @@ def main() -> None:
         for other in ("im2rec", "cp -r", "cp -r + sync"):
             if other in medians:
                 print(f"  imgpipe / {other}: {medians[other] / medians['imgpipe']:.2f}x the speed")
+        if times["im2rec"]:
+            print(f"  imgpipe / im2rec, median of the per-pair ratios: {median_pair_ratio(times['imgpipe'], times['im2rec']):.2f}x")
+            print(f"  CPU seconds (user + sys, all processes): imgpipe {statistics.median(cpu_times['imgpipe']):.2f}, "
+                  f"im2rec {statistics.median(cpu_times['im2rec']):.2f}; per-pair ratio {median_pair_ratio(cpu_times['imgpipe'], cpu_times['im2rec']):.2f}x")  # fmt: skip
+        if resize:
+            per_core = per_core_limit(src / "train")
+            pack_per_core = images / medians["imgpipe"] / args.workers
+            print(f"  per core, one process, files in memory: {', '.join(f'{k} {v:,.0f}' for k, v in per_core.items())} images/s;"
+                  f" imgpipe pack (whole command) {pack_per_core:,.0f} images/s per worker")  # fmt: skip
+            scales = dct_scale_costs(src / "train")
+            if scales:
+                print(f"  libjpeg-turbo decode scale, ms per 500x375-like image: {', '.join(f'{k} {v:.2f}' for k, v in scales.items())}")
     shutil.rmtree(out, ignore_errors=True)
 
 

@@ -20,6 +20,10 @@ Files Pillow cannot open or decode (empty, not an image, corrupt, or truncated o
 formats, with Pillow's default ``LOAD_TRUNCATED_IMAGES = False``) are skipped with the
 reason, and so is an image over Pillow's decompression-bomb limit. Re-encoding is
 deterministic: the same input always gives the same bytes.
+
+Resizing a JPEG that needs no repair goes through ``imgpipe.shrink`` (libjpeg-turbo in one C
+call) when its extension is built, else through Pillow here: the same size and filter, other
+bytes (see ``imgpipe.shrink``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from typing import Iterator
 
 import numpy as np
 from PIL import Image, ImageOps
+
+from imgpipe.shrink import draft_size, shrink_jpeg
 
 logger = logging.getLogger(__name__)
 
@@ -289,6 +295,10 @@ def prepare_image(data: bytes, *, resize: int | None = None, quality: int = 95) 
                 return Prepared(None, "skipped", failure)
             return Prepared(data, "repaired" if reasons else "kept", "; ".join(reasons) or None)
         if not repairs:
+            size = (info.width, info.height)
+            shrunk = shrink_jpeg(data, size, _short_side_size(size, resize), quality)  # type: ignore[arg-type]
+            if shrunk is not None:
+                return Prepared(shrunk, "resized", "; ".join(reasons) or None)
             return _reencode(data, resize, quality, action="resized", reasons=reasons)
         reasons.extend(repairs)
     return _reencode(data, resize, quality, action="repaired", reasons=reasons)
@@ -371,11 +381,10 @@ def _short_side_size(size: tuple[int, int], short: int) -> tuple[int, int]:
 
 
 def _draft_for(image: Image.Image, short: int) -> None:
-    """Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the result still covers the target size."""
+    """Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the result stays twice the target size (``draft_size``)."""
     if image.format != "JPEG" or min(image.size) <= short:
         return
-    target = _short_side_size(image.size, short)
-    image.draft(None, target)
+    image.draft(None, draft_size(_short_side_size(image.size, short)))
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:
