@@ -45,9 +45,9 @@ from PIL import Image
 
 import imgpipe
 from imgpipe.loaders.pixels import describe_jpeg_decoder, region_decoder
-from imgpipe.manifest import manifest_path
-from imgpipe.shards import open_shards
-from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalGeometry
+from imgpipe.format.manifest import manifest_path
+from imgpipe.format.shardset import open_shards
+from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, EvalGeometry
 
 LOADERS = ("imgpipe-torch", "imgpipe-torch-whole", "torchvision", "dali-plain", "imgpipe-dali")
 TORCH_BASED = ("imgpipe-torch", "imgpipe-torch-whole", "torchvision")
@@ -111,7 +111,7 @@ def torchvision_baseline(src: Path, train: bool, a: argparse.Namespace) -> Any:
     from torchvision.datasets import ImageFolder
     from torchvision.datasets.folder import default_loader
 
-    from imgpipe.source import scan
+    from imgpipe.packing.source import scan
 
     normalize = T.Normalize([m / 255 for m in IMAGENET_MEAN], [s / 255 for s in IMAGENET_STD])
     if train:

@@ -37,7 +37,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from imgpipe.atomic import atomic_write_bytes
+from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe.errors import DatasetError
 
 logger = logging.getLogger(__name__)

@@ -30,11 +30,11 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
-from imgpipe.codec import decode_failure
-from imgpipe.distenv import available_cpus
+from imgpipe.packing.codec import decode_failure
+from imgpipe._sys.distenv import available_cpus
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError
-from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, sha256_file, stays_inside_source_root, unfinished_pack
-from imgpipe.recordio import IRHeader, iter_frames, read_index, unpack_header
+from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, sha256_file, stays_inside_source_root, unfinished_pack
+from imgpipe.format.recordio import IRHeader, iter_frames, read_index, unpack_header
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from imgpipe.manifest import load_manifest
-from imgpipe.recordio import FRAME_HEADER, IR_SIZE, read_index
+from imgpipe.format.manifest import load_manifest
+from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, read_index
 from imgpipe.synth import make_synthetic
 
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from imgpipe.errors import DatasetError
-from imgpipe.manifest import load_manifest
-from imgpipe.recordio import FRAME_HEADER, IR_SIZE, IndexedRecordWriter, IRHeader, pack_header, read_index
+from imgpipe.format.manifest import load_manifest
+from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, IndexedRecordWriter, IRHeader, pack_header, read_index
 from imgpipe.verifier import verify
 
 

@@ -36,7 +36,7 @@ import torch
 
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.common import ON_CORRUPT, check_choice, check_int, check_loader_args, default_workers, no_full_batch, open_for_rank
-from imgpipe.shards import ShardSet
+from imgpipe.format.shardset import ShardSet
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ INSTALL_HINT = "pip install 'imgpipe[dali]'"
 READER_NAME = "Reader"
 _DECODING_OPERATORS = ("decoders", "peek_image_shape")  # in DALI's message when a record did not decode
 DEFAULT_INITIAL_FILL = 1024
-_SEED_DOMAIN = 0x44414C49  # "DALI": keeps these seeds apart from imgpipe.seeding's families
+_SEED_DOMAIN = 0x44414C49  # "DALI": keeps these seeds apart from imgpipe.loaders.seeding's families
 
 
 def dali_available() -> bool:
@@ -193,7 +193,7 @@ class DaliLoader:
 
 def first_undecodable(shards: ShardSet, indices: Iterable[int]) -> tuple[int, str] | None:
     """The first of ``indices`` whose record does not read or decode whole, with the reason; None if all do."""
-    from imgpipe.codec import decode_failure
+    from imgpipe.packing.codec import decode_failure
 
     for index in indices:
         try:
@@ -209,7 +209,7 @@ def _build_pipeline(spec: _Spec, epoch: int) -> Any:
     dali = _import_dali()
     from nvidia.dali import fn, types
 
-    from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD
+    from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD
 
     seeds = epoch_seeds(spec.seed, spec.rank, epoch)
     gpu = spec.device_id is not None
@@ -279,7 +279,7 @@ def _eval_resize_and_crop(jpegs: Any, shorter: int, size: int) -> tuple[Any, Any
 
     ``fn.resize(resize_shorter=...)`` rounds the long side and ``crop_mirror_normalize``
     rounds the crop anchor half away from zero; torchvision (and so the torch loader,
-    ``transforms.EvalGeometry.crop``) truncates the long side and rounds the anchor half to
+    ``geometry.EvalGeometry.crop``) truncates the long side and rounds the anchor half to
     even. Off by one pixel, the two loaders would differ by 5-15 units on fine detail, so the
     exact sizes are computed here from the stored JPEG size with DALI arithmetic.
     """
@@ -308,7 +308,7 @@ def _round_half_even(x: Any) -> Any:
 
 
 def dali_geometry(image_size: int, train: bool) -> dict[str, Any]:
-    """The DALI operator arguments of the geometry, all taken from ``imgpipe.transforms`` (shared with the torch loader).
+    """The DALI operator arguments of the geometry, all taken from ``imgpipe.loaders.geometry`` (shared with the torch loader).
 
     Train: ``decoders.image_random_crop(random_area, random_aspect_ratio, num_attempts)``,
     resize to ``crop`` squared, mirror with ``flip_probability``. Eval: resize the shorter side
@@ -316,19 +316,19 @@ def dali_geometry(image_size: int, train: bool) -> dict[str, Any]:
     the stored pixels without EXIF rotation, as the torch loader does (``imgpipe pack``
     applies the orientation when packing). ``interpolation`` names a ``types`` member.
     """
-    from imgpipe import transforms
+    from imgpipe.loaders import geometry
 
     dali_interp = {"bilinear": "INTERP_LINEAR", "bicubic": "INTERP_CUBIC", "nearest": "INTERP_NN"}
-    common = {"crop": image_size, "interpolation": dali_interp[transforms.INTERPOLATION], "antialias": transforms.ANTIALIAS}
+    common = {"crop": image_size, "interpolation": dali_interp[geometry.INTERPOLATION], "antialias": geometry.ANTIALIAS}
     if not train:
-        return {**common, "resize_shorter": transforms.EvalGeometry(image_size=image_size).resize_shorter}
-    geometry = transforms.TrainGeometry(image_size=image_size)
+        return {**common, "resize_shorter": geometry.EvalGeometry(image_size=image_size).resize_shorter}
+    crop = geometry.TrainGeometry(image_size=image_size)
     return {
         **common,
-        "random_area": geometry.scale,
-        "random_aspect_ratio": geometry.ratio,
-        "num_attempts": transforms.CROP_ATTEMPTS,
-        "flip_probability": geometry.flip_p,
+        "random_area": crop.scale,
+        "random_aspect_ratio": crop.ratio,
+        "num_attempts": geometry.CROP_ATTEMPTS,
+        "flip_probability": crop.flip_p,
     }
 
 

@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from imgpipe.codec import jpeg_size
-from imgpipe.transforms import Crop
+from imgpipe.packing.codec import jpeg_size
+from imgpipe.loaders.geometry import Crop
 
 REGION_DECODER_HEADERS = "apt install libjpeg-turbo8-dev, dnf install libjpeg-turbo-devel or conda install libjpeg-turbo"
 DRAFT_MIN_REDUCTION = 2  # decode reduced when the box shrinks by at least this factor

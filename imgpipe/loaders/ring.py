@@ -26,7 +26,7 @@ from typing import Iterator
 import torch
 
 from imgpipe.errors import ConfigError
-from imgpipe.meminfo import MEMINFO, available_memory
+from imgpipe._sys.meminfo import MEMINFO, available_memory
 
 SHARED_MEMORY_DIR = "/dev/shm"
 

@@ -52,7 +52,7 @@ from PIL import Image, UnidentifiedImageError
 from torch.multiprocessing import reductions
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from imgpipe import seeding
+from imgpipe.loaders import seeding
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.common import (
     ON_CORRUPT,
@@ -68,9 +68,9 @@ from imgpipe.loaders.common import (
 )
 from imgpipe.loaders.pixels import decode_sample, load_decoders
 from imgpipe.loaders.ring import BatchRing
-from imgpipe.sampler import REMAINDER_POLICIES, EpochSampler
-from imgpipe.shards import PathLike, ShardSet
-from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry
+from imgpipe.loaders.sampler import REMAINDER_POLICIES, EpochSampler
+from imgpipe.format.shardset import PathLike, ShardSet
+from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry
 
 logger = logging.getLogger(__name__)
 

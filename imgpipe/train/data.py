@@ -14,8 +14,8 @@ from typing import Any, Iterator
 import torch
 
 from imgpipe.errors import ConfigError, DatasetError
-from imgpipe.manifest import Manifest, load_manifest
-from imgpipe.sampler import batch_count
+from imgpipe.format.manifest import Manifest, load_manifest
+from imgpipe.loaders.sampler import batch_count
 from imgpipe.train.config import TrainConfig
 from imgpipe.train.launch import RankContext
 

@@ -35,7 +35,7 @@ from typing import Any, Callable, TypeVar
 
 from tqdm import tqdm
 
-from imgpipe.distenv import DistEnv
+from imgpipe._sys.distenv import DistEnv
 from imgpipe.errors import DistributedError, ImgpipeError
 
 logger = logging.getLogger(__name__)

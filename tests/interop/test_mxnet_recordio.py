@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imgpipe import recordio
-from imgpipe.recordio import MAGIC_BYTES as M
-from imgpipe.recordio import IRHeader
+from imgpipe.format import recordio
+from imgpipe.format.recordio import MAGIC_BYTES as M
+from imgpipe.format.recordio import IRHeader
 
 pytestmark = [pytest.mark.interop, pytest.mark.usefixtures("mxnet_python")]  # conftest: skip, or fail under make test
 

@@ -15,15 +15,15 @@ import pytest
 import torch
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _tiny_shards import make_tiny_pack  # noqa: E402
 
 from imgpipe.errors import DatasetError  # noqa: E402
 from imgpipe.loaders.pixels import decode_sample  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
-from imgpipe.seeding import sample_rng  # noqa: E402
-from imgpipe.shards import open_shards  # noqa: E402
-from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry  # noqa: E402
+from imgpipe.loaders.seeding import sample_rng  # noqa: E402
+from imgpipe.format.shardset import open_shards  # noqa: E402
+from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry  # noqa: E402
 
 SIZE = 32
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _tiny_shards import make_tiny_pack  # noqa: E402
 
 from imgpipe.errors import DatasetError, RecordIOError  # noqa: E402
-from imgpipe.recordio import read_index, read_record_at, unpack_header  # noqa: E402
-from imgpipe.shards import open_shards  # noqa: E402
+from imgpipe.format.recordio import read_index, read_record_at, unpack_header  # noqa: E402
+from imgpipe.format.shardset import open_shards  # noqa: E402
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ def test_dali_index_offsets_run_on_across_files(tiny: Path) -> None:
     concat = b"".join(p.read_bytes() for p in s.rec_paths)
     assert offsets[0] == 0 and offsets.max() < sum(sizes)
     for i in range(len(s)):  # each offset points at record i inside the concatenation of the files
-        from imgpipe.recordio import parse_record
+        from imgpipe.format.recordio import parse_record
 
         record, _ = parse_record(concat, int(offsets[i]), len(concat), "concat")
         assert unpack_header(record)[1] == s.read(i)[1]

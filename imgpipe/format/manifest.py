@@ -27,13 +27,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imgpipe.atomic import atomic_write_bytes
+from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe.errors import DatasetError
 
 FORMAT = "imgpipe-recordio"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-JOURNAL_DIR = ".imgpipe-pack"  # the pack journal (see imgpipe.journal)
+JOURNAL_DIR = ".imgpipe-pack"  # the pack journal (see imgpipe.packing.journal)
 PLAN_NAME = "plan.json"  # in the journal: options, fingerprint, planned shard count
 SHARD_FILE = re.compile(r"^(?P<split>[^/]+)-\d{5}-of-\d{5}\.(?P<ext>rec|idx|json)$")  # a shard, its index, its journal entry
 

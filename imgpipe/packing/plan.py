@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from imgpipe.errors import PackError
-from imgpipe.recordio import FRAME_HEADER, IR_SIZE
+from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE
 
 if TYPE_CHECKING:
-    from imgpipe.tarsource import MemberSpans
+    from imgpipe.packing.tarsource import MemberSpans
 
 logger = logging.getLogger(__name__)
 

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imgpipe.diskinfo import check_free_space, device_for_path, format_bytes, warn_if_slow
+from imgpipe._sys.diskinfo import check_free_space, device_for_path, format_bytes, warn_if_slow
 from imgpipe.errors import DatasetError, PackError
-from imgpipe.journal import JOURNAL_DIR
-from imgpipe.manifest import load_manifest
-from imgpipe.packer import pack
-from imgpipe.plan import RECORD_OVERHEAD, parse_shard_counts, parse_size
-from imgpipe.recordio import read_indexed
+from imgpipe.packing.journal import JOURNAL_DIR
+from imgpipe.format.manifest import load_manifest
+from imgpipe.packing.packer import pack
+from imgpipe.packing.plan import RECORD_OVERHEAD, parse_shard_counts, parse_size
+from imgpipe.format.recordio import read_indexed
 from imgpipe.synth import make_synthetic
 
 
@@ -443,7 +443,7 @@ def test_warn_if_slow_names_a_network_or_rotational_dst(tmp_path: Path, caplog: 
     (sys_block / "ssz" / "queue" / "rotational").write_text("0\n")
     mounts.write_text("/dev/root / ext4 rw 0 0\nserver:/export /nfs nfs4 rw 0 0\n/dev/hdz /spin xfs rw 0 0\n/dev/ssz /fast xfs rw 0 0\n")
     seam = dict(mounts_file=str(mounts), sys_block=sys_block)
-    with caplog.at_level("WARNING", logger="imgpipe.diskinfo"):
+    with caplog.at_level("WARNING", logger="imgpipe._sys.diskinfo"):
         assert warn_if_slow("/nfs/imagenet", **seam).network
         assert warn_if_slow("/spin/imagenet", **seam).rotational
         assert warn_if_slow("/fast/imagenet", **seam).slow is False

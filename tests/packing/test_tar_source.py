@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from imgpipe.cli.data import node_identity
-from imgpipe.devkit import DEVKIT_NAME, GROUND_TRUTH, META, read_devkit
-from imgpipe.journal import JOURNAL_DIR
-from imgpipe.manifest import load_manifest
-from imgpipe.packer import pack
+from imgpipe.packing.devkit import DEVKIT_NAME, GROUND_TRUTH, META, read_devkit
+from imgpipe.packing.journal import JOURNAL_DIR
+from imgpipe.format.manifest import load_manifest
+from imgpipe.packing.packer import pack
 from imgpipe.synth import make_synthetic
-from imgpipe.tarsource import TRAIN_TAR, VAL_TAR
+from imgpipe.packing.tarsource import TRAIN_TAR, VAL_TAR
 
 SYNTH = dict(classes=4, per_class=10, val_per_class=3, seed=3, quirks=True, min_side=48, max_side=96, progress=False)
 

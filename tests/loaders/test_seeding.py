@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from imgpipe.seeding import order_rng, sample_rng, seed_worker_globals, worker_seed
+from imgpipe.loaders.seeding import order_rng, sample_rng, seed_worker_globals, worker_seed
 
 
 def _head(rng: np.random.Generator) -> tuple[int, int]:

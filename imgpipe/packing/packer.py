@@ -33,15 +33,15 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from imgpipe import source
-from imgpipe.atomic import atomic_write_bytes, fsync_dir
-from imgpipe.diskinfo import check_free_space, warn_if_slow
-from imgpipe.distenv import available_cpus
+from imgpipe.packing import source
+from imgpipe._sys.atomic import atomic_write_bytes, fsync_dir
+from imgpipe._sys.diskinfo import check_free_space, warn_if_slow
+from imgpipe._sys.distenv import available_cpus
 from imgpipe.errors import ImgpipeError, PackError
-from imgpipe.journal import JOURNAL_DIR, Journal, ShardResult
-from imgpipe.manifest import MANIFEST_NAME, SHARD_FILE, Manifest, ShardInfo, Skipped, SplitInfo, load_manifest, write_manifest
-from imgpipe.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size, published_names
-from imgpipe.shardwriter import ShardJob, init_worker, tmp_names, write_shard, write_shard_in_worker
+from imgpipe.packing.journal import JOURNAL_DIR, Journal, ShardResult
+from imgpipe.format.manifest import MANIFEST_NAME, SHARD_FILE, Manifest, ShardInfo, Skipped, SplitInfo, load_manifest, write_manifest
+from imgpipe.packing.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size, published_names
+from imgpipe.packing.shardwriter import ShardJob, init_worker, tmp_names, write_shard, write_shard_in_worker
 
 logger = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imgpipe.atomic import atomic_write_bytes
+from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe.errors import PackError
-from imgpipe.manifest import JOURNAL_DIR, PLAN_NAME
+from imgpipe.format.manifest import JOURNAL_DIR, PLAN_NAME
 
 
 @dataclass

@@ -11,9 +11,9 @@ import pytest
 from PIL import Image
 
 from imgpipe.errors import DatasetError
-from imgpipe.manifest import load_manifest
-from imgpipe.recordio import IndexedRecordWriter
-from imgpipe.shards import open_shards
+from imgpipe.format.manifest import load_manifest
+from imgpipe.format.recordio import IndexedRecordWriter
+from imgpipe.format.shardset import open_shards
 from imgpipe.verifier import verify
 
 
@@ -66,7 +66,7 @@ def test_the_renumbered_pack_is_read_by_dali(middle_class_broken: Path, tmp_path
 
     if not dali_available():
         pytest.skip("nvidia.dali is not importable")
-    from imgpipe.packer import pack
+    from imgpipe.packing.packer import pack
 
     dst = tmp_path / "dst"
     pack(middle_class_broken, dst, shuffle=False, shards=3, workers=1, progress=False)

@@ -27,10 +27,10 @@ import torch
 import torchvision.transforms as T
 from PIL import Image
 
-from imgpipe import transforms
+from imgpipe.loaders import geometry
 from imgpipe.loaders.dali import dali_available, dali_geometry
 from imgpipe.loaders.torch import make_torch_loader
-from imgpipe.shards import open_shards
+from imgpipe.format.shardset import open_shards
 
 SIZE = 48
 MAX_REFERENCE_MAD = 1.0  # DALI vs torchvision Resize + CenterCrop, any image, 0-255 units
@@ -41,24 +41,24 @@ MIN_MISMATCH_MAD = 10.0  # what a geometry bug costs at least, to show the bound
 
 def test_train_geometry_constants_are_shared() -> None:
     train = dali_geometry(224, train=True)
-    torch_train = transforms.TrainGeometry(image_size=224)
-    assert train["random_area"] == torch_train.scale == transforms.TRAIN_SCALE == (0.08, 1.0)
-    assert train["random_aspect_ratio"] == torch_train.ratio == transforms.TRAIN_RATIO == (3 / 4, 4 / 3)
-    assert train["flip_probability"] == torch_train.flip_p == transforms.FLIP_P == 0.5
-    assert train["num_attempts"] == transforms.CROP_ATTEMPTS == 10
+    torch_train = geometry.TrainGeometry(image_size=224)
+    assert train["random_area"] == torch_train.scale == geometry.TRAIN_SCALE == (0.08, 1.0)
+    assert train["random_aspect_ratio"] == torch_train.ratio == geometry.TRAIN_RATIO == (3 / 4, 4 / 3)
+    assert train["flip_probability"] == torch_train.flip_p == geometry.FLIP_P == 0.5
+    assert train["num_attempts"] == geometry.CROP_ATTEMPTS == 10
     assert train["crop"] == torch_train.image_size == 224
     # ... and they are torchvision's RandomResizedCrop / RandomHorizontalFlip defaults
     reference = T.RandomResizedCrop(224)
     assert tuple(reference.scale) == torch_train.scale and tuple(reference.ratio) == torch_train.ratio
     assert T.RandomHorizontalFlip().p == torch_train.flip_p
-    assert reference.interpolation == T.InterpolationMode.BILINEAR and transforms.INTERPOLATION == "bilinear"
+    assert reference.interpolation == T.InterpolationMode.BILINEAR and geometry.INTERPOLATION == "bilinear"
 
     val = dali_geometry(224, train=False)
-    assert val["resize_shorter"] == transforms.EvalGeometry(image_size=224).resize_shorter == 256
-    assert val["crop"] == 224 and transforms.EVAL_CROP_FRACTION == 0.875
+    assert val["resize_shorter"] == geometry.EvalGeometry(image_size=224).resize_shorter == 256
+    assert val["crop"] == 224 and geometry.EVAL_CROP_FRACTION == 0.875
     assert dali_geometry(160, train=False)["resize_shorter"] == round(160 / 0.875) == 183
-    for geometry in (train, val):
-        assert geometry["interpolation"] == "INTERP_LINEAR" and geometry["antialias"] is transforms.ANTIALIAS is True
+    for args in (train, val):
+        assert args["interpolation"] == "INTERP_LINEAR" and args["antialias"] is geometry.ANTIALIAS is True
 
 
 @pytest.mark.dali

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from imgpipe.errors import DatasetError
-from imgpipe.journal import JOURNAL_DIR
-from imgpipe.packer import pack
-from imgpipe.shards import open_shards
+from imgpipe.packing.journal import JOURNAL_DIR
+from imgpipe.packing.packer import pack
+from imgpipe.format.shardset import open_shards
 
 
 def imgpipe(*args: object) -> subprocess.CompletedProcess[str]:

@@ -8,9 +8,9 @@ import struct
 import numpy as np
 import pytest
 
-from imgpipe import recordio
+from imgpipe.format import recordio
 from imgpipe.errors import RecordIOError
-from imgpipe.recordio import MAGIC, MAGIC_BYTES, IRHeader
+from imgpipe.format.recordio import MAGIC, MAGIC_BYTES, IRHeader
 
 M = MAGIC_BYTES
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _tiny_shards import make_tiny_pack  # noqa: E402
 
 from imgpipe.errors import ConfigError  # noqa: E402

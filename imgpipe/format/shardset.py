@@ -18,10 +18,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from imgpipe import recordio
-from imgpipe.atomic import atomic_write_bytes
+from imgpipe.format import recordio
+from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe.errors import DatasetError, RecordIOError
-from imgpipe.manifest import SHARD_FILE, Manifest, load_manifest, manifest_path, unfinished_pack
+from imgpipe.format.manifest import SHARD_FILE, Manifest, load_manifest, manifest_path, unfinished_pack
 
 logger = logging.getLogger(__name__)
 

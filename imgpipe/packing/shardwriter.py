@@ -20,15 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from imgpipe import codec
-from imgpipe.atomic import fsync_dir
+from imgpipe.packing import codec
+from imgpipe._sys.atomic import fsync_dir
 from imgpipe.errors import PackError
-from imgpipe.journal import Journal, ShardResult
-from imgpipe.plan import ShardSpec
-from imgpipe.recordio import IndexedRecordWriter, IRHeader, pack_header
+from imgpipe.packing.journal import Journal, ShardResult
+from imgpipe.packing.plan import ShardSpec
+from imgpipe.format.recordio import IndexedRecordWriter, IRHeader, pack_header
 
 if TYPE_CHECKING:
-    from imgpipe.tarsource import MemberSpans
+    from imgpipe.packing.tarsource import MemberSpans
 
 ProgressFn = Callable[[int, int], None]  # (images done, source bytes read) since the last call
 

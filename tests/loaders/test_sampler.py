@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from imgpipe.errors import ConfigError
-from imgpipe.sampler import EpochSampler, batch_count, epoch_order, rank_indices
+from imgpipe.loaders.sampler import EpochSampler, batch_count, epoch_order, rank_indices
 
 
 def _all_ranks(n: int, world: int, batch: int, **kw) -> list[np.ndarray]:

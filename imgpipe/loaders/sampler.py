@@ -24,9 +24,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from imgpipe.distenv import DistEnv
+from imgpipe._sys.distenv import DistEnv
 from imgpipe.errors import ConfigError
-from imgpipe.seeding import order_rng
+from imgpipe.loaders.seeding import order_rng
 
 REMAINDER_POLICIES = ("drop", "pad")
 

@@ -30,11 +30,11 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from imgpipe.devkit import DEVKIT_NAME, Devkit, read_devkit
-from imgpipe.distenv import available_cpus
+from imgpipe.packing.devkit import DEVKIT_NAME, Devkit, read_devkit
+from imgpipe._sys.distenv import available_cpus
 from imgpipe.errors import DatasetError
-from imgpipe.manifest import stays_inside_source_root
-from imgpipe.source import NEWLINE_REASON, VAL_CSV, SourceTree, SplitItems, is_image_name, label_flat_val, read_val_csv
+from imgpipe.format.manifest import stays_inside_source_root
+from imgpipe.packing.source import NEWLINE_REASON, VAL_CSV, SourceTree, SplitItems, is_image_name, label_flat_val, read_val_csv
 
 logger = logging.getLogger(__name__)
 

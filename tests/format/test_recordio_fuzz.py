@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from imgpipe import recordio
+from imgpipe.format import recordio
 from imgpipe.errors import RecordIOError
-from imgpipe.recordio import MAGIC, MAGIC_BYTES, IRHeader
+from imgpipe.format.recordio import MAGIC, MAGIC_BYTES, IRHeader
 
 SLACK = 64 * 1024  # Python object overheads, exception objects, tracemalloc's own records
 # no explain phase: its line tracer allocates inside the measured read when a stored failure is replayed

@@ -1,4 +1,4 @@
-"""imgpipe.codec: the no-decode fast path, every repair, resizing, skip reasons and header parsing."""
+"""imgpipe.packing.codec: the no-decode fast path, every repair, resizing, skip reasons and header parsing."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
-from imgpipe.codec import JpegInfo, Prepared, inspect_jpeg, jpeg_size, prepare_image
+from imgpipe.packing.codec import JpegInfo, Prepared, inspect_jpeg, jpeg_size, prepare_image
 
 
 def picture(width: int = 96, height: int = 64, seed: int = 0) -> Image.Image:

@@ -17,11 +17,11 @@ import pytest
 import torch
 from PIL import Image
 
-from imgpipe.atomic import atomic_write_bytes
+from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.dali import epoch_seeds, shard_bounds
-from imgpipe.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
-from imgpipe.recordio import IndexedRecordWriter, IRHeader, pack_header
+from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
+from imgpipe.format.recordio import IndexedRecordWriter, IRHeader, pack_header
 
 pytestmark = [pytest.mark.dali, pytest.mark.usefixtures("require_dali")]  # conftest: skip only if not installed
 
@@ -235,7 +235,7 @@ def test_bare_rec_files_by_glob_read_through_one_combined_index(indexed: Path) -
 @pytest.mark.parametrize(("world_size", "rank", "bad"), [(1, 0, 2), (1, 0, 29), (2, 1, 22)])
 def test_a_record_that_does_not_decode_is_named_in_one_line(tmp_path: Path, train: bool, world_size: int, rank: int, bad: int) -> None:
     """As the torch loader does: the shard, the record, its id, offset and source, in one line."""
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1]))
     from _tiny_shards import make_tiny_pack
 
     folder = make_tiny_pack(tmp_path / "c", records=30, shards=2, classes=3, corrupt=(bad,))

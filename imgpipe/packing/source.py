@@ -40,7 +40,7 @@ import numpy as np
 from imgpipe.errors import DatasetError
 
 if TYPE_CHECKING:
-    from imgpipe.tarsource import MemberSpans
+    from imgpipe.packing.tarsource import MemberSpans
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def scan(
     ``src`` may also be image-net.org's tarballs (a folder holding them, one tar, or the files
     named one by one): ``tarsource`` lists them in place, with ``workers`` processes.
     """
-    from imgpipe import tarsource
+    from imgpipe.packing import tarsource
 
     tars = tarsource.find_tars(src)
     if tars is not None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _tiny_shards import tiny_jpeg  # noqa: E402
 
 from imgpipe.loaders import pixels  # noqa: E402
