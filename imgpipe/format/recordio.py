@@ -94,13 +94,8 @@ def unpack_header(record: bytes | memoryview, path: object = "<record>", offset:
 # ----------------------------------------------------------------------------- framing
 
 
-def frame(record: bytes) -> bytes:
-    """Frame one record as dmlc ``RecordIOWriter::WriteRecord`` does, magic splits included."""
-    return b"".join(frame_parts(record))
-
-
 def frame_parts(record: bytes) -> list[bytes]:
-    """The pieces of ``frame(record)`` in order, for writers that need not join them."""
+    """Frame one record as dmlc ``RecordIOWriter::WriteRecord`` does, magic splits included: the pieces in order."""
     length = len(record)
     if length >= MAX_RECORD_BYTES:
         raise ValueError(f"RecordIO records must be smaller than 2**29 bytes, got {length}")
@@ -343,7 +338,6 @@ class IndexedRecordWriter:
         self._idx = open(self.idx_path, "wb")
         self._rec_hash, self._idx_hash = hashlib.sha256(), hashlib.sha256()
         self.position = self.idx_bytes = 0
-        self.count = 0
 
     def write(self, key: int, record: bytes) -> int:
         """Append one record under ``key``; return its offset."""
@@ -356,7 +350,6 @@ class IndexedRecordWriter:
         self._idx.write(line)
         self._idx_hash.update(line)
         self.idx_bytes += len(line)
-        self.count += 1
         return offset
 
     @property
@@ -382,16 +375,3 @@ class IndexedRecordWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def read_indexed(rec_path: str | os.PathLike, idx_path: str | os.PathLike) -> Iterator[tuple[int, IRHeader, bytes]]:
-    """Yield (key, header, image bytes) for each .idx entry of a .rec, in index order."""
-    keys, offsets = read_index(idx_path)
-    size = Path(rec_path).stat().st_size
-    with open(rec_path, "rb") as f:
-        for key, offset in zip(keys.tolist(), offsets.tolist()):
-            if offset >= size:
-                raise RecordIOError(idx_path, offset, f"index offset {offset} is past the end of {rec_path} ({size} bytes)")
-            record, _ = read_record_at(f, offset, size, rec_path)
-            header, payload = unpack_header(record, rec_path, offset)
-            yield key, header, payload

@@ -54,9 +54,6 @@ class Journal:
         self.dst = Path(dst)
         self.folder = self.dst / JOURNAL_DIR
 
-    def exists(self) -> bool:
-        return (self.folder / PLAN_NAME).exists()
-
     def read_plan(self) -> dict[str, Any] | None:
         try:
             return json.loads((self.folder / PLAN_NAME).read_text(encoding="utf-8"))

@@ -117,7 +117,6 @@ class SplitPlan:
     paths: list[str]
     labels: np.ndarray
     sizes: np.ndarray
-    estimated_bytes: int
     shards: list[ShardSpec]
     spans: MemberSpans | None = None  # tarball sources: where each planned item lies in its tar
 
@@ -137,13 +136,6 @@ class PackPlan:
         """Every shard of every split, in split then shard order (the global shard list)."""
         return [shard for split in self.splits.values() for shard in split.shards]
 
-    @property
-    def estimated_bytes(self) -> int:
-        return sum(split.estimated_bytes for split in self.splits.values())
-
-    @property
-    def items(self) -> int:
-        return sum(len(split.paths) for split in self.splits.values())
 
 
 def source_sizes(root: Path, paths: Sequence[str]) -> np.ndarray:
@@ -196,7 +188,7 @@ def make_plan(
         bounds = [len(paths) * k // count for k in range(count + 1)]
         shards = [ShardSpec(name, k, count, bounds[k], bounds[k + 1]) for k in range(count)]
         planned_spans = split_spans.take(order) if split_spans is not None else None
-        splits[name] = SplitPlan(name, planned_paths, planned_labels, sizes[order], estimated, shards, planned_spans)
+        splits[name] = SplitPlan(name, planned_paths, planned_labels, sizes[order], shards, planned_spans)
         digest.update(name.encode() + b"\0")
         digest.update("\n".join(planned_paths).encode("utf-8", "surrogateescape"))
         digest.update(planned_labels.astype("<i4").tobytes())

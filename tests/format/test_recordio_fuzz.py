@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from _recordio_helpers import frame, read_indexed
 from imgpipe.format import recordio
 from imgpipe.errors import RecordIOError
 from imgpipe.format.recordio import MAGIC, MAGIC_BYTES, IRHeader
@@ -100,7 +101,7 @@ def mutated_files() -> st.SearchStrategy[tuple[bytes, bytes]]:
 def read_everything(rec: Path, idx: Path) -> None:
     for _ in recordio.iter_frames(rec):
         pass
-    for _ in recordio.read_indexed(rec, idx):
+    for _ in read_indexed(rec, idx):
         pass
     data = rec.read_bytes()
     for offset in OFFSETS:
@@ -151,7 +152,7 @@ def test_any_record_with_any_label_count_unpacks_or_raises(record: bytes, claim:
 @settings(max_examples=200, deadline=None)
 @given(payload=st.lists(st.sampled_from([b"a", b"bc", b"\x00", MAGIC_BYTES, MAGIC_BYTES[:2], b"\xce"]), max_size=24).map(b"".join))
 def test_frame_then_parse_is_identity_for_payloads_full_of_magic(payload: bytes) -> None:
-    framed = recordio.frame(payload)
+    framed = frame(payload)
     assert len(framed) % 4 == 0
     assert recordio.parse_record(framed, 0, len(framed), "mem") == (payload, len(framed))
 

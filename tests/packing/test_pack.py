@@ -22,7 +22,7 @@ from imgpipe.packing.journal import JOURNAL_DIR
 from imgpipe.format.manifest import load_manifest
 from imgpipe.packing.packer import pack
 from imgpipe.packing.plan import RECORD_OVERHEAD, parse_shard_counts, parse_size
-from imgpipe.format.recordio import read_indexed
+from _recordio_helpers import read_indexed
 from imgpipe.synth import make_synthetic
 
 
