@@ -19,17 +19,15 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import multiprocessing as mp
 import os
 import zlib
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from tqdm import tqdm
 
+from imgpipe._sys.procs import map_in_processes
 from imgpipe.packing.codec import decode_failure
 from imgpipe._sys.distenv import available_cpus
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError
@@ -232,20 +230,7 @@ def _load_array(path: Path, sha: str, count: int, dtype: type, problems: list[Pr
 
 def _run(checks: list[ShardCheck], workers: int | None, progress: bool) -> list[ShardOutcome]:
     workers = max(1, min(workers or available_cpus(), len(checks)))
-    outcomes: list[ShardOutcome | None] = [None] * len(checks)
-    with tqdm(total=len(checks), unit="shard", desc="verify", disable=not progress, dynamic_ncols=True) as bar:
-        if workers == 1:
-            for k, check in enumerate(checks):
-                outcomes[k] = check_shard(check)
-                bar.update(1)
-        else:
-            context = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-            with ProcessPoolExecutor(workers, mp_context=context) as pool:
-                futures = {pool.submit(check_shard, check): k for k, check in enumerate(checks)}
-                for future in as_completed(futures):
-                    outcomes[futures[future]] = future.result()
-                    bar.update(1)
-    return [o for o in outcomes if o is not None]
+    return list(map_in_processes(check_shard, checks, workers=workers, desc="verify", unit="shard", progress=progress))
 
 
 # ----------------------------------------------------------------------------- one shard

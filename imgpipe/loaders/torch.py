@@ -53,6 +53,7 @@ from torch.multiprocessing import reductions
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from imgpipe.loaders import seeding
+from imgpipe._sys.torch_private import shutdown_persistent_workers
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.common import (
     ON_CORRUPT,
@@ -325,10 +326,7 @@ class TorchLoader:
 
     def close(self) -> None:
         """Stop the worker processes now (persistent workers otherwise live until the loader is collected)."""
-        iterator, self._loader._iterator = self._loader._iterator, None  # DataLoader keeps its persistent iterator here
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        shutdown_persistent_workers(self._loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch, batches = self.sampler.begin_epoch()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import multiprocessing as mp
 import os
 import queue as queue_module
 import shutil
@@ -33,6 +32,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from imgpipe._sys.procs import pool_context
 from imgpipe.packing import source
 from imgpipe._sys.atomic import atomic_write_bytes, fsync_dir
 from imgpipe._sys.diskinfo import check_free_space, warn_if_slow
@@ -408,7 +408,7 @@ def _run_inline(job: ShardJob, advance: Any) -> ShardResult:
 
 
 def _run_pool(jobs: Sequence[ShardJob], workers: int, advance: Any, report: PackReport) -> None:
-    context = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    context = pool_context()
     updates = context.Queue()
     stop = threading.Event()
 

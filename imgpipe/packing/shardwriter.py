@@ -9,10 +9,8 @@ trusted and is rewritten by the next run.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
-import sys
 import time
 import zlib
 from collections import Counter
@@ -20,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
+from imgpipe._sys.procs import die_with_parent
 from imgpipe.packing import codec
 from imgpipe._sys.atomic import fsync_dir
 from imgpipe.errors import PackError
@@ -150,14 +149,7 @@ def init_worker(queue: object, parent_pid: int) -> None:
     global _progress_queue
     _progress_queue = queue
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
-    if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os._exit(1)
+    die_with_parent(parent_pid)
 
 
 def _queue_progress(images: int, nbytes: int) -> None:

@@ -20,16 +20,15 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import multiprocessing as mp
 import os
 import tarfile
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 
+from imgpipe._sys.procs import map_in_processes
 from imgpipe.packing.devkit import DEVKIT_NAME, Devkit, read_devkit
 from imgpipe._sys.distenv import available_cpus
 from imgpipe.errors import DatasetError
@@ -234,9 +233,7 @@ def _scan_train(
     if processes <= 1:
         listings = [_list_images(*task) for task in tasks]
     else:
-        context = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        with ProcessPoolExecutor(processes, mp_context=context) as pool:
-            listings = list(pool.map(_list_images_task, tasks, chunksize=max(1, len(tasks) // (8 * processes))))
+        listings = list(map_in_processes(_list_images_task, tasks, workers=processes, chunksize=max(1, len(tasks) // (8 * processes))))
     for wnid, listing in zip(wnids, listings):
         if not listing.names:
             logger.warning("%s/%s.tar: class tar has no images; its label %d stays reserved", archive, wnid, index[wnid])

@@ -18,7 +18,6 @@ to every rank; a loop that calls :func:`install_stop_handlers` turns it into a f
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import logging
 import multiprocessing
@@ -36,6 +35,7 @@ from typing import Any, Callable, TypeVar
 from tqdm import tqdm
 
 from imgpipe._sys.distenv import DistEnv
+from imgpipe._sys.procs import die_with_parent
 from imgpipe.errors import DistributedError, ImgpipeError
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,6 @@ DEFAULT_GRACE_S = 30.0
 FAILURE_GRACE_S = 10.0
 SETTLE_S = 1.0
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")
-_PR_SET_PDEATHSIG = 1
 PEER_FAILURE_WORDS = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout", "socket", "nccl")
 
 _stop_signal: int | None = None
@@ -271,7 +270,7 @@ def _rank_main(
     fn: Callable, arg: Any, use_cuda: bool, backend: str | None, timeout_s: float, conn: Any,
 ) -> None:
     """Entry point of a spawned rank: die with the parent, log like it, set the torchrun variables, run, report."""
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     # tqdm's default lock is a multiprocessing lock: under spawn a named semaphore, which the
     # os._exit below would leave to the resource tracker's "leaked semaphore" warning; one
     # rank's progress bars only need a thread lock
@@ -323,15 +322,6 @@ def _exit_reported(code: int) -> None:
     os._exit(code)
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this rank when its parent dies, so no rank outlives the launcher."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except OSError:  # pragma: no cover - non-glibc systems
-            logger.debug("prctl(PR_SET_PDEATHSIG) unavailable")
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 def _watch(procs: list, conns: list, forward: "_ForwardStopSignals") -> list:

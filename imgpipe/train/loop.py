@@ -28,7 +28,7 @@ from imgpipe.train import checkpoint as ckpt
 from imgpipe.train.config import TrainConfig, save_config
 from imgpipe.train.data import TrainData, build_data
 from imgpipe.train.launch import RankContext, install_stop_handlers, stop_requested
-from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gather_summaries, global_images_per_s, imbalance
+from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gather_objects, gather_summaries, global_images_per_s, imbalance
 
 logger = logging.getLogger(__name__)
 
@@ -335,7 +335,7 @@ class _Run:
 
     def _save(self, stopping: bool = False) -> None:
         """Every rank calls this at the same step (RNG states are gathered); rank 0 writes."""
-        rngs = _gather_objects(ckpt.rng_state(), self.ctx)
+        rngs = gather_objects(ckpt.rng_state())
         self._saved_step = self.state.step
         if not self.ctx.is_main:
             return
@@ -467,14 +467,6 @@ def _broadcast_buffers(module: torch.nn.Module, ctx: RankContext) -> None:
     if ctx.distributed:
         for buffer in module.buffers():
             dist.broadcast(buffer, src=0)
-
-
-def _gather_objects(value: Any, ctx: RankContext) -> list[Any]:
-    if not ctx.distributed:
-        return [value]
-    gathered: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(gathered, value)
-    return gathered
 
 
 def _loader_state(loader: Any) -> dict[str, Any] | None:
