@@ -46,6 +46,7 @@ from PIL import Image
 import imgpipe
 from imgpipe.loaders.pixels import describe_jpeg_decoder, region_decoder
 from imgpipe.format.manifest import manifest_path
+from imgpipe.format.dali_index import write_dali_index
 from imgpipe.format.shardset import open_shards
 from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, EvalGeometry
 
@@ -148,7 +149,7 @@ class PlainDali:
         pipe = Pipeline(batch_size=a.batch_size, num_threads=a.workers, device_id=None, seed=0)
         with pipe:
             jpegs, labels = fn.readers.mxnet(
-                path=[str(p) for p in shards.rec_paths], index_path=[str(shards.dali_index_path())],
+                path=[str(p) for p in shards.rec_paths], index_path=[str(write_dali_index(shards))],
                 random_shuffle=train, pad_last_batch=not train, name="Reader",
             )
             if train:

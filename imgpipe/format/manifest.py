@@ -1,13 +1,6 @@
 """The dataset manifest (``manifest.json``): dataclasses <-> JSON, checksums, safe names.
 
-Layout of a packed folder::
-
-    DST/manifest.json                       this file (written last, atomically)
-    DST/{split}-{i:05d}-of-{n:05d}.rec      RecordIO shard
-    DST/{split}-{i:05d}-of-{n:05d}.idx      its MXNet index: "id<TAB>offset" per record
-    DST/{split}.sources.txt                 sidecar: one source path per record, in record order
-    DST/{split}.labels.npy                  sidecar: int32 label per record, in record order
-    DST/{split}.crc32.npy                   sidecar: uint32 zlib.crc32 of each record (IRHeader + image), in record order
+The files it lists, and their names, are in ``layout.py``.
 
 Records of a split are numbered 0..N-1 in shard order (a record's *index*). The IRHeader
 ``id`` and the .idx key are the item's position in the pack plan, stable whatever was
@@ -22,20 +15,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe.errors import DatasetError
+from imgpipe.format.layout import SHARD_FILE
 
 FORMAT = "imgpipe-recordio"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 JOURNAL_DIR = ".imgpipe-pack"  # the pack journal (see imgpipe.packing.journal)
 PLAN_NAME = "plan.json"  # in the journal: options, fingerprint, planned shard count
-SHARD_FILE = re.compile(r"^(?P<split>[^/]+)-\d{5}-of-\d{5}\.(?P<ext>rec|idx|json)$")  # a shard, its index, its journal entry
 
 
 @dataclass

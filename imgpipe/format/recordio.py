@@ -73,6 +73,24 @@ def pack_header(header: IRHeader, payload: bytes) -> bytes:
     return head + labels.astype("<f4").tobytes() + payload
 
 
+LABEL_PROBE_BYTES = FRAME_HEADER.size + IR_SIZE  # a frame header and the IRHeader after it
+
+
+def peek_scalar_label(head: bytes) -> float | None:
+    """The label of the framed record whose first ``LABEL_PROBE_BYTES`` are ``head``, without reading the rest.
+
+    None when that is not enough: a bad magic, a first part shorter than the IRHeader, or a
+    label array (``flag`` > 0); the caller then reads the whole record.
+    """
+    if len(head) < LABEL_PROBE_BYTES:
+        return None
+    magic, lrec = FRAME_HEADER.unpack_from(head)
+    if magic != MAGIC or (lrec & LENGTH_MASK) < IR_SIZE:
+        return None
+    flag, label, _, _ = IR_FORMAT.unpack_from(head, FRAME_HEADER.size)
+    return label if flag == 0 else None
+
+
 def unpack_header(record: bytes | memoryview, path: object = "<record>", offset: int = 0) -> tuple[IRHeader, bytes]:
     """Split a record into its IRHeader and the image bytes, as ``mxnet.recordio.unpack`` does."""
     if len(record) < IR_SIZE:

@@ -9,24 +9,21 @@ remembers the pid that opened them, reopens after a fork, and pickles without th
 from __future__ import annotations
 
 import glob as globlib
-import hashlib
 import logging
 import os
-import struct
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from imgpipe.format import recordio
-from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe.errors import DatasetError, RecordIOError
-from imgpipe.format.manifest import SHARD_FILE, Manifest, load_manifest, manifest_path, unfinished_pack
+from imgpipe.format.layout import SHARD_FILE, SidecarError, SourceLines, parse_labels, parse_sources
+from imgpipe.format.manifest import Manifest, load_manifest, manifest_path, unfinished_pack
 
 logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
-_LABEL_PROBE = recordio.FRAME_HEADER.size + recordio.IR_SIZE
 
 
 class ShardSet:
@@ -94,9 +91,8 @@ class ShardSet:
         if self._sources_path is None:
             return None
         if self._sources is None:
-            self._sources = _load_lines(self._sources_path, len(self))
-        blob, starts = self._sources
-        return blob[starts[i] : starts[i + 1]].rstrip(b"\r\n").decode("utf-8", "replace")
+            self._sources = _read_sources(self._sources_path, len(self))
+        return self._sources.raw(i).rstrip(b"\r\n").decode("utf-8", "replace")
 
     def describe(self, i: int) -> str:
         """Where record ``i`` lives, for error messages."""
@@ -108,50 +104,16 @@ class ShardSet:
             source = None
         return where + (f", source {source})" if source else ")")
 
-    # ------------------------------------------------------------------ DALI
+    @property
+    def packed(self) -> bool:
+        """True for a split of a packed folder (with a manifest), False for bare .rec files."""
+        return self._sources_path is not None
 
-    def dali_index_path(self) -> Path:
-        """One index for all .rec files, offsets running on across them in order, as DALI's mxnet reader needs.
-
-        DALI's ``RecordIOLoader::ReadIndexFile`` accepts exactly one index file, sorts its
-        offsets and maps each to a file by the cumulative sizes of the ``.rec`` paths in the
-        order given. The file is written atomically next to the shards (or under
-        ``$XDG_CACHE_HOME/imgpipe`` when that folder is read-only) and reused while the
-        shards are unchanged.
-        """
-        if not len(self):
-            raise DatasetError(f"split {self.split!r} has no records: nothing for DALI to read")
-        stats = [p.stat() for p in self.rec_paths]
-        empty = next((p for p, st in zip(self.rec_paths, stats) if st.st_size == 0), None)
-        if empty is not None:
-            raise DatasetError(f"{empty}: empty shard (no records): DALI cannot map an empty file; remove it and its .idx")
-        sizes = np.array([st.st_size for st in stats], dtype=np.int64)
-        fingerprint = hashlib.sha256()
-        for path, st in zip(self.rec_paths, stats):
-            fingerprint.update(f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-        tag = fingerprint.hexdigest()[:16]
-        prefix = self.split if self._sources_path is not None else self.rec_paths[0].stem
-        name = f"{prefix}.{tag}.dali-index"
-        candidates = [self.rec_paths[0].parent / name, _cache_dir() / name]
-        for candidate in candidates:
-            if candidate.is_file():
-                return candidate
-        base = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        offsets = (base[self._shard] + self._offsets).tolist()
-        text = "".join(recordio.format_index_line(k, o) for k, o in enumerate(offsets)).encode("ascii")
-        for candidate in candidates:
-            try:
-                candidate.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write_bytes(candidate, text)
-            except OSError as e:
-                logger.debug("cannot write the DALI index at %s: %s", candidate, e)
-                continue
-            if self._sources_path is not None and candidate == candidates[0]:  # a packed split: older indexes are stale
-                for stale in candidate.parent.glob(f"{prefix}.*.dali-index"):
-                    if stale != candidate:
-                        stale.unlink(missing_ok=True)
-            return candidate
-        raise DatasetError(f"cannot write a DALI index next to {self.rec_paths[0]} nor in {candidates[-1].parent}; set XDG_CACHE_HOME")
+    def record_locations(self) -> tuple[np.ndarray, np.ndarray]:
+        """The shard number and start offset of every record, in record order (read-only arrays)."""
+        shard, offsets = self._shard.view(), self._offsets.view()
+        shard.flags.writeable = offsets.flags.writeable = False
+        return shard, offsets
 
     # ------------------------------------------------------------------ process safety
 
@@ -208,13 +170,9 @@ class ShardSet:
 
     def _label_of(self, i: int) -> int:
         shard, start, end = self.location(i)
-        head = os.pread(self._fd(shard), min(_LABEL_PROBE, end - start), start)
-        if len(head) == _LABEL_PROBE:
-            magic, lrec = recordio.FRAME_HEADER.unpack_from(head)
-            flag, label = struct.unpack_from("<If", head, recordio.FRAME_HEADER.size)
-            whole_header = (lrec & recordio.LENGTH_MASK) >= recordio.IR_SIZE
-            if magic == recordio.MAGIC and whole_header and flag == 0:
-                return _integral_label(label, self, i)
+        label = recordio.peek_scalar_label(os.pread(self._fd(shard), min(recordio.LABEL_PROBE_BYTES, end - start), start))
+        if label is not None:
+            return _integral_label(label, self, i)
         header, _ = self.read(i)
         label = header.label if header.flag == 0 else (header.label[0] if len(header.label) else float("nan"))
         return _integral_label(float(label), self, i)
@@ -226,24 +184,15 @@ def _integral_label(label: float, shards: ShardSet, i: int) -> int:
     return int(label)
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "imgpipe"
-
-
-def _load_lines(path: Path, count: int) -> tuple[bytes, np.ndarray]:
-    """A text file as one blob and the start offset of each line (plus the end): no per-line objects."""
+def _read_sources(path: Path, count: int) -> SourceLines:
     try:
         blob = path.read_bytes()
     except OSError as e:
         raise DatasetError(f"{path}: cannot read the sources sidecar ({e.strerror})") from None
-    newlines = np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) == ord("\n"))
-    if blob and not blob.endswith(b"\n"):
-        newlines = np.append(newlines, len(blob) - 1)
-    if newlines.size != count:
-        raise DatasetError(f"{path}: {newlines.size} source lines for {count} records; rerun 'imgpipe pack'")
-    starts = np.concatenate([[0], newlines + 1]).astype(np.int64)
-    return blob, starts
+    try:
+        return parse_sources(blob, count)
+    except SidecarError as e:
+        raise DatasetError(f"{path}: {e}; rerun 'imgpipe pack'") from None
 
 
 # ---------------------------------------------------------------------- opening
@@ -321,7 +270,7 @@ def _open_packed(folder: Path, split: str) -> ShardSet:
     info = manifest.splits[split]
     recs = [folder / s.name for s in info.shards]
     shard, offsets, ends, keys = _index_arrays(recs, [folder / s.index for s in info.shards], [s.records for s in info.shards])
-    labels = _load_labels(folder / info.labels, len(offsets), len(manifest.classes))
+    labels = _read_labels(folder / info.labels, len(offsets), len(manifest.classes))
     return ShardSet(recs, shard, offsets, ends, keys, split=split, labels=labels, classes=list(manifest.classes), sources_path=folder / info.sources)
 
 
@@ -378,17 +327,15 @@ def _record_ends(offsets: np.ndarray, size: int) -> np.ndarray:
     return ends
 
 
-def _load_labels(path: Path, count: int, classes: int) -> np.ndarray:
+def _read_labels(path: Path, count: int, classes: int) -> np.ndarray:
     try:
-        labels = np.load(path, allow_pickle=False)
+        data = path.read_bytes()
     except FileNotFoundError:
         raise DatasetError(f"{path}: labels sidecar is missing; rerun 'imgpipe pack'") from None
-    except (OSError, ValueError) as e:
+    except OSError as e:
         raise DatasetError(f"{path}: unreadable labels sidecar ({e}); rerun 'imgpipe pack'") from None
-    if labels.ndim != 1 or labels.dtype.kind not in "iu":
-        raise DatasetError(f"{path}: labels must be a 1-D integer array, got {labels.dtype} {labels.shape}")
-    if labels.size != count:
-        raise DatasetError(f"{path}: {labels.size} labels for {count} records; rerun 'imgpipe pack'")
-    if labels.size and (labels.min() < 0 or labels.max() >= classes):
-        raise DatasetError(f"{path}: labels must lie in 0..{classes - 1}, found {int(labels.min())}..{int(labels.max())}")
-    return labels.astype(np.int64)
+    try:
+        return parse_labels(data, count, classes)
+    except SidecarError as e:
+        where = "" if e.record is None else f"record {e.record}: "
+        raise DatasetError(f"{path}: {where}{e}; rerun 'imgpipe pack'") from None

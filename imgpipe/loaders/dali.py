@@ -36,6 +36,7 @@ import torch
 
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.common import ON_CORRUPT, check_choice, check_int, check_loader_args, default_workers, no_full_batch, open_for_rank
+from imgpipe.format.dali_index import write_dali_index
 from imgpipe.format.shardset import ShardSet
 
 logger = logging.getLogger(__name__)
@@ -379,7 +380,7 @@ def make_dali_loader(
         raise DatasetError(f"{path}: split {split!r} has {records} records, fewer than the {env.world_size} ranks")
     spec = _Spec(
         rec_files=tuple(str(p) for p in shards.rec_paths),
-        index_file=str(shards.dali_index_path()),
+        index_file=str(write_dali_index(shards)),
         records=records,
         batch_size=args.batch_size,
         train=args.train,

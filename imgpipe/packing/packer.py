@@ -14,8 +14,6 @@ completes the journal writes the manifest, or ``finalize=True`` does it afterwar
 
 from __future__ import annotations
 
-import hashlib
-import io
 import logging
 import os
 import queue as queue_module
@@ -34,18 +32,20 @@ from tqdm import tqdm
 
 from imgpipe._sys.procs import pool_context
 from imgpipe.packing import source
-from imgpipe._sys.atomic import atomic_write_bytes, fsync_dir
+from imgpipe._sys.atomic import fsync_dir
 from imgpipe._sys.diskinfo import check_free_space, warn_if_slow
 from imgpipe._sys.distenv import available_cpus
 from imgpipe.errors import ImgpipeError, PackError
 from imgpipe.packing.journal import JOURNAL_DIR, Journal, ShardResult
-from imgpipe.format.manifest import MANIFEST_NAME, SHARD_FILE, Manifest, ShardInfo, Skipped, SplitInfo, load_manifest, write_manifest
+from imgpipe.format.layout import (
+    SIDECAR_SUFFIXES, checksums_bytes, checksums_name, is_shard_file, labels_bytes, labels_name, sources_bytes, sources_name, write_sidecar,
+)
+from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped, SplitInfo, load_manifest, write_manifest
 from imgpipe.packing.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size, published_names
 from imgpipe.packing.shardwriter import ShardJob, init_worker, tmp_names, write_shard, write_shard_in_worker
 
 logger = logging.getLogger(__name__)
 
-SIDECAR_SUFFIXES = (".sources.txt", ".labels.npy", ".crc32.npy")
 STALE_TMP_S = 600.0  # an atomic write takes milliseconds: a temp file this old belongs to a killed process
 
 
@@ -280,12 +280,7 @@ def _check_journal(journal: Journal, plan: PackPlan, num_nodes: int) -> PackRepo
 
 
 def _is_pack_output(name: str) -> bool:
-    return name == MANIFEST_NAME or name == JOURNAL_DIR or _is_shard_file(name) or name.endswith(SIDECAR_SUFFIXES)
-
-
-def _is_shard_file(name: str) -> bool:
-    match = SHARD_FILE.match(name)
-    return bool(match) and match["ext"] != "json"
+    return name == MANIFEST_NAME or name == JOURNAL_DIR or is_shard_file(name) or name.endswith(SIDECAR_SUFFIXES)
 
 
 def remove_pack_outputs(dst: Path) -> None:
@@ -503,15 +498,14 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
                 name, len(split.shards) - len(shard_infos), len(split.shards), len(shard_infos), len(shard_infos),
             )
         order = np.concatenate(kept)
-        sources = "".join(split.paths[p] + "\n" for p in order.tolist()).encode("utf-8", "surrogateescape")
         splits[name] = SplitInfo(
             shards=shard_infos,
-            sources=f"{name}.sources.txt",
-            sources_sha256=_write_sidecar(dst / f"{name}.sources.txt", sources),
-            labels=f"{name}.labels.npy",
-            labels_sha256=_write_sidecar(dst / f"{name}.labels.npy", _npy_bytes(split.labels[order].astype(np.int32))),
-            checksums=f"{name}.crc32.npy",
-            checksums_sha256=_write_sidecar(dst / f"{name}.crc32.npy", _npy_bytes(np.concatenate(crcs))),
+            sources=sources_name(name),
+            sources_sha256=write_sidecar(dst / sources_name(name), sources_bytes([split.paths[p] for p in order.tolist()])),
+            labels=labels_name(name),
+            labels_sha256=write_sidecar(dst / labels_name(name), labels_bytes(split.labels[order])),
+            checksums=checksums_name(name),
+            checksums_sha256=write_sidecar(dst / checksums_name(name), checksums_bytes(np.concatenate(crcs))),
         )
         report.records[name] = int(order.size)
     skipped += [Skipped(name, path, reason) for name, rejected in plan.rejected.items() for path, reason in rejected]
@@ -537,14 +531,3 @@ def _publish(dst: Path, spec: ShardSpec, final: str | None) -> None:
             planned.unlink(missing_ok=True)
         elif final != spec.name and planned.exists():
             os.replace(planned, dst / f"{final}.{ext}")
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array, allow_pickle=False)
-    return buffer.getvalue()
-
-
-def _write_sidecar(path: Path, data: bytes) -> str:
-    atomic_write_bytes(path, data)
-    return hashlib.sha256(data).hexdigest()

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from imgpipe.errors import PackError
+from imgpipe.format.layout import shard_stem
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ class ShardSpec:
 
     @property
     def name(self) -> str:
-        return f"{self.split}-{self.number:05d}-of-{self.count:05d}"
+        return shard_stem(self.split, self.number, self.count)
 
     @property
     def items(self) -> int:

@@ -17,6 +17,7 @@ from _tiny_shards import make_tiny_pack  # noqa: E402
 
 from imgpipe.errors import DatasetError, RecordIOError  # noqa: E402
 from imgpipe.format.recordio import read_index, read_record_at, unpack_header  # noqa: E402
+from imgpipe.format.dali_index import write_dali_index  # noqa: E402
 from imgpipe.format.shardset import open_shards  # noqa: E402
 
 
@@ -108,7 +109,7 @@ def test_file_handles_are_per_process_and_not_pickled(tiny: Path) -> None:
 
 def test_dali_index_offsets_run_on_across_files(tiny: Path) -> None:
     s = open_shards(tiny)
-    path = s.dali_index_path()
+    path = write_dali_index(s)
     assert path.parent == tiny
     keys, offsets = read_index(path)
     assert keys.tolist() == list(range(20))
@@ -121,10 +122,10 @@ def test_dali_index_offsets_run_on_across_files(tiny: Path) -> None:
         record, _ = parse_record(concat, int(offsets[i]), len(concat), "concat")
         assert unpack_header(record)[1] == s.read(i)[1]
     mtime = path.stat().st_mtime_ns
-    assert s.dali_index_path() == path and path.stat().st_mtime_ns == mtime  # reused while up to date
+    assert write_dali_index(s) == path and path.stat().st_mtime_ns == mtime  # reused while up to date
     with open(s.rec_paths[-1], "ab") as f:
         f.write(b"\0" * 4)
-    fresh = open_shards(tiny).dali_index_path()
+    fresh = write_dali_index(open_shards(tiny))
     assert fresh != path and fresh.is_file() and not path.exists()  # the shards changed: a new index, the stale one gone
 
 
@@ -134,7 +135,7 @@ def test_dali_index_falls_back_to_the_cache_when_read_only(tiny: Path, tmp_path:
     s = open_shards(tiny)
     os.chmod(tiny, 0o555)
     try:
-        path = s.dali_index_path()
+        path = write_dali_index(s)
     finally:
         os.chmod(tiny, 0o755)
     assert path.parent == tmp_path / "cache" / "imgpipe" and len(read_index(path)[0]) == 20
@@ -157,8 +158,9 @@ def test_corrupt_record_bytes_raise_recordio_error(tiny: Path, tmp_path: Path) -
 @pytest.mark.parametrize(
     "damage,message",
     [
-        (lambda d: np.save(d / "train.labels.npy", np.zeros(5, np.int32)), "5 labels for 20 records"),
-        (lambda d: np.save(d / "train.labels.npy", np.full(20, 9, np.int32)), r"labels must lie in 0..3"),
+        (lambda d: np.save(d / "train.labels.npy", np.zeros(5, np.int32)), "holds 5 values, the manifest counts 20 records"),
+        (lambda d: np.save(d / "train.labels.npy", np.full(20, 9, np.int32)), r"record 0: label 9 is outside 0..3"),
+        (lambda d: np.save(d / "train.labels.npy", np.zeros(20, np.float32)), r"must be a 1-D integer array, got float32"),
         (lambda d: (d / "train-00001-of-00003.idx").unlink(), "index is missing"),
         (lambda d: (d / "train-00001-of-00003.idx").write_text("0\t0\n"), "the manifest says"),
         (lambda d: (d / "train-00000-of-00003.idx").write_text("".join(f"{k}\t{k * 10**6}\n" for k in range(7))), "past the end"),

@@ -13,6 +13,7 @@ from PIL import Image
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import load_manifest
 from imgpipe.format.recordio import IndexedRecordWriter
+from imgpipe.format.dali_index import write_dali_index
 from imgpipe.format.shardset import open_shards
 from imgpipe.verifier import verify
 
@@ -104,4 +105,4 @@ def test_an_empty_bare_shard_is_one_line_for_dali(packed_dir: Path, tmp_path: Pa
     shards = open_shards(tmp_path)
     assert len(shards) == 24  # the torch loader reads around it
     with pytest.raises(DatasetError, match=r"train-00001-of-00002.rec: empty shard \(no records\): DALI cannot map an empty file"):
-        shards.dali_index_path()
+        write_dali_index(shards)
