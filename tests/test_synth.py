@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from imgpipe.packing.codec import inspect_jpeg, prepare_image
+from imgpipe.format.jpeg import inspect_jpeg
+from imgpipe.packing.codec import prepare_image
 from imgpipe.errors import DatasetError
 from imgpipe.packing.source import scan
 from imgpipe.synth import QUIRKS, make_synthetic

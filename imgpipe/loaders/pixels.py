@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from imgpipe.packing.codec import jpeg_size
+from imgpipe.format.jpeg import jpeg_size
 from imgpipe.loaders.geometry import Crop
 
 REGION_DECODER_HEADERS = "apt install libjpeg-turbo8-dev, dnf install libjpeg-turbo-devel or conda install libjpeg-turbo"

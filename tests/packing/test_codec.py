@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
-from imgpipe.packing.codec import JpegInfo, Prepared, inspect_jpeg, jpeg_size, prepare_image
+from imgpipe.format.jpeg import JpegInfo, inspect_jpeg, jpeg_size
+from imgpipe.packing.codec import Prepared, prepare_image
 
 
 def picture(width: int = 96, height: int = 64, seed: int = 0) -> Image.Image:
