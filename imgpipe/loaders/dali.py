@@ -108,7 +108,10 @@ class DaliLoader:
         self._shards = shards  # to name a record DALI could not decode
         self._next_epoch = 0
         self.epoch = 0  # the epoch being (or last) iterated, as TorchLoader.epoch
+        self.skipped = 0  # DALI never replaces a record: a corrupt one stops the epoch with a DatasetError
         self._eval_iterator: Any = None
+        self._consumed = 0  # batches of ``epoch`` yielded so far
+        self._resume_skip = 0  # batches to read and drop at the start of the next epoch (load_state_dict)
         start, end = shard_bounds(spec.records, spec.rank, spec.world_size)
         if spec.train:
             self._batches = (spec.records // spec.world_size) // spec.batch_size
@@ -126,10 +129,32 @@ class DaliLoader:
     def __len__(self) -> int:
         return self._batches
 
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch and the batches of it already yielded, for a checkpoint."""
+        return {"epoch": self.epoch, "batches": self._consumed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: DALI cannot seek, so the next ``iter()`` reads the batches already yielded again and drops them."""
+        if not isinstance(state, dict):
+            raise ConfigError(f"cannot resume: a loader state is the dict loader.state_dict() returned, got {type(state).__name__}")
+        self._next_epoch = check_int("epoch", state.get("epoch"), minimum=0)
+        self._resume_skip = check_int("batches", state.get("batches"), minimum=0)
+
+    def close(self) -> None:
+        """Drop the pipeline kept for the next eval epoch."""
+        self._eval_iterator = None
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self.epoch = self._next_epoch
         self._next_epoch += 1
-        return self._run_epoch(self.epoch)
+        self._consumed = 0
+        skip, self._resume_skip = self._resume_skip, 0
+        batches = self._run_epoch(self.epoch)
+        if skip:
+            logger.warning("resuming mid-epoch: the dali loader cannot seek, so it reads the %d batches of epoch %d already trained on again", skip, self.epoch)
+            for _ in range(skip):
+                next(batches, None)
+        return batches
 
     def _run_epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         spec = self._spec
@@ -156,8 +181,9 @@ class DaliLoader:
             images = out["images"]
             if spec.channels_last:  # HWC from DALI: an NCHW view with channels_last strides
                 images = images.permute(0, 3, 1, 2)
-            yield images, labels.to(device=device, dtype=torch.int64, non_blocking=True)
             produced += 1
+            self._consumed = produced
+            yield images, labels.to(device=device, dtype=torch.int64, non_blocking=True)
         if produced != self._batches:
             logger.warning("DALI epoch %d gave %d batches, expected %d", epoch, produced, self._batches)
         if not spec.train:  # eval epochs are all alike: keep the warm pipeline for the next one

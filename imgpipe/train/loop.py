@@ -194,7 +194,7 @@ class _Run:
         """This epoch's batches from where the run stands; a loader that cannot seek (DALI) re-reads the ones already trained on."""
         loader, resume = self.data.train, self._resume_loader
         self._resume_loader = None
-        if resume is not None and hasattr(loader, "load_state_dict"):
+        if resume is not None:
             loader.load_state_dict(resume)
             return iter(loader)
         loader.set_epoch(self.state.epoch)
@@ -347,7 +347,7 @@ class _Run:
             "epoch": self.state.epoch,
             "epoch_step": self.state.epoch_step,
             "step": self.state.step,
-            "loader": _loader_state(self.data.train) if self.state.epoch_step else None,
+            "loader": self.data.train.state_dict() if self.state.epoch_step else None,
             "rng": rngs,
             "world_size": self.ctx.world_size,
             "config": self.config.to_dict(),
@@ -467,10 +467,6 @@ def _broadcast_buffers(module: torch.nn.Module, ctx: RankContext) -> None:
     if ctx.distributed:
         for buffer in module.buffers():
             dist.broadcast(buffer, src=0)
-
-
-def _loader_state(loader: Any) -> dict[str, Any] | None:
-    return loader.state_dict() if hasattr(loader, "state_dict") else None
 
 
 def _seed_everything(seed: int, rank: int, deterministic: bool, device: torch.device) -> None:
