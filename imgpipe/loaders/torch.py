@@ -29,15 +29,11 @@ tensor, one image at a time (in-place passes while the image is in cache: cheape
 subtraction and a division over the whole batch). Every yielded batch is a new tensor that
 the caller owns: a ring slot is copied out before it can be reused.
 
-Memory: for every storage it sends or receives, torch's ``torch.multiprocessing`` keeps a
-weak reference in ``reductions.shared_cache``, pruned only once that cache holds 128
-entries. The small C++ object that reference keeps alive used to land inside the heap
-chunk the batch just freed (glibc serves large buffers from its heap once it has freed
-one), so no later batch fit there: workers grew by one uint8 batch per batch, and the
-main process by one float32 batch per batch, for 128 batches. Hence workers build each
-batch directly in shared memory (``share_memory_()``: no heap chunk, and no copy into shared
-memory at send time), and both sides drop the dead cache entries before every batch. A ring
-slot is not a new storage, so only the small labels tensor travels that way with the ring.
+Memory: workers build each batch directly in shared memory (``share_memory_()``: no heap
+chunk, and no copy into shared memory at send time), and both sides drop the dead entries
+of torch's ``reductions.shared_cache`` before every batch, so neither side's heap grows by a
+batch per batch (docs/measurements.md says why). A ring slot is not a new storage, so only
+the small labels tensor travels that way with the ring.
 """
 
 from __future__ import annotations
