@@ -229,6 +229,12 @@ class RingRequests(Sampler):
     def __len__(self) -> int:
         return len(self.queued)
 
+    def start_pass(self, epoch: int, batches: Sequence[np.ndarray]) -> None:
+        """Queue this pass's batches and start the ring's pass: call before each ``iter()`` of the DataLoader."""
+        self.queued = [(epoch, batch) for batch in batches]
+        if self.ring is not None:
+            self.ring.begin_pass()
+
     def __iter__(self) -> Iterator[BatchRequest]:
         for epoch, indices in self.queued:
             yield BatchRequest(epoch, indices, None if self.ring is None else self.ring.claim())
@@ -325,10 +331,7 @@ class TorchLoader:
         shutdown_persistent_workers(self._loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        epoch, batches = self.sampler.begin_epoch()
-        self._requests.queued = [(epoch, batch) for batch in batches]
-        if self._ring is not None:
-            self._ring.begin_pass()
+        self._requests.start_pass(*self.sampler.begin_epoch())
         results = iter(self._loader)
         if self.device.type == "cuda":
             yield from self._cuda_batches(results)
