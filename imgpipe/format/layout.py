@@ -147,8 +147,8 @@ def parse_checksums(data: bytes, count: int) -> np.ndarray:
 def _parse_integers(data: bytes, count: int) -> np.ndarray:
     try:
         array = np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise SidecarError(f"not a readable .npy file ({e})") from None
+    except Exception as e:  # a damaged header reaches numpy's literal_eval: SyntaxError, TokenError, ...
+        raise SidecarError(f"not a readable .npy file ({type(e).__name__}: {e})") from None
     if array.ndim != 1 or array.dtype.kind not in "iu":
         raise SidecarError(f"must be a 1-D integer array, got {array.dtype} {array.shape}")
     if array.shape[0] != count:

@@ -47,3 +47,16 @@ def test_a_bad_labels_sidecar_is_one_error(data: bytes, message: str, record: in
 def test_a_short_sources_sidecar_is_one_error() -> None:
     with pytest.raises(SidecarError, match="2 lines, the manifest counts 3 records"):
         parse_sources(b"a\nb\n", 3)
+
+
+def test_every_flipped_bit_of_a_labels_sidecar_is_a_sidecar_error_or_still_valid() -> None:
+    """Damage anywhere in the .npy header (numpy parses it with literal_eval) is one SidecarError, never another exception."""
+    data = layout.labels_bytes(np.arange(12) % 4)
+    for position in range(128):
+        for bit in range(8):
+            damaged = bytearray(data)
+            damaged[position] ^= 1 << bit
+            try:
+                parse_labels(bytes(damaged), 12, 4)
+            except SidecarError:
+                pass

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from _cli import assert_one_line_error
 from imgpipe.cli.data import node_identity
 from imgpipe.packing.devkit import DEVKIT_NAME, GROUND_TRUTH, META, read_devkit
 from imgpipe.packing.journal import JOURNAL_DIR
@@ -30,15 +31,6 @@ def imgpipe(*args: object, env: dict[str, str] | None = None) -> subprocess.Comp
     return subprocess.run(
         [sys.executable, "-m", "imgpipe", *map(str, args)], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}
     )
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("imgpipe: error:")]
-    assert len(errors) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
 
 
 def output_files(dst: Path, leave_out: tuple[str, ...] = ()) -> dict[str, bytes]:
