@@ -19,8 +19,8 @@ setup(
             optional=True,
         ),
         Extension(
-            "imgpipe._jpeg_shrink",
-            ["imgpipe/_jpeg_shrink.c"],
+            "imgpipe.packing._jpeg_shrink",
+            ["imgpipe/packing/_jpeg_shrink.c"],
             libraries=["jpeg"],
             extra_compile_args=["-O3", "-Wall"],  # -O3: the vertical resize pass vectorizes
             optional=True,

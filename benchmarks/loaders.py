@@ -45,9 +45,10 @@ from PIL import Image
 
 import imgpipe
 from imgpipe.loaders.pixels import describe_jpeg_decoder, region_decoder
-from imgpipe.manifest import manifest_path
-from imgpipe.shards import open_shards
-from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalGeometry
+from imgpipe.format.manifest import manifest_path
+from imgpipe.format.dali_index import write_dali_index
+from imgpipe.format.shardset import open_shards
+from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, EvalGeometry
 
 LOADERS = ("imgpipe-torch", "imgpipe-torch-whole", "torchvision", "dali-plain", "imgpipe-dali")
 TORCH_BASED = ("imgpipe-torch", "imgpipe-torch-whole", "torchvision")
@@ -111,7 +112,7 @@ def torchvision_baseline(src: Path, train: bool, a: argparse.Namespace) -> Any:
     from torchvision.datasets import ImageFolder
     from torchvision.datasets.folder import default_loader
 
-    from imgpipe.source import scan
+    from imgpipe.packing.source import scan
 
     normalize = T.Normalize([m / 255 for m in IMAGENET_MEAN], [s / 255 for s in IMAGENET_STD])
     if train:
@@ -148,7 +149,7 @@ class PlainDali:
         pipe = Pipeline(batch_size=a.batch_size, num_threads=a.workers, device_id=None, seed=0)
         with pipe:
             jpegs, labels = fn.readers.mxnet(
-                path=[str(p) for p in shards.rec_paths], index_path=[str(shards.dali_index_path())],
+                path=[str(p) for p in shards.rec_paths], index_path=[str(write_dali_index(shards))],
                 random_shuffle=train, pad_last_batch=not train, name="Reader",
             )
             if train:

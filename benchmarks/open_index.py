@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from imgpipe import recordio
-from imgpipe.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
+from imgpipe.format import recordio
+from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
 
 PROBE = r"""
 import json, sys, time, tracemalloc
@@ -56,11 +56,11 @@ print(json.dumps({{"seconds": seconds, "cpu_seconds": cpu, "rss_delta": rss1 - r
 
 CASES = {
     "imgpipe.open_shards": (
-        "import imgpipe, imgpipe.shards, numpy",
+        "import imgpipe, imgpipe.format.shardset, numpy",
         "    s = imgpipe.open_shards({dir!r}, 'train')\n    assert len(s) == {records} and s.labels.size == {records}\n    return s",
     ),
     "recordio.read_index": (
-        "from imgpipe import recordio",
+        "from imgpipe.format import recordio",
         "    out = [recordio.read_index(p) for p in {idxs!r}]\n    assert sum(k.size for k, _ in out) == {records}\n    return out",
     ),
     "mxnet MXIndexedRecordIO": (

@@ -48,8 +48,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from imgpipe import shrink
-from imgpipe.codec import _short_side_size
+from imgpipe.packing import shrink
+from imgpipe.packing.codec import _short_side_size
 from imgpipe.synth import class_image, make_synthetic, make_wnids
 
 
@@ -172,7 +172,7 @@ def per_core_limit(train: Path, short: int = 256, quality: int = 95, limit: int 
     """Images/s of one process, files already in memory: decode + antialiased resize + encode.
 
     ``pillow``: ``draft`` (libjpeg's 1/2, 1/4, 1/8, as pack), ``resize(BILINEAR)``, ``save``: Pillow's
-    libjpeg-turbo. ``libjpeg-turbo``: the same work in one C call (``imgpipe.shrink``), which is
+    libjpeg-turbo. ``libjpeg-turbo``: the same work in one C call (``imgpipe.packing.shrink``), which is
     what pack runs for a clean JPEG. Images whose shorter side is already ``short`` are skipped,
     as pack keeps them.
     """
@@ -205,7 +205,7 @@ def per_core_limit(train: Path, short: int = 256, quality: int = 95, limit: int 
 
 
 def dct_scale_costs(train: Path, short: int = 256, quality: int = 95, limit: int = 300) -> dict[str, float]:
-    """Milliseconds per image of ``imgpipe.shrink`` decoding at 6/8, 7/8 and 8/8, on the images whose
+    """Milliseconds per image of ``imgpipe.packing.shrink`` decoding at 6/8, 7/8 and 8/8, on the images whose
     shorter side is 4/3-2x ``short`` (so 6/8 still covers the target; most of ImageNet): libjpeg-turbo's
     M/8 scales other than 1/2, 1/4, 1/8 have no SIMD IDCT, and this shows whether they still pay."""
     if not shrink.available():

@@ -11,13 +11,13 @@ from typing import Any
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "open_shards": "imgpipe.shards",
-    "ShardSet": "imgpipe.shards",
+    "open_shards": "imgpipe.format.shardset",
+    "ShardSet": "imgpipe.format.shardset",
     "make_torch_loader": "imgpipe.loaders.torch",
     "make_dali_loader": "imgpipe.loaders.dali",
-    "pack": "imgpipe.packer",
+    "pack": "imgpipe.packing.packer",
     "verify": "imgpipe.verifier",
-    "DistEnv": "imgpipe.distenv",
+    "DistEnv": "imgpipe._sys.distenv",
     "ImgpipeError": "imgpipe.errors",
 }
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imgpipe.diskinfo import format_bytes
-from imgpipe.manifest import Skipped, load_manifest
+from imgpipe._sys.diskinfo import format_bytes
+from imgpipe.format.manifest import Skipped, load_manifest
 
 
 @dataclass

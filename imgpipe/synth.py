@@ -28,16 +28,15 @@ import json
 import logging
 import os
 import shutil
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 from PIL import Image
-from tqdm import tqdm
 
-from imgpipe.atomic import atomic_write_bytes
+from imgpipe._sys.atomic import atomic_write_bytes
+from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import DatasetError
 
 logger = logging.getLogger(__name__)
@@ -132,10 +131,9 @@ def make_synthetic(
         raise DatasetError(f"{out}: cannot create the output folder ({e.strerror}); choose another folder") from None
     sizes = dict(min_side=min_side, max_side=max_side)
     total = 0
-    with tqdm(total=len(jobs), unit="img", desc="synth", disable=not progress) as bar:
-        for size in _run(out, jobs, classes, seed, sizes, workers):
-            total += size
-            bar.update()
+    tasks = [(out, job, classes, seed, sizes) for job in jobs]
+    for size in map_in_processes(_write_one, tasks, workers=workers, chunksize=8, desc="synth", unit="img", progress=progress):
+        total += size
     val_jobs = [j for j in jobs if j.split == VAL]
     csv = _val_csv(val_jobs, wnids, seed) if val_jobs else b""
     if val_jobs:
@@ -206,15 +204,6 @@ def _plan(wnids: list[str], per_class: int, val_per_class: int, seed: int, quirk
     np.random.default_rng([seed, 11]).shuffle(labels)
     for k, label in enumerate(labels.tolist(), start=1):
         yield _Job(VAL, label, k, f"val/ILSVRC2012_val_{k:08d}.JPEG")
-
-
-def _run(out: Path, jobs: list[_Job], classes: int, seed: int, sizes: dict, workers: int) -> Iterator[int]:
-    tasks = [(out, job, classes, seed, sizes) for job in jobs]
-    if workers <= 1:
-        yield from map(_write_one, tasks)
-        return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        yield from pool.map(_write_one, tasks, chunksize=8)
 
 
 def _write_one(task: tuple[Path, _Job, int, int, dict]) -> int:

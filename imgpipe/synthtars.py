@@ -22,11 +22,11 @@ from typing import BinaryIO, Iterable
 
 import numpy as np
 
-from imgpipe.atomic import atomic_write, atomic_write_bytes
-from imgpipe.devkit import DEVKIT_NAME, GROUND_TRUTH, INSTALL_HINT, META
+from imgpipe._sys.atomic import atomic_write, atomic_write_bytes
+from imgpipe.packing.devkit import DEVKIT_NAME, GROUND_TRUTH, INSTALL_HINT, META
 from imgpipe.errors import DatasetError
-from imgpipe.source import read_val_csv
-from imgpipe.tarsource import TRAIN_TAR, VAL_TAR
+from imgpipe.packing.source import read_val_csv
+from imgpipe.packing.tarsource import TRAIN_TAR, VAL_TAR
 
 DEVKIT_FOLDER = "ILSVRC2012_devkit_t12"
 PARENT_SYNSETS = 3  # non-leaf synsets in meta.mat, which a reader must leave out

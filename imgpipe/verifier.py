@@ -17,26 +17,25 @@ index in its split (for a bare pair: in its file).
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
-import multiprocessing as mp
 import os
 import zlib
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
-from tqdm import tqdm
 
-from imgpipe.codec import decode_failure
-from imgpipe.distenv import available_cpus
+from imgpipe._sys.procs import map_in_processes
+from imgpipe.packing.codec import decode_failure
+from imgpipe._sys.distenv import available_cpus
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError
-from imgpipe.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, sha256_file, stays_inside_source_root, unfinished_pack
-from imgpipe.recordio import IRHeader, iter_frames, read_index, unpack_header
+from imgpipe.format.layout import SidecarError, parse_checksums, parse_labels, parse_sources
+from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, sha256_file, stays_inside_source_root, unfinished_pack
+from imgpipe.format.recordio import IRHeader, iter_frames, read_index, unpack_header
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_PROBLEMS_PER_SHARD = 100
 
@@ -148,13 +147,10 @@ def _manifest_checks(folder: Path, manifest: Manifest, decode: bool, problems: l
     for name, split in manifest.splits.items():
         total = split.records
         sources = _load_sources(folder / split.sources, split.sources_sha256, total, problems)
-        labels = _load_array(folder / split.labels, split.labels_sha256, total, np.int32, problems)
-        if labels is not None and labels.size and (labels.min() < 0 or labels.max() >= classes):
-            bad = int(np.argmax((labels < 0) | (labels >= classes)))
-            problems.append(Problem(split.labels, f"label {labels[bad]} is outside 0..{classes - 1}", record=bad))
+        labels = _load_sidecar(folder / split.labels, split.labels_sha256, problems, lambda data: parse_labels(data, total, classes))
         crcs = None
         if split.checksums:
-            crcs = _load_array(folder / split.checksums, split.checksums_sha256, total, np.uint32, problems)
+            crcs = _load_sidecar(folder / split.checksums, split.checksums_sha256, problems, lambda data: parse_checksums(data, total))
         first = 0
         for shard in split.shards:
             stop = first + shard.records
@@ -198,33 +194,23 @@ def _read_sidecar(path: Path, sha: str, problems: list[Problem], what: str = "si
 
 
 def _load_sources(path: Path, sha: str, count: int, problems: list[Problem]) -> list[str] | None:
-    data = _read_sidecar(path, sha, problems, "sidecar of source paths")
-    if data is None:
-        return None
-    text = data.decode("utf-8", "surrogateescape")
-    lines = text[:-1].split("\n") if text.endswith("\n") else (text.split("\n") if text else [])  # not splitlines(): a path may hold \r or \x85
-    if len(lines) != count:
-        problems.append(Problem(path.name, f"{len(lines)} lines, the manifest counts {count} records"))
-        return None
-    for number, line in enumerate(lines, start=1):
+    lines = _load_sidecar(path, sha, problems, lambda data: list(parse_sources(data, count)), "sidecar of source paths")
+    for number, line in enumerate(lines or [], start=1):
         if not stays_inside_source_root(line):
             problems.append(Problem(path.name, f"line {number}: source path {line!r} escapes the source folder"))
     return lines
 
 
-def _load_array(path: Path, sha: str, count: int, dtype: type, problems: list[Problem]) -> np.ndarray | None:
-    data = _read_sidecar(path, sha, problems)
+def _load_sidecar(path: Path, sha: str, problems: list[Problem], parse: Callable[[bytes], T], what: str = "sidecar") -> T | None:
+    """A sidecar parsed by its ``layout`` reader; None (and a problem) when it is missing or malformed."""
+    data = _read_sidecar(path, sha, problems, what)
     if data is None:
         return None
     try:
-        array = np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        problems.append(Problem(path.name, f"not a readable .npy file ({e})"))
+        return parse(data)
+    except SidecarError as e:
+        problems.append(Problem(path.name, str(e), record=e.record))
         return None
-    if array.ndim != 1 or array.shape[0] != count:
-        problems.append(Problem(path.name, f"holds {array.shape} values, the manifest counts {count} records"))
-        return None
-    return array.astype(dtype, copy=False)
 
 
 # ----------------------------------------------------------------------------- running
@@ -232,20 +218,7 @@ def _load_array(path: Path, sha: str, count: int, dtype: type, problems: list[Pr
 
 def _run(checks: list[ShardCheck], workers: int | None, progress: bool) -> list[ShardOutcome]:
     workers = max(1, min(workers or available_cpus(), len(checks)))
-    outcomes: list[ShardOutcome | None] = [None] * len(checks)
-    with tqdm(total=len(checks), unit="shard", desc="verify", disable=not progress, dynamic_ncols=True) as bar:
-        if workers == 1:
-            for k, check in enumerate(checks):
-                outcomes[k] = check_shard(check)
-                bar.update(1)
-        else:
-            context = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-            with ProcessPoolExecutor(workers, mp_context=context) as pool:
-                futures = {pool.submit(check_shard, check): k for k, check in enumerate(checks)}
-                for future in as_completed(futures):
-                    outcomes[futures[future]] = future.result()
-                    bar.update(1)
-    return [o for o in outcomes if o is not None]
+    return list(map_in_processes(check_shard, checks, workers=workers, desc="verify", unit="shard", progress=progress))
 
 
 # ----------------------------------------------------------------------------- one shard

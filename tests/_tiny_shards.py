@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from imgpipe.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
-from imgpipe.recordio import IndexedRecordWriter, IRHeader, pack_header
+from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
+from imgpipe.format.recordio import IndexedRecordWriter, IRHeader, pack_header
 
 
 def tiny_jpeg(rng: np.random.Generator, width: int, height: int) -> bytes:

@@ -9,22 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from imgpipe.manifest import load_manifest
-from imgpipe.recordio import FRAME_HEADER, IR_SIZE, read_index
+from _cli import assert_one_line_error
+from imgpipe.format.manifest import load_manifest
+from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, read_index
 from imgpipe.synth import make_synthetic
 
 
 def imgpipe(*args: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "imgpipe", *map(str, args)], capture_output=True, text=True, timeout=120)
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("imgpipe: error:")]
-    assert len(errors) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
 
 
 @pytest.mark.timeout(120)

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from imgpipe.codec import inspect_jpeg, prepare_image
+from imgpipe.format.jpeg import inspect_jpeg
+from imgpipe.packing.codec import prepare_image
 from imgpipe.errors import DatasetError
-from imgpipe.source import scan
+from imgpipe.packing.source import scan
 from imgpipe.synth import QUIRKS, make_synthetic
 
 SMALL = dict(classes=3, per_class=4, val_per_class=2, seed=5, min_side=40, max_side=72, progress=False)

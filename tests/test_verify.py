@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from imgpipe.errors import DatasetError
-from imgpipe.manifest import load_manifest
-from imgpipe.recordio import FRAME_HEADER, IR_SIZE, IndexedRecordWriter, IRHeader, pack_header, read_index
+from imgpipe.format.manifest import load_manifest
+from imgpipe.format.shardset import open_shards
+from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, IndexedRecordWriter, IRHeader, pack_header, read_index
 from imgpipe.verifier import verify
 
 
@@ -237,3 +238,12 @@ def test_zero_workers_is_refused(packed_dir: Path) -> None:
 
     with pytest.raises(ConfigError, match="--workers 0: need at least 1"):
         verify(packed_dir, workers=0, progress=False)
+
+
+def test_float_labels_are_reported_like_open_shards_reports_them(dataset: Path) -> None:
+    """verify and open_shards read the labels sidecar with the same reader, so both refuse floats."""
+    labels = dataset / "train.labels.npy"
+    np.save(labels, np.load(labels).astype(np.float32))
+    assert "train.labels.npy: must be a 1-D integer array, got float32 (48,)" in problem_lines(dataset)
+    with pytest.raises(DatasetError, match="must be a 1-D integer array, got float32"):
+        open_shards(dataset, "train")

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from imgpipe.manifest import load_manifest
-from imgpipe.recordio import FRAME_HEADER, read_index
+from imgpipe.format.manifest import load_manifest
+from imgpipe.format.recordio import FRAME_HEADER, read_index
 from imgpipe.verifier import verify
 
 SIDECARS = [f"{split}.{kind}" for split in ("train", "val") for kind in ("sources.txt", "labels.npy", "crc32.npy")]

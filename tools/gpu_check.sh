@@ -48,7 +48,7 @@ echo "gpu_check: making and packing the synthetic set ($PER_CLASS images x 10 cl
 "$PY" - "$WORK" "$PER_CLASS" "$WORKERS" <<'EOF' || exit 4
 import sys, time
 from pathlib import Path
-from imgpipe.packer import pack
+from imgpipe.packing.packer import pack
 from imgpipe.synth import make_synthetic
 work, per_class, workers = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 start = time.perf_counter()

@@ -34,10 +34,10 @@ import numpy as np
 from imgpipe.errors import DatasetError
 from imgpipe.loaders.ring import BatchRing
 from imgpipe.loaders.torch import DEFAULT_PREFETCH_FACTOR, WORKER_START, BatchDataset, RingRequests, batch_images, collate_whole_batch
-from imgpipe.recordio import IRHeader
-from imgpipe.sampler import EpochSampler
-from imgpipe.shards import ShardSet, open_shards
-from imgpipe.transforms import TrainGeometry
+from imgpipe.format.recordio import IRHeader
+from imgpipe.loaders.sampler import EpochSampler
+from imgpipe.format.shardset import ShardSet, open_shards
+from imgpipe.loaders.geometry import TrainGeometry
 
 READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from imgpipe import __version__
-from imgpipe.atomic import atomic_write, atomic_write_bytes
+from imgpipe._sys.atomic import atomic_write, atomic_write_bytes
 from imgpipe.bench.runner import BenchResult, RunResult
 from imgpipe.bench.stats import STAGES, RankStats
 from imgpipe.bench.system import describe_disk

@@ -24,11 +24,11 @@ from imgpipe.bench import cache
 from imgpipe.bench.compute import Compute
 from imgpipe.bench.stats import RankStats, StepTimes
 from imgpipe.bench.system import SystemSampler, SystemSummary, diskstats_name, summarize
-from imgpipe.diskinfo import DiskInfo, device_for_path
-from imgpipe.distenv import available_cpus
+from imgpipe._sys.diskinfo import DiskInfo, device_for_path
+from imgpipe._sys.distenv import available_cpus
 from imgpipe.errors import ConfigError
 from imgpipe.loaders.pixels import region_decoder
-from imgpipe.shards import ShardSet, open_shards
+from imgpipe.format.shardset import ShardSet, open_shards
 from imgpipe.train.metrics import gather_objects
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,7 @@
   where total is user+nice+system+idle+iowait+irq+softirq+steal (guest time is already
   inside user and nice, so it is not added twice), each Δ clamped at 0 as top does.
 * Disk reads from ``/proc/diskstats``: field 6 is sectors read, always 512-byte units.
-* The device that holds DATA comes from :func:`imgpipe.diskinfo.device_for_path` (mount,
+* The device that holds DATA comes from :func:`imgpipe._sys.diskinfo.device_for_path` (mount,
   filesystem, rotational, network); its /proc/diskstats name is the device's basename.
 * Memory from ``/proc/meminfo`` (MemAvailable, Cached).
 
@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from imgpipe.diskinfo import DiskInfo
-from imgpipe.meminfo import parse_meminfo
+from imgpipe._sys.diskinfo import DiskInfo
+from imgpipe._sys.meminfo import parse_meminfo
 
 logger = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ def pack_command(
     ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar, and ILSVRC2012_devkit_t12.tar.gz or
     LOC_val_solution.csv.
     """
-    from imgpipe.packer import pack
+    from imgpipe.packing.packer import pack
 
     split_list = [s.strip() for s in splits.split(",") if s.strip()] if splits is not None else None
     if split_list == []:

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from imgpipe.distenv import DistEnv, available_cpus
+from imgpipe._sys.distenv import DistEnv, available_cpus
 from imgpipe.errors import ConfigError, DatasetError
-from imgpipe.shards import ShardSet, open_shards
+from imgpipe.format.shardset import ShardSet, open_shards
 
 if TYPE_CHECKING:
     import torch

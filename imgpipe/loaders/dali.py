@@ -36,7 +36,8 @@ import torch
 
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.common import ON_CORRUPT, check_choice, check_int, check_loader_args, default_workers, no_full_batch, open_for_rank
-from imgpipe.shards import ShardSet
+from imgpipe.format.dali_index import write_dali_index
+from imgpipe.format.shardset import ShardSet
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ INSTALL_HINT = "pip install 'imgpipe[dali]'"
 READER_NAME = "Reader"
 _DECODING_OPERATORS = ("decoders", "peek_image_shape")  # in DALI's message when a record did not decode
 DEFAULT_INITIAL_FILL = 1024
-_SEED_DOMAIN = 0x44414C49  # "DALI": keeps these seeds apart from imgpipe.seeding's families
+_SEED_DOMAIN = 0x44414C49  # "DALI": keeps these seeds apart from imgpipe.loaders.seeding's families
 
 
 def dali_available() -> bool:
@@ -107,7 +108,10 @@ class DaliLoader:
         self._shards = shards  # to name a record DALI could not decode
         self._next_epoch = 0
         self.epoch = 0  # the epoch being (or last) iterated, as TorchLoader.epoch
+        self.skipped = 0  # DALI never replaces a record: a corrupt one stops the epoch with a DatasetError
         self._eval_iterator: Any = None
+        self._consumed = 0  # batches of ``epoch`` yielded so far
+        self._resume_skip = 0  # batches to read and drop at the start of the next epoch (load_state_dict)
         start, end = shard_bounds(spec.records, spec.rank, spec.world_size)
         if spec.train:
             self._batches = (spec.records // spec.world_size) // spec.batch_size
@@ -125,10 +129,32 @@ class DaliLoader:
     def __len__(self) -> int:
         return self._batches
 
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch and the batches of it already yielded, for a checkpoint."""
+        return {"epoch": self.epoch, "batches": self._consumed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: DALI cannot seek, so the next ``iter()`` reads the batches already yielded again and drops them."""
+        if not isinstance(state, dict):
+            raise ConfigError(f"cannot resume: a loader state is the dict loader.state_dict() returned, got {type(state).__name__}")
+        self._next_epoch = check_int("epoch", state.get("epoch"), minimum=0)
+        self._resume_skip = check_int("batches", state.get("batches"), minimum=0)
+
+    def close(self) -> None:
+        """Drop the pipeline kept for the next eval epoch."""
+        self._eval_iterator = None
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self.epoch = self._next_epoch
         self._next_epoch += 1
-        return self._run_epoch(self.epoch)
+        self._consumed = 0
+        skip, self._resume_skip = self._resume_skip, 0
+        batches = self._run_epoch(self.epoch)
+        if skip:
+            logger.warning("resuming mid-epoch: the dali loader cannot seek, so it reads the %d batches of epoch %d already trained on again", skip, self.epoch)
+            for _ in range(skip):
+                next(batches, None)
+        return batches
 
     def _run_epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         spec = self._spec
@@ -155,8 +181,9 @@ class DaliLoader:
             images = out["images"]
             if spec.channels_last:  # HWC from DALI: an NCHW view with channels_last strides
                 images = images.permute(0, 3, 1, 2)
-            yield images, labels.to(device=device, dtype=torch.int64, non_blocking=True)
             produced += 1
+            self._consumed = produced
+            yield images, labels.to(device=device, dtype=torch.int64, non_blocking=True)
         if produced != self._batches:
             logger.warning("DALI epoch %d gave %d batches, expected %d", epoch, produced, self._batches)
         if not spec.train:  # eval epochs are all alike: keep the warm pipeline for the next one
@@ -193,7 +220,7 @@ class DaliLoader:
 
 def first_undecodable(shards: ShardSet, indices: Iterable[int]) -> tuple[int, str] | None:
     """The first of ``indices`` whose record does not read or decode whole, with the reason; None if all do."""
-    from imgpipe.codec import decode_failure
+    from imgpipe.packing.codec import decode_failure
 
     for index in indices:
         try:
@@ -209,7 +236,7 @@ def _build_pipeline(spec: _Spec, epoch: int) -> Any:
     dali = _import_dali()
     from nvidia.dali import fn, types
 
-    from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD
+    from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD
 
     seeds = epoch_seeds(spec.seed, spec.rank, epoch)
     gpu = spec.device_id is not None
@@ -279,7 +306,7 @@ def _eval_resize_and_crop(jpegs: Any, shorter: int, size: int) -> tuple[Any, Any
 
     ``fn.resize(resize_shorter=...)`` rounds the long side and ``crop_mirror_normalize``
     rounds the crop anchor half away from zero; torchvision (and so the torch loader,
-    ``transforms.EvalGeometry.crop``) truncates the long side and rounds the anchor half to
+    ``geometry.EvalGeometry.crop``) truncates the long side and rounds the anchor half to
     even. Off by one pixel, the two loaders would differ by 5-15 units on fine detail, so the
     exact sizes are computed here from the stored JPEG size with DALI arithmetic.
     """
@@ -308,7 +335,7 @@ def _round_half_even(x: Any) -> Any:
 
 
 def dali_geometry(image_size: int, train: bool) -> dict[str, Any]:
-    """The DALI operator arguments of the geometry, all taken from ``imgpipe.transforms`` (shared with the torch loader).
+    """The DALI operator arguments of the geometry, all taken from ``imgpipe.loaders.geometry`` (shared with the torch loader).
 
     Train: ``decoders.image_random_crop(random_area, random_aspect_ratio, num_attempts)``,
     resize to ``crop`` squared, mirror with ``flip_probability``. Eval: resize the shorter side
@@ -316,19 +343,19 @@ def dali_geometry(image_size: int, train: bool) -> dict[str, Any]:
     the stored pixels without EXIF rotation, as the torch loader does (``imgpipe pack``
     applies the orientation when packing). ``interpolation`` names a ``types`` member.
     """
-    from imgpipe import transforms
+    from imgpipe.loaders import geometry
 
     dali_interp = {"bilinear": "INTERP_LINEAR", "bicubic": "INTERP_CUBIC", "nearest": "INTERP_NN"}
-    common = {"crop": image_size, "interpolation": dali_interp[transforms.INTERPOLATION], "antialias": transforms.ANTIALIAS}
+    common = {"crop": image_size, "interpolation": dali_interp[geometry.INTERPOLATION], "antialias": geometry.ANTIALIAS}
     if not train:
-        return {**common, "resize_shorter": transforms.EvalGeometry(image_size=image_size).resize_shorter}
-    geometry = transforms.TrainGeometry(image_size=image_size)
+        return {**common, "resize_shorter": geometry.EvalGeometry(image_size=image_size).resize_shorter}
+    crop = geometry.TrainGeometry(image_size=image_size)
     return {
         **common,
-        "random_area": geometry.scale,
-        "random_aspect_ratio": geometry.ratio,
-        "num_attempts": transforms.CROP_ATTEMPTS,
-        "flip_probability": geometry.flip_p,
+        "random_area": crop.scale,
+        "random_aspect_ratio": crop.ratio,
+        "num_attempts": geometry.CROP_ATTEMPTS,
+        "flip_probability": crop.flip_p,
     }
 
 
@@ -379,7 +406,7 @@ def make_dali_loader(
         raise DatasetError(f"{path}: split {split!r} has {records} records, fewer than the {env.world_size} ranks")
     spec = _Spec(
         rec_files=tuple(str(p) for p in shards.rec_paths),
-        index_file=str(shards.dali_index_path()),
+        index_file=str(write_dali_index(shards)),
         records=records,
         batch_size=args.batch_size,
         train=args.train,

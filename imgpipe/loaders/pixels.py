@@ -6,7 +6,7 @@ The crop box is computed from the size in the JPEG header, before decoding. Then
   libjpeg-turbo): only the box's rows and iMCU columns are decoded, as DALI and TensorFlow cut
   a random crop, and the pixels are exactly those of a full decode. An integral box (the train
   crop) is resized with torch's uint8 bilinear antialiased kernel (vectorized for channels-last
-  3-channel images; about 2.5x faster than Pillow's, same filter). A fractional box (the eval
+  3-channel images; faster than Pillow's, same filter). A fractional box (the eval
   center crop) is resampled from the whole image as torchvision's ``Resize`` + ``CenterCrop``
   do it: the image resized so that the box becomes ``size`` x ``size``, then cut. A box that
   shrinks ``DRAFT_MIN_REDUCTION`` times or more is decoded reduced in the DCT domain, as
@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from imgpipe.codec import jpeg_size
-from imgpipe.transforms import Crop
+from imgpipe.format.jpeg import jpeg_size
+from imgpipe.loaders.geometry import Crop
 
 REGION_DECODER_HEADERS = "apt install libjpeg-turbo8-dev, dnf install libjpeg-turbo-devel or conda install libjpeg-turbo"
 DRAFT_MIN_REDUCTION = 2  # decode reduced when the box shrinks by at least this factor

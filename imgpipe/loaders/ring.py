@@ -26,7 +26,7 @@ from typing import Iterator
 import torch
 
 from imgpipe.errors import ConfigError
-from imgpipe.meminfo import MEMINFO, available_memory
+from imgpipe._sys.meminfo import MEMINFO, available_memory
 
 SHARED_MEMORY_DIR = "/dev/shm"
 
@@ -84,7 +84,7 @@ class BatchRing:
 def allocation_lock(folder: str = SHARED_MEMORY_DIR) -> Iterator[None]:
     """Hold an exclusive lock on ``folder``/.imgpipe-ring.lock: without it, every rank of a node
     checks the room before any has allocated, they all pass, and together they exhaust it
-    (measured: two 19 GB rings on a 24 GB machine, one rank killed by the OOM killer, no message).
+    (the OOM killer then ends a rank without a message).
     No lock where the file cannot be opened, or without ``fcntl`` (not Unix)."""
     try:
         import fcntl

@@ -29,15 +29,11 @@ tensor, one image at a time (in-place passes while the image is in cache: cheape
 subtraction and a division over the whole batch). Every yielded batch is a new tensor that
 the caller owns: a ring slot is copied out before it can be reused.
 
-Memory: for every storage it sends or receives, torch's ``torch.multiprocessing`` keeps a
-weak reference in ``reductions.shared_cache``, pruned only once that cache holds 128
-entries. The small C++ object that reference keeps alive used to land inside the heap
-chunk the batch just freed (glibc serves large buffers from its heap once it has freed
-one), so no later batch fit there: workers grew by one uint8 batch per batch, and the
-main process by one float32 batch per batch, for 128 batches. Hence workers build each
-batch directly in shared memory (``share_memory_()``: no heap chunk, and no copy into shared
-memory at send time), and both sides drop the dead cache entries before every batch. A ring
-slot is not a new storage, so only the small labels tensor travels that way with the ring.
+Memory: workers build each batch directly in shared memory (``share_memory_()``: no heap
+chunk, and no copy into shared memory at send time), and both sides drop the dead entries
+of torch's ``reductions.shared_cache`` before every batch, so neither side's heap grows by a
+batch per batch (docs/measurements.md says why). A ring slot is not a new storage, so only
+the small labels tensor travels that way with the ring.
 """
 
 from __future__ import annotations
@@ -52,7 +48,8 @@ from PIL import Image, UnidentifiedImageError
 from torch.multiprocessing import reductions
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from imgpipe import seeding
+from imgpipe.loaders import seeding
+from imgpipe._sys.torch_private import shutdown_persistent_workers
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.common import (
     ON_CORRUPT,
@@ -68,9 +65,9 @@ from imgpipe.loaders.common import (
 )
 from imgpipe.loaders.pixels import decode_sample, load_decoders
 from imgpipe.loaders.ring import BatchRing
-from imgpipe.sampler import REMAINDER_POLICIES, EpochSampler
-from imgpipe.shards import PathLike, ShardSet
-from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry
+from imgpipe.loaders.sampler import REMAINDER_POLICIES, EpochSampler
+from imgpipe.format.shardset import PathLike, ShardSet
+from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry
 
 logger = logging.getLogger(__name__)
 
@@ -232,6 +229,12 @@ class RingRequests(Sampler):
     def __len__(self) -> int:
         return len(self.queued)
 
+    def start_pass(self, epoch: int, batches: Sequence[np.ndarray]) -> None:
+        """Queue this pass's batches and start the ring's pass: call before each ``iter()`` of the DataLoader."""
+        self.queued = [(epoch, batch) for batch in batches]
+        if self.ring is not None:
+            self.ring.begin_pass()
+
     def __iter__(self) -> Iterator[BatchRequest]:
         for epoch, indices in self.queued:
             yield BatchRequest(epoch, indices, None if self.ring is None else self.ring.claim())
@@ -325,16 +328,10 @@ class TorchLoader:
 
     def close(self) -> None:
         """Stop the worker processes now (persistent workers otherwise live until the loader is collected)."""
-        iterator, self._loader._iterator = self._loader._iterator, None  # DataLoader keeps its persistent iterator here
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        shutdown_persistent_workers(self._loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        epoch, batches = self.sampler.begin_epoch()
-        self._requests.queued = [(epoch, batch) for batch in batches]
-        if self._ring is not None:
-            self._ring.begin_pass()
+        self._requests.start_pass(*self.sampler.begin_epoch())
         results = iter(self._loader)
         if self.device.type == "cuda":
             yield from self._cuda_batches(results)

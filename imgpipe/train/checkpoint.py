@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from imgpipe.atomic import atomic_write
+from imgpipe._sys.atomic import atomic_write
 from imgpipe.errors import ConfigError
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from imgpipe.atomic import atomic_write_bytes
+from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe.errors import ConfigError
 
 

@@ -13,8 +13,9 @@ from typing import Any, Iterator
 import torch
 
 from imgpipe.errors import ConfigError, DatasetError
-from imgpipe.manifest import Manifest, load_manifest
-from imgpipe.sampler import batch_count
+from imgpipe.format.manifest import Manifest, load_manifest
+from imgpipe.loaders.base import Loader
+from imgpipe.loaders.sampler import batch_count
 from imgpipe.train.config import TrainConfig
 from imgpipe.train.launch import RankContext
 
@@ -23,8 +24,8 @@ from imgpipe.train.launch import RankContext
 class TrainData:
     """The loaders of one rank plus what the trainer needs to know about the dataset."""
 
-    train: Any
-    val: Any | None
+    train: Loader
+    val: Loader | None
     classes: list[str]
     val_records: int
 
@@ -93,6 +94,7 @@ class SyntheticBatches:
         self.images = images
         self.labels = torch.randint(0, len(manifest.classes), (n,), generator=generator).to(ctx.device)
         self.epoch = 0
+        self.skipped = 0
         self._start = 0
         self._consumed = 0
 
@@ -107,6 +109,9 @@ class SyntheticBatches:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self._start = int(state["epoch"]), int(state["batches"])
+
+    def close(self) -> None:
+        """Nothing to stop: the batch lives on the device."""
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._consumed = self._start

@@ -19,7 +19,6 @@ to every rank; a loop that calls :func:`install_stop_handlers` turns it into a f
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import logging
 import multiprocessing
@@ -36,7 +35,8 @@ from typing import Any, Callable, TypeVar
 
 from tqdm import tqdm
 
-from imgpipe.distenv import DistEnv
+from imgpipe._sys.distenv import DistEnv
+from imgpipe._sys.procs import die_with_parent
 from imgpipe.errors import DistributedError, ImgpipeError
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,6 @@ FAILURE_GRACE_S = 10.0
 SETTLE_S = 1.0
 HANG_SETTLE_S = 5.0  # the healthy ranks of a hung job time out a moment apart: wait for them all to report
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")
-_PR_SET_PDEATHSIG = 1
 TIMEOUT_WORDS = ("timed out", "timeout")
 PEER_FAILURE_WORDS = ("connection closed", "connection reset", "broken pipe", "socket", "nccl", *TIMEOUT_WORDS)
 
@@ -276,7 +275,7 @@ def _rank_main(
     fn: Callable, arg: Any, use_cuda: bool, backend: str | None, timeout_s: float, conn: Any,
 ) -> None:
     """Entry point of a spawned rank: die with the parent, log like it, set the torchrun variables, run, report."""
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     # tqdm's default lock is a multiprocessing lock: under spawn a named semaphore, which the
     # os._exit below would leave to the resource tracker's "leaked semaphore" warning; one
     # rank's progress bars only need a thread lock
@@ -326,17 +325,6 @@ def _exit_reported(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this rank when its parent dies, so no rank outlives the launcher."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except OSError:  # pragma: no cover - non-glibc systems
-            logger.debug("prctl(PR_SET_PDEATHSIG) unavailable")
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 def _watch(procs: list, conns: list, forward: "_ForwardStopSignals", timeout_s: float) -> list:

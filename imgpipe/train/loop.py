@@ -29,7 +29,7 @@ from imgpipe.train import faults
 from imgpipe.train.config import TrainConfig, save_config
 from imgpipe.train.data import TrainData, build_data
 from imgpipe.train.launch import RankContext, install_stop_handlers, is_peer_failure, stop_requested
-from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gather_summaries, global_images_per_s, imbalance
+from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gather_objects, gather_summaries, global_images_per_s, imbalance
 
 logger = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class _Run:
         """This epoch's batches from where the run stands; a loader that cannot seek (DALI) re-reads the ones already trained on."""
         loader, resume = self.data.train, self._resume_loader
         self._resume_loader = None
-        if resume is not None and hasattr(loader, "load_state_dict"):
+        if resume is not None:
             loader.load_state_dict(resume)
             return iter(loader)
         loader.set_epoch(self.state.epoch)
@@ -361,7 +361,7 @@ class _Run:
 
     def _save(self, stopping: bool = False) -> None:
         """Every rank calls this at the same step (RNG states are gathered); rank 0 writes."""
-        rngs = _gather_objects(ckpt.rng_state(), self.ctx)
+        rngs = gather_objects(ckpt.rng_state())
         self._saved_step = self.state.step
         if not self.ctx.is_main:
             return
@@ -373,7 +373,7 @@ class _Run:
             "epoch": self.state.epoch,
             "epoch_step": self.state.epoch_step,
             "step": self.state.step,
-            "loader": _loader_state(self.data.train) if self.state.epoch_step else None,
+            "loader": self.data.train.state_dict() if self.state.epoch_step else None,
             "rng": rngs,
             "world_size": self.ctx.world_size,
             "num_classes": self.num_classes,
@@ -522,18 +522,6 @@ def _broadcast_buffers(module: torch.nn.Module, ctx: RankContext) -> None:
     if ctx.distributed:
         for buffer in module.buffers():
             dist.broadcast(buffer, src=0)
-
-
-def _gather_objects(value: Any, ctx: RankContext) -> list[Any]:
-    if not ctx.distributed:
-        return [value]
-    gathered: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(gathered, value)
-    return gathered
-
-
-def _loader_state(loader: Any) -> dict[str, Any] | None:
-    return loader.state_dict() if hasattr(loader, "state_dict") else None
 
 
 def _seed_everything(seed: int, rank: int, deterministic: bool, device: torch.device) -> None:

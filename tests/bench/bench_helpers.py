@@ -12,9 +12,9 @@ from PIL import Image
 from imgpipe.bench.runner import BenchConfig, BenchResult, RunResult
 from imgpipe.bench.stats import RankStats, StepTimes
 from imgpipe.bench.system import SystemSummary
-from imgpipe.diskinfo import DiskInfo
-from imgpipe.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
-from imgpipe.recordio import IndexedRecordWriter, IRHeader, pack_header
+from imgpipe._sys.diskinfo import DiskInfo
+from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
+from imgpipe.format.recordio import IndexedRecordWriter, IRHeader, pack_header
 
 DATA = Path(__file__).parent / "data"
 

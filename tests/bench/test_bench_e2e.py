@@ -14,7 +14,7 @@ from PIL import Image
 
 from imgpipe.bench import BenchConfig, bench
 from imgpipe.bench.probes import READ_DELAY_ENV, read_delay_s
-from imgpipe.diskinfo import device_for_path
+from imgpipe._sys.diskinfo import device_for_path
 from imgpipe.errors import ConfigError, DatasetError
 
 

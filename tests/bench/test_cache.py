@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from imgpipe.bench import cache
-from imgpipe.diskinfo import device_for_path
+from imgpipe._sys.diskinfo import device_for_path
 
 
 @pytest.mark.timeout(60)

@@ -12,7 +12,7 @@ from _tiny_shards import make_tiny_pack  # noqa: E402
 
 from imgpipe.bench.probes import TimedReads, torch_batches  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
-from imgpipe.shards import open_shards  # noqa: E402
+from imgpipe.format.shardset import open_shards  # noqa: E402
 
 
 @pytest.mark.timeout(120)

@@ -21,7 +21,7 @@ from imgpipe.bench.system import (
     summarize,
     take_sample,
 )
-from imgpipe.diskinfo import DiskInfo
+from imgpipe._sys.diskinfo import DiskInfo
 
 HDD = DATA / "hdd_iowait"
 

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imgpipe import recordio
-from imgpipe.recordio import MAGIC_BYTES as M
-from imgpipe.recordio import IRHeader
+from _recordio_helpers import read_indexed
+from imgpipe.format import recordio
+from imgpipe.format.recordio import MAGIC_BYTES as M
+from imgpipe.format.recordio import IRHeader
 
 pytestmark = [pytest.mark.interop, pytest.mark.usefixtures("mxnet_python")]  # conftest: skip, or fail under make test
 
@@ -149,7 +150,7 @@ def test_mxnet_reads_imgpipe_files_exactly(mx) -> None:
 @pytest.mark.timeout(300)
 def test_imgpipe_reads_mxnet_files_exactly(mx) -> None:
     theirs = mx["theirs"]
-    read = list(recordio.read_indexed(theirs["rec"], theirs["idx"]))
+    read = list(read_indexed(theirs["rec"], theirs["idx"]))
     assert [key for key, _, _ in read] == KEYS
     assert [from_imgpipe(h, p) for _, h, p in read] == EXPECTED
     frames = list(recordio.iter_frames(theirs["rec"]))
@@ -163,7 +164,7 @@ def test_im2rec_pass_through_output_reads_with_labels_and_exact_jpeg_bytes(mx) -
     lst = [line.split("\t") for line in Path(prefix + ".lst").read_text().splitlines()]
     assert sorted(path for _, _, path in lst) == sorted(mx["jpegs"])
     wnid_label = {"n01": 0.0, "n02": 1.0, "n03": 2.0}
-    read = list(recordio.read_indexed(prefix + ".rec", prefix + ".idx"))
+    read = list(read_indexed(prefix + ".rec", prefix + ".idx"))
     assert len(read) == len(lst) == 9
     for (key, header, payload), (index, label, path) in zip(read, lst):
         assert key == header.id == int(index)
@@ -176,7 +177,7 @@ def test_mxnet_reads_every_shard_of_imgpipe_pack_like_imgpipe(mx, packed_dir: Pa
     shards = mx["packed"]
     assert {Path(s["rec"]).name.split("-")[0] for s in shards} == {"train", "val"}
     for shard, seen in zip(shards, mx["result"]["read"][2:]):
-        ours = [dict(from_imgpipe(h, p), key=k) for k, h, p in recordio.read_indexed(shard["rec"], shard["idx"])]
+        ours = [dict(from_imgpipe(h, p), key=k) for k, h, p in read_indexed(shard["rec"], shard["idx"])]
         assert ours and [from_mxnet(d) for d in seen["by_key"]] == ours
         assert [from_mxnet(d) for d in seen["sequential"]] == [{k: v for k, v in d.items() if k != "key"} for d in ours]
         assert all(d["flag"] == 0 and d["id"] == d["key"] and d["payload"][:2] == b"\xff\xd8" for d in ours)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from imgpipe.distenv import DistEnv
+from imgpipe._sys.distenv import DistEnv
 from imgpipe.errors import TrainError
 from imgpipe.train.config import load_config
 from imgpipe.train.launch import RankContext, free_port

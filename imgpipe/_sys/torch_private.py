@@ -1,0 +1,22 @@
+"""Every private torch API imgpipe relies on, each behind one wrapper.
+
+``tests/_sys/test_torch_private.py`` checks each against the installed torch, so an upgrade
+that renames one fails there, loudly, instead of silently leaving worker processes behind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def shutdown_persistent_workers(loader: Any) -> None:
+    """Stop a ``torch.utils.data.DataLoader``'s worker processes now.
+
+    With ``persistent_workers=True`` the DataLoader keeps its iterator (and so its workers) in
+    the private ``_iterator`` until it is collected; no public API stops them. The iterator's
+    ``_shutdown_workers`` is what torch itself calls on collection.
+    """
+    iterator, loader._iterator = loader._iterator, None
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()

@@ -1,0 +1,156 @@
+"""The names of a packed folder's files, and one reader and one writer per sidecar.
+
+Layout of a packed folder::
+
+    DST/manifest.json                       the manifest (``manifest.py``; written last, atomically)
+    DST/{split}-{i:05d}-of-{n:05d}.rec      RecordIO shard
+    DST/{split}-{i:05d}-of-{n:05d}.idx      its MXNet index: "id<TAB>offset" per record
+    DST/{split}.sources.txt                 sidecar: one source path per record, in record order
+    DST/{split}.labels.npy                  sidecar: int32 label per record, in record order
+    DST/{split}.crc32.npy                   sidecar: uint32 zlib.crc32 of each record (IRHeader + image), in record order
+
+The readers take the sidecar's bytes (so verify can hash the same bytes it parses) and raise
+:class:`SidecarError` without the path; each caller turns that into its own kind of report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from imgpipe._sys.atomic import atomic_write_bytes
+
+SHARD_FILE = re.compile(r"^(?P<split>[^/]+)-\d{5}-of-\d{5}\.(?P<ext>rec|idx|json)$")  # a shard, its index, its journal entry
+SOURCES_SUFFIX = ".sources.txt"
+LABELS_SUFFIX = ".labels.npy"
+CHECKSUMS_SUFFIX = ".crc32.npy"
+SIDECAR_SUFFIXES = (SOURCES_SUFFIX, LABELS_SUFFIX, CHECKSUMS_SUFFIX)
+
+
+def shard_stem(split: str, number: int, count: int) -> str:
+    """``{split}-{number:05d}-of-{count:05d}``: a shard's name without ``.rec`` / ``.idx``."""
+    return f"{split}-{number:05d}-of-{count:05d}"
+
+
+def is_shard_file(name: str) -> bool:
+    """True for a shard's ``.rec`` or ``.idx`` name (not a journal entry)."""
+    match = SHARD_FILE.match(name)
+    return bool(match) and match["ext"] != "json"
+
+
+def sources_name(split: str) -> str:
+    return split + SOURCES_SUFFIX
+
+
+def labels_name(split: str) -> str:
+    return split + LABELS_SUFFIX
+
+
+def checksums_name(split: str) -> str:
+    return split + CHECKSUMS_SUFFIX
+
+
+class SidecarError(ValueError):
+    """A sidecar that does not hold what the manifest says; ``record`` is set when one record is to blame."""
+
+    def __init__(self, message: str, record: int | None = None) -> None:
+        super().__init__(message)
+        self.record = record
+
+
+# ----------------------------------------------------------------------------- writers
+
+
+def write_sidecar(path: Path, data: bytes) -> str:
+    """Write a sidecar atomically; return its sha256 for the manifest."""
+    atomic_write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def sources_bytes(paths: Sequence[str]) -> bytes:
+    """The sources sidecar: one path per line (paths never hold a newline; the scan rejects them)."""
+    return "".join(path + "\n" for path in paths).encode("utf-8", "surrogateescape")
+
+
+def labels_bytes(labels: np.ndarray) -> bytes:
+    return _npy_bytes(np.asarray(labels).astype(np.int32))
+
+
+def checksums_bytes(crcs: np.ndarray) -> bytes:
+    return _npy_bytes(np.asarray(crcs).astype(np.uint32))
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+# ----------------------------------------------------------------------------- readers
+
+
+class SourceLines:
+    """The sources sidecar as one blob and the start of each line: no per-line objects."""
+
+    def __init__(self, blob: bytes, starts: np.ndarray) -> None:
+        self.blob = blob
+        self.starts = starts
+
+    def __len__(self) -> int:
+        return int(self.starts.size) - 1
+
+    def raw(self, i: int) -> bytes:
+        """Line ``i`` without its newline."""
+        end = int(self.starts[i + 1])
+        if end > int(self.starts[i]) and self.blob[end - 1 : end] == b"\n":
+            end -= 1
+        return self.blob[int(self.starts[i]) : end]
+
+    def __iter__(self) -> Iterator[str]:
+        """Every line, decoded as the packer encoded it (undecodable bytes kept as surrogates)."""
+        for i in range(len(self)):
+            yield self.raw(i).decode("utf-8", "surrogateescape")
+
+
+def parse_sources(blob: bytes, count: int) -> SourceLines:
+    """The sources sidecar of ``count`` records (a last line without its newline is accepted)."""
+    newlines = np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) == ord("\n"))
+    if blob and not blob.endswith(b"\n"):
+        newlines = np.append(newlines, len(blob) - 1)
+    if newlines.size != count:
+        raise SidecarError(f"{newlines.size} lines, the manifest counts {count} records")
+    return SourceLines(blob, np.concatenate([[0], newlines + 1]).astype(np.int64))
+
+
+def parse_labels(data: bytes, count: int, classes: int) -> np.ndarray:
+    """The labels sidecar of ``count`` records as int64, each a class index below ``classes``."""
+    labels = _parse_integers(data, count)
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        bad = int(np.argmax((labels < 0) | (labels >= classes)))
+        raise SidecarError(f"label {labels[bad]} is outside 0..{classes - 1}", record=bad)
+    return labels.astype(np.int64)
+
+
+def parse_checksums(data: bytes, count: int) -> np.ndarray:
+    """The crc32 sidecar of ``count`` records as uint32."""
+    crcs = _parse_integers(data, count)
+    if crcs.size and (crcs.min() < 0 or crcs.max() > 0xFFFFFFFF):
+        raise SidecarError("holds values outside the uint32 range of a crc32")
+    return crcs.astype(np.uint32)
+
+
+def _parse_integers(data: bytes, count: int) -> np.ndarray:
+    try:
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except Exception as e:  # a damaged header reaches numpy's literal_eval: SyntaxError, TokenError, ...
+        raise SidecarError(f"not a readable .npy file ({type(e).__name__}: {e})") from None
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise SidecarError(f"must be a 1-D integer array, got {array.dtype} {array.shape}")
+    if array.shape[0] != count:
+        raise SidecarError(f"holds {array.shape[0]} values, the manifest counts {count} records")
+    return array

@@ -1,0 +1,394 @@
+"""MXNet RecordIO, byte for byte as dmlc-core frames it: records, IRHeader and the .idx index.
+
+On-disk layout of one record (all words little-endian uint32)::
+
+    +-------+----------------------+----------------------+---------+
+    | magic | lrec = cflag<<29|len | payload[len]         | pad 0-3 |
+    +-------+----------------------+----------------------+---------+
+
+dmlc splits a payload wherever the magic word appears at a 4-byte aligned offset: the
+magic itself is dropped and the pieces are written as frames with cflag 1 (first), 2
+(middle) and 3 (last); a reader puts the magic back between them. cflag 0 is a whole
+record. A record's payload is an IRHeader ``<IfQQ>`` (flag, label, id, id2); when flag
+> 0, ``flag`` float32 labels follow the header and ``label`` is 0. The ``.idx`` file is
+text, one ``key\\toffset`` line per record, in write order.
+
+Readers never trust a length field: every length is checked against the bytes that are
+really there before anything is allocated, and a malformed file raises RecordIOError
+naming the file and the offset. They are stricter than dmlc's ``NextRecord``, which
+resizes its buffer to whatever a length word says and accepts any cflag order: a cflag
+above 3, or 2/3 without a 1 before it, is refused here (dmlc never writes either).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import numbers
+import os
+import struct
+import warnings
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator, NamedTuple
+
+import numpy as np
+
+from imgpipe.errors import RecordIOError
+
+MAGIC = 0xCED7230A
+MAGIC_BYTES = struct.pack("<I", MAGIC)
+FRAME_HEADER = struct.Struct("<II")
+LENGTH_BITS = 29
+LENGTH_MASK = (1 << LENGTH_BITS) - 1
+MAX_RECORD_BYTES = 1 << LENGTH_BITS  # dmlc refuses records of 2**29 bytes or more
+IR_FORMAT = struct.Struct("<IfQQ")
+IR_SIZE = IR_FORMAT.size  # 24
+
+CFLAG_WHOLE, CFLAG_FIRST, CFLAG_MIDDLE, CFLAG_LAST = 0, 1, 2, 3
+
+
+class IRHeader(NamedTuple):
+    """MXNet's image record header. ``label`` is a float, or a float32 array when flag > 0."""
+
+    flag: int
+    label: float | np.ndarray
+    id: int
+    id2: int
+
+
+def _pad(length: int) -> int:
+    return (-length) & 3
+
+
+# ----------------------------------------------------------------------------- IRHeader
+
+
+def pack_header(header: IRHeader, payload: bytes) -> bytes:
+    """Prefix ``payload`` with ``header`` exactly as ``mxnet.recordio.pack`` does."""
+    label = header.label
+    if isinstance(label, numbers.Number):  # mxnet's own test: numpy scalars count, 0-d arrays do not
+        head = IR_FORMAT.pack(0, float(label), header.id, header.id2)
+        return head + payload
+    labels = np.asarray(label, dtype=np.float32).ravel()
+    head = IR_FORMAT.pack(labels.size, 0.0, header.id, header.id2)
+    return head + labels.astype("<f4").tobytes() + payload
+
+
+LABEL_PROBE_BYTES = FRAME_HEADER.size + IR_SIZE  # a frame header and the IRHeader after it
+
+
+def peek_scalar_label(head: bytes) -> float | None:
+    """The label of the framed record whose first ``LABEL_PROBE_BYTES`` are ``head``, without reading the rest.
+
+    None when that is not enough: a bad magic, a first part shorter than the IRHeader, or a
+    label array (``flag`` > 0); the caller then reads the whole record.
+    """
+    if len(head) < LABEL_PROBE_BYTES:
+        return None
+    magic, lrec = FRAME_HEADER.unpack_from(head)
+    if magic != MAGIC or (lrec & LENGTH_MASK) < IR_SIZE:
+        return None
+    flag, label, _, _ = IR_FORMAT.unpack_from(head, FRAME_HEADER.size)
+    return label if flag == 0 else None
+
+
+def unpack_header(record: bytes | memoryview, path: object = "<record>", offset: int = 0) -> tuple[IRHeader, bytes]:
+    """Split a record into its IRHeader and the image bytes, as ``mxnet.recordio.unpack`` does."""
+    if len(record) < IR_SIZE:
+        raise RecordIOError(path, offset, f"record of {len(record)} bytes is shorter than the {IR_SIZE}-byte IRHeader")
+    flag, label, rid, rid2 = IR_FORMAT.unpack_from(record, 0)
+    body = IR_SIZE
+    if flag > 0:
+        need = flag * 4
+        if need > len(record) - IR_SIZE:
+            raise RecordIOError(
+                path, offset, f"IRHeader label count {flag} needs {need} bytes but the record has {len(record) - IR_SIZE}"
+            )
+        labels = np.frombuffer(record, dtype="<f4", count=flag, offset=IR_SIZE).astype(np.float32)
+        body += need
+        return IRHeader(flag, labels, rid, rid2), bytes(record[body:])
+    return IRHeader(flag, label, rid, rid2), bytes(record[body:])
+
+
+# ----------------------------------------------------------------------------- framing
+
+
+def frame_parts(record: bytes) -> list[bytes]:
+    """Frame one record as dmlc ``RecordIOWriter::WriteRecord`` does, magic splits included: the pieces in order."""
+    length = len(record)
+    if length >= MAX_RECORD_BYTES:
+        raise ValueError(f"RecordIO records must be smaller than 2**29 bytes, got {length}")
+    lower_align = length & ~3
+    parts: list[bytes] = []
+    start = 0
+    for pos in _aligned_magic_positions(record, lower_align):
+        cflag = CFLAG_FIRST if start == 0 else CFLAG_MIDDLE
+        parts.append(FRAME_HEADER.pack(MAGIC, (cflag << LENGTH_BITS) | (pos - start)))
+        parts.append(record[start:pos])
+        start = pos + 4
+    cflag = CFLAG_LAST if start != 0 else CFLAG_WHOLE
+    parts.append(FRAME_HEADER.pack(MAGIC, (cflag << LENGTH_BITS) | (length - start)))
+    parts.append(record[start:])
+    parts.append(b"\0" * _pad(length))
+    return parts
+
+
+def _aligned_magic_positions(record: bytes, lower_align: int) -> list[int]:
+    """Offsets where the magic word stands at a 4-byte aligned position, as dmlc scans for it."""
+    words = np.frombuffer(record, dtype="<u4", count=lower_align // 4)
+    return (np.flatnonzero(words == MAGIC) * 4).tolist()
+
+
+def _read_frames(read: Callable[[int, int], bytes | memoryview], start: int, end: int, path: object) -> tuple[bytes, int]:
+    """Decode the record whose first frame is at ``start``; ``read(pos, n)`` returns up to n bytes at pos.
+
+    No length is trusted: a first pass checks every frame header of the record against ``end``
+    (reading 8 bytes per frame), and only then is the record read, into one buffer of its size.
+    """
+    frames, size, stop = _walk_frames(read, start, end, path)
+    if frames == 1:
+        return _read_body(read, start, size, path), stop
+    out = bytearray(size)
+    filled, pos = 0, start
+    for _ in range(frames):
+        length = FRAME_HEADER.unpack(_read_exact(read, pos, FRAME_HEADER.size, path))[1] & LENGTH_MASK
+        if filled + length > size:
+            raise RecordIOError(path, pos, "record changed while it was read")
+        out[filled : filled + length] = _read_body(read, pos, length, path)
+        filled += length
+        if filled < size:
+            out[filled : filled + 4] = MAGIC_BYTES
+            filled += 4
+        pos += FRAME_HEADER.size + length + _pad(length)
+    return bytes(out), stop
+
+
+def _walk_frames(read: Callable[[int, int], bytes | memoryview], start: int, end: int, path: object) -> tuple[int, int, int]:
+    """Check the frame headers of one record; return (frames, record size, offset just past it)."""
+    frames = size = 0
+    pos = start
+    while True:
+        continuation = frames > 0
+        if end - pos < FRAME_HEADER.size:
+            what = "a continuation frame" if continuation else "a record header"
+            raise RecordIOError(path, pos, f"truncated: {max(end - pos, 0)} bytes left where {what} was expected")
+        magic, lrec = FRAME_HEADER.unpack(_read_exact(read, pos, FRAME_HEADER.size, path))
+        if magic != MAGIC:
+            raise RecordIOError(path, pos, f"bad magic 0x{magic:08x} (expected 0x{MAGIC:08x})")
+        cflag, length = lrec >> LENGTH_BITS, lrec & LENGTH_MASK
+        if cflag > CFLAG_LAST or (cflag in (CFLAG_MIDDLE, CFLAG_LAST)) != continuation:
+            raise RecordIOError(path, pos, f"continue flag {cflag} out of sequence")
+        body = pos + FRAME_HEADER.size
+        padded = length + _pad(length)
+        if padded > end - body:
+            raise RecordIOError(path, pos, f"length {length} runs past the end ({end - body} bytes left)")
+        frames += 1
+        size += length
+        pos = body + padded
+        if cflag in (CFLAG_WHOLE, CFLAG_LAST):
+            return frames, size, pos
+        size += len(MAGIC_BYTES)
+
+
+def _read_body(read: Callable[[int, int], bytes | memoryview], frame_at: int, length: int, path: object) -> bytes:
+    return bytes(_read_exact(read, frame_at + FRAME_HEADER.size, length, path)) if length else b""
+
+
+def _read_exact(read: Callable[[int, int], bytes | memoryview], pos: int, n: int, path: object) -> bytes | memoryview:
+    data = read(pos, n)
+    if len(data) != n:
+        raise RecordIOError(path, pos, f"short read: {len(data)} of {n} bytes (file changed while it was read?)")
+    return data
+
+
+def parse_record(buf: bytes | memoryview, start: int, end: int, path: object, base: int = 0) -> tuple[bytes, int]:
+    """Decode the record framed in ``buf[start:end]``; return (record, offset just past it).
+
+    ``base`` is the file offset of ``buf[0]``: offsets in errors and the result are file offsets.
+    """
+    view = memoryview(buf).cast("B")
+    if not 0 <= start <= end <= len(view):
+        raise ValueError(f"bad range [{start}, {end}) for a buffer of {len(view)} bytes")
+    record, pos = _read_frames(lambda p, n: view[p - base : p - base + n], base + start, base + end, path)
+    return record, pos
+
+
+def read_record_at(f: BinaryIO | int, offset: int, end: int, path: object) -> tuple[bytes, int]:
+    """Read the record at ``offset`` of an open file (or fd) whose data ends at ``end``."""
+    fd = f if isinstance(f, int) else f.fileno()
+    return _read_frames(lambda p, n: os.pread(fd, n, p), offset, end, path)
+
+
+def iter_frames(path: str | os.PathLike) -> Iterator[tuple[int, bytes]]:
+    """Yield (offset, record) for every record of a .rec file, scanning from the start."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        offset = 0
+        while offset < size:
+            record, next_offset = read_record_at(f, offset, size, path)
+            yield offset, record
+            offset = next_offset
+
+
+# ----------------------------------------------------------------------------- .idx index
+
+
+def format_index_line(key: int, offset: int) -> str:
+    """One .idx line as MXNet writes it."""
+    return f"{key}\t{offset}\n"
+
+
+def read_index(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """Parse a .idx file into (keys, offsets) int64 arrays, in file order.
+
+    The exact ``key<TAB>offset<LF>`` text that MXNet and imgpipe write is parsed a chunk of
+    whole lines at a time without a Python loop (little memory beyond the two arrays); any other text (CRLF, spaces, blank lines, no final newline) goes
+    through a line-by-line parser that names the first bad line.
+    """
+    path = Path(path)
+    parsed = _read_canonical_index(path)
+    if parsed is None:
+        values = _parse_index_lines(path, path.read_bytes())
+        parsed = values[0::2].copy(), values[1::2].copy()
+    return parsed
+
+
+_INT64 = np.iinfo(np.int64)
+_INDEX_CHARS = b"0123456789-\t\n"
+_INDEX_CHUNK = 1 << 20
+_INDEX_LINE_MAX = 64  # the longest canonical line, "-9223372036854775808\t9223372036854775807\n", is 41 bytes
+
+
+def _read_canonical_index(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """(keys, offsets) of an index in MXNet's exact text form, or None if the file is not exactly that."""
+    with open(path, "rb", buffering=0) as f:
+        chunk = max(1, min(_INDEX_CHUNK, os.fstat(f.fileno()).st_size))  # read(n) allocates n bytes up front
+        lines = sum(block.count(b"\n") for block in iter(lambda: f.read(chunk), b""))
+        f.seek(0)
+        keys, offsets = np.empty(lines, np.int64), np.empty(lines, np.int64)
+        done, tail = 0, b""
+        while block := f.read(chunk):
+            tail += block
+            cut = tail.rfind(b"\n") + 1
+            if len(tail) - cut > _INDEX_LINE_MAX:
+                return None
+            if not cut:
+                continue
+            values = _parse_canonical_index(tail[:cut])
+            tail = tail[cut:]
+            if values is None or done + values.size // 2 > lines:
+                return None
+            keys[done : done + values.size // 2] = values[0::2]
+            offsets[done : done + values.size // 2] = values[1::2]
+            done += values.size // 2
+    return (keys, offsets) if not tail and done == lines else None
+
+
+def _parse_canonical_index(text: bytes) -> np.ndarray | None:
+    """Values of an index in MXNet's exact text form, or None if the text is not exactly that."""
+    if not text:
+        return np.zeros(0, np.int64)
+    if text[0] in b"\t\n" or not text.endswith(b"\n") or text.translate(None, _INDEX_CHARS):
+        return None
+    chars = np.frombuffer(text, dtype=np.uint8)
+    seps = chars[(chars == 9) | (chars == 10)]
+    if not ((seps[0::2] == 9).all() and (seps[1::2] == 10).all()) or seps.size % 2:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy < 2.3 only warns on unparseable text
+        try:
+            values = np.fromstring(text, dtype=np.int64, sep=" ")
+        except (DeprecationWarning, ValueError):
+            return None
+    # One value per separator means no empty or merged token ("-\t3" parses as -3). fromstring
+    # saturates out-of-range numbers: leave those, and negative offsets, to the exact parser.
+    if values.size != seps.size or (values == _INT64.max).any() or (values == _INT64.min).any() or (values[1::2] < 0).any():
+        return None
+    return values
+
+
+def _parse_index_lines(path: Path, text: bytes) -> np.ndarray:
+    """Parse any whitespace-separated ``key offset`` lines; blank lines are ignored."""
+    values: list[int] = []
+    offset = 0
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        fields = line.split()
+        if fields:
+            if len(fields) != 2 or not all(f.lstrip(b"-").isdigit() and f.count(b"-") <= f.startswith(b"-") for f in fields):
+                raise RecordIOError(path, offset, f"line {number} is not 'key<TAB>offset': {_shown(line.strip())}")
+            key, position = (_int64_or_none(f) for f in fields)
+            if key is None:
+                raise RecordIOError(path, offset, f"line {number}: key {_shown(fields[0])} does not fit in 64 bits")
+            if position is None or position < 0:
+                raise RecordIOError(path, offset, f"line {number}: offset {_shown(fields[1])} is not a valid file offset")
+            values += (key, position)
+        offset += len(line)
+    return np.array(values, dtype=np.int64)
+
+
+def _int64_or_none(field: bytes) -> int | None:
+    """The value of a ``-?[0-9]+`` field, or None outside int64 (checked before int() sees a huge string)."""
+    if len(field.lstrip(b"-").lstrip(b"0")) > 19:
+        return None
+    value = int(field)
+    return value if _INT64.min <= value <= _INT64.max else None
+
+
+def _shown(text: bytes) -> str:
+    return repr(text[:40].decode("utf-8", "replace")) + ("..." if len(text) > 40 else "")
+
+
+# ----------------------------------------------------------------------------- writer
+
+
+class IndexedRecordWriter:
+    """Write a .rec and its .idx exactly as ``mxnet.recordio.MXIndexedRecordIO(..., 'w')`` does.
+
+    ``position`` and ``idx_bytes`` (the sizes so far) and ``rec_sha256`` / ``idx_sha256`` are kept
+    as the bytes go out, so a packer never reads its output back to checksum it.
+    """
+
+    def __init__(self, rec_path: str | os.PathLike, idx_path: str | os.PathLike) -> None:
+        self.rec_path = Path(rec_path)
+        self.idx_path = Path(idx_path)
+        self._rec = open(self.rec_path, "wb")
+        self._idx = open(self.idx_path, "wb")
+        self._rec_hash, self._idx_hash = hashlib.sha256(), hashlib.sha256()
+        self.position = self.idx_bytes = 0
+
+    def write(self, key: int, record: bytes) -> int:
+        """Append one record under ``key``; return its offset."""
+        offset = self.position
+        for part in frame_parts(record):
+            self._rec.write(part)
+            self._rec_hash.update(part)
+            self.position += len(part)
+        line = format_index_line(key, offset).encode("ascii")
+        self._idx.write(line)
+        self._idx_hash.update(line)
+        self.idx_bytes += len(line)
+        return offset
+
+    @property
+    def rec_sha256(self) -> str:
+        return self._rec_hash.hexdigest()
+
+    @property
+    def idx_sha256(self) -> str:
+        return self._idx_hash.hexdigest()
+
+    def flush_to_disk(self) -> None:
+        """Flush and fsync both files."""
+        for f in (self._rec, self._idx):
+            f.flush()
+            os.fsync(f.fileno())
+
+    def close(self) -> None:
+        self._rec.close()
+        self._idx.close()
+
+    def __enter__(self) -> "IndexedRecordWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,226 @@
+"""Which records this rank reads in an epoch, batch by batch: a pure function plus a small stateful sampler.
+
+Contract, for a split of ``n`` records:
+
+* Every rank computes the same epoch order from (seed, epoch) (``seeding.order_rng``) and
+  takes its own disjoint, contiguous part of it.
+* Training: every rank gets the same number of FULL batches, so DDP never waits on a rank
+  that ran out. ``remainder="drop"`` (default) drops the tail of the order, so each rank
+  gets ``floor(n / (world * batch)) * batch`` records; ``remainder="pad"`` wraps around to
+  the start of the order to fill ``ceil(n / (world * batch))`` batches per rank.
+* Evaluation (``train=False``): every record exactly once across ranks, never a duplicate;
+  rank r gets the r-th of ``world`` contiguous slices whose sizes differ by at most one
+  record, so ranks may differ by one (partial) batch. Unshuffled unless asked.
+* Block-wise shuffle for slow storage (``block_size``): cut the records into blocks of
+  ``block_size`` neighbours, permute the blocks, then shuffle the records inside
+  consecutive windows of ``window`` records (default: ``block_size``) of that sequence.
+  Reads stay local (a window touches about ``window / block_size + 1`` blocks) while the
+  order still changes every epoch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+from imgpipe._sys.distenv import DistEnv
+from imgpipe.errors import ConfigError
+from imgpipe.loaders.seeding import order_rng
+
+REMAINDER_POLICIES = ("drop", "pad")
+
+
+def epoch_order(n: int, seed: int, epoch: int, *, shuffle: bool = True, block_size: int | None = None, window: int | None = None) -> np.ndarray:
+    """The order of all ``n`` records in ``epoch``, identical on every rank (int64)."""
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    rng = order_rng(seed, epoch)
+    if not block_size or block_size <= 1:
+        return rng.permutation(n).astype(np.int64)
+    blocks = -(-n // block_size)
+    order = (rng.permutation(blocks).astype(np.int64)[:, None] * block_size + np.arange(block_size, dtype=np.int64)).ravel()
+    order = order[order < n]
+    window = window or block_size
+    if window > 1:
+        keys = rng.random(n)
+        order = order[np.lexsort((keys, np.arange(n) // window))]
+    return order
+
+
+def rank_indices(
+    n: int,
+    *,
+    seed: int,
+    epoch: int,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    train: bool = True,
+    shuffle: bool | None = None,
+    remainder: str = "drop",
+    block_size: int | None = None,
+    window: int | None = None,
+) -> np.ndarray:
+    """The record indices rank ``rank`` reads in ``epoch``, in order (int64). Pure function."""
+    _check(n, rank, world_size, batch_size, remainder)
+    shuffle = train if shuffle is None else shuffle
+    order = epoch_order(n, seed, epoch, shuffle=shuffle, block_size=block_size, window=window)
+    if not train:
+        bounds = np.linspace(0, n, world_size + 1).round().astype(np.int64) if n else np.zeros(world_size + 1, np.int64)
+        return order[bounds[rank] : bounds[rank + 1]]
+    group = world_size * batch_size
+    if remainder == "drop":
+        per_rank = (n // group) * batch_size
+        if per_rank == 0:
+            raise ConfigError(
+                f"{n} records cannot fill one batch of {batch_size} on each of {world_size} ranks; "
+                "lower the batch size or use remainder='pad'"
+            )
+    else:
+        per_rank = -(-n // group) * batch_size
+        order = np.resize(order, per_rank * world_size) if n else order
+    return order[rank * per_rank : (rank + 1) * per_rank]
+
+
+def batch_count(n: int, *, rank: int, world_size: int, batch_size: int, train: bool = True, remainder: str = "drop") -> int:
+    """How many batches ``rank`` gets per epoch (the same for every epoch)."""
+    _check(n, rank, world_size, batch_size, remainder)
+    if train:
+        group = world_size * batch_size
+        return n // group if remainder == "drop" else -(-n // group)
+    bounds = np.linspace(0, n, world_size + 1).round().astype(np.int64)
+    return -(-int(bounds[rank + 1] - bounds[rank]) // batch_size)
+
+
+def _check(n: int, rank: int, world_size: int, batch_size: int, remainder: str) -> None:
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    if remainder not in REMAINDER_POLICIES:
+        raise ConfigError(f"remainder must be one of {REMAINDER_POLICIES}, got {remainder!r}")
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} is outside world size {world_size}")
+    if n < 0:
+        raise ConfigError(f"record count must be >= 0, got {n}")
+
+
+class EpochSampler:
+    """Yields this rank's batches of record indices; each new ``iter()`` is the next epoch.
+
+    ``set_epoch(e)`` makes the next ``iter()`` epoch ``e`` (then it advances from there).
+    ``state_dict()`` holds the epoch and the batches already consumed; after
+    ``load_state_dict()`` the next ``iter()`` yields exactly the remaining batches.
+    Rank and world size come from the arguments, else ``DistEnv.detect()``.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        *,
+        batch_size: int,
+        train: bool = True,
+        shuffle: bool | None = None,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        remainder: str = "drop",
+        block_size: int | None = None,
+        window: int | None = None,
+    ) -> None:
+        env = DistEnv.detect(rank, world_size)
+        self.n = int(n)
+        self.batch_size = int(batch_size)
+        self.train = train
+        self.shuffle = train if shuffle is None else shuffle
+        self.seed = int(seed)
+        self.rank, self.world_size = env.rank, env.world_size
+        self.remainder = remainder
+        self.block_size = block_size
+        self.window = window
+        _check(self.n, self.rank, self.world_size, self.batch_size, remainder)
+        self.epoch = 0  # the epoch being (or last) iterated
+        self._next_epoch = 0
+        self._resume_batches = 0
+        self._consumed = 0
+        self._active = False
+
+    def __len__(self) -> int:
+        return batch_count(
+            self.n, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size, train=self.train, remainder=self.remainder
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` run ``epoch``."""
+        if epoch < 0:
+            raise ConfigError(f"epoch must be >= 0, got {epoch}")
+        self._next_epoch, self._resume_batches, self._active = int(epoch), 0, False
+
+    def indices(self, epoch: int) -> np.ndarray:
+        """All of this rank's record indices for ``epoch``."""
+        return rank_indices(
+            self.n,
+            seed=self.seed,
+            epoch=epoch,
+            rank=self.rank,
+            world_size=self.world_size,
+            batch_size=self.batch_size,
+            train=self.train,
+            shuffle=self.shuffle,
+            remainder=self.remainder,
+            block_size=self.block_size,
+            window=self.window,
+        )
+
+    def batches(self, epoch: int, start: int = 0) -> list[np.ndarray]:
+        """This rank's batches of ``epoch`` from batch number ``start`` on."""
+        idx = self.indices(epoch)
+        return [idx[i : i + self.batch_size] for i in range(start * self.batch_size, len(idx), self.batch_size)]
+
+    def begin_epoch(self) -> tuple[int, list[np.ndarray]]:
+        """Start the next epoch: returns (epoch, the batches still to yield) and advances the counter."""
+        epoch, start = self._next_epoch, self._resume_batches
+        self.epoch, self._next_epoch, self._resume_batches = epoch, epoch + 1, 0
+        self._consumed, self._active = start, True
+        return epoch, self.batches(epoch, start)
+
+    def mark_consumed(self) -> None:
+        """Count one batch of the current epoch as delivered to the user."""
+        self._consumed += 1
+        if self._consumed >= len(self):
+            self._active = False
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        _, batches = self.begin_epoch()
+        for batch in batches:
+            self.mark_consumed()
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the iteration stands: the epoch to run and the batches of it already consumed."""
+        if self._active:
+            epoch, consumed = self.epoch, self._consumed
+        else:
+            epoch, consumed = self._next_epoch, self._resume_batches
+        return {
+            "epoch": epoch,
+            "batches": consumed,
+            "seed": self.seed,
+            "records": self.n,
+            "world_size": self.world_size,
+            "batch_size": self.batch_size,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next ``iter()`` yields the batches after ``state['batches']`` of ``state['epoch']``."""
+        for key, mine in (("seed", self.seed), ("records", self.n), ("world_size", self.world_size), ("batch_size", self.batch_size)):
+            if key in state and state[key] != mine:
+                raise ConfigError(f"cannot resume: the saved loader state has {key}={state[key]} but this loader has {mine}")
+        try:
+            epoch, consumed = int(state["epoch"]), int(state["batches"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError("cannot resume: the loader state needs integer 'epoch' and 'batches'") from None
+        if epoch < 0 or not 0 <= consumed <= len(self):
+            raise ConfigError(f"cannot resume: epoch {epoch} batch {consumed} is outside this loader ({len(self)} batches per epoch)")
+        if consumed == len(self):
+            epoch, consumed = epoch + 1, 0
+        self._next_epoch, self._resume_batches, self._active = epoch, consumed, False

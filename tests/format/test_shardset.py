@@ -1,0 +1,188 @@
+"""ShardSet over packed folders and bare .rec/.idx files: index, labels, reads, errors, fork/pickle, DALI index."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from _tiny_shards import make_tiny_pack  # noqa: E402
+
+from imgpipe.errors import DatasetError, RecordIOError  # noqa: E402
+from imgpipe.format.recordio import read_index, read_record_at, unpack_header  # noqa: E402
+from imgpipe.format.dali_index import write_dali_index  # noqa: E402
+from imgpipe.format.shardset import open_shards  # noqa: E402
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    return make_tiny_pack(tmp_path / "tiny", records=20, shards=3, classes=4)
+
+
+def test_packed_folder_from_the_real_packer(packed_dir: Path) -> None:
+    train, val = open_shards(packed_dir), open_shards(packed_dir, "val")
+    assert (len(train), len(val)) == (48, 12)
+    assert train.classes == val.classes == sorted(train.classes) and len(train.classes) == 4
+    assert train.labels.dtype == np.int64 and np.bincount(train.labels).tolist() == [12] * 4
+    sources = (packed_dir / "train.sources.txt").read_text().splitlines()
+    for i in range(len(train)):
+        header, payload = train.read(i)
+        assert int(header.label) == train.labels[i] and header.id == train.keys[i]
+        assert payload[:2] == b"\xff\xd8"
+        assert train.source(i) == sources[i]
+    assert train.classes[train.labels[5]] in train.source(5)
+
+
+def test_index_arrays_match_the_idx_files(tiny: Path) -> None:
+    s = open_shards(tiny)
+    assert len(s) == 20 and s.classes == [f"n{k:08d}" for k in range(4)]
+    assert s.keys.tolist() == [2 * i for i in range(20)]
+    starts = 0
+    for number, rec in enumerate(s.rec_paths):
+        keys, offsets = read_index(rec.with_suffix(".idx"))
+        for j, offset in enumerate(offsets.tolist()):
+            shard, start, end = s.location(starts + j)
+            assert (shard, start) == (number, offset)
+            with open(rec, "rb") as f:
+                _, after = read_record_at(f, start, rec.stat().st_size, rec)
+            assert end == after  # the record spans exactly [offset, next offset or file end)
+        starts += len(keys)
+    assert s.describe(7).startswith(f"{s.rec_paths[s.location(7)[0]].name} record 7 (id 14, offset ")
+    assert s.describe(7).endswith("source train/n00000003/n00000003_7.JPEG)")
+
+
+def test_bare_rec_files_as_path_list_and_glob(tiny: Path) -> None:
+    packed = open_shards(tiny)
+    recs = sorted(tiny.glob("*.rec"))
+    for spec in (recs, [str(r) for r in recs], str(tiny / "train-*.rec")):
+        bare = open_shards(spec)
+        assert len(bare) == 20 and bare.classes is None
+        assert bare.labels.tolist() == packed.labels.tolist()  # read from the IRHeaders
+        assert bare.read(11)[1] == packed.read(11)[1] and bare.source(11) is None
+    one = open_shards(recs[1])
+    assert len(one) == len(read_index(recs[1].with_suffix(".idx"))[0])
+
+
+@pytest.mark.interop
+@pytest.mark.timeout(180)
+def test_one_big_rec_made_by_mxnet_im2rec(synth_tree: Path, tmp_path: Path, mxnet_python: str, im2rec_script: str) -> None:
+    prefix = tmp_path / "train"
+    im2rec = [mxnet_python, im2rec_script]
+    subprocess.run([*im2rec, "--list", "--recursive", str(prefix), str(synth_tree / "train")], check=True, capture_output=True)
+    subprocess.run([*im2rec, "--pass-through", "--num-thread", "1", str(prefix), str(synth_tree / "train")], check=True, capture_output=True)
+    rows = [line.split("\t") for line in (tmp_path / "train.lst").read_text().splitlines()]
+    s = open_shards(prefix.with_suffix(".rec"))
+    assert len(s) == len(rows) == 48
+    assert s.labels.tolist() == [int(float(r[1])) for r in rows]
+    for i in (0, 17, 47):
+        header, payload = s.read(i)
+        assert payload == (synth_tree / "train" / rows[i][2]).read_bytes()
+        assert header.id == int(rows[i][0])
+
+
+def test_file_handles_are_per_process_and_not_pickled(tiny: Path) -> None:
+    s = open_shards(tiny)
+    expected = s.read(3)[1]
+    assert s._fds  # opened lazily by the read
+    clone = pickle.loads(pickle.dumps(s))
+    assert clone._fds == {} and clone.read(3)[1] == expected
+    parent_fd = s._fd(0)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: must reopen, never reuse the parent's descriptor
+        ok = s.read(3)[1] == expected and s._pid == os.getpid()
+        os.write(write_end, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write_end)
+    _, status = os.waitpid(pid, 0)
+    assert os.read(read_end, 1) == b"1" and status == 0
+    os.close(read_end)
+    assert s._fd(0) == parent_fd  # the parent keeps its own handle
+
+
+def test_dali_index_offsets_run_on_across_files(tiny: Path) -> None:
+    s = open_shards(tiny)
+    path = write_dali_index(s)
+    assert path.parent == tiny
+    keys, offsets = read_index(path)
+    assert keys.tolist() == list(range(20))
+    sizes = [p.stat().st_size for p in s.rec_paths]
+    concat = b"".join(p.read_bytes() for p in s.rec_paths)
+    assert offsets[0] == 0 and offsets.max() < sum(sizes)
+    for i in range(len(s)):  # each offset points at record i inside the concatenation of the files
+        from imgpipe.format.recordio import parse_record
+
+        record, _ = parse_record(concat, int(offsets[i]), len(concat), "concat")
+        assert unpack_header(record)[1] == s.read(i)[1]
+    mtime = path.stat().st_mtime_ns
+    assert write_dali_index(s) == path and path.stat().st_mtime_ns == mtime  # reused while up to date
+    with open(s.rec_paths[-1], "ab") as f:
+        f.write(b"\0" * 4)
+    fresh = write_dali_index(open_shards(tiny))
+    assert fresh != path and fresh.is_file() and not path.exists()  # the shards changed: a new index, the stale one gone
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_dali_index_falls_back_to_the_cache_when_read_only(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    s = open_shards(tiny)
+    os.chmod(tiny, 0o555)
+    try:
+        path = write_dali_index(s)
+    finally:
+        os.chmod(tiny, 0o755)
+    assert path.parent == tmp_path / "cache" / "imgpipe" and len(read_index(path)[0]) == 20
+
+
+def test_corrupt_record_bytes_raise_recordio_error(tiny: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny, broken)
+    s = open_shards(broken)
+    shard, start, _ = s.location(4)
+    with open(s.rec_paths[shard], "r+b") as f:
+        f.seek(start)
+        f.write(b"\0\0\0\0")
+    with pytest.raises(RecordIOError, match=rf"{s.rec_paths[shard].name}: offset {start}: bad magic"):
+        s.read(4)
+    with pytest.raises(IndexError, match="out of range"):
+        s.read(20)
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (lambda d: np.save(d / "train.labels.npy", np.zeros(5, np.int32)), "holds 5 values, the manifest counts 20 records"),
+        (lambda d: np.save(d / "train.labels.npy", np.full(20, 9, np.int32)), r"record 0: label 9 is outside 0..3"),
+        (lambda d: np.save(d / "train.labels.npy", np.zeros(20, np.float32)), r"must be a 1-D integer array, got float32"),
+        (lambda d: (d / "train-00001-of-00003.idx").unlink(), "index is missing"),
+        (lambda d: (d / "train-00001-of-00003.idx").write_text("0\t0\n"), "the manifest says"),
+        (lambda d: (d / "train-00000-of-00003.idx").write_text("".join(f"{k}\t{k * 10**6}\n" for k in range(7))), "past the end"),
+        (lambda d: (d / "manifest.json").unlink(), None),
+    ],
+)
+def test_broken_folders_raise_one_line_dataset_errors(tiny: Path, damage, message: str | None) -> None:
+    damage(tiny)
+    if message is None:  # no manifest: the folder's .rec files are opened bare
+        assert len(open_shards(tiny)) == 20
+        return
+    with pytest.raises(DatasetError, match=message) as info:
+        open_shards(tiny)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_split_and_paths(tiny: Path) -> None:
+    with pytest.raises(DatasetError, match="no split 'val' \\(it has train\\)"):
+        open_shards(tiny, "val")
+    with pytest.raises(DatasetError, match="matches no files"):
+        open_shards(str(tiny / "nothing-*.rec"))
+    with pytest.raises(DatasetError, match="expected a .rec file"):
+        open_shards(tiny / "manifest.json")
+    with pytest.raises(DatasetError, match="no such file or folder"):
+        open_shards(tiny / "nowhere")

@@ -1,0 +1,137 @@
+"""Every public argument of both loader factories: a mistake is one ConfigError line naming the argument.
+
+Real shards, the real factories (DALI's CPU build); nothing is iterated, the check happens at construction.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from _tiny_shards import make_tiny_pack  # noqa: E402
+
+from imgpipe.errors import ConfigError  # noqa: E402
+
+SHARED = [  # (argument, bad value, what the message must say)
+    ("batch_size", 8.5, "batch_size must be an integer >= 1, got 8.5"),
+    ("batch_size", True, "batch_size must be an integer >= 1, got True"),
+    ("batch_size", 0, "batch_size must be >= 1, got 0"),
+    ("batch_size", "4", "batch_size must be an integer"),
+    ("image_size", "224", "image_size must be an integer >= 1, got '224'"),
+    ("image_size", -1, "image_size must be >= 1"),
+    ("image_size", 224.0, "image_size must be an integer"),
+    ("workers", -1, "workers must be >= 0, got -1"),
+    ("workers", 2.5, "workers must be an integer >= 0 or None"),
+    ("seed", -3, "seed must be >= 0"),
+    ("seed", "0", "seed must be an integer"),
+    ("rank", "0", "rank must be an integer >= 0 or None"),
+    ("rank", -1, "rank must be >= 0"),
+    ("world_size", 0, "world_size must be >= 1"),
+    ("train", 1, "train must be True or False, got 1"),
+    ("train", "yes", "train must be True or False"),
+    ("normalize", None, "normalize must be True or False"),
+    ("channels_last", 0, "channels_last must be True or False"),
+    ("split", 3, "split must be a split name"),
+    ("device", 0, "device must be None, 'cpu', 'cuda' or 'cuda:N'"),
+    ("device", "tpu", "device 'tpu' is not a torch device"),
+    ("device", "meta", "device 'meta': the loaders run on None, 'cpu', 'cuda' or 'cuda:N'"),
+    ("on_corrupt", "ignore", "on_corrupt must be one of 'raise', 'skip', got 'ignore'"),
+]
+TORCH_ONLY = [
+    ("remainder", "keep", "remainder must be one of 'drop', 'pad', got 'keep'"),
+    ("remainder", None, "remainder must be one of 'drop', 'pad'"),
+    ("shuffle", 1, "shuffle must be True, False or None"),
+    ("block_shuffle", 0, "block_shuffle must be >= 1"),
+    ("block_shuffle", 4.0, "block_shuffle must be an integer >= 1 or None"),
+    ("shuffle_window", 8, "shuffle_window only applies with block_shuffle"),
+    ("sample_transform", "flip", "sample_transform must be a callable"),
+    ("persistent_workers", "no", "persistent_workers must be True or False"),
+    ("prefetch_factor", 0, "prefetch_factor must be >= 1"),
+    ("prefetch_factor", 1.5, "prefetch_factor must be an integer"),
+    ("pin_memory", "auto", "pin_memory must be True, False or None"),
+    ("multiprocessing_context", "thread", "multiprocessing_context must be one of"),
+]
+DALI_ONLY = [
+    ("initial_fill", 0, "initial_fill must be >= 1, got 0"),
+    ("prefetch", 2.0, "prefetch must be an integer >= 1"),
+    ("on_corrupt", "skip", "on_corrupt='skip' needs the torch loader"),
+]
+NO_GPU = [("device", "cuda", "torch sees no CUDA GPU"), ("device", "cuda:1", "torch sees no CUDA GPU")] if not torch.cuda.is_available() else []
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_pack(tmp_path_factory.mktemp("args") / "tiny", records=12, shards=2)
+
+
+def factory(backend: str, request: pytest.FixtureRequest):
+    if backend == "torch":
+        from imgpipe.loaders.torch import make_torch_loader
+
+        return make_torch_loader
+    request.getfixturevalue("require_dali")  # conftest: skip without DALI, fail under make test or when broken
+    from imgpipe.loaders.dali import make_dali_loader
+
+    return make_dali_loader
+
+
+def cases(backend: str) -> list:
+    own = TORCH_ONLY if backend == "torch" else DALI_ONLY
+    marks = [pytest.mark.dali] if backend == "dali" else []
+    return [pytest.param(backend, *case, id=f"{backend}-{case[0]}={case[1]!r}", marks=marks) for case in SHARED + NO_GPU + own]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("backend", "argument", "value", "message"), cases("torch") + cases("dali"))
+def test_a_bad_argument_is_one_config_error_naming_it(
+    tiny: Path, backend: str, argument: str, value: object, message: str, request: pytest.FixtureRequest
+) -> None:
+    kwargs = {"batch_size": 4, "image_size": 32, "workers": 0, "rank": 0, "world_size": 1, argument: value}
+    with pytest.raises(ConfigError) as info:
+        factory(backend, request)(tiny, **kwargs)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert argument in str(info.value)
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
+@pytest.mark.parametrize("path", [123, None, b"/data/rec", [], ["a.rec", 5]], ids=["int", "None", "bytes", "empty-list", "list-with-int"])
+def test_a_path_of_the_wrong_kind_is_one_config_error(backend: str, path: object, request: pytest.FixtureRequest) -> None:
+    with pytest.raises(ConfigError, match=r"^path must be a packed folder, a \.rec file, a glob, a list of \.rec files or a ShardSet, got "):
+        factory(backend, request)(path, batch_size=4, image_size=32, workers=0, rank=0, world_size=1)
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
+@pytest.mark.parametrize(("epoch", "message"), [("3", "epoch must be an integer >= 0, got '3'"), (2.5, "epoch must be an integer"), (-1, "epoch must be >= 0")])
+def test_set_epoch_checks_its_argument(tiny: Path, backend: str, epoch: object, message: str, request: pytest.FixtureRequest) -> None:
+    loader = factory(backend, request)(tiny, batch_size=4, image_size=32, workers=0, rank=0, world_size=1)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        loader.set_epoch(epoch)
+
+
+def test_a_loader_state_that_is_not_a_dict_is_one_config_error(tiny: Path, request: pytest.FixtureRequest) -> None:
+    loader = factory("torch", request)(tiny, batch_size=4, image_size=32, workers=0, rank=0, world_size=1)
+    with pytest.raises(ConfigError, match="cannot resume: a loader state is the dict loader.state_dict.. returned, got NoneType"):
+        loader.load_state_dict(None)
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
+def test_numpy_integers_and_bools_are_accepted(tiny: Path, backend: str, request: pytest.FixtureRequest) -> None:
+    loader = factory(backend, request)(tiny, batch_size=np.int64(4), image_size=np.int32(32), workers=0, seed=np.uint8(1), rank=0, world_size=1,
+                              train=np.bool_(False), normalize=np.bool_(True))  # fmt: skip
+    assert loader.batch_size == 4 and type(loader.batch_size) is int
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_bare_cuda_device_resolves_to_the_current_index(tiny: Path) -> None:
+    from imgpipe.loaders.torch import make_torch_loader
+
+    loader = make_torch_loader(tiny, batch_size=4, image_size=32, workers=0, rank=0, world_size=1, device="cuda")
+    assert loader.device == torch.device("cuda", torch.cuda.current_device())
+    images, _ = next(iter(loader))
+    assert images.device == loader.device

@@ -1,0 +1,48 @@
+"""Checkpoints: atomic writes, a round trip that loads with weights_only, RNG states, and refusals."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from imgpipe.errors import ConfigError
+from imgpipe.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+
+
+def test_checkpoint_round_trip_with_weights_only_and_rng(tmp_path: Path) -> None:
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    model = torch.nn.Linear(3, 2)
+    state = {"model": model.state_dict(), "epoch": 2, "loader": {"epoch": 2, "batches": 5}, "rng": [rng_state()]}
+    path = save_checkpoint(tmp_path / "checkpoint.pt", state)
+    expected = (random.random(), np.random.rand(), torch.rand(1))
+    loaded = load_checkpoint(path)  # torch.load(weights_only=True) inside
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # no temp file left
+    assert loaded["epoch"] == 2 and loaded["loader"] == {"epoch": 2, "batches": 5}
+    assert all(torch.equal(loaded["model"][k], v) for k, v in model.state_dict().items())
+    set_rng_state(loaded["rng"][0])
+    again = (random.random(), np.random.rand(), torch.rand(1))
+    assert again[:2] == expected[:2] and torch.equal(again[2], expected[2])
+
+
+def test_unreadable_checkpoint_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="not a readable imgpipe checkpoint"):
+        load_checkpoint(tmp_path / "checkpoint.pt")
+    with pytest.raises(ConfigError, match="no checkpoint to resume from"):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+class Sneaky:
+    """Anything that is not a tensor, number, string or container must not unpickle from a checkpoint."""
+
+
+def test_checkpoint_with_arbitrary_objects_is_refused(tmp_path: Path) -> None:
+    torch.save({"format_version": 1, "payload": Sneaky()}, tmp_path / "checkpoint.pt")
+    with pytest.raises(ConfigError, match="not a readable imgpipe checkpoint"):
+        load_checkpoint(tmp_path / "checkpoint.pt")
