@@ -34,12 +34,8 @@ class Compute:
             if self.sleep_s:
                 time.sleep(self.sleep_s)
             return
-        from imgpipe.train.metrics import synchronize
-
         self.optimizer.zero_grad(set_to_none=True)
-        x = images.to(self.ctx.device).float().div_(255.0)
-        self.loss(self.model(x), labels.to(self.ctx.device)).backward()
-        synchronize(self.ctx.device)
+        self.loss(self.model(images), labels).backward()
 
     def sync(self) -> None:
         """All-reduce the gradients (or one number): where DDP makes the ranks wait for each other."""
