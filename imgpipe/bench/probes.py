@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from imgpipe.errors import DatasetError
 from imgpipe.loaders.stage_timer import StageTimer
+
+if TYPE_CHECKING:
+    from imgpipe.train.config import TrainConfig
 
 READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
 
@@ -64,22 +67,21 @@ class SlowReads(StageTimer):
         return item
 
 
-def make_loader(
-    backend: str, data: str, split: str, *, ctx: Any, batch_size: int, image_size: int, workers: int, seed: int,
-    channels_last: bool, timer: StageTimer | None,
-) -> Any:
-    """This rank's training loader of ``backend``, with the arguments ``imgpipe.train`` gives it (``timer``: torch only)."""
-    common = dict(
-        batch_size=batch_size, train=True, image_size=image_size, seed=seed, rank=ctx.rank, world_size=ctx.world_size,
-        device=ctx.device, normalize=True, channels_last=channels_last,
-    )
+def make_loader(backend: str, train: TrainConfig, ctx: Any, timer: StageTimer | None) -> Any:
+    """This rank's training loader of ``backend``, built with the arguments ``imgpipe.train`` gives it for
+    ``train`` (``timer``: the torch loader's stage timer)."""
+    from imgpipe.train.data import loader_kwargs
+
+    kwargs = loader_kwargs(train, ctx)
+    path, split, batch_size = train.data.path, train.data.train_split, train.train.batch_size
     if backend == "torch":
         from imgpipe.loaders.torch import make_torch_loader
 
-        return make_torch_loader(data, split, workers=workers, stage_timer=timer, **common)
+        return make_torch_loader(path, split, batch_size=batch_size, train=True, stage_timer=timer, **kwargs)
     from imgpipe.loaders.dali import make_dali_loader
 
-    return make_dali_loader(data, split, workers=max(1, workers), **common)  # DALI needs a thread
+    kwargs["workers"] = max(1, kwargs["workers"])  # DALI needs a thread (the bench always gives a count)
+    return make_dali_loader(path, split, batch_size=batch_size, train=True, **kwargs)
 
 
 def endless(loader: Any) -> Iterator[tuple[Any, Any]]:

@@ -19,11 +19,11 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from imgpipe.bench import cache
 from imgpipe.bench.clock import StageClock
-from imgpipe.bench.compute import Compute
+from imgpipe.bench.compute import Compute, trainer_cudnn
 from imgpipe.bench.stats import RankStats, StepTimes
 from imgpipe.bench.system import SystemSampler, SystemSummary, diskstats_name, summarize
 from imgpipe.diskinfo import DiskInfo, device_for_path
@@ -34,6 +34,9 @@ from imgpipe.loaders.stage_timer import BatchTimes, StageTimer
 from imgpipe.shards import ShardSet, open_shards
 from imgpipe.train.metrics import gather_objects
 
+if TYPE_CHECKING:
+    from imgpipe.train.config import TrainConfig
+
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("torch", "dali")
@@ -41,7 +44,12 @@ BACKENDS = ("torch", "dali")
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to run. ``backends`` and ``workers`` are swept; every pair is one run."""
+    """What to run. ``backends`` and ``workers`` are swept; every pair is one run.
+
+    ``train_config_path`` and ``train_overrides`` (``section.key=value``) are a trainer config,
+    as ``imgpipe train --config/--set`` take: the bench's model and loaders run with its
+    options (``train.amp``, ``train.channels_last``, ...); see :meth:`train_config`.
+    """
 
     data: str
     split: str = "train"
@@ -57,6 +65,8 @@ class BenchConfig:
     compute_ms: float = 0.0
     cold: bool = False
     seed: int = 0
+    train_config_path: str | None = None
+    train_overrides: tuple[str, ...] = ()
 
     @property
     def ranks(self) -> int:
@@ -85,6 +95,19 @@ class BenchConfig:
             check_model_name(self.model, "--model")
         if self.compute_ms < 0:
             raise ConfigError(f"--compute-ms must be >= 0 (got {self.compute_ms})")
+        self.train_config()
+
+    def train_config(self, workers: int | None = None) -> TrainConfig:
+        """The trainer's config this bench runs as: ``train_config_path`` and ``train_overrides``,
+        then the bench's own options (data, split, image and batch size, seed, model, ``workers``)."""
+        from imgpipe.train.config import load_config
+
+        train = load_config(self.train_config_path, self.train_overrides)
+        train.data.path, train.data.train_split, train.data.image_size, train.data.workers = self.data, self.split, self.image_size, workers
+        train.train.batch_size, train.train.seed = self.batch_size, self.seed
+        if self.model:
+            train.model.name = self.model
+        return train
 
 
 @dataclass
@@ -217,8 +240,15 @@ def bench_rank(ctx: Any, config: BenchConfig) -> list[RunResult] | None:
         torch.set_num_threads(max(1, available_cpus() // ctx.world_size))
     shards = open_shards(config.data, config.split)
     files = shard_files(shards) if ctx.is_main else []  # only rank 0 evicts and measures the page cache
-    compute = Compute(config.model, config.compute_ms, ctx, len(shards.classes or []) or 1000)
+    compute = Compute(config, ctx, len(shards.classes or []) or 1000)
     runs: list[RunResult] = []
+    with trainer_cudnn(config.train_config(), ctx.device):
+        _run_all(ctx, config, compute, files, runs)
+    return runs if ctx.is_main else None
+
+
+def _run_all(ctx: Any, config: BenchConfig, compute: Compute, files: list[Path], runs: list[RunResult]) -> None:
+    """Every (backend, workers) run in order; rank 0 appends the gathered results to ``runs``."""
     for backend in config.backends:
         for workers in config.workers:
             resident = None
@@ -233,7 +263,6 @@ def bench_rank(ctx: Any, config: BenchConfig) -> list[RunResult] | None:
             if ctx.is_main:
                 runs.append(RunResult(backend, workers, gathered, start, time.time(), resident))
                 logger.info("%s, %d worker(s): %.1f images/s", backend, workers, runs[-1].images_per_s)
-    return runs if ctx.is_main else None
 
 
 def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, compute: Compute) -> RankStats:
@@ -242,10 +271,7 @@ def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, compute:
 
     stats = RankStats(ctx.rank, config.batch_size, timed_stages=backend == "torch")
     timer = SlowReads(read_delay_s(ctx.rank)) if backend == "torch" else None
-    loader = make_loader(
-        backend, config.data, config.split, ctx=ctx, batch_size=config.batch_size, image_size=config.image_size,
-        workers=workers, seed=config.seed, channels_last=False, timer=timer,
-    )
+    loader = make_loader(backend, config.train_config(workers), ctx, timer)
     clock = StageClock(ctx.device)
     try:
         iterator = endless(loader)

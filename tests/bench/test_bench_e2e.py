@@ -130,6 +130,9 @@ def test_cli_errors_are_one_line(small_pack: Path, tmp_path: Path) -> None:
     proc = imgpipe("bench", str(tmp_path), "--gpus", "0", "--workers", "1,x")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "imgpipe: error: --workers takes counts" in proc.stderr
+    proc = imgpipe("bench", str(small_pack), "--gpus", "0", "--set", "train.amp=fp8")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("imgpipe: error: --set train.amp=fp8") and proc.stderr.count("\n") == 1, proc.stderr
 
 
 @pytest.mark.timeout(200)

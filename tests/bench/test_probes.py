@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 from _tiny_shards import make_tiny_pack  # noqa: E402
 
 from imgpipe.bench.probes import SlowReads, endless, make_loader  # noqa: E402
+from imgpipe.bench.runner import BenchConfig  # noqa: E402
 from imgpipe.distenv import DistEnv  # noqa: E402
 from imgpipe.loaders.stage_timer import BatchTimes, StageTimer  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
@@ -27,8 +28,8 @@ def test_probe_batches_are_the_loaders_batches(tmp_path: Path, workers: int) -> 
     """Ten batches over two epochs: identical to an untimed loader's, each with its worker's and the main process's times."""
     data = make_tiny_pack(tmp_path / "tiny", records=24, shards=2, classes=4, min_side=32, max_side=80)
     timer = StageTimer()
-    probe = make_loader("torch", str(data), "train", ctx=cpu_rank(), batch_size=4, image_size=24, workers=workers, seed=3,
-                        channels_last=False, timer=timer)
+    train = BenchConfig(data=str(data), batch_size=4, image_size=24, seed=3).train_config(workers)
+    probe = make_loader("torch", train, cpu_rank(), timer)
     seen = []
     for _, (images, labels) in zip(range(10), endless(probe)):
         times = timer.take()
