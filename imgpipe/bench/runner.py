@@ -293,7 +293,8 @@ def _step(iterator: Iterator[tuple[Any, Any]], compute: Compute, clock: StageClo
     """One training step, timed stage by stage; ``start`` is relative to ``origin``.
 
     The stages add up to the step's wall time: the loader's ``collate`` happens inside ``next()``
-    and is taken out of ``wait``.
+    and is taken out of ``wait``. (On a GPU the torch loader prepares the next batch inside that
+    call; the collate taken out is the previous batch's, the same on average.)
     """
     t0 = clock.now()
     images, labels = next(iterator)
