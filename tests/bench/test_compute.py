@@ -11,16 +11,16 @@ torch = pytest.importorskip("torch")
 from imgpipe.bench.compute import Compute  # noqa: E402
 from imgpipe.bench.probes import make_loader  # noqa: E402
 from imgpipe.bench.runner import BenchConfig  # noqa: E402
-from imgpipe.distenv import DistEnv  # noqa: E402
 from imgpipe.errors import ConfigError  # noqa: E402
-from imgpipe.train.launch import RankContext  # noqa: E402
+from imgpipe.train.launch import RankContext, launch  # noqa: E402
 from imgpipe.train.loop import build_model, precision  # noqa: E402
 
 CHANNELS_LAST = torch.channels_last
 
 
 def cpu_rank() -> RankContext:
-    return RankContext(DistEnv.detect(0, 1), torch.device("cpu"), None, 60.0)
+    """The context the launcher gives a single CPU rank (it runs in this process)."""
+    return launch(lambda ctx, _: ctx, None, gpus=0)
 
 
 def layouts(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...], bool]]:

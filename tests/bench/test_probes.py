@@ -12,14 +12,14 @@ from _tiny_shards import make_tiny_pack  # noqa: E402
 
 from imgpipe.bench.probes import SlowReads, endless, make_loader  # noqa: E402
 from imgpipe.bench.runner import BenchConfig  # noqa: E402
-from imgpipe.distenv import DistEnv  # noqa: E402
 from imgpipe.loaders.stage_timer import BatchTimes, StageTimer  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
-from imgpipe.train.launch import RankContext  # noqa: E402
+from imgpipe.train.launch import RankContext, launch  # noqa: E402
 
 
 def cpu_rank() -> RankContext:
-    return RankContext(DistEnv.detect(0, 1), torch.device("cpu"), None, 60.0)
+    """The context the launcher gives a single CPU rank (it runs in this process)."""
+    return launch(lambda ctx, _: ctx, None, gpus=0)
 
 
 @pytest.mark.timeout(120)
