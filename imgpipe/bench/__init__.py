@@ -1,6 +1,6 @@
 """``imgpipe bench``: find the bottleneck of a training input pipeline, rank by rank.
 
-:func:`bench` runs the ranks (:mod:`.runner`) with the instrumented loader (:mod:`.probes`)
+:func:`bench` runs the ranks (:mod:`.runner`) with the real loaders, timed (:mod:`.probes`)
 while the system is sampled (:mod:`.system`, :mod:`.cache`), then decides the verdict
 (:mod:`.verdict`); :mod:`.report` turns it into a table, JSON and a plot.
 """

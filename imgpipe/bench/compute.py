@@ -1,45 +1,59 @@
-"""What a rank does with each batch: a torchvision model's training step, or a simulated one.
+"""What a rank does with each batch: the trainer's model and training step, or a simulated one.
 
-``--model NAME``: forward + backward (``step``), the gradient all-reduce (``sync``), the SGD
-step (``update``). ``--compute-ms T``: a sleep of T ms (like a GPU kernel, it leaves the CPU
-to the loader), then an all-reduce of one number, where DDP would make the ranks meet.
+``--model NAME``: the model, optimizer, loss and precision ``imgpipe train`` builds for the
+bench's trainer config (:meth:`BenchConfig.train_config`: ``train.amp``, ``train.channels_last``,
+...), with the trainer's own functions; forward + backward (``step``), the gradient all-reduce
+(``sync``), the optimizer step (``update``). The model is not wrapped in DDP: DDP would run the
+all-reduce inside ``backward``, where it cannot be told apart from compute, so the bench
+all-reduces the gradients itself as its own stage. ``--compute-ms T``: a sleep of T ms (like a
+GPU kernel, it leaves the CPU to the loader), then an all-reduce of one number, where DDP would
+make the ranks meet.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterator
 
+if TYPE_CHECKING:
+    from imgpipe.bench.runner import BenchConfig
+    from imgpipe.train.config import TrainConfig
 
 
 class Compute:
-    """The work a rank does on each batch: a torchvision model, or a sleep of ``compute_ms``."""
+    """The work a rank does on each batch: the trainer's model, or a sleep of ``compute_ms``."""
 
-    def __init__(self, model: str | None, compute_ms: float, ctx: Any, classes: int) -> None:
+    def __init__(self, config: BenchConfig, ctx: Any, classes: int) -> None:
         import torch
 
         self.ctx = ctx
-        self.sleep_s = compute_ms / 1000.0
+        self.sleep_s = config.compute_ms / 1000.0
         self.model = None
         self.token = torch.zeros(1, device=ctx.device)
-        if model:
-            import torchvision
+        if config.model:
+            from imgpipe.train.loop import build_model, build_optimizer, precision
 
-            self.model = torchvision.models.get_model(model, num_classes=classes).to(ctx.device)  # the name passed BenchConfig.check
-            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
-            self.loss = torch.nn.CrossEntropyLoss()
+            train = config.train_config()
+            alone = dataclasses.replace(ctx, backend=None)  # no DDP: see the module docstring
+            self.model, _ = build_model(train, classes, alone)  # the name passed BenchConfig.check
+            self.optimizer = build_optimizer(self.model, train, train.train.batch_size * ctx.world_size)
+            self.dtype, self.scaler = precision(train, ctx.device)
+            self.loss = torch.nn.CrossEntropyLoss(label_smoothing=train.optim.label_smoothing)
 
     def step(self, images: Any, labels: Any) -> None:
+        """Forward and backward (or the simulated compute)."""
         if self.model is None:
             if self.sleep_s:
                 time.sleep(self.sleep_s)
             return
-        from imgpipe.train.metrics import synchronize
+        from imgpipe.train.loop import autocast
 
         self.optimizer.zero_grad(set_to_none=True)
-        x = images.to(self.ctx.device).float().div_(255.0)
-        self.loss(self.model(x), labels.to(self.ctx.device)).backward()
-        synchronize(self.ctx.device)
+        with autocast(self.ctx.device, self.dtype):
+            loss = self.loss(self.model(images), labels)
+        self.scaler.scale(loss).backward()
 
     def sync(self) -> None:
         """All-reduce the gradients (or one number): where DDP makes the ranks wait for each other."""
@@ -57,4 +71,21 @@ class Compute:
     def update(self) -> None:
         """The optimizer step (part of compute)."""
         if self.model is not None:
-            self.optimizer.step()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+
+
+@contextlib.contextmanager
+def trainer_cudnn(train: TrainConfig, device: Any) -> Iterator[None]:
+    """On a GPU, cudnn's autotuner as the trainer sets it (on unless ``train.deterministic``); restored on exit."""
+    if getattr(device, "type", "cpu") != "cuda":
+        yield
+        return
+    from torch.backends import cudnn
+
+    before = cudnn.benchmark
+    cudnn.benchmark = not train.train.deterministic
+    try:
+        yield
+    finally:
+        cudnn.benchmark = before

@@ -7,9 +7,10 @@ the same order; before each one rank 0 evicts DATA from the page cache (``--cold
 measures its residency; each rank warms its loader up, then all ranks start measuring
 together at a barrier. Results are gathered on rank 0 and returned to the caller.
 
-One step of one rank: ``wait`` (blocked in ``next(loader)``) -> ``collate`` + ``h2d`` (pin and
-copy, GPU runs only) -> ``compute`` -> ``sync`` (see :mod:`.compute`). The loaders come from
-:mod:`.probes`.
+One step of one rank: ``wait`` (blocked in ``next(loader)``, less the loader's own ``collate``)
+-> ``h2d`` (the copy the step still waits for, GPU runs only) -> ``compute`` -> ``sync`` (see
+:mod:`.compute`); every stage ends on a :class:`~.clock.StageClock` reading. The loaders are the
+real ones, built by :mod:`.probes`.
 """
 
 from __future__ import annotations
@@ -18,18 +19,23 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from imgpipe.bench import cache
-from imgpipe.bench.compute import Compute
+from imgpipe.bench.clock import StageClock
+from imgpipe.bench.compute import Compute, trainer_cudnn
 from imgpipe.bench.stats import RankStats, StepTimes
 from imgpipe.bench.system import SystemSampler, SystemSummary, diskstats_name, summarize
 from imgpipe._sys.diskinfo import DiskInfo, device_for_path
 from imgpipe._sys.distenv import available_cpus
 from imgpipe.errors import ConfigError
 from imgpipe.loaders.pixels import region_decoder
+from imgpipe.loaders.stage_timer import BatchTimes, StageTimer
 from imgpipe.format.shardset import ShardSet, open_shards
 from imgpipe.train.metrics import gather_objects
+
+if TYPE_CHECKING:
+    from imgpipe.train.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +44,12 @@ BACKENDS = ("torch", "dali")
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to run. ``backends`` and ``workers`` are swept; every pair is one run."""
+    """What to run. ``backends`` and ``workers`` are swept; every pair is one run.
+
+    ``train_config_path`` and ``train_overrides`` (``section.key=value``) are a trainer config,
+    as ``imgpipe train --config/--set`` take: the bench's model and loaders run with its
+    options (``train.amp``, ``train.channels_last``, ...); see :meth:`train_config`.
+    """
 
     data: str
     split: str = "train"
@@ -54,6 +65,8 @@ class BenchConfig:
     compute_ms: float = 0.0
     cold: bool = False
     seed: int = 0
+    train_config_path: str | None = None
+    train_overrides: tuple[str, ...] = ()
 
     @property
     def ranks(self) -> int:
@@ -82,6 +95,19 @@ class BenchConfig:
             check_model_name(self.model, "--model")
         if self.compute_ms < 0:
             raise ConfigError(f"--compute-ms must be >= 0 (got {self.compute_ms})")
+        self.train_config()
+
+    def train_config(self, workers: int | None = None) -> TrainConfig:
+        """The trainer's config this bench runs as: ``train_config_path`` and ``train_overrides``,
+        then the bench's own options (data, split, image and batch size, seed, model, ``workers``)."""
+        from imgpipe.train.config import load_config
+
+        train = load_config(self.train_config_path, self.train_overrides)
+        train.data.path, train.data.train_split, train.data.image_size, train.data.workers = self.data, self.split, self.image_size, workers
+        train.train.batch_size, train.train.seed = self.batch_size, self.seed
+        if self.model:
+            train.model.name = self.model
+        return train
 
 
 @dataclass
@@ -212,12 +238,17 @@ def bench_rank(ctx: Any, config: BenchConfig) -> list[RunResult] | None:
 
     if ctx.device.type == "cpu" and ctx.world_size > 1:  # ranks share the cores
         torch.set_num_threads(max(1, available_cpus() // ctx.world_size))
-    from imgpipe.bench.probes import open_for_rank
-
-    reads = open_for_rank(config.data, config.split, ctx.rank)
-    files = shard_files(reads.shards) if ctx.is_main else []  # only rank 0 evicts and measures the page cache
-    compute = Compute(config.model, config.compute_ms, ctx, len(reads.classes or []) or 1000)
+    shards = open_shards(config.data, config.split)
+    files = shard_files(shards) if ctx.is_main else []  # only rank 0 evicts and measures the page cache
+    compute = Compute(config, ctx, len(shards.classes or []) or 1000)
     runs: list[RunResult] = []
+    with trainer_cudnn(config.train_config(), ctx.device):
+        _run_all(ctx, config, compute, files, runs)
+    return runs if ctx.is_main else None
+
+
+def _run_all(ctx: Any, config: BenchConfig, compute: Compute, files: list[Path], runs: list[RunResult]) -> None:
+    """Every (backend, workers) run in order; rank 0 appends the gathered results to ``runs``."""
     for backend in config.backends:
         for workers in config.workers:
             resident = None
@@ -227,64 +258,57 @@ def bench_rank(ctx: Any, config: BenchConfig) -> list[RunResult] | None:
                 resident = cache.resident_fraction(files)
             _barrier(ctx)
             start = time.time()
-            stats = _run_one(ctx, config, backend, workers, reads, compute)
+            stats = _run_one(ctx, config, backend, workers, compute)
             gathered = gather_objects(stats)
             if ctx.is_main:
                 runs.append(RunResult(backend, workers, gathered, start, time.time(), resident))
                 logger.info("%s, %d worker(s): %.1f images/s", backend, workers, runs[-1].images_per_s)
-    return runs if ctx.is_main else None
 
 
-def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, reads: Any, compute: Compute) -> RankStats:
+def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, compute: Compute) -> RankStats:
     """Warm up, line the ranks up at a barrier, then measure ``config.steps`` steps."""
-    from imgpipe.bench.probes import dali_batches, torch_batches
+    from imgpipe.bench.probes import SlowReads, endless, make_loader, read_delay_s
 
     stats = RankStats(ctx.rank, config.batch_size, timed_stages=backend == "torch")
-    count = config.warmup + config.steps
-    common = dict(rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, batch_size=config.batch_size,
-                  image_size=config.image_size, seed=config.seed, workers=workers)
-    if backend == "torch":
-        iterator = torch_batches(reads, batches=count, **common)
-    else:
-        iterator = dali_batches(config.data, config.split, **common)
+    timer = SlowReads(read_delay_s(ctx.rank)) if backend == "torch" else None
+    loader = make_loader(backend, config.train_config(workers), ctx, timer)
+    clock = StageClock(ctx.device)
     try:
+        iterator = endless(loader)
         warm_start = time.perf_counter()
         for _ in range(config.warmup):
-            _step(ctx, iterator, compute, 0.0)
+            _step(iterator, compute, clock, timer, 0.0)
         logger.debug("rank %d: %s with %d workers warmed up in %.1fs", ctx.rank, backend, workers, time.perf_counter() - warm_start)
         _barrier(ctx)
         origin = time.perf_counter()
-        stats.steps = [_step(ctx, iterator, compute, origin) for _ in range(config.steps)]
+        stats.steps = [_step(iterator, compute, clock, timer, origin) for _ in range(config.steps)]
     finally:
-        close = getattr(iterator, "close", None)
-        if close:
+        close = getattr(loader, "close", None)  # the DALI loader has none
+        if close is not None:
             close()
     return stats
 
 
-def _step(ctx: Any, iterator: Iterator[tuple[Any, Any, float, float, float]], compute: Compute, origin: float) -> StepTimes:
-    """One training step, timed stage by stage; ``start`` is relative to ``origin``."""
-    t0 = time.perf_counter()
-    images, labels, read, decode, collate = next(iterator)
-    t1 = time.perf_counter()
-    h2d = 0.0
-    if ctx.device.type == "cuda" and images.device.type != "cuda":
-        import torch
+def _step(iterator: Iterator[tuple[Any, Any]], compute: Compute, clock: StageClock, timer: StageTimer | None, origin: float) -> StepTimes:
+    """One training step, timed stage by stage; ``start`` is relative to ``origin``.
 
-        images = images.pin_memory()
-        t_pin = time.perf_counter()
-        collate += t_pin - t1
-        images, labels = images.to(ctx.device, non_blocking=True), labels.to(ctx.device, non_blocking=True)
-        torch.cuda.synchronize(ctx.device)
-        h2d = time.perf_counter() - t_pin
-    t2 = time.perf_counter()
+    The stages add up to the step's wall time: the loader's ``collate`` happens inside ``next()``
+    and is taken out of ``wait``. (On a GPU the torch loader prepares the next batch inside that
+    call; the collate taken out is the previous batch's, the same on average.)
+    """
+    t0 = clock.now()
+    images, labels = next(iterator)
+    t1 = time.perf_counter()
+    t2 = clock.now()  # the copy to the device, as far as this step still waits for it
+    loader = timer.take() if timer is not None else BatchTimes()
     compute.step(images, labels)
-    t3 = time.perf_counter()
+    t3 = clock.now()
     compute.sync()
-    t4 = time.perf_counter()
+    t4 = clock.now()
     compute.update()
-    t5 = time.perf_counter()
-    return StepTimes(t0 - origin, t1 - t0, read, decode, collate, h2d, (t3 - t2) + (t5 - t4), t4 - t3)
+    t5 = clock.now()
+    wait = max(0.0, t1 - t0 - loader.collate)
+    return StepTimes(t0 - origin, wait, loader.read, loader.decode, loader.collate, t2 - t1, (t3 - t2) + (t5 - t4), t4 - t3)
 
 
 def _barrier(ctx: Any) -> None:

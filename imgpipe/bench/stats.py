@@ -1,8 +1,9 @@
 """What one rank measured: per-step stage times and their summaries (shared by verdict and report).
 
-Stages of a step, in seconds: ``wait`` (blocked in ``next(loader)``), the loader workers'
-``read`` and ``decode`` (worker time for the whole batch), then on the rank ``collate`` (pinning),
-``h2d``, ``compute`` and ``sync``; see :mod:`imgpipe.bench.probes` for where each is timed.
+Stages of a step, in seconds: ``wait`` (blocked in ``next(loader)``, less ``collate``), the loader
+workers' ``read`` and ``decode`` (worker time for the whole batch), then on the rank ``collate``
+(the loader's own work on the batch), ``h2d``, ``compute`` and ``sync``; see
+:mod:`imgpipe.bench.probes` for where each is timed.
 """
 
 from __future__ import annotations

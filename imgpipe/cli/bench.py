@@ -33,11 +33,14 @@ def _counts(text: str) -> tuple[int, ...]:
 @click.option("--compute-ms", type=float, default=0.0, show_default=True, help="Simulated compute per step instead of --model (0: loader only).")
 @click.option("--cold", is_flag=True, help="Evict DATA's shards from the page cache before each run, so the disk is measured.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the read order and augmentations.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Trainer YAML config (imgpipe train --config): the model and loaders run with its options (train.amp, train.channels_last, ...); the bench's own options win.")
+@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override one trainer config key, as imgpipe train --set (repeatable).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the results as JSON (schema: docs/bench-json.md).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write per-rank timelines and throughput as a PNG (needs imgpipe[plot]).")
 def bench_command(
     data: str, split: str, gpus: int | None, nproc: int, backend: str, workers: str | None, steps: int, warmup: int, batch_size: int,
-    image_size: int, model: str | None, compute_ms: float, cold: bool, seed: int, json_path: str | None, plot_path: str | None,
+    image_size: int, model: str | None, compute_ms: float, cold: bool, seed: int, config_path: str | None, overrides: tuple[str, ...],
+    json_path: str | None, plot_path: str | None,
 ) -> None:
     """Find the bottleneck of loading DATA (a folder made by `imgpipe pack`), rank by rank, and say what to change.
 
@@ -67,7 +70,7 @@ def bench_command(
     config = BenchConfig(
         data=data, split=split, gpus=gpus, nproc=nproc, backends=resolve_backends(backend), workers=counts,
         steps=steps, warmup=warmup, batch_size=batch_size, image_size=image_size, model=model, compute_ms=compute_ms,
-        cold=cold, seed=seed,
+        cold=cold, seed=seed, train_config_path=config_path, train_overrides=tuple(overrides),
     )
     outcome = bench(config)
     if outcome is None:  # a non-zero rank under torchrun/SLURM: rank 0 reports

@@ -38,8 +38,10 @@ the small labels tensor travels that way with the ring.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
+import time
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -65,6 +67,7 @@ from imgpipe.loaders.common import (
 )
 from imgpipe.loaders.pixels import decode_sample, load_decoders
 from imgpipe.loaders.ring import BatchRing
+from imgpipe.loaders.stage_timer import BatchTimes, StageTimer
 from imgpipe.loaders.sampler import REMAINDER_POLICIES, EpochSampler
 from imgpipe.format.shardset import PathLike, ShardSet
 from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry
@@ -102,7 +105,8 @@ class BatchDataset(Dataset):
     """Map-style dataset whose items are whole batches.
 
     ``dataset[request]`` (a ``BatchRequest`` or an ``(epoch, indices)`` pair) returns
-    ``(images, labels int64, skipped record indices, error message or None)``; errors travel
+    ``(images, labels int64, skipped record indices, error message or None, BatchTimes or None)``
+    (the times only with a ``stage_timer``); errors travel
     as data so the main process raises them as one-line ``DatasetError``s instead of torch's
     multi-line worker traceback. ``images`` is the request's ring slot number when it names
     one (the batch is in ``ring``), else a uint8 NCHW tensor, allocated in shared memory in a
@@ -121,6 +125,7 @@ class BatchDataset(Dataset):
         sample_transform: SampleTransform | None = None,
         channels_last: bool = False,
         ring: BatchRing | None = None,
+        stage_timer: StageTimer | None = None,
     ) -> None:
         if on_corrupt not in ON_CORRUPT:
             raise ConfigError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
@@ -132,6 +137,8 @@ class BatchDataset(Dataset):
         self.sample_transform = sample_transform
         self.channels_last = channels_last
         self.ring = ring
+        self.stage_timer = stage_timer
+        self._read_s = 0.0  # this batch's read seconds, with a stage_timer
         self._seeded: tuple[int, int] | None = None
         # resolved here, in the process that forks the workers, so they share the import: in each
         # worker it would cost ~170 MB of private memory and a second of the first epoch
@@ -140,7 +147,16 @@ class BatchDataset(Dataset):
     def __len__(self) -> int:
         return len(self.shards)
 
-    def __getitem__(self, request: BatchRequest | tuple[int, np.ndarray]) -> tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None]:
+    def __getitem__(self, request: BatchRequest | tuple[int, np.ndarray]) -> tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None, BatchTimes | None]:
+        if self.stage_timer is None:
+            return (*self._build(request), None)
+        self._read_s = 0.0
+        start = time.perf_counter()
+        built = self._build(request)
+        elapsed = time.perf_counter() - start
+        return (*built, BatchTimes(read=self._read_s, decode=elapsed - self._read_s))
+
+    def _build(self, request: BatchRequest | tuple[int, np.ndarray]) -> tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None]:
         epoch, indices, ring_slot = BatchRequest(*request)
         in_worker = self._seed_globals(epoch)
         if in_worker:
@@ -180,7 +196,7 @@ class BatchDataset(Dataset):
         return sent, labels, indices[bad].astype(np.int64), None
 
     def _decode_into(self, out: torch.Tensor, epoch: int, index: int) -> int:
-        _, payload = self.shards.read(index)
+        _, payload = self._read(index)
         geometry = self.geometry
         if isinstance(geometry, TrainGeometry):
             rng = seeding.sample_rng(self.seed, epoch, index)
@@ -189,6 +205,15 @@ class BatchDataset(Dataset):
             crop_for = geometry.crop
         out.copy_(decode_sample(payload, crop_for, geometry.image_size))
         return int(self.shards.labels[index])
+
+    def _read(self, index: int) -> tuple[Any, bytes]:
+        if self.stage_timer is None:
+            return self.shards.read(index)
+        start = time.perf_counter()
+        try:
+            return self.stage_timer.read(self.shards, index)
+        finally:
+            self._read_s += time.perf_counter() - start
 
     def _transform_into(self, out: torch.Tensor, index: int) -> str | None:
         """Apply ``sample_transform`` to ``out`` in place; the error message if it returned something else than such a sample."""
@@ -271,6 +296,7 @@ class TorchLoader:
         pin_memory: bool,
         multiprocessing_context: str | None,
         ring: BatchRing | None,
+        stage_timer: StageTimer | None = None,
     ) -> None:
         self.shards = shards
         self.sampler = sampler
@@ -281,6 +307,7 @@ class TorchLoader:
         self.skipped = 0
         self._pin_memory = pin_memory
         self._ring = ring
+        self._stage_timer = stage_timer
         self._requests = RingRequests(ring)
         self._loader = DataLoader(
             dataset,
@@ -337,16 +364,18 @@ class TorchLoader:
             yield from self._cuda_batches(results)
         else:
             for result in results:
+                start = time.perf_counter()
                 images, labels, in_ring = self._receive(result)
                 batch = self._finish(images, copy=in_ring)
                 self._release()
+                self._record_times(result, start)
                 self.sampler.mark_consumed()
                 yield batch, labels
 
-    def _receive(self, result: tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None]) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    def _receive(self, result: tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None, BatchTimes | None]) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """A worker's result as (images, labels, whether the images are a ring slot's view); raises its error."""
         release_dead_shared_storages()
-        images, labels, skipped, error = result
+        images, labels, skipped, error, _times = result
         if error is not None:
             raise DatasetError(error)
         if len(skipped):
@@ -354,6 +383,11 @@ class TorchLoader:
             for index in skipped.tolist():
                 logger.warning("skipped corrupt %s (replaced by another sample of its batch)", self.shards.describe(index))
         return batch_images(self._ring, images, len(labels)), labels, isinstance(images, int)
+
+    def _record_times(self, result: tuple[Any, ...], start: float) -> None:
+        """Report a batch's stage times: its worker's, and this process's since ``start``."""
+        if self._stage_timer is not None:
+            self._stage_timer.record(dataclasses.replace(result[-1], collate=time.perf_counter() - start))
 
     def _release(self) -> None:
         """The batch just received has been copied out of its ring slot (if it had one)."""
@@ -380,6 +414,7 @@ class TorchLoader:
         stream = torch.cuda.Stream(device=self.device)
 
         def upload(result: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            start = time.perf_counter()
             images, labels, in_ring = self._receive(result)
             if in_ring and self._pin_memory:
                 images = images.pin_memory()  # copies the slot out
@@ -388,7 +423,9 @@ class TorchLoader:
                 images = images.to(self.device, non_blocking=self._pin_memory or not in_ring)
                 labels = labels.to(self.device, non_blocking=True)
                 self._release()
-                return self._finish(images, copy=False), labels
+                batch = self._finish(images, copy=False), labels
+            self._record_times(result, start)
+            return batch
 
         pending = None
         for result in results:
@@ -432,6 +469,7 @@ def make_torch_loader(
     prefetch_factor: int = DEFAULT_PREFETCH_FACTOR,
     pin_memory: bool | None = None,
     multiprocessing_context: str | None = None,
+    stage_timer: StageTimer | None = None,
 ) -> TorchLoader:
     """A rank-aware, seeded loader of ``(images, labels)`` over packed shards (see the module docstring).
 
@@ -447,6 +485,8 @@ def make_torch_loader(
     decode into a ring of ``workers * prefetch_factor + 1`` uint8 batches in shared memory,
     allocated once (``ConfigError`` when /dev/shm has less room free). ``pin_memory`` (default:
     on CUDA) stages batches in pinned memory for the copy to the GPU.
+    ``stage_timer``: for tools (``imgpipe bench``): a :class:`StageTimer` that gets every
+    batch's read, decode and collate seconds (see :mod:`imgpipe.loaders.stage_timer`).
     ``loader.close()`` stops persistent workers.
     """
     args = check_loader_args(
@@ -500,6 +540,7 @@ def make_torch_loader(
         sample_transform=sample_transform,
         channels_last=layout == torch.channels_last,
         ring=ring,
+        stage_timer=stage_timer,
     )
     shards.labels  # noqa: B018  (bare .rec files: read header labels once here, not in every worker)
     return TorchLoader(
@@ -515,4 +556,5 @@ def make_torch_loader(
         pin_memory=device.type == "cuda" if pin_memory is None else pin_memory,
         multiprocessing_context=multiprocessing_context,
         ring=ring,
+        stage_timer=stage_timer,
     )

@@ -45,16 +45,7 @@ def build_data(config: TrainConfig, ctx: RankContext) -> TrainData:
             f"{config.data.path}: no split {val_split!r} to validate on (has {', '.join(sorted(manifest.splits))}); "
             "set data.val_split to one of them, or train.validate: false"
         )
-    kwargs = dict(
-        image_size=config.data.image_size,
-        workers=config.data.workers,
-        seed=config.train.seed,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        device=ctx.device,
-        normalize=True,
-        channels_last=config.train.channels_last,
-    )
+    kwargs = loader_kwargs(config, ctx)
     backend = config.data.backend
     if backend == "synthetic":
         train = SyntheticBatches(manifest, config, ctx)
@@ -64,6 +55,20 @@ def build_data(config: TrainConfig, ctx: RankContext) -> TrainData:
         train = make(config.data.path, config.data.train_split, batch_size=config.train.batch_size, train=True, **kwargs)
         val = make(config.data.path, val_split, batch_size=config.train.batch_size, train=False, **kwargs) if val_split else None
     return TrainData(train, val, list(manifest.classes), manifest.splits[val_split].records if val_split else 0)
+
+
+def loader_kwargs(config: TrainConfig, ctx: RankContext) -> dict[str, Any]:
+    """What the trainer gives either loader factory besides the path, split, batch size and train flag."""
+    return dict(
+        image_size=config.data.image_size,
+        workers=config.data.workers,
+        seed=config.train.seed,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        device=ctx.device,
+        normalize=True,
+        channels_last=config.train.channels_last,
+    )
 
 
 def _loader_factory(backend: str) -> Any:

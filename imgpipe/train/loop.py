@@ -136,11 +136,10 @@ class _Run:
         self.model, self.ddp = build_model(config, num_classes, ctx)
         self.optimizer = build_optimizer(self.model, config, self.global_batch)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(config, self.steps_per_epoch))
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.train.amp == "fp16")
+        self.autocast_dtype, self.scaler = precision(config, self.device)
         if config.train.amp == "fp16":  # the scaler skips steps with inf gradients; the schedule still advances
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=config.optim.label_smoothing)
-        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.train.amp)
         self.topk = min(5, num_classes)
         self.state = _State()
         self.timer = StepTimer(self.device)
@@ -231,7 +230,7 @@ class _Run:
     def _forward_backward(self, images: torch.Tensor, labels: torch.Tensor, final: bool, totals: torch.Tensor) -> torch.Tensor:
         sync = contextlib.nullcontext() if final or not self.ctx.distributed else self.ddp.no_sync()
         with sync:
-            with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None):
+            with autocast(self.device, self.autocast_dtype):
                 output = self.ddp(images)
                 loss = self.criterion(output, labels)
             self.scaler.scale(loss / self.accum).backward()
@@ -319,7 +318,7 @@ class _Run:
         self.data.val.set_epoch(self.state.epoch)
         with torch.no_grad():
             for images, labels in faults.val_batches(self.data.val, self.ctx.rank):
-                with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None):
+                with autocast(self.device, self.autocast_dtype):
                     output = module(images)
                     loss = self.criterion(output.float(), labels)
                 _accumulate(totals, loss, output, labels, self.topk)
@@ -438,6 +437,17 @@ def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tupl
         find_unused_parameters=config.train.find_unused_parameters,
     )
     return model, ddp
+
+
+def precision(config: TrainConfig, device: torch.device) -> tuple[torch.dtype | None, torch.amp.GradScaler]:
+    """train.amp as (the autocast dtype, None for fp32; the gradient scaler, enabled for fp16 only)."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.train.amp)
+    return dtype, torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> torch.autocast:
+    """The forward pass's autocast context: ``dtype`` on ``device``, off for None."""
+    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
 
 def check_image_size(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> None:

@@ -1,4 +1,4 @@
-"""The bench's instrumented torch loader builds the torch loader's batches, through the same shared-memory ring."""
+"""The bench's torch loader is make_torch_loader with its stage-timing hook: the same batches, timed."""
 
 from __future__ import annotations
 
@@ -10,26 +10,50 @@ torch = pytest.importorskip("torch")
 
 from _tiny_shards import make_tiny_pack  # noqa: E402
 
-from imgpipe.bench.probes import TimedReads, torch_batches  # noqa: E402
+from imgpipe.bench.probes import SlowReads, endless, make_loader  # noqa: E402
+from imgpipe.bench.runner import BenchConfig  # noqa: E402
+from imgpipe.loaders.stage_timer import BatchTimes, StageTimer  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
-from imgpipe.format.shardset import open_shards  # noqa: E402
+from imgpipe.train.launch import RankContext, launch  # noqa: E402
+
+
+def cpu_rank() -> RankContext:
+    """The context the launcher gives a single CPU rank (it runs in this process)."""
+    return launch(lambda ctx, _: ctx, None, gpus=0)
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("workers", [0, 1])
 def test_probe_batches_are_the_loaders_batches(tmp_path: Path, workers: int) -> None:
-    data = make_tiny_pack(tmp_path / "tiny", records=40, shards=2, classes=4, min_side=32, max_side=80)
-    common = {"rank": 0, "world_size": 1, "batch_size": 4, "image_size": 24, "seed": 3}
-    probe = torch_batches(TimedReads(open_shards(data, "train")), batches=10, device=torch.device("cpu"), workers=workers, **common)
+    """Ten batches over two epochs: identical to an untimed loader's, each with its worker's and the main process's times."""
+    data = make_tiny_pack(tmp_path / "tiny", records=24, shards=2, classes=4, min_side=32, max_side=80)
+    timer = StageTimer()
+    train = BenchConfig(data=str(data), batch_size=4, image_size=24, seed=3).train_config(workers)
+    probe = make_loader("torch", train, cpu_rank(), timer)
     seen = []
-    storages = set()
-    for images, labels, read, decode, _collate in probe:
-        assert read >= 0 and decode > 0
-        storages.add(images.untyped_storage().data_ptr())
-        seen.append((images.clone(), labels.clone()))  # a ring slot is the consumer's only until it asks for the next batch
-    loader = make_torch_loader(data, "train", workers=0, normalize=False, **common)
-    assert len(seen) == len(loader) == 10
-    for (x, y), (x0, y0) in zip(seen, loader):
+    for _, (images, labels) in zip(range(10), endless(probe)):
+        times = timer.take()
+        assert times.read > 0 and times.decode > 0 and times.collate > 0
+        seen.append((images, labels))
+    probe.close()
+    assert timer.take() == BatchTimes()  # nothing left over: one report per batch
+    plain = make_torch_loader(data, "train", batch_size=4, image_size=24, seed=3, rank=0, world_size=1, workers=0)
+    expected = []
+    for epoch in (0, 1):
+        plain.set_epoch(epoch)
+        expected.extend(plain)
+    assert len(plain) == 6 and len(seen) == 10
+    for (x, y), (x0, y0) in zip(seen, expected):
         assert torch.equal(x, x0) and torch.equal(y, y0)
-    if workers:  # every batch a slot of the one ring (without workers, freed batches' addresses get reused: no count)
-        assert len(storages) == 1
+
+
+@pytest.mark.timeout(60)
+def test_slow_reads_are_timed_as_reads(tmp_path: Path) -> None:
+    """The slow-disk hook's delay lands in the read stage of the batch, in a worker process."""
+    data = make_tiny_pack(tmp_path / "tiny", records=8, shards=1, classes=2, min_side=32, max_side=48)
+    timer = SlowReads(delay_s=0.02)
+    loader = make_torch_loader(data, "train", batch_size=4, image_size=16, rank=0, world_size=1, workers=1, stage_timer=timer)
+    batches = list(loader)
+    loader.close()
+    times = [timer.take() for _ in batches]
+    assert len(times) == 2 and all(t.read >= 4 * 0.02 for t in times)

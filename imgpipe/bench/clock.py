@@ -1,0 +1,35 @@
+"""Stage boundaries that hold on a GPU: a clock read only once the queued device work is done.
+
+CUDA kernels, copies and NCCL collectives return to the host before they finish, so host
+timestamps around them measure only the launch: the all-reduce would read about 0 ms and its
+time, like the optimizer step's, would be charged to whatever stage waits next. The bench
+therefore ends every stage with :meth:`StageClock.now`, which first waits for the work queued on
+the device's current stream (the compute stream; the torch loader's side-stream copy of the
+next batch keeps running), then reads ``time.perf_counter``. On the CPU, work is done when the
+call returns, and the clock is ``perf_counter`` alone.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+
+class StageClock:
+    """``now()``: seconds (``perf_counter``) after ``settle()`` has waited for the work queued so far.
+
+    ``settle`` defaults to synchronizing ``device``'s current CUDA stream, and to nothing on the CPU.
+    """
+
+    def __init__(self, device: Any, settle: Callable[[], None] | None = None) -> None:
+        if settle is None and getattr(device, "type", "cpu") == "cuda":
+            import torch
+
+            settle = lambda: torch.cuda.current_stream(device).synchronize()  # noqa: E731
+        self._settle = settle
+
+    def now(self) -> float:
+        """The time at which everything queued before this call has finished."""
+        if self._settle is not None:
+            self._settle()
+        return time.perf_counter()

@@ -1,0 +1,48 @@
+"""The torch loader's timing hook, for tools that attribute a batch's time to its stages (``imgpipe bench``).
+
+``make_torch_loader(..., stage_timer=StageTimer())`` times every batch it builds: the worker
+that built it measures its record reads and the rest of its work (decode, crop, flip, writing
+into the batch) and sends both back with the batch's reply; the main process adds its own
+time on the batch (copying it out of the ring and normalizing it on the CPU; pinning it and
+queueing its copy on a GPU) and hands the three to :meth:`StageTimer.record`, in the order the
+batches are built. The loader runs exactly as without the hook; only these clocks are added.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class BatchTimes:
+    """Seconds one batch spent in each loader stage."""
+
+    read: float = 0.0  # worker: the reads of the batch's records
+    decode: float = 0.0  # worker: everything else it did for the batch (decode, crop, flip, write)
+    collate: float = 0.0  # main process: from the worker's reply to the batch handed out (or queued for the GPU)
+
+
+class StageTimer:
+    """Collects each batch's :class:`BatchTimes`; :meth:`take` returns them oldest first.
+
+    :meth:`read` is how the loader's workers read a record while timed: a subclass may slow it
+    down (the bench's slow-disk hook). The object travels to the workers with the dataset, so
+    it must pickle.
+    """
+
+    def __init__(self) -> None:
+        self._times: collections.deque[BatchTimes] = collections.deque()
+
+    def read(self, shards: Any, index: int) -> tuple[Any, bytes]:
+        """Read record ``index`` of ``shards`` (in a loader worker)."""
+        return shards.read(index)
+
+    def record(self, times: BatchTimes) -> None:
+        """The loader reports one more batch (in the main process)."""
+        self._times.append(times)
+
+    def take(self) -> BatchTimes:
+        """The oldest batch's times not taken yet; zeros when the loader has reported none."""
+        return self._times.popleft() if self._times else BatchTimes()
