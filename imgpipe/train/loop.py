@@ -33,6 +33,7 @@ from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gat
 
 logger = logging.getLogger(__name__)
 
+NONDETERMINISTIC_TEXT = "does not have a deterministic implementation"
 UNUSED_PARAMS_TEXT = "Expected to have finished reduction in the prior iteration"
 
 
@@ -92,7 +93,8 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
 
 
 def explain_failure(error: BaseException, ctx: RankContext, config: TrainConfig) -> ImgpipeError | None:
-    """imgpipe's own one-line message for CUDA OOM, CUDA's illegal memory access, DDP's unused parameters, and a peer that died or hung.
+    """imgpipe's own one-line message for CUDA OOM, CUDA's illegal memory access, an op without a deterministic
+    kernel under train.deterministic, DDP's unused parameters, and a peer that died or hung.
 
     The last is what the healthy ranks see under torchrun or SLURM, where no imgpipe launcher
     watches the ranks (with --gpus/--nproc, the launcher names the failed or hung rank itself).
@@ -106,6 +108,11 @@ def explain_failure(error: BaseException, ctx: RankContext, config: TrainConfig)
             "cannot use the GPU again), usually a kernel reading out of bounds, such as a label >= the model's classes or "
             "a bug in a custom op, not an out-of-memory; check that labels are below model.num_classes and rerun with "
             "CUDA_LAUNCH_BLOCKING=1 to see the failing op"
+        )
+    if NONDETERMINISTIC_TEXT in text:
+        return TrainError(
+            f"rank {ctx.rank}: train.deterministic: true, but model {config.model.name} runs an op without a deterministic "
+            f"kernel on {ctx.device.type} ({text.split(NONDETERMINISTIC_TEXT)[0].split()[-1]}); set train.deterministic: false, or choose another model"
         )
     if UNUSED_PARAMS_TEXT in text:
         return TrainError(
@@ -361,7 +368,7 @@ class _Run:
 
     def _save(self, stopping: bool = False) -> None:
         """Every rank calls this at the same step (RNG states are gathered); rank 0 writes."""
-        rngs = _gather_objects(ckpt.rng_state(), self.ctx)
+        rngs = _gather_objects(ckpt.rng_state(self.device), self.ctx)
         self._saved_step = self.state.step
         if not self.ctx.is_main:
             return
@@ -399,7 +406,7 @@ class _Run:
         if saved["loader"] is not None:
             self._resume_loader = saved["loader"]
         rngs = saved["rng"]
-        ckpt.set_rng_state(rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else rngs[0])
+        ckpt.set_rng_state(rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else rngs[0], self.device)
         logger.info("resumed from %s at epoch %d, step %d", path, self.state.epoch, self.state.step)
 
     def close(self) -> None:
@@ -430,6 +437,7 @@ def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tupl
     memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
     model = model.to(ctx.device, memory_format=memory_format)
     check_image_size(model, config, ctx.device)
+    check_deterministic(model, config, ctx.device)
     if not ctx.distributed:
         return model, model
     ddp = torch.nn.parallel.DistributedDataParallel(
@@ -462,6 +470,27 @@ def check_image_size(model: torch.nn.Module, config: TrainConfig, device: torch.
         ) from None
     finally:
         model.train()
+
+
+def check_deterministic(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> None:
+    """A ConfigError when train.deterministic asks CUDA for a backward pass it has no deterministic kernel for.
+
+    Adaptive pooling to anything but 1x1 (VGG, AlexNet: 7x7; Inception's auxiliary heads) has
+    none on CUDA (pooling to 1x1 is a mean, which has); torch would fail in the first backward.
+    """
+    if not config.train.deterministic or device.type != "cuda":
+        return
+    pools = (torch.nn.AdaptiveAvgPool1d, torch.nn.AdaptiveAvgPool2d, torch.nn.AdaptiveAvgPool3d,
+             torch.nn.AdaptiveMaxPool1d, torch.nn.AdaptiveMaxPool2d, torch.nn.AdaptiveMaxPool3d)
+    for name, module in model.named_modules():
+        if isinstance(module, pools):
+            size = module.output_size if isinstance(module.output_size, tuple) else (module.output_size,)
+            if isinstance(module, pools[3:]) or any(s != 1 for s in size):
+                raise ConfigError(
+                    f"train.deterministic: true on CUDA, but model {config.model.name} has {type(module).__name__}"
+                    f"(output_size={module.output_size}) at {name!r}, whose backward pass CUDA can only run non-deterministically; "
+                    "set train.deterministic: false, or choose a model that pools to 1x1 (resnet, efficientnet, ...)"
+                )
 
 
 def check_model_name(name: str, option: str = "model.name") -> None:
