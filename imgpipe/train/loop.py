@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import random
 import signal
 import warnings
@@ -28,7 +27,8 @@ from imgpipe.train import checkpoint as ckpt
 from imgpipe.train import faults
 from imgpipe.train.config import TrainConfig, save_config
 from imgpipe.train.data import TrainData, build_data
-from imgpipe.train.launch import RankContext, install_stop_handlers, is_peer_failure, stop_requested
+from imgpipe.train.launch import RankContext, is_peer_failure, stop_requested
+from imgpipe.train.process_state import run_scope
 from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gather_summaries, global_images_per_s, imbalance
 
 logger = logging.getLogger(__name__)
@@ -64,12 +64,17 @@ class _State:
 
 
 def train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
-    """Train as this rank (``launch(train_rank, config, ...)``); rank 0 returns the TrainResult, others None."""
-    if not ctx.is_main:  # only rank 0 logs; other ranks' failures reach the launcher as one line
-        logging.getLogger("imgpipe").setLevel(logging.ERROR)
-    install_stop_handlers()
+    """Train as this rank (``launch(train_rank, config, ...)``); rank 0 returns the TrainResult, others None.
+
+    What the run sets in this process (signal handlers, warning filters, torch flags) is undone when it returns.
+    """
+    with run_scope(deterministic=config.train.deterministic, device=ctx.device, is_main=ctx.is_main):
+        return _train_rank(ctx, config)
+
+
+def _train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
     check_model_name(config.model.name)
-    _seed_everything(config.train.seed, ctx.rank, config.train.deterministic, ctx.device)
+    _seed_everything(config.train.seed, ctx.rank)
     data = build_data(config, ctx)
     num_classes = config.model.num_classes or len(data.classes)
     if num_classes < len(data.classes):  # a label >= classes: an IndexError on the CPU, a device-side assert on a GPU
@@ -144,7 +149,7 @@ class _Run:
         self.optimizer = build_optimizer(self.model, config, self.global_batch)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(config, self.steps_per_epoch))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.train.amp == "fp16")
-        if config.train.amp == "fp16":  # the scaler skips steps with inf gradients; the schedule still advances
+        if config.train.amp == "fp16":  # the scaler skips steps with inf gradients; the schedule still advances (filter scoped by run_scope)
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=config.optim.label_smoothing)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.train.amp)
@@ -565,17 +570,11 @@ def _loader_state(loader: Any) -> dict[str, Any] | None:
     return loader.state_dict() if hasattr(loader, "state_dict") else None
 
 
-def _seed_everything(seed: int, rank: int, deterministic: bool, device: torch.device) -> None:
+def _seed_everything(seed: int, rank: int) -> None:
     """Same model init on every rank (torch seed), distinct python/numpy streams per rank."""
     random.seed(seed * 1000 + rank)
     np.random.seed(seed * 1000 + rank)
     torch.manual_seed(seed)
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False
-    elif device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
 
 
 def _tensorboard(folder: Path) -> Any:
