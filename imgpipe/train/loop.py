@@ -33,6 +33,7 @@ from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gat
 
 logger = logging.getLogger(__name__)
 
+STOP_CHECK_STEPS = 8  # optimizer steps between the ranks' agreements on a stop signal
 NONDETERMINISTIC_TEXT = "does not have a deterministic implementation"
 UNUSED_PARAMS_TEXT = "Expected to have finished reduction in the prior iteration"
 
@@ -258,9 +259,15 @@ class _Run:
         self.scheduler.step()
 
     def _agree_to_stop(self) -> bool:
-        """True on every rank when any rank got SIGTERM/SIGINT or max_steps is reached."""
+        """True on every rank when any rank got SIGTERM/SIGINT or max_steps is reached.
+
+        With several ranks the signal is agreed on (an all_reduce, then ``.item()``: a wait for the
+        GPU) only every STOP_CHECK_STEPS optimizer steps, the same steps on every rank.
+        """
         signum = stop_requested() or 0
         if self.ctx.distributed:
+            if self.state.step % STOP_CHECK_STEPS:
+                return self._max_steps_reached()
             flag = torch.tensor([signum], dtype=torch.int64, device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             signum = int(flag.item())
