@@ -28,8 +28,9 @@ from imgpipe.train import faults
 from imgpipe.train.config import TrainConfig, save_config
 from imgpipe.train.data import TrainData, build_data
 from imgpipe.train.launch import RankContext, is_peer_failure, stop_requested
-from imgpipe.train.process_state import run_scope
 from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gather_summaries, global_images_per_s, imbalance
+from imgpipe.train.precision import describe, resolve_auto
+from imgpipe.train.process_state import run_scope
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
 
 
 def _train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
+    config = resolve_auto(config, ctx.device)  # from here on, and in the saved config: what runs
     check_model_name(config.model.name)
     _seed_everything(config.train.seed, ctx.rank)
     data = build_data(config, ctx)
@@ -165,8 +167,8 @@ class _Run:
         if ctx.is_main:
             save_config(config, self.out)
             logger.info(
-                "training %s on %d rank(s) (%s): %d steps/epoch, global batch %d, lr %.4g",
-                config.model.name, ctx.world_size, self.device, self.steps_per_epoch, self.global_batch,
+                "training %s on %d rank(s) (%s, %s): %d steps/epoch, global batch %d, lr %.4g",
+                config.model.name, ctx.world_size, self.device, describe(config), self.steps_per_epoch, self.global_batch,
                 config.optim.base_lr * self.global_batch / 256,
             )
 
@@ -303,6 +305,8 @@ class _Run:
             "images_per_s": global_images_per_s(summaries),
             "imbalance": imbalance(summaries),
             "lr": self.optimizer.param_groups[0]["lr"],
+            "amp": self.config.train.amp,
+            "channels_last": self.config.train.channels_last,
             "ranks": [s.to_dict() for s in summaries],
         }
         if self.data.val is not None:
@@ -313,7 +317,8 @@ class _Run:
         if self.ctx.is_main:
             lines = [
                 f"epoch {self.state.epoch}: step {self.state.step}, train loss {record['train_loss']:.4f}, "
-                f"top-1 {record['train_top1']:.4f}, top-{self.topk} {record[f'train_top{self.topk}']:.4f} ({int(samples)} samples, all ranks)",
+                f"top-1 {record['train_top1']:.4f}, top-{self.topk} {record[f'train_top{self.topk}']:.4f} ({int(samples)} samples, all ranks; "
+                f"{describe(self.config)})",
                 format_rank_table(summaries),
             ]
             if "val_top1" in record:
