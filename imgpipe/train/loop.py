@@ -71,10 +71,10 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
     What the run sets in this process (signal handlers, warning filters, torch flags) is undone when it returns.
     """
     with run_scope(deterministic=config.train.deterministic, device=ctx.device, is_main=ctx.is_main):
-        return _train_rank(ctx, config)
+        return _run_rank(ctx, config)
 
 
-def _train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
+def _run_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
     config = resolve_auto(config, ctx.device)  # from here on, and in the saved config: what runs
     check_model_name(config.model.name)
     _seed_everything(config.train.seed, ctx.rank)
