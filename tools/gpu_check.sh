@@ -41,6 +41,16 @@ CPUS=$(nproc)
 WORKERS=${GPU_CHECK_WORKERS:-$(( CPUS > 2 ? CPUS - 2 : 1 ))}
 KILL_AFTER=10
 mkdir -p "$WORK" "$(dirname "$REPORT")"
+# the torch loader's ring: (workers x 2 + 1) uint8 batches in /dev/shm; fewer workers where it would not fit
+SHM_FREE=$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -n 1 | tr -d ' ')
+if [ -n "$SHM_FREE" ]; then
+    SLOT=$(( BATCH * 3 * SIZE * SIZE ))
+    FIT=$(( (SHM_FREE * 3 / 4 / SLOT - 1) / 2 ))
+    if [ "$FIT" -lt "$WORKERS" ]; then
+        echo "gpu_check: /dev/shm has $(( SHM_FREE >> 20 )) MiB free: $FIT loader worker(s) instead of $WORKERS"
+        WORKERS=$(( FIT > 1 ? FIT : 1 ))
+    fi
+fi
 export PYTHONUNBUFFERED=1
 FAILED=()
 TIMES=()
