@@ -118,9 +118,10 @@ def explain_failure(error: BaseException, ctx: RankContext, config: TrainConfig)
             "CUDA_LAUNCH_BLOCKING=1 to see the failing op"
         )
     if NONDETERMINISTIC_TEXT in text:
+        op = (text.split(NONDETERMINISTIC_TEXT)[0].split() or ["unnamed"])[-1]
         return TrainError(
             f"rank {ctx.rank}: train.deterministic: true, but model {config.model.name} runs an op without a deterministic "
-            f"kernel on {ctx.device.type} ({text.split(NONDETERMINISTIC_TEXT)[0].split()[-1]}); set train.deterministic: false, or choose another model"
+            f"kernel on {ctx.device.type} ({op}); set train.deterministic: false, or choose another model"
         )
     if UNUSED_PARAMS_TEXT in text:
         return TrainError(
