@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# GPU check for `imgpipe train` on one GPU (sized for one H200, well under 8 minutes).
+# GPU check of imgpipe's GPU paths, sized for one H200 with torch + torchvision only (well under 8 minutes).
 #
-# Packs a synthetic ImageNet-like set, then trains resnet50 (bf16, channels_last, batch 256,
-# 224 px) three ways and prints images/s, the ratio to the ceiling and the data-wait per rank:
-#   torch      imgpipe's torch loader: CPU worker processes decode, the GPU normalizes;
-#   gpudecode  JPEG decoding on the GPU (torchvision.io.decode_jpeg(device="cuda")): skipped
-#              with a message while the torch loader has no such option;
-#   dali       only where `import nvidia.dali` works, else "skipped DALI";
-#   synthetic  one in-memory batch on the GPU: no data loading at all, the ceiling.
+# Every step runs under `timeout -k` (a rank stuck in a CUDA call ignores SIGTERM: the stop
+# handlers turn it into a flag), and the script exits non-zero when any step fails.
+#   build      the C extensions for this Python (setup.py build_ext --inplace), then names the JPEG decoder
+#   data       a synthetic ImageNet-like set, packed; its val split ends with a partial batch
+#   loader     the torch loader's CUDA path (pinned copy on a side stream, GPU normalize) equals its CPU path
+#   ceiling    training on data.backend=synthetic (one batch in GPU memory): the compute ceiling
+#   torch      training on imgpipe's torch loader, amp/channels_last left at auto, with validation
+#   fp16       train.amp=fp16 (GradScaler)
+#   resume     a run stopped by max_steps mid-epoch, then --resume of its GPU checkpoint
+#   spawn      one GPU rank started by the spawn launcher (the path of --gpus N > 1)
+#   bench      imgpipe bench on the GPU, with the same model
+#   dali       only where `import nvidia.dali` works
+# The report: decoder, images/s against the ceiling, data-wait per rank, val samples, the bench verdict.
 # Run from the repository root:  bash tools/gpu_check.sh   (PYTHON=... to pick the interpreter)
+# GPU_CHECK_GPUS=0 with a tiny model and data dry-runs it on the CPU (tests/test_gpu_check.py does).
 # Results: stdout, and $OUT/gpu_check.txt when OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,19 +23,52 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 WORK=${GPU_CHECK_WORK:-/tmp/imgpipe-gpu-check}
 REPORT=${OUT:-$WORK}/gpu_check.txt
-PER_CLASS=${GPU_CHECK_PER_CLASS:-600}
-EPOCHS=${GPU_CHECK_EPOCHS:-3}
-RUN_TIMEOUT=${GPU_CHECK_RUN_TIMEOUT:-150}
+GPUS=${GPU_CHECK_GPUS:-1}
 MODEL=${GPU_CHECK_MODEL:-resnet50}
 BATCH=${GPU_CHECK_BATCH:-256}
 SIZE=${GPU_CHECK_IMAGE_SIZE:-224}
-GPUS=${GPU_CHECK_GPUS:-1}  # GPU_CHECK_GPUS=0 (with a small model/size) dry-runs this script on a CPU
+PER_CLASS=${GPU_CHECK_PER_CLASS:-400}         # 10 classes: 4000 train images, 15 steps of 256 per epoch
+VAL_PER_CLASS=${GPU_CHECK_VAL_PER_CLASS:-27}  # 270 val images: a full batch of 256, then 14
+MIN_SIDE=${GPU_CHECK_MIN_SIDE:-300}
+MAX_SIDE=${GPU_CHECK_MAX_SIDE:-500}
+EPOCHS=${GPU_CHECK_EPOCHS:-2}
+BENCH_STEPS=${GPU_CHECK_BENCH_STEPS:-20}
+RESUME_AT=${GPU_CHECK_RESUME_AT:-5}  # a step inside the first epoch
+DALI=${GPU_CHECK_DALI:-auto}         # auto: where nvidia.dali imports; 0: never
+RUN_TIMEOUT=${GPU_CHECK_RUN_TIMEOUT:-150}
+BUILD=${GPU_CHECK_BUILD:-$([ "$GPUS" -gt 0 ] && echo 1 || echo 0)}
 CPUS=$(nproc)
-WORKERS=$(( CPUS > 2 ? CPUS - 2 : 1 ))
+WORKERS=${GPU_CHECK_WORKERS:-$(( CPUS > 2 ? CPUS - 2 : 1 ))}
+KILL_AFTER=10
 mkdir -p "$WORK" "$(dirname "$REPORT")"
+# the torch loader's ring: (workers x 2 + 1) uint8 batches in /dev/shm; fewer workers where it would not fit
+SHM_FREE=$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -n 1 | tr -d ' ')
+if [ -n "$SHM_FREE" ]; then
+    SLOT=$(( BATCH * 3 * SIZE * SIZE ))
+    FIT=$(( (SHM_FREE * 3 / 4 / SLOT - 1) / 2 ))
+    if [ "$FIT" -lt "$WORKERS" ]; then
+        echo "gpu_check: /dev/shm has $(( SHM_FREE >> 20 )) MiB free: $FIT loader worker(s) instead of $WORKERS"
+        WORKERS=$(( FIT > 1 ? FIT : 1 ))
+    fi
+fi
 export PYTHONUNBUFFERED=1
+FAILED=()
+TIMES=()
 
-missing=$("$PY" - <<'EOF'
+step() {  # step NAME SECONDS COMMAND...: run under timeout -k; a non-zero exit is a failure of NAME
+    local name=$1 limit=$2 rc start=$SECONDS
+    shift 2
+    timeout -k "$KILL_AFTER" "$limit" "$@"
+    rc=$?
+    TIMES+=("$name $(( SECONDS - start ))s")
+    if [ "$rc" -ne 0 ]; then
+        FAILED+=("$name (exit $rc$([ "$rc" -eq 124 ] && echo ", timed out after ${limit}s"))")
+        echo "gpu_check: FAILED $name (exit $rc)"
+    fi
+    return "$rc"
+}
+
+missing=$(timeout -k "$KILL_AFTER" 60 "$PY" - <<'EOF'
 import importlib.util
 needed = {"click": "click", "tqdm": "tqdm", "yaml": "PyYAML", "numpy": "numpy", "PIL": "Pillow", "torch": "torch", "torchvision": "torchvision"}
 print(" ".join(pkg for module, pkg in needed.items() if importlib.util.find_spec(module) is None))
@@ -38,37 +78,49 @@ if [ -n "$missing" ]; then
     echo "gpu_check: missing Python packages: $missing (carry them as wheels; see the device README)"
     exit 2
 fi
-if ! "$PY" -c "import imgpipe.train" 2>/dev/null; then
+if ! timeout -k "$KILL_AFTER" 60 "$PY" -c "import imgpipe.train" 2>/dev/null; then
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     echo "gpu_check: imgpipe is not installed here; using PYTHONPATH=$PWD"
 fi
-"$PY" -c "import torch, torchvision; assert $GPUS == 0 or torch.cuda.is_available(), 'no CUDA device'; print(f'gpu_check: torch {torch.__version__}, torchvision {torchvision.__version__}, {torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"CPU only\"}, {torch.cuda.device_count()} GPU(s), $CPUS CPUs')" || exit 3
+timeout -k "$KILL_AFTER" 120 "$PY" -c "import sys, torch, torchvision; assert $GPUS == 0 or torch.cuda.is_available(), 'no CUDA device'; print(f'gpu_check: Python {sys.version.split()[0]}, torch {torch.__version__}, torchvision {torchvision.__version__}, {torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"CPU only\"}, {torch.cuda.device_count()} GPU(s), $CPUS CPUs')" || exit 3
 
-echo "gpu_check: making and packing the synthetic set ($PER_CLASS images x 10 classes, $WORKERS workers)"
-"$PY" - "$WORK" "$PER_CLASS" "$WORKERS" <<'EOF' || exit 4
+if [ "$BUILD" = 1 ]; then
+    echo "gpu_check: building the C extensions for this Python (setup.py build_ext --inplace)"
+    timeout -k "$KILL_AFTER" 240 "$PY" setup.py build_ext --inplace > "$WORK/build.log" 2>&1 \
+        || { echo "gpu_check: the build failed (the loader falls back to torchvision); last lines:"; tail -n 5 "$WORK/build.log"; }
+fi
+step decoder 60 "$PY" - > "$WORK/decoder.txt" <<'EOF'
+import importlib.util
+from imgpipe.loaders.pixels import describe_jpeg_decoder
+shrink = "built" if importlib.util.find_spec("imgpipe.packing._jpeg_shrink") else "not built (pack --resize uses Pillow)"
+print(f"JPEG decoding: {describe_jpeg_decoder()}; pack's shrinker: {shrink}")
+EOF
+cat "$WORK/decoder.txt"
+
+echo "gpu_check: making and packing the synthetic set ($PER_CLASS + $VAL_PER_CLASS images x 10 classes, $WORKERS workers)"
+step data 300 "$PY" - "$WORK" "$PER_CLASS" "$VAL_PER_CLASS" "$MIN_SIDE" "$MAX_SIDE" "$WORKERS" <<'EOF' || exit 4
 import sys, time
 from pathlib import Path
-from imgpipe.packing.packer import pack
+from imgpipe import pack  # the public API: stays where the modules move
 from imgpipe.synth import make_synthetic
-work, per_class, workers = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+work = Path(sys.argv[1])
+per_class, val_per_class, min_side, max_side, workers = map(int, sys.argv[2:])
 start = time.perf_counter()
 if not (work / "packed" / "manifest.json").exists():
-    make_synthetic(work / "src", classes=10, per_class=per_class, val_per_class=10, workers=workers, progress=False)
+    make_synthetic(work / "src", classes=10, per_class=per_class, val_per_class=val_per_class, min_side=min_side, max_side=max_side, workers=workers, progress=False)
     pack(work / "src", work / "packed", shards=16, workers=workers, progress=False)
 print(f"gpu_check: data ready in {time.perf_counter() - start:.0f}s")
 EOF
 
-echo "gpu_check: the torch loader's CUDA path (ring slot -> pinned copy -> side stream, GPU normalize) against its CPU path"
-"$PY" - "$WORK" <<'EOF' || echo "gpu_check: CUDA loader check FAILED"
+if [ "$GPUS" -gt 0 ]; then
+    echo "gpu_check: the torch loader's CUDA path (ring slot -> pinned copy -> side stream, GPU normalize) against its CPU path"
+    step loader 180 "$PY" - "$WORK" "$SIZE" <<'EOF'
 import itertools, sys
 from pathlib import Path
 import torch
 import imgpipe
-if not torch.cuda.is_available():
-    print("gpu_check: skipped the CUDA loader check (no CUDA)")
-    sys.exit(0)
-packed = Path(sys.argv[1]) / "packed"
-common = dict(batch_size=16, train=True, image_size=224, workers=4, seed=0)  # 30 batches: each of the 9 ring slots reused
+packed, size = Path(sys.argv[1]) / "packed", int(sys.argv[2])
+common = dict(batch_size=16, train=True, image_size=size, workers=4, seed=0)  # 30 batches: each of the 9 ring slots reused
 for normalize, pin in ((True, True), (False, True), (True, False)):
     cpu = list(itertools.islice(imgpipe.make_torch_loader(packed, "train", normalize=normalize, **common), 30))
     gpu = list(itertools.islice(imgpipe.make_torch_loader(packed, "train", device="cuda", channels_last=True, normalize=normalize, pin_memory=pin, **common), 30))
@@ -80,49 +132,116 @@ for normalize, pin in ((True, True), (False, True), (True, False)):
     assert diff < 1e-4, f"CUDA and CPU batches differ (max {diff}) with normalize={normalize} pin_memory={pin}"
     print(f"gpu_check: 30 CUDA loader batches equal the CPU ones (max abs diff {diff:.1e}), normalize={normalize} pin_memory={pin}")
 EOF
+else
+    echo "gpu_check: skipped the CUDA loader check (GPU_CHECK_GPUS=0)"
+fi
 
 cat > "$WORK/config.yaml" <<EOF
 data: {path: $WORK/packed, workers: $WORKERS, image_size: $SIZE}
 model: {name: $MODEL}
 optim: {warmup_epochs: 0}
-train: {epochs: $EPOCHS, batch_size: $BATCH, amp: bf16, channels_last: true, validate: false, log_every: 5, timeout_s: 300}
+train: {epochs: $EPOCHS, batch_size: $BATCH, validate: false, log_every: 5, timeout_s: 120}
 output: {tensorboard: false, checkpoint_every_epochs: 0}
 EOF
 
-run() {  # run NAME BACKEND
-    local name=$1 backend=$2
-    echo "gpu_check: training $MODEL with data.backend=$backend ($name)"
-    rm -rf "$WORK/run-$name"
-    timeout "$RUN_TIMEOUT" "$PY" -m imgpipe train --config "$WORK/config.yaml" --gpus "$GPUS" \
-        --set "data.backend=$backend" --set "output.dir=$WORK/run-$name" 2> "$WORK/run-$name.err" | tail -n 6
-    local rc=${PIPESTATUS[0]}
-    if [ "$rc" -ne 0 ]; then echo "gpu_check: $name failed (exit $rc):"; tail -n 5 "$WORK/run-$name.err"; fi
+train() {  # train NAME [imgpipe train options...]: a run into $WORK/run-NAME; its last lines, or why it failed
+    local name=$1 rc
+    shift
+    echo "gpu_check: $name: imgpipe train $*"
+    [ "${RESUMING:-0}" = 1 ] || rm -rf "$WORK/run-$name"
+    step "$name" "$RUN_TIMEOUT" "$PY" -m imgpipe train --config "$WORK/config.yaml" --gpus "$GPUS" \
+        --set "output.dir=$WORK/run-$name" "$@" > "$WORK/run-$name.out" 2> "$WORK/run-$name.err"
+    rc=$?
+    tail -n 3 "$WORK/run-$name.out"
+    [ "$rc" -eq 0 ] || tail -n 5 "$WORK/run-$name.err"
+    return "$rc"
 }
 
-run synthetic synthetic
-run torch torch
-echo "gpu_check: skipped GPU JPEG decode: imgpipe's torch loader has no torchvision.io.decode_jpeg(device='cuda') option yet"
-if "$PY" -c "import nvidia.dali" 2>/dev/null; then run dali dali; else echo "gpu_check: skipped DALI (nvidia.dali is not importable here)"; fi
+train ceiling --set data.backend=synthetic
+train torch --set train.validate=true
+train fp16 --set data.backend=synthetic --set train.amp=fp16 --set train.epochs=1
+if train resume --set train.epochs=1 --set "train.max_steps=$RESUME_AT"; then
+    if RESUMING=1 train resume --set train.epochs=1 --resume && ! grep -q "resumed from .* at epoch 0, step $RESUME_AT" "$WORK/run-resume.err"; then
+        FAILED+=("resume (no 'resumed from ... at epoch 0, step $RESUME_AT')")
+        echo "gpu_check: FAILED resume: it did not resume at epoch 0, step $RESUME_AT"
+    fi
+fi
 
-"$PY" - "$WORK" "$MODEL" "$BATCH" "$SIZE" "$GPUS" <<'EOF' | tee "$REPORT"
+echo "gpu_check: spawn: one rank started by the spawn launcher"
+cat > "$WORK/spawn.py" <<'EOF'
+import sys
+from pathlib import Path
+from imgpipe.errors import ImgpipeError
+from imgpipe.train import _train_rank, load_config
+from imgpipe.train.config import make_output_dir
+from imgpipe.train.launch import _spawn  # --gpus N starts N > 1 ranks this way; one GPU here, so one rank
+
+if __name__ == "__main__":
+    work, gpus = Path(sys.argv[1]), int(sys.argv[2])
+    config = load_config(work / "config.yaml", [f"output.dir={work / 'run-spawn'}", "data.backend=synthetic", "train.epochs=1"])
+    make_output_dir(config)
+    try:
+        result = _spawn(_train_rank, config, 1, use_cuda=gpus > 0, backend=None, timeout_s=config.train.timeout_s, grace_s=10)
+    except ImgpipeError as e:
+        sys.exit(f"imgpipe: error: {e}")
+    print(f"done: {result.epochs_completed} epoch(s), {result.step} steps in a spawned rank")
+EOF
+step spawn "$RUN_TIMEOUT" "$PY" "$WORK/spawn.py" "$WORK" "$GPUS" > "$WORK/run-spawn.out" 2> "$WORK/run-spawn.err" || tail -n 5 "$WORK/run-spawn.err"
+tail -n 1 "$WORK/run-spawn.out"
+
+echo "gpu_check: bench: imgpipe bench on $([ "$GPUS" -gt 0 ] && echo "the GPU" || echo "the CPU")"
+step bench 240 "$PY" -m imgpipe bench "$WORK/packed" --gpus "$GPUS" --workers "$WORKERS" --steps "$BENCH_STEPS" --warmup 3 \
+    --batch-size "$BATCH" --image-size "$SIZE" --model "$MODEL" --json "$WORK/bench.json" > "$WORK/bench.out" 2> "$WORK/bench.err" \
+    || tail -n 5 "$WORK/bench.err"
+
+if [ "$DALI" != 0 ] && timeout -k "$KILL_AFTER" 60 "$PY" -c "import nvidia.dali" 2>/dev/null; then
+    train dali --set data.backend=dali
+else
+    echo "gpu_check: skipped DALI (GPU_CHECK_DALI=0, or nvidia.dali is not importable here)"
+fi
+
+step report 60 "$PY" - "$WORK" "$MODEL" "$BATCH" "$SIZE" "$GPUS" > "$REPORT" <<'EOF'
 import json, sys
 from pathlib import Path
 work, model, batch, size, gpus = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+problems = []
 def last_epoch(name):
     path = work / f"run-{name}" / "metrics.jsonl"
-    if not path.exists():
-        return None
-    epochs = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "epoch"]
+    epochs = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "epoch"] if path.exists() else []
     return epochs[-1] if epochs else None
-ceiling = last_epoch("synthetic")
-print(f"gpu_check results (last epoch of each run; {model}, bf16, channels_last, batch {batch} per rank, {size} px, {max(gpus, 1)} rank(s))")
-print(f"{'loader':<10} {'images/s':>9} {'vs ceiling':>10}  data-wait % per rank")
-for name in ("synthetic", "torch", "dali"):
+ceiling = last_epoch("ceiling")
+print(f"gpu_check results ({model}, batch {batch} per rank, {size} px, {max(gpus, 1)} rank(s) on {'the GPU' if gpus else 'the CPU'}; last epoch of each run)")
+print((work / "decoder.txt").read_text().strip() if (work / "decoder.txt").exists() else "JPEG decoding: unknown (the decoder step failed)")
+print(f"{'run':<8} {'amp, layout':<22} {'images/s':>9} {'vs ceiling':>10}  {'val samples':>11}  data-wait % per rank")
+for name in ("ceiling", "torch", "fp16", "resume", "dali"):
     record = last_epoch(name)
     if record is None:
-        print(f"{name:<10} {'-':>9} {'-':>10}  (not run or failed)")
+        if name != "dali" or (work / "run-dali").exists():
+            print(f"{name:<8} {'-':<22} {'-':>9} {'-':>10}  {'-':>11}  (failed: no epoch ended)")
         continue
-    ratio = record["images_per_s"] / ceiling["images_per_s"] if ceiling else float("nan")
+    ratio = record["images_per_s"] / ceiling["images_per_s"] if ceiling and ceiling["images_per_s"] else float("nan")
     waits = ", ".join(f"rank {r['rank']}: {100 * r['data_wait_frac']:.1f}" for r in record["ranks"])
-    print(f"{name:<10} {record['images_per_s']:>9.1f} {ratio:>10.2f}  {waits}")
+    layout = f"{record.get('amp')}, {'channels_last' if record.get('channels_last') else 'NCHW'}"
+    print(f"{name:<8} {layout:<22} {record['images_per_s']:>9.1f} {ratio:>10.2f}  {record.get('val_samples', '-'):>11}  {waits}")
+expected = ("bf16", True) if gpus else ("none", False)
+for name in ("ceiling", "torch"):
+    record = last_epoch(name)
+    if record is not None and (record.get("amp"), record.get("channels_last")) != expected:
+        problems.append(f"{name}: amp/channels_last auto ran {record.get('amp')}, {record.get('channels_last')}; expected {expected[0]}, {expected[1]}")
+spawned = (work / "run-spawn.out").read_text().splitlines() if (work / "run-spawn.out").exists() else []
+print(f"spawn    {next((line for line in spawned if line.startswith('done:')), 'failed')}")
+bench = (work / "bench.out").read_text().splitlines() if (work / "bench.out").exists() else []
+verdict = next((line for line in bench if line.startswith("verdict:")), None)
+print(f"bench    {verdict or 'failed: no verdict'}")
+for problem in problems:
+    print(f"PROBLEM: {problem}")
+sys.exit(1 if problems else 0)
 EOF
+cat "$REPORT"
+
+echo "gpu_check: seconds per step: ${TIMES[*]}; total ${SECONDS}s" | tee -a "$REPORT"
+if [ ${#FAILED[@]} -gt 0 ]; then
+    printf 'gpu_check: FAILED: %s\n' "${FAILED[@]}" | tee -a "$REPORT"
+    exit 1
+fi
+echo "gpu_check: every step passed" | tee -a "$REPORT"

@@ -41,8 +41,8 @@ class DistEnv:
             raise DistributedError("give both rank and world_size, or neither")
         env = os.environ if environ is None else environ
         if rank is not None and world_size is not None:
-            local = _int(env, "LOCAL_RANK", rank)
-            return cls(rank, world_size, local, _int(env, "LOCAL_WORLD_SIZE", world_size), "arguments")
+            local = _int(env, "LOCAL_RANK", _int(env, "SLURM_LOCALID", rank))
+            return cls(rank, world_size, local, _local_world_size(env, world_size), "arguments")
         from_torch = _from_torch_distributed(env)
         if from_torch is not None:
             return from_torch
@@ -73,6 +73,13 @@ def available_cpus() -> int:
     return os.cpu_count() or 1
 
 
+def _local_world_size(env: Mapping[str, str], world_size: int) -> int:
+    """Ranks on this node: torchrun's LOCAL_WORLD_SIZE, else SLURM's tasks per node (srun sets no
+    LOCAL_WORLD_SIZE), else the whole world; never more than the world."""
+    local = _int(env, "LOCAL_WORLD_SIZE", 0) or _int(env, "SLURM_NTASKS_PER_NODE", 0, first_of_list=True) or world_size
+    return max(1, min(local, world_size))
+
+
 def _from_torch_distributed(env: Mapping[str, str]) -> DistEnv | None:
     try:
         import torch.distributed as dist
@@ -81,7 +88,7 @@ def _from_torch_distributed(env: Mapping[str, str]) -> DistEnv | None:
     if not (dist.is_available() and dist.is_initialized()):
         return None
     rank, world = dist.get_rank(), dist.get_world_size()
-    return DistEnv(rank, world, _int(env, "LOCAL_RANK", rank), _int(env, "LOCAL_WORLD_SIZE", world), "torch.distributed")
+    return DistEnv(rank, world, _int(env, "LOCAL_RANK", _int(env, "SLURM_LOCALID", rank)), _local_world_size(env, world), "torch.distributed")
 
 
 def _int(env: Mapping[str, str], name: str, default: int, first_of_list: bool = False) -> int:

@@ -35,7 +35,7 @@ class Compute:
         if config.model:
             from imgpipe.train.loop import build_model, build_optimizer, precision
 
-            train = config.train_config()
+            train = config.train_config(device=ctx.device)
             alone = dataclasses.replace(ctx, backend=None)  # no DDP: see the module docstring
             self.model, _ = build_model(train, classes, alone)  # the name passed BenchConfig.check
             self.optimizer = build_optimizer(self.model, train, train.train.batch_size * ctx.world_size)

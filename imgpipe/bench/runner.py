@@ -97,17 +97,19 @@ class BenchConfig:
             raise ConfigError(f"--compute-ms must be >= 0 (got {self.compute_ms})")
         self.train_config()
 
-    def train_config(self, workers: int | None = None) -> TrainConfig:
+    def train_config(self, workers: int | None = None, device: Any = None) -> TrainConfig:
         """The trainer's config this bench runs as: ``train_config_path`` and ``train_overrides``,
-        then the bench's own options (data, split, image and batch size, seed, model, ``workers``)."""
+        then the bench's own options (data, split, image and batch size, seed, model, ``workers``);
+        with a ``device``, ``auto`` precision and layout resolved for it as the trainer resolves them."""
         from imgpipe.train.config import load_config
+        from imgpipe.train.precision import resolve_auto
 
         train = load_config(self.train_config_path, self.train_overrides)
         train.data.path, train.data.train_split, train.data.image_size, train.data.workers = self.data, self.split, self.image_size, workers
         train.train.batch_size, train.train.seed = self.batch_size, self.seed
         if self.model:
             train.model.name = self.model
-        return train
+        return train if device is None else resolve_auto(train, device)
 
 
 @dataclass
@@ -271,7 +273,7 @@ def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, compute:
 
     stats = RankStats(ctx.rank, config.batch_size, timed_stages=backend == "torch")
     timer = SlowReads(read_delay_s(ctx.rank)) if backend == "torch" else None
-    loader = make_loader(backend, config.train_config(workers), ctx, timer)
+    loader = make_loader(backend, config.train_config(workers, ctx.device), ctx, timer)
     clock = StageClock(ctx.device)
     try:
         iterator = endless(loader)

@@ -410,10 +410,14 @@ class TorchLoader:
         return out
 
     def _cuda_batches(self, results: Iterator[Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Copy one batch ahead on a side stream; convert and normalize there; hand over safely."""
+        """Copy one batch ahead on a side stream; convert and normalize there; hand over safely.
+
+        Each upload ends with an event, and the consumer's stream waits on that event only: a
+        ``wait_stream`` would also wait for the next batch's upload, queued before the handover.
+        """
         stream = torch.cuda.Stream(device=self.device)
 
-        def upload(result: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        def upload(result: Any) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.cuda.Event]:
             start = time.perf_counter()
             images, labels, in_ring = self._receive(result)
             if in_ring and self._pin_memory:
@@ -424,21 +428,26 @@ class TorchLoader:
                 labels = labels.to(self.device, non_blocking=True)
                 self._release()
                 batch = self._finish(images, copy=False), labels
+                uploaded = torch.cuda.Event()
+                uploaded.record(stream)
             self._record_times(result, start)
-            return batch
+            return batch, uploaded
 
         pending = None
         for result in results:
             ready = upload(result)
             if pending is not None:
-                yield self._handover(pending, stream)
+                yield self._handover(*pending)
             pending = ready
         if pending is not None:
-            yield self._handover(pending, stream)
+            yield self._handover(*pending)
 
-    def _handover(self, batch: tuple[torch.Tensor, torch.Tensor], stream: torch.cuda.Stream) -> tuple[torch.Tensor, torch.Tensor]:
+    def _handover(self, batch: tuple[torch.Tensor, torch.Tensor], uploaded: torch.cuda.Event) -> tuple[torch.Tensor, torch.Tensor]:
+        """Make the consumer's stream wait for this batch's upload, and tell the caching allocator
+        that the batch (allocated on the side stream) is used there, so its memory is not reused
+        before the consumer's work on it is done."""
         current = torch.cuda.current_stream(self.device)
-        current.wait_stream(stream)
+        current.wait_event(uploaded)
         for tensor in batch:
             tensor.record_stream(current)
         self.sampler.mark_consumed()

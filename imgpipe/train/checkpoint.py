@@ -3,7 +3,7 @@
 A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts (nothing that needs
 pickle's code execution): model, optimizer, scheduler and scaler state, the epoch and step, the
 loader's position, the config it ran with, and every rank's RNG states (python, numpy, torch,
-CUDA) converted to tensors and lists.
+and the CUDA generator of that rank's own GPU) converted to tensors and lists.
 """
 
 from __future__ import annotations
@@ -76,8 +76,11 @@ def load_model_state(model: torch.nn.Module, saved: dict[str, Any], path: str | 
         raise ConfigError(f"{path}: the checkpoint's weights do not fit model {name} with {num_classes} classes; {advice}") from None
 
 
-def rng_state() -> dict[str, Any]:
-    """This process's RNG states as weights_only-safe values."""
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """This process's RNG states as weights_only-safe values; on a CUDA ``device``, that GPU's generator only.
+
+    Only this rank's GPU: the states of every visible GPU would not load where fewer are visible.
+    """
     version, internal, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
@@ -85,17 +88,17 @@ def rng_state() -> dict[str, Any]:
         "numpy": [name, torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss), float(cached)],
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` captured."""
+def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Restore what :func:`rng_state` captured; the CUDA state goes to ``device``, when it is a CUDA device."""
     version, internal, gauss = state["python"]
     random.setstate((int(version), tuple(int(x) for x in internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda" in state and device is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)

@@ -64,8 +64,8 @@ class TrainSection:
     batch_size: int = 64  # per process
     max_steps: int | None = None  # stop after this many optimizer steps (smoke runs)
     grad_accum: int = 1
-    amp: str = "none"  # none | bf16 | fp16
-    channels_last: bool = False
+    amp: str = "auto"  # auto | none | bf16 | fp16; auto: bf16 on a CUDA GPU with native bf16, else none
+    channels_last: bool | str = "auto"  # true | false | auto: true on a CUDA GPU with native bf16
     sync_bn: bool = False
     find_unused_parameters: bool = False
     seed: int = 0
@@ -106,7 +106,7 @@ class TrainConfig:
 CHOICES = {
     "data.backend": ("torch", "dali", "synthetic"),
     "optim.schedule": ("cosine", "step"),
-    "train.amp": ("none", "bf16", "fp16"),
+    "train.amp": ("auto", "none", "bf16", "fp16"),
     "output.resume": ("no", "auto", "yes"),
 }
 
@@ -199,6 +199,8 @@ def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str,
         value = getattr(getattr(config, section), key)
         if value not in allowed:
             raise ConfigError(f"{blame(dotted)}: {dotted} must be one of {', '.join(allowed)}, got {value!r}")
+    if config.train.channels_last not in (True, False, "auto"):
+        raise ConfigError(f"{blame('train.channels_last')}: train.channels_last must be true, false or auto, got {config.train.channels_last!r}")
     positive = {
         "data.image_size": config.data.image_size,
         "train.epochs": config.train.epochs,
@@ -260,6 +262,10 @@ def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
             return None
         (hint,) = [a for a in args if a is not type(None)]
         origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):  # e.g. bool | str: true, false or a word such as auto
+        if any(isinstance(value, arm) and not (arm in (int, float) and isinstance(value, bool)) for arm in args):
+            return value
+        raise ConfigError(f"{where}: {key} must be {' or '.join(a.__name__ for a in args)}, got {value!r}")
     if origin is list:
         if not isinstance(value, list):
             raise ConfigError(f"{where}: {key} must be a list, got {value!r}")

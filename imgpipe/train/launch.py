@@ -13,12 +13,13 @@
 Each rank binds its CUDA device before anything else touches CUDA, then joins the process group
 (nccl on GPUs, gloo on the CPU) with an explicit timeout, and always leaves it again.
 ``fn(ctx, arg)`` receives a :class:`RankContext`. SIGTERM or Ctrl-C to the parent is forwarded
-to every rank; a loop that calls :func:`install_stop_handlers` turns it into a flag
+to every rank; a loop run inside :func:`stop_handlers` turns it into a flag
 (:func:`stop_requested`) so it can checkpoint and stop; other code just dies of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import multiprocessing
@@ -31,7 +32,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from tqdm import tqdm
 
@@ -86,12 +87,15 @@ class RankContext:
 
 
 def stop_requested() -> int | None:
-    """The signal (SIGTERM/SIGINT) that asked this rank to stop, or None; see :func:`install_stop_handlers`."""
+    """The signal (SIGTERM/SIGINT) that asked this rank to stop, or None; see :func:`stop_handlers`."""
     return _stop_signal
 
 
-def install_stop_handlers() -> None:
-    """Turn SIGTERM and SIGINT into a flag that the training loop checks at each step."""
+@contextlib.contextmanager
+def stop_handlers() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGINT set a flag (:func:`stop_requested`) that the training loop checks;
+    a second Ctrl-C raises KeyboardInterrupt. The flag starts clear; the previous handlers come back after."""
+    global _stop_signal
 
     def _note(signum: int, _frame: object) -> None:
         global _stop_signal
@@ -102,8 +106,16 @@ def install_stop_handlers() -> None:
         _stop_signal = signum
         logger.debug("rank got %s; stopping at the next step", signal.Signals(signum).name)
 
-    signal.signal(signal.SIGTERM, _note)
-    signal.signal(signal.SIGINT, _note)
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    _stop_signal = None
+    try:
+        for signum in previous:
+            signal.signal(signum, _note)
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
+        _stop_signal = None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

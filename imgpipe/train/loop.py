@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import random
 import signal
 import warnings
@@ -28,11 +27,15 @@ from imgpipe.train import checkpoint as ckpt
 from imgpipe.train import faults
 from imgpipe.train.config import TrainConfig, save_config
 from imgpipe.train.data import TrainData, build_data
-from imgpipe.train.launch import RankContext, install_stop_handlers, is_peer_failure, stop_requested
+from imgpipe.train.launch import RankContext, is_peer_failure, stop_requested
 from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gather_objects, gather_summaries, global_images_per_s, imbalance
+from imgpipe.train.precision import describe, resolve_auto
+from imgpipe.train.process_state import run_scope
 
 logger = logging.getLogger(__name__)
 
+STOP_CHECK_STEPS = 8  # optimizer steps between the ranks' agreements on a stop signal
+NONDETERMINISTIC_TEXT = "does not have a deterministic implementation"
 UNUSED_PARAMS_TEXT = "Expected to have finished reduction in the prior iteration"
 
 
@@ -63,12 +66,18 @@ class _State:
 
 
 def train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
-    """Train as this rank (``launch(train_rank, config, ...)``); rank 0 returns the TrainResult, others None."""
-    if not ctx.is_main:  # only rank 0 logs; other ranks' failures reach the launcher as one line
-        logging.getLogger("imgpipe").setLevel(logging.ERROR)
-    install_stop_handlers()
+    """Train as this rank (``launch(train_rank, config, ...)``); rank 0 returns the TrainResult, others None.
+
+    What the run sets in this process (signal handlers, warning filters, torch flags) is undone when it returns.
+    """
+    with run_scope(deterministic=config.train.deterministic, device=ctx.device, is_main=ctx.is_main):
+        return _run_rank(ctx, config)
+
+
+def _run_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
+    config = resolve_auto(config, ctx.device)  # from here on, and in the saved config: what runs
     check_model_name(config.model.name)
-    _seed_everything(config.train.seed, ctx.rank, config.train.deterministic, ctx.device)
+    _seed_everything(config.train.seed, ctx.rank)
     data = build_data(config, ctx)
     num_classes = config.model.num_classes or len(data.classes)
     if num_classes < len(data.classes):  # a label >= classes: an IndexError on the CPU, a device-side assert on a GPU
@@ -92,7 +101,8 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
 
 
 def explain_failure(error: BaseException, ctx: RankContext, config: TrainConfig) -> ImgpipeError | None:
-    """imgpipe's own one-line message for CUDA OOM, CUDA's illegal memory access, DDP's unused parameters, and a peer that died or hung.
+    """imgpipe's own one-line message for CUDA OOM, CUDA's illegal memory access, an op without a deterministic
+    kernel under train.deterministic, DDP's unused parameters, and a peer that died or hung.
 
     The last is what the healthy ranks see under torchrun or SLURM, where no imgpipe launcher
     watches the ranks (with --gpus/--nproc, the launcher names the failed or hung rank itself).
@@ -106,6 +116,12 @@ def explain_failure(error: BaseException, ctx: RankContext, config: TrainConfig)
             "cannot use the GPU again), usually a kernel reading out of bounds, such as a label >= the model's classes or "
             "a bug in a custom op, not an out-of-memory; check that labels are below model.num_classes and rerun with "
             "CUDA_LAUNCH_BLOCKING=1 to see the failing op"
+        )
+    if NONDETERMINISTIC_TEXT in text:
+        op = (text.split(NONDETERMINISTIC_TEXT)[0].split() or ["unnamed"])[-1]
+        return TrainError(
+            f"rank {ctx.rank}: train.deterministic: true, but model {config.model.name} runs an op without a deterministic "
+            f"kernel on {ctx.device.type} ({op}); set train.deterministic: false, or choose another model"
         )
     if UNUSED_PARAMS_TEXT in text:
         return TrainError(
@@ -137,7 +153,7 @@ class _Run:
         self.optimizer = build_optimizer(self.model, config, self.global_batch)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(config, self.steps_per_epoch))
         self.autocast_dtype, self.scaler = precision(config, self.device)
-        if config.train.amp == "fp16":  # the scaler skips steps with inf gradients; the schedule still advances
+        if config.train.amp == "fp16":  # the scaler skips steps with inf gradients; the schedule still advances (filter scoped by run_scope)
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=config.optim.label_smoothing)
         self.topk = min(5, num_classes)
@@ -151,8 +167,8 @@ class _Run:
         if ctx.is_main:
             save_config(config, self.out)
             logger.info(
-                "training %s on %d rank(s) (%s): %d steps/epoch, global batch %d, lr %.4g",
-                config.model.name, ctx.world_size, self.device, self.steps_per_epoch, self.global_batch,
+                "training %s on %d rank(s) (%s, %s): %d steps/epoch, global batch %d, lr %.4g",
+                config.model.name, ctx.world_size, self.device, describe(config), self.steps_per_epoch, self.global_batch,
                 config.optim.base_lr * self.global_batch / 256,
             )
 
@@ -245,9 +261,15 @@ class _Run:
         self.scheduler.step()
 
     def _agree_to_stop(self) -> bool:
-        """True on every rank when any rank got SIGTERM/SIGINT or max_steps is reached."""
+        """True on every rank when any rank got SIGTERM/SIGINT or max_steps is reached.
+
+        With several ranks the signal is agreed on (an all_reduce, then ``.item()``: a wait for the
+        GPU) only every STOP_CHECK_STEPS optimizer steps, the same steps on every rank.
+        """
         signum = stop_requested() or 0
         if self.ctx.distributed:
+            if self.state.step % STOP_CHECK_STEPS:
+                return self._max_steps_reached()
             flag = torch.tensor([signum], dtype=torch.int64, device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             signum = int(flag.item())
@@ -283,6 +305,8 @@ class _Run:
             "images_per_s": global_images_per_s(summaries),
             "imbalance": imbalance(summaries),
             "lr": self.optimizer.param_groups[0]["lr"],
+            "amp": self.config.train.amp,
+            "channels_last": self.config.train.channels_last,
             "ranks": [s.to_dict() for s in summaries],
         }
         if self.data.val is not None:
@@ -293,7 +317,8 @@ class _Run:
         if self.ctx.is_main:
             lines = [
                 f"epoch {self.state.epoch}: step {self.state.step}, train loss {record['train_loss']:.4f}, "
-                f"top-1 {record['train_top1']:.4f}, top-{self.topk} {record[f'train_top{self.topk}']:.4f} ({int(samples)} samples, all ranks)",
+                f"top-1 {record['train_top1']:.4f}, top-{self.topk} {record[f'train_top{self.topk}']:.4f} ({int(samples)} samples, all ranks; "
+                f"{describe(self.config)})",
                 format_rank_table(summaries),
             ]
             if "val_top1" in record:
@@ -360,7 +385,7 @@ class _Run:
 
     def _save(self, stopping: bool = False) -> None:
         """Every rank calls this at the same step (RNG states are gathered); rank 0 writes."""
-        rngs = gather_objects(ckpt.rng_state())
+        rngs = gather_objects(ckpt.rng_state(self.device))
         self._saved_step = self.state.step
         if not self.ctx.is_main:
             return
@@ -398,7 +423,7 @@ class _Run:
         if saved["loader"] is not None:
             self._resume_loader = saved["loader"]
         rngs = saved["rng"]
-        ckpt.set_rng_state(rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else rngs[0])
+        ckpt.set_rng_state(rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else rngs[0], self.device)
         logger.info("resumed from %s at epoch %d, step %d", path, self.state.epoch, self.state.step)
 
     def close(self) -> None:
@@ -429,6 +454,7 @@ def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tupl
     memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
     model = model.to(ctx.device, memory_format=memory_format)
     check_image_size(model, config, ctx.device)
+    check_deterministic(model, config, ctx.device)
     if not ctx.distributed:
         return model, model
     ddp = torch.nn.parallel.DistributedDataParallel(
@@ -472,6 +498,27 @@ def check_image_size(model: torch.nn.Module, config: TrainConfig, device: torch.
         ) from None
     finally:
         model.train()
+
+
+def check_deterministic(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> None:
+    """A ConfigError when train.deterministic asks CUDA for a backward pass it has no deterministic kernel for.
+
+    Adaptive pooling to anything but 1x1 (VGG, AlexNet: 7x7; Inception's auxiliary heads) has
+    none on CUDA (pooling to 1x1 is a mean, which has); torch would fail in the first backward.
+    """
+    if not config.train.deterministic or device.type != "cuda":
+        return
+    pools = (torch.nn.AdaptiveAvgPool1d, torch.nn.AdaptiveAvgPool2d, torch.nn.AdaptiveAvgPool3d,
+             torch.nn.AdaptiveMaxPool1d, torch.nn.AdaptiveMaxPool2d, torch.nn.AdaptiveMaxPool3d)
+    for name, module in model.named_modules():
+        if isinstance(module, pools):
+            size = module.output_size if isinstance(module.output_size, tuple) else (module.output_size,)
+            if isinstance(module, pools[3:]) or any(s != 1 for s in size):
+                raise ConfigError(
+                    f"train.deterministic: true on CUDA, but model {config.model.name} has {type(module).__name__}"
+                    f"(output_size={module.output_size}) at {name!r}, whose backward pass CUDA can only run non-deterministically; "
+                    "set train.deterministic: false, or choose a model that pools to 1x1 (resnet, efficientnet, ...)"
+                )
 
 
 def check_model_name(name: str, option: str = "model.name") -> None:
@@ -534,17 +581,11 @@ def _broadcast_buffers(module: torch.nn.Module, ctx: RankContext) -> None:
             dist.broadcast(buffer, src=0)
 
 
-def _seed_everything(seed: int, rank: int, deterministic: bool, device: torch.device) -> None:
+def _seed_everything(seed: int, rank: int) -> None:
     """Same model init on every rank (torch seed), distinct python/numpy streams per rank."""
     random.seed(seed * 1000 + rank)
     np.random.seed(seed * 1000 + rank)
     torch.manual_seed(seed)
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False
-    elif device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
 
 
 def _tensorboard(folder: Path) -> Any:

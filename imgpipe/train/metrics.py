@@ -4,7 +4,7 @@ Typical use in a loop (the bench reuses the same pieces)::
 
     timer = StepTimer(device)
     for images, labels in timer.iterate(loader):        # time blocked in next(loader) = data wait
-        with timer.compute(images=images.shape[0]):     # forward+backward+step, CUDA-synchronized
+        with timer.compute(images=images.shape[0]):     # forward+backward+step (on CUDA: timed by events)
             ...
     summaries = gather_summaries(timer.summary(rank))   # every rank's RankSummary, on every rank
     print(format_rank_table(summaries))
@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,18 +60,41 @@ class RankSummary:
 
 
 class StepTimer:
-    """Records StepRecords: wrap the loader with :meth:`iterate` and each step's work in :meth:`compute`."""
+    """Records StepRecords: wrap the loader with :meth:`iterate` and each step's work in :meth:`compute`.
+
+    On the CPU both times are host times: ``data_s`` is how long ``next()`` blocked, ``compute_s``
+    the step's work. On CUDA no step synchronizes the GPU: :meth:`compute` brackets the step
+    with two CUDA events on the current stream, read once the GPU has passed them (at most
+    ``LAG`` steps later). ``compute_s`` is the GPU time between them, and ``data_s`` the GPU's
+    idle time before the step, from the previous step's end to this step's start: waiting for
+    the batch (decode, copy) or for the host to queue the step. The first step after
+    :meth:`reset` has no previous step: its ``data_s`` is the host's wait in ``next()``.
+    The wall time ends when the GPU has finished the last step.
+    """
+
+    LAG = 4  # steps whose events may stay unread before the timer waits for the oldest
 
     def __init__(self, device: Any = None) -> None:
         self.device = device
-        self.records: list[StepRecord] = []
+        self._cuda = device is not None and getattr(device, "type", str(device)).startswith("cuda")
+        self._records: list[StepRecord] = []
+        self._pending: deque[tuple[float, Any, Any, Any, int]] = deque()  # (host wait, previous end, start, end, images)
+        self._previous_end: Any = None
         self._data_s = 0.0
         self._started: float | None = None
         self._ended: float | None = None
 
+    @property
+    def records(self) -> list[StepRecord]:
+        """The steps whose times are known: on CUDA, all but those the GPU has not finished yet."""
+        self._drain(keep=len(self._pending))
+        return self._records
+
     def reset(self) -> None:
         """Forget the recorded steps (e.g. at the start of an epoch)."""
-        self.records.clear()
+        self._records.clear()
+        self._pending.clear()
+        self._previous_end = None
         self._started = self._ended = None
 
     def iterate(self, loader: Iterable[Any]) -> Iterator[Any]:
@@ -89,21 +113,48 @@ class StepTimer:
 
     @contextmanager
     def compute(self, images: int) -> Iterator[None]:
-        """Time the work on one batch; synchronizes CUDA at the end so the time is real."""
+        """Time the work on one batch (see the class docstring for what is measured on CUDA)."""
         start = time.perf_counter()
         if self._started is None:
             self._started = start
-        yield
-        synchronize(self.device)
-        end = time.perf_counter()
-        self.records.append(StepRecord(self._data_s, end - start, int(images)))
+        if not self._cuda:
+            yield
+            end = time.perf_counter()
+            self._records.append(StepRecord(self._data_s, end - start, int(images)))
+        else:
+            import torch
+
+            stream = torch.cuda.current_stream(self.device)
+            begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record(stream)
+            yield
+            finish.record(stream)
+            self._pending.append((self._data_s, self._previous_end, begin, finish, int(images)))
+            self._previous_end = finish
+            self._drain(keep=self.LAG)
+            end = time.perf_counter()
         self._data_s = 0.0
         self._ended = end
 
     def summary(self, rank: int) -> RankSummary:
-        """Summarize the recorded steps over the wall time from the first wait to the last compute."""
+        """Summarize the recorded steps over the wall time from the first wait to the end of the last step."""
+        if self._pending:
+            self._drain(keep=0)  # waits for the GPU to finish the last step
+            self._ended = time.perf_counter()
         wall = (self._ended - self._started) if self._started is not None and self._ended is not None else 0.0
-        return summarize(self.records, rank, wall)
+        return summarize(self._records, rank, wall)
+
+    def _drain(self, keep: int) -> None:
+        """Record the steps the GPU has finished; wait for the oldest while more than ``keep`` are unread."""
+        while self._pending:
+            host_wait, previous, begin, finish, images = self._pending[0]
+            if len(self._pending) > keep:
+                finish.synchronize()
+            elif not finish.query():
+                return
+            self._pending.popleft()
+            idle = previous.elapsed_time(begin) / 1000 if previous is not None else host_wait
+            self._records.append(StepRecord(idle, begin.elapsed_time(finish) / 1000, images))
 
 
 def summarize(records: Sequence[StepRecord], rank: int, wall_s: float | None = None) -> RankSummary:

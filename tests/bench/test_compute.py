@@ -32,7 +32,7 @@ def layouts(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...], bool]]:
 def test_model_precision_and_input_layout_follow_the_trainer_config(small_pack: Path, overrides: tuple[str, ...]) -> None:
     config = BenchConfig(data=str(small_pack), model="resnet18", batch_size=4, image_size=32, train_overrides=overrides)
     ctx = cpu_rank()
-    train = config.train_config(0)
+    train = config.train_config(0, ctx.device)  # resolved as the trainer resolves it
     compute = Compute(config, ctx, classes=4)
     trainers, _ = build_model(train, 4, ctx)
     assert type(compute.model) is type(trainers)

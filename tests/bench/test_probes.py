@@ -28,7 +28,7 @@ def test_probe_batches_are_the_loaders_batches(tmp_path: Path, workers: int) -> 
     """Ten batches over two epochs: identical to an untimed loader's, each with its worker's and the main process's times."""
     data = make_tiny_pack(tmp_path / "tiny", records=24, shards=2, classes=4, min_side=32, max_side=80)
     timer = StageTimer()
-    train = BenchConfig(data=str(data), batch_size=4, image_size=24, seed=3).train_config(workers)
+    train = BenchConfig(data=str(data), batch_size=4, image_size=24, seed=3).train_config(workers, torch.device("cpu"))
     probe = make_loader("torch", train, cpu_rank(), timer)
     seen = []
     for _, (images, labels) in zip(range(10), endless(probe)):

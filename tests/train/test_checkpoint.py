@@ -18,14 +18,15 @@ def test_checkpoint_round_trip_with_weights_only_and_rng(tmp_path: Path) -> None
     np.random.seed(2)
     torch.manual_seed(3)
     model = torch.nn.Linear(3, 2)
-    state = {"model": model.state_dict(), "epoch": 2, "loader": {"epoch": 2, "batches": 5}, "rng": [rng_state()]}
+    state = {"model": model.state_dict(), "epoch": 2, "loader": {"epoch": 2, "batches": 5}, "rng": [rng_state(torch.device("cpu"))]}
     path = save_checkpoint(tmp_path / "checkpoint.pt", state)
     expected = (random.random(), np.random.rand(), torch.rand(1))
     loaded = load_checkpoint(path)  # torch.load(weights_only=True) inside
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # no temp file left
     assert loaded["epoch"] == 2 and loaded["loader"] == {"epoch": 2, "batches": 5}
     assert all(torch.equal(loaded["model"][k], v) for k, v in model.state_dict().items())
-    set_rng_state(loaded["rng"][0])
+    assert "cuda" not in loaded["rng"][0]  # a CUDA rank saves its own GPU's generator only (tools/gpu_check.sh resumes one)
+    set_rng_state(loaded["rng"][0], torch.device("cpu"))
     again = (random.random(), np.random.rand(), torch.rand(1))
     assert again[:2] == expected[:2] and torch.equal(again[2], expected[2])
 

@@ -68,3 +68,40 @@ def test_an_illegal_memory_access_is_a_sticky_kernel_error_not_an_out_of_memory(
 
 def test_other_errors_are_left_alone() -> None:
     assert explain_failure(RuntimeError("shape mismatch"), cpu_context(), load_config()) is None
+
+
+def test_an_op_without_a_deterministic_kernel_is_one_line_naming_it() -> None:
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(RuntimeError) as raised:  # put_ has no deterministic kernel, on the CPU too
+            torch.zeros(4).put_(torch.tensor([0, 1]), torch.tensor([1.0, 2.0]))
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    message = str(explain_failure(raised.value, cpu_context(), load_config(None, ["model.name=vgg11", "train.deterministic=true"])))
+    assert "train.deterministic: true" in message and "vgg11" in message and "(put_)" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(("name", "deterministic", "device", "fails"), [
+    ("vgg11", True, "cuda", True),  # AdaptiveAvgPool2d((7, 7))
+    ("vgg11", True, "cpu", False),
+    ("vgg11", False, "cuda", False),
+    ("resnet18", True, "cuda", False),  # pools to 1x1: a mean
+])
+def test_deterministic_cuda_refuses_adaptive_pooling_to_more_than_1x1_before_training(name: str, deterministic: bool, device: str, fails: bool) -> None:
+    """The check build_model runs on every rank's model; here on a CPU-built model, the device only named."""
+    import torchvision
+
+    from imgpipe.errors import ConfigError
+    from imgpipe.train.loop import check_deterministic
+
+    config = load_config(None, [f"model.name={name}", f"train.deterministic={str(deterministic).lower()}"])
+    model = torchvision.models.get_model(name, num_classes=4)
+    if not fails:
+        check_deterministic(model, config, torch.device(device))
+        return
+    with pytest.raises(ConfigError) as raised:
+        check_deterministic(model, config, torch.device(device))
+    message = str(raised.value)
+    assert "train.deterministic: true on CUDA" in message and "AdaptiveAvgPool2d(output_size=(7, 7))" in message and "'avgpool'" in message
+    assert "\n" not in message

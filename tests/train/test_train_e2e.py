@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 
+from imgpipe.train.loop import STOP_CHECK_STEPS
 from proctree import descendants, quiet_env, rank_processes, wait_gone
 from train_cli import VAL_RECORDS, epochs_of, imgpipe_train, write_config
 
@@ -234,6 +235,7 @@ def test_sigterm_writes_a_checkpoint_and_stops_every_process(packed: Path, tmp_p
     state = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=True)
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert state["step"] >= max(r["step"] for r in logged if r["kind"] == "step") >= 3
+    assert state["step"] % STOP_CHECK_STEPS == 0  # both ranks agreed on the stop at a check step
     assert wait_gone(sorted(seen), 20) == []
 
 
@@ -250,7 +252,8 @@ def test_ctrl_c_to_the_process_group_stops_every_rank_and_worker(packed: Path, t
     assert proc.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     assert "stopped by SIGINT at step" in stderr.strip().splitlines()[-1], stderr[-3000:]
-    assert torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=True)["step"] >= 2
+    step = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=True)["step"]
+    assert step >= 2 and step % STOP_CHECK_STEPS == 0
     assert wait_gone(sorted(seen), 20) == []  # no orphans
 
 
