@@ -314,11 +314,14 @@ class TorchLoader:
         self.sampler.set_epoch(check_int("epoch", epoch, minimum=0))
 
     def state_dict(self) -> dict[str, Any]:
-        """The epoch and the batches of it already yielded, for a checkpoint."""
+        """The position in the global stream (epoch, global batches yielded, seed, records, G), for a checkpoint."""
         return self.sampler.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next ``iter()`` yields exactly the batches an uninterrupted run would have yielded next."""
+        """Resume: the next ``iter()`` yields exactly the batches an uninterrupted run would have yielded next.
+
+        The state may come from any world size and worker count with the same global batch G.
+        """
         if not isinstance(state, dict):
             raise ConfigError(f"cannot resume: a loader state is the dict loader.state_dict() returned, got {type(state).__name__}")
         self.sampler.load_state_dict(state)
