@@ -246,12 +246,16 @@ class EpochSampler:
         self._next_epoch, self._resume_batches, self._active = epoch, consumed, False
 
 
+def batch_splits(global_batch: int) -> str:
+    """Every (per-rank batch, world size) that makes ``global_batch``, as "12 on 1, 6 on 2, ... ranks"."""
+    return ", ".join(f"{global_batch // w} on {w}" for w in range(1, global_batch + 1) if global_batch % w == 0) + " ranks"
+
+
 def fitting_batch_sizes(global_batch: int, world_size: int) -> str:
     """The per-rank batch size that gives ``global_batch`` on ``world_size`` ranks, or the rank counts that can."""
     if global_batch % world_size == 0:
         return f"use batch_size {global_batch // world_size} on {world_size} ranks"
-    pairs = [f"{global_batch // w} on {w}" for w in range(1, global_batch + 1) if global_batch % w == 0]
-    return f"{global_batch} does not split over {world_size} ranks: use batch_size {', '.join(pairs)} ranks"
+    return f"{global_batch} does not split over {world_size} ranks: use batch_size {batch_splits(global_batch)}"
 
 
 def resume_mismatch(global_batch: int, batch_size: int, world_size: int) -> str:

@@ -30,6 +30,7 @@ from imgpipe.train.config import TrainConfig, save_config
 from imgpipe.train.data import TrainData, build_data
 from imgpipe.train.launch import RankContext, install_stop_handlers, is_peer_failure, stop_requested
 from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gather_summaries, global_images_per_s, imbalance
+from imgpipe.train.resume import checkpoint_to_resume, resolve_batch, resume_line
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
     install_stop_handlers()
     check_model_name(config.model.name)
     _seed_everything(config.train.seed, ctx.rank, config.train.deterministic, ctx.device)
+    saved = checkpoint_to_resume(config)
+    config = resolve_batch(config, ctx.world_size, saved)  # the per-rank batch that keeps the global batch
     data = build_data(config, ctx)
     num_classes = config.model.num_classes or len(data.classes)
     if num_classes < len(data.classes):  # a label >= classes: an IndexError on the CPU, a device-side assert on a GPU
@@ -78,7 +81,7 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
         )
     run: _Run | None = None
     try:
-        run = _Run(ctx, config, data, num_classes)
+        run = _Run(ctx, config, data, num_classes, saved)
         result = run.fit()
         return result if ctx.is_main else None
     except RuntimeError as e:  # torch.cuda.OutOfMemoryError is a RuntimeError too
@@ -123,8 +126,9 @@ def explain_failure(error: BaseException, ctx: RankContext, config: TrainConfig)
 class _Run:
     """The objects of one run and the steps of the loop."""
 
-    def __init__(self, ctx: RankContext, config: TrainConfig, data: TrainData, num_classes: int) -> None:
+    def __init__(self, ctx: RankContext, config: TrainConfig, data: TrainData, num_classes: int, saved: dict[str, Any] | None) -> None:
         self.ctx, self.config, self.data = ctx, config, data
+        self._saved = saved  # the checkpoint to resume from
         self.device = ctx.device
         self.out = Path(config.output.dir)
         self.accum = config.train.grad_accum
@@ -376,6 +380,7 @@ class _Run:
             "loader": _loader_state(self.data.train) if self.state.epoch_step else None,
             "rng": rngs,
             "world_size": self.ctx.world_size,
+            "global_batch": self.config.train.batch_size * self.ctx.world_size,  # G: the loader stream's step
             "num_classes": self.num_classes,
             "config": self.config.to_dict(),
         }
@@ -384,13 +389,10 @@ class _Run:
         logger.info("checkpoint: %s (epoch %d, step %d)%s", path, self.state.epoch, self.state.step, "; resume with --resume" if stopping else "")
 
     def _maybe_resume(self) -> None:
-        mode = self.config.output.resume
-        path = ckpt.checkpoint_path(self.out)
-        if mode == "no" or (mode == "auto" and not path.exists()):
+        saved, self._saved = self._saved, None
+        if saved is None:
             return
-        saved = ckpt.load_checkpoint(path)
-        if saved["world_size"] != self.ctx.world_size:
-            logger.warning("checkpoint was written by %d ranks, resuming on %d: the batch order changes", saved["world_size"], self.ctx.world_size)
+        path = ckpt.checkpoint_path(self.out)
         ckpt.load_model_state(self.model, saved, path, self.config.model.name, self.num_classes)
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
@@ -401,6 +403,7 @@ class _Run:
         rngs = saved["rng"]
         ckpt.set_rng_state(rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else rngs[0])
         logger.info("resumed from %s at epoch %d, step %d", path, self.state.epoch, self.state.step)
+        logger.info("%s", resume_line(saved, self.ctx.world_size, self.config.train.batch_size))
 
     def close(self) -> None:
         if self.tb is not None:

@@ -100,6 +100,39 @@ def test_interrupted_and_resumed_run_matches_the_uninterrupted_one(packed: Path,
     assert moved > 1e-3  # the last 3 steps really changed the weights, far beyond the tolerance
 
 
+def step_lrs(run: Path) -> dict[int, float]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["lr"] for r in map(json.loads, lines) if r["kind"] == "step"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_run_saved_on_2_ranks_resumes_on_3_in_the_same_global_stream(packed: Path, tmp_path: Path) -> None:
+    """G = 24 (12 x 2 ranks): 6 global steps per epoch. Stopped mid-epoch on 2 ranks, resumed on 3 with 8 per rank."""
+    from imgpipe.train.config import load_config
+    from imgpipe.train.loop import lr_schedule
+
+    config = write_config(tmp_path, packed, epochs=2, batch_size=12, validate=False)
+    first = imgpipe_train(config, "--gpus", "0", "--nproc", "2", "--set", "train.max_steps=8")
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = torch.load(tmp_path / "run" / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert (saved["epoch"], saved["epoch_step"], saved["global_batch"]) == (1, 2, 24)
+    assert (saved["loader"]["batches"], saved["loader"]["global_batch"]) == (2, 24)
+    second = imgpipe_train(config, "--gpus", "0", "--nproc", "3", "--resume")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed at epoch 1, global batch 2, on 3 ranks (was 2); per-rank batch 8 (was 12)" in second.stderr
+    done = torch.load(tmp_path / "run" / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert (done["epoch"], done["step"], done["world_size"], done["global_batch"]) == (2, 12, 3, 24)
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["train"]["batch_size"] == 8
+    epoch1 = epochs_of(tmp_path / "run")[-1]
+    assert epoch1["epoch"] == 1 and epoch1["train_samples"] == 4 * 24  # the 4 global batches after the resume, all ranks
+    schedule = lr_schedule(load_config(config), steps_per_epoch=6)
+    lrs = step_lrs(tmp_path / "run")
+    assert sorted(lrs) == list(range(1, 13))
+    for step, lr in lrs.items():  # one schedule over global steps, across the change of rank count
+        assert lr == pytest.approx(0.1 * 24 / 256 * schedule(step))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_dali_run_resumed_mid_epoch_sees_the_batches_of_the_uninterrupted_one(packed: Path, tmp_path: Path) -> None:
