@@ -111,6 +111,16 @@ class EvalGeometry:
         return Crop(left * sx, top * sy, size * sx, size * sy, False)
 
 
+def sample_crop(geometry: TrainGeometry | EvalGeometry, width: int, height: int, *, seed: int, epoch: int, index: int) -> Crop:
+    """The crop of record ``index`` in ``epoch``: train draws it from ``sample_rng(seed, epoch, index)``
+    alone (so both loaders, any rank and any worker draw the same one); eval's is the center crop."""
+    if isinstance(geometry, EvalGeometry):
+        return geometry.crop(width, height)
+    from imgpipe.seeding import sample_rng
+
+    return geometry.sample(width, height, sample_rng(seed, epoch, index))
+
+
 def random_resized_crop_box(
     width: int, height: int, scale: tuple[float, float], ratio: tuple[float, float], rng: np.random.Generator
 ) -> tuple[int, int, int, int]:

@@ -70,7 +70,7 @@ from imgpipe.loaders.pixels import decode_sample, load_decoders
 from imgpipe.loaders.ring import BatchRing
 from imgpipe.sampler import REMAINDER_POLICIES, EpochSampler
 from imgpipe.shards import PathLike, ShardSet
-from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry
+from imgpipe.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry, sample_crop
 
 logger = logging.getLogger(__name__)
 
@@ -185,11 +185,7 @@ class BatchDataset(Dataset):
     def _decode_into(self, out: torch.Tensor, epoch: int, index: int) -> int:
         _, payload = self.shards.read(index)
         geometry = self.geometry
-        if isinstance(geometry, TrainGeometry):
-            rng = seeding.sample_rng(self.seed, epoch, index)
-            crop_for: Callable[[int, int], Crop] = lambda w, h: geometry.sample(w, h, rng)  # noqa: E731
-        else:
-            crop_for = geometry.crop
+        crop_for: Callable[[int, int], Crop] = lambda w, h: sample_crop(geometry, w, h, seed=self.seed, epoch=epoch, index=index)  # noqa: E731
         out.copy_(decode_sample(payload, crop_for, geometry.image_size))
         return int(self.shards.labels[index])
 

@@ -217,20 +217,14 @@ class _Run:
         return False, totals
 
     def _epoch_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """This epoch's batches from where the run stands; a loader that cannot seek (DALI) re-reads the ones already trained on."""
+        """This epoch's batches from where the run stands (every loader resumes from its position in the global stream)."""
         loader, resume = self.data.train, self._resume_loader
         self._resume_loader = None
-        if resume is not None and hasattr(loader, "load_state_dict"):
+        if resume is not None:
             loader.load_state_dict(resume)
-            return iter(loader)
-        loader.set_epoch(self.state.epoch)
-        batches = iter(loader)
-        done = self.state.epoch_step * self.accum
-        if done:
-            logger.warning("resuming mid-epoch: the %s loader cannot seek, so it reads the %d batches of epoch %d already trained on again", self.config.data.backend, done, self.state.epoch)
-            for _ in range(done):
-                next(batches)
-        return batches
+        else:
+            loader.set_epoch(self.state.epoch)
+        return iter(loader)
 
     def _forward_backward(self, images: torch.Tensor, labels: torch.Tensor, final: bool, totals: torch.Tensor) -> torch.Tensor:
         sync = contextlib.nullcontext() if final or not self.ctx.distributed else self.ddp.no_sync()
@@ -377,7 +371,7 @@ class _Run:
             "epoch": self.state.epoch,
             "epoch_step": self.state.epoch_step,
             "step": self.state.step,
-            "loader": _loader_state(self.data.train) if self.state.epoch_step else None,
+            "loader": self.data.train.state_dict() if self.state.epoch_step else None,
             "rng": rngs,
             "world_size": self.ctx.world_size,
             "global_batch": self.config.train.batch_size * self.ctx.world_size,  # G: the loader stream's step
@@ -533,10 +527,6 @@ def _gather_objects(value: Any, ctx: RankContext) -> list[Any]:
     gathered: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(gathered, value)
     return gathered
-
-
-def _loader_state(loader: Any) -> dict[str, Any] | None:
-    return loader.state_dict() if hasattr(loader, "state_dict") else None
 
 
 def _seed_everything(seed: int, rank: int, deterministic: bool, device: torch.device) -> None:

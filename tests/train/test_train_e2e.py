@@ -136,7 +136,7 @@ def test_a_run_saved_on_2_ranks_resumes_on_3_in_the_same_global_stream(packed: P
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_dali_run_resumed_mid_epoch_sees_the_batches_of_the_uninterrupted_one(packed: Path, tmp_path: Path) -> None:
-    """The DALI loader cannot seek: on resume it re-reads the epoch's batches already trained on, and skips them."""
+    """The DALI loader resumes from its position in the global stream, as the torch loader does."""
     from imgpipe.loaders.dali import dali_available
 
     if not dali_available():
@@ -148,7 +148,7 @@ def test_dali_run_resumed_mid_epoch_sees_the_batches_of_the_uninterrupted_one(pa
     assert imgpipe_train(parts, *dali, "--set", "train.max_steps=3").returncode == 0
     second = imgpipe_train(parts, *dali, "--resume")
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "reads the 3 batches of epoch 0 already trained on again" in second.stderr
+    assert "resumed at epoch 0, global batch 3, on 1 rank; per-rank batch 16" in second.stderr
     expected, got = step_losses(tmp_path / "whole" / "run"), step_losses(tmp_path / "parts" / "run")
     assert sorted(got) == sorted(expected) == list(range(1, 11))  # 160 records / batch 16 on one rank
     for step in range(4, 11):  # a restarted epoch would give other batches, and losses far apart
