@@ -292,3 +292,25 @@ def test_a_jpeg_that_dali_fails_to_decode_is_named_in_one_line(tmp_path: Path) -
     message = str(info.value)
     assert message.startswith("cannot decode train-00000-of-00001.rec record 5 (id 5, offset ") and "truncated" in message, message
     assert "imgpipe verify --decode" in message and "\n" not in message
+
+
+@pytest.mark.timeout(120)
+def test_raw_readers_mxnet_reads_every_record_through_the_cumulative_index(indexed: Path) -> None:
+    """For users who drive DALI's own reader: ``dali_index_path()`` maps all 3 .rec files as one, in record order."""
+    from nvidia.dali import Pipeline, fn
+
+    from imgpipe.shards import open_shards
+
+    shards = open_shards(indexed, "train")
+    pipe = Pipeline(batch_size=5, num_threads=1, device_id=None)
+    with pipe:
+        _, labels = fn.readers.mxnet(
+            path=[str(p) for p in shards.rec_paths], index_path=[str(shards.dali_index_path())], random_shuffle=False, name="Reader"
+        )
+        pipe.set_outputs(labels)
+    pipe.build()
+    seen: list[int] = []
+    while len(seen) < RECORDS:
+        (out,) = pipe.run()
+        seen += [int(np.asarray(t).reshape(-1)[0]) for t in out]
+    assert seen[:RECORDS] == list(range(RECORDS))
