@@ -167,6 +167,41 @@ def test_the_same_run_under_torchrun(packed: Path, tmp_path: Path) -> None:
     assert [r["rank"] for r in epochs_of(tmp_path / "run")[0]["ranks"]] == [0, 1]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_two_torchrun_nodes_on_localhost_then_resumed_on_one(packed: Path, tmp_path: Path) -> None:
+    """``torchrun --nnodes 2 --nproc_per_node 2``: two node agents, c10d rendezvous, gloo, world size 4 (G = 4 x 4).
+
+    Local ranks repeat on each node and global ranks do not: only global rank 0 prints, logs and
+    writes the checkpoint, the per-rank table has ranks 0-3, and each node's ranks share the
+    machine-wide ring allocation lock. Then the checkpoint resumes on one node of 2 ranks.
+    """
+    from imgpipe.train.launch import free_port
+
+    config = write_config(tmp_path, packed, workers=1, epochs=1, batch_size=4, validate=False)
+    port = free_port()
+    node = [str(TORCHRUN), "--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+            "--rdzv_id", "imgpipe-2nodes", "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0"]  # fmt: skip
+    agents = [subprocess.Popen(node, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [agent.communicate(timeout=400) for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0], "\n".join(err[-2000:] for _, err in outs)
+    stdout, stderr = "".join(out for out, _ in outs), "".join(err for _, err in outs)
+    assert stdout.count("done: 1 epoch(s), 10 steps") == 1  # 160 records / G 16; printed by global rank 0 only
+    assert stderr.count("checkpoint: ") == 1 and stderr.count("training resnet18 on 4 rank(s)") == 1
+    assert [r["rank"] for r in epochs_of(tmp_path / "run")[0]["ranks"]] == [0, 1, 2, 3]
+    saved = torch.load(tmp_path / "run" / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert (saved["world_size"], saved["global_batch"], saved["step"], len(saved["rng"])) == (4, 16, 10, 4)
+    assert list((tmp_path / "run").glob("*.tmp*")) == []  # one writer, atomic
+
+    one = [str(TORCHRUN), "--nnodes", "1", "--nproc_per_node", "2", "--standalone", "-m", "imgpipe", "train", "--config", str(config),
+           "--gpus", "0", "--set", "train.epochs=2", "--resume"]  # fmt: skip
+    done = subprocess.run(one, env=quiet_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed at epoch 1, global batch 0, on 2 ranks (was 4); per-rank batch 8 (was 4)" in done.stderr
+    assert done.stdout.count("done: 2 epoch(s), 20 steps") == 1
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", map_location="cpu", weights_only=True)["world_size"] == 2
+
+
 def start_slurm_tasks(config: Path, tasks: int, **extra: str) -> list[subprocess.Popen]:
     """``tasks`` imgpipe train processes with the variables `srun --ntasks N` sets on one node, and the MASTER_* a job script exports."""
     from imgpipe.train.launch import free_port
