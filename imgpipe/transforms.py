@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from imgpipe.seeding import sample_rng
+
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 EVAL_CROP_FRACTION = 0.875
@@ -116,8 +118,6 @@ def sample_crop(geometry: TrainGeometry | EvalGeometry, width: int, height: int,
     alone (so both loaders, any rank and any worker draw the same one); eval's is the center crop."""
     if isinstance(geometry, EvalGeometry):
         return geometry.crop(width, height)
-    from imgpipe.seeding import sample_rng
-
     return geometry.sample(width, height, sample_rng(seed, epoch, index))
 
 

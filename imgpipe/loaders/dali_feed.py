@@ -21,7 +21,7 @@ from __future__ import annotations
 import io
 import math
 from collections import deque
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -35,14 +35,17 @@ UNDECODABLE_FIX = "run 'imgpipe verify --decode' on the folder, or use the torch
 FEED_NAMES = ("jpegs", "anchor", "shape", "roi_start", "roi_end", "mirror")
 
 
+WINDOW_DTYPES = (np.int32, np.int32, np.float32, np.float32, np.int32)
+
+
 class Window(NamedTuple):
     """One sample's decode window and crop, as the pipeline's inputs take them."""
 
-    anchor: np.ndarray  # int32 (x, y)
-    shape: np.ndarray  # int32 (w, h)
-    roi_start: np.ndarray  # float32 (y, x), inside the window
-    roi_end: np.ndarray  # float32 (y, x)
-    mirror: np.ndarray  # int32 scalar
+    anchor: tuple[int, int]  # (x, y)
+    shape: tuple[int, int]  # (w, h)
+    roi_start: tuple[float, float]  # (y, x), inside the window
+    roi_end: tuple[float, float]  # (y, x)
+    mirror: int  # 0 or 1
 
 
 def stored_size(payload: bytes) -> tuple[int, int] | None:
@@ -63,11 +66,11 @@ def window_of(crop: Crop, width: int, height: int) -> Window:
     x1 = min(width, max(x0 + 1, math.ceil(crop.left + crop.width)))
     y1 = min(height, max(y0 + 1, math.ceil(crop.top + crop.height)))
     return Window(
-        np.array([x0, y0], np.int32),
-        np.array([x1 - x0, y1 - y0], np.int32),
-        np.array([crop.top - y0, crop.left - x0], np.float32),
-        np.array([crop.top + crop.height - y0, crop.left + crop.width - x0], np.float32),
-        np.array(int(crop.flip), np.int32),
+        (x0, y0),
+        (x1 - x0, y1 - y0),
+        (crop.top - y0, crop.left - x0),
+        (crop.top + crop.height - y0, crop.left + crop.width - x0),
+        int(crop.flip),
     )
 
 
@@ -84,25 +87,25 @@ class DaliFeed:
         self.queue: deque[tuple[int, np.ndarray]] = deque()
         self.fed: deque[np.ndarray] = deque()  # the batches handed to DALI and not yet out of it, oldest first
 
-    def __call__(self) -> tuple[list[np.ndarray], ...]:
+    def __call__(self) -> tuple[Any, ...]:
         if not self.queue:
             raise StopIteration
         epoch, indices = self.queue.popleft()
         self.fed.append(indices)
         return self.batch(epoch, indices)
 
-    def batch(self, epoch: int, indices: np.ndarray) -> tuple[list[np.ndarray], ...]:
-        """The inputs of one batch: bytes, window, crop and flip per record."""
-        columns: tuple[list[np.ndarray], ...] = tuple([] for _ in FEED_NAMES)
+    def batch(self, epoch: int, indices: np.ndarray) -> tuple[Any, ...]:
+        """The inputs of one batch: the records' bytes (a list), then one array per window field (first axis: samples)."""
+        payloads: list[np.ndarray] = []
+        windows: list[Window] = []
         for index in indices.tolist():
             _, payload = self.shards.read(index)
             size = stored_size(payload)
             if size is None:
                 reason = decode_failure(payload) or "no readable image header"
                 raise DatasetError(f"cannot decode {self.shards.describe(index)}: {reason}; {UNDECODABLE_FIX}")
-            width, height = size
-            crop = sample_crop(self.geometry, width, height, seed=self.seed, epoch=epoch, index=index)
-            row = (np.frombuffer(payload, np.uint8), *window_of(crop, width, height))
-            for column, value in zip(columns, row):
-                column.append(value)
-        return columns
+            crop = sample_crop(self.geometry, size[0], size[1], seed=self.seed, epoch=epoch, index=index)
+            payloads.append(np.frombuffer(payload, np.uint8))
+            windows.append(window_of(crop, *size))
+        fields = zip(*windows)
+        return (payloads, *(np.array(column, dtype) for column, dtype in zip(fields, WINDOW_DTYPES)))
