@@ -12,14 +12,13 @@ in every batch, and pixels that differ only by the resize filter. The pipeline i
 no random numbers; it is built once and reused from epoch to epoch (rebuilt after an epoch
 left unfinished). ``state_dict`` / ``load_state_dict`` are the sampler's, as in the torch loader.
 
-The feed runs in this process: reading a batch's bytes and parsing its JPEG headers is a small
-fraction of decoding them, which DALI's threads do while the next batch is fed.
+The feed runs in this process, a batch ahead of DALI's decoding threads; where the CPUs are all
+busy decoding, its per-record Python work (read, JPEG header, crop draw) competes with them.
 Users who drive ``fn.readers.mxnet`` themselves keep ``ShardSet.dali_index_path()``.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
@@ -43,8 +42,6 @@ from imgpipe.loaders.dali_feed import FEED_NAMES, UNDECODABLE_FIX, DaliFeed
 from imgpipe.sampler import REMAINDER_POLICIES, EpochSampler
 from imgpipe.shards import ShardSet
 from imgpipe.transforms import EvalGeometry, TrainGeometry
-
-logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'imgpipe[dali]'"
 _DECODING_OPERATORS = ("decoders", "ImageSlice")  # in DALI's message when a record did not decode
@@ -244,9 +241,11 @@ def _build_pipeline(spec: _Spec, feed: DaliFeed) -> Any:
 def dali_geometry(image_size: int, train: bool) -> dict[str, Any]:
     """The DALI operator arguments of the geometry, all taken from ``imgpipe.transforms`` (shared with the torch loader).
 
-    Train: ``decoders.image_random_crop(random_area, random_aspect_ratio, num_attempts)``,
-    resize to ``crop`` squared, mirror with ``flip_probability``. Eval: resize the shorter side
-    to ``resize_shorter`` then center-crop ``crop``, with torchvision's rounding. Both decode
+    The loader takes ``interpolation`` and ``antialias`` (imgpipe draws the crops itself); the
+    rest is what a plain DALI pipeline passes for the same geometry. Train:
+    ``decoders.image_random_crop(random_area, random_aspect_ratio, num_attempts)``, resize to
+    ``crop`` squared, mirror with ``flip_probability``. Eval: resize the shorter side to
+    ``resize_shorter`` then center-crop ``crop``. Both decode
     the stored pixels without EXIF rotation, as the torch loader does (``imgpipe pack``
     applies the orientation when packing). ``interpolation`` names a ``types`` member.
     """
