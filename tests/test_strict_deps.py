@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 INTEROP_TEST = "tests/interop/test_mxnet_recordio.py::test_rec_and_idx_are_byte_identical_to_mxnet"
 DALI_TESTS = [
-    "tests/loaders/test_dali_loader.py::test_epoch_seeds_depend_on_seed_rank_and_epoch_only",  # require_dali fixture
+    "tests/loaders/test_dali_loader.py::test_user_errors_are_imgpipe_errors",  # require_dali fixture
     "tests/loaders/test_geometry_parity.py::test_val_outputs_of_both_loaders_agree",  # skipif(not dali_available())
 ]
 

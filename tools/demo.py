@@ -1,7 +1,7 @@
 """`make demo`: the main job end to end on the embedded synthetic dataset.
 
 synth -> pack -> the same pack from image-net.org-style tars -> verify -> info -> one pass over
-each loader -> a 2-process CPU training run -> a bench with its verdict. Every step is the real CLI (or the public API for the loaders),
+each loader -> a 2-process CPU training run, resumed on 1 process -> a bench with its verdict. Every step is the real CLI (or the public API for the loaders),
 run the way a user would run it; the output lands in ./demo/.
 """
 
@@ -113,6 +113,15 @@ def main() -> None:
         "--set", "data.image_size=64",
         "--set", "train.epochs=1",
         "--set", "train.batch_size=16",
+    )
+
+    step("6b. resume that run on 1 process: the same global batch (32), so the same data stream, one more epoch")
+    imgpipe(
+        "train",
+        "--config", str(DEMO / "run" / "config.yaml"),  # the resolved config the run saved
+        "--gpus", "0",
+        "--set", "train.epochs=2",
+        "--resume",
     )
 
     step("7. find the bottleneck")

@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from imgpipe.loaders.seeding import sample_rng
+
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 EVAL_CROP_FRACTION = 0.875
@@ -109,6 +111,14 @@ class EvalGeometry:
         top = int(round((rh - size) / 2.0))
         sx, sy = width / rw, height / rh
         return Crop(left * sx, top * sy, size * sx, size * sy, False)
+
+
+def sample_crop(geometry: TrainGeometry | EvalGeometry, width: int, height: int, *, seed: int, epoch: int, index: int) -> Crop:
+    """The crop of record ``index`` in ``epoch``: train draws it from ``sample_rng(seed, epoch, index)``
+    alone (so both loaders, any rank and any worker draw the same one); eval's is the center crop."""
+    if isinstance(geometry, EvalGeometry):
+        return geometry.crop(width, height)
+    return geometry.sample(width, height, sample_rng(seed, epoch, index))
 
 
 def random_resized_crop_box(

@@ -1,13 +1,17 @@
 """Which records this rank reads in an epoch, batch by batch: a pure function plus a small stateful sampler.
 
-Contract, for a split of ``n`` records:
+Contract, for a split of ``n`` records (``DESIGN.md``, "The data contract"):
 
-* Every rank computes the same epoch order from (seed, epoch) (``seeding.order_rng``) and
-  takes its own disjoint, contiguous part of it.
+* One global stream. Every rank computes the same epoch order from (seed, epoch)
+  (``seeding.order_rng``). With the global batch ``G = batch_size * world_size``, global
+  batch b is the order's records ``[b*G, (b+1)*G)`` and rank r takes the r-th slice of
+  ``batch_size`` of it. So the records of one step do not depend on the world size.
 * Training: every rank gets the same number of FULL batches, so DDP never waits on a rank
-  that ran out. ``remainder="drop"`` (default) drops the tail of the order, so each rank
-  gets ``floor(n / (world * batch)) * batch`` records; ``remainder="pad"`` wraps around to
-  the start of the order to fill ``ceil(n / (world * batch))`` batches per rank.
+  that ran out. ``remainder="drop"`` (default) drops the tail of the global stream
+  (``floor(n / G)`` global batches); ``remainder="pad"`` wraps around to the start of the
+  order to fill ``ceil(n / G)`` global batches.
+* Resume anywhere: a state is a position in the global stream (epoch, global batches
+  consumed, seed, n, G); it loads into any sampler with the same seed, n and G.
 * Evaluation (``train=False``): every record exactly once across ranks, never a duplicate;
   rank r gets the r-th of ``world`` contiguous slices whose sizes differ by at most one
   record, so ranks may differ by one (partial) batch. Unshuffled unless asked.
@@ -70,17 +74,17 @@ def rank_indices(
         bounds = np.linspace(0, n, world_size + 1).round().astype(np.int64) if n else np.zeros(world_size + 1, np.int64)
         return order[bounds[rank] : bounds[rank + 1]]
     group = world_size * batch_size
-    if remainder == "drop":
-        per_rank = (n // group) * batch_size
-        if per_rank == 0:
-            raise ConfigError(
-                f"{n} records cannot fill one batch of {batch_size} on each of {world_size} ranks; "
-                "lower the batch size or use remainder='pad'"
-            )
-    else:
-        per_rank = -(-n // group) * batch_size
-        order = np.resize(order, per_rank * world_size) if n else order
-    return order[rank * per_rank : (rank + 1) * per_rank]
+    batches = n // group if remainder == "drop" else -(-n // group)
+    if remainder == "drop" and batches == 0:
+        raise ConfigError(
+            f"{n} records cannot fill one batch of {batch_size} on each of {world_size} ranks; "
+            "lower the batch size or use remainder='pad'"
+        )
+    if n and batches * group > n:
+        order = np.resize(order, batches * group)
+    # global batch b is order[b*G : (b+1)*G]; this rank's part of it is the r-th run of batch_size
+    stream = order[: batches * group].reshape(batches, world_size, batch_size)
+    return stream[:, rank].reshape(-1)
 
 
 def batch_count(n: int, *, rank: int, world_size: int, batch_size: int, train: bool = True, remainder: str = "drop") -> int:
@@ -195,8 +199,17 @@ class EpochSampler:
             self.mark_consumed()
             yield batch
 
+    @property
+    def global_batch(self) -> int:
+        """G: the records of one step over all ranks (batch_size x world_size)."""
+        return self.batch_size * self.world_size
+
     def state_dict(self) -> dict[str, Any]:
-        """Where the iteration stands: the epoch to run and the batches of it already consumed."""
+        """The position in the global stream: the epoch to run and its global batches already consumed.
+
+        ``world_size`` and ``batch_size`` are recorded for messages only: the state loads into any
+        sampler with the same seed, records and ``global_batch``.
+        """
         if self._active:
             epoch, consumed = self.epoch, self._consumed
         else:
@@ -206,15 +219,22 @@ class EpochSampler:
             "batches": consumed,
             "seed": self.seed,
             "records": self.n,
+            "global_batch": self.global_batch,
             "world_size": self.world_size,
             "batch_size": self.batch_size,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next ``iter()`` yields the batches after ``state['batches']`` of ``state['epoch']``."""
-        for key, mine in (("seed", self.seed), ("records", self.n), ("world_size", self.world_size), ("batch_size", self.batch_size)):
+        """Resume: the next ``iter()`` yields the batches after ``state['batches']`` global batches of ``state['epoch']``."""
+        for key, mine in (("seed", self.seed), ("records", self.n)):
             if key in state and state[key] != mine:
                 raise ConfigError(f"cannot resume: the saved loader state has {key}={state[key]} but this loader has {mine}")
+        saved_world = state.get("world_size", self.world_size)
+        saved_global = state.get("global_batch", state.get("batch_size", self.batch_size) * saved_world)
+        if saved_global != self.global_batch:
+            raise ConfigError(resume_mismatch(int(saved_global), self.batch_size, self.world_size))
+        if not self.train and saved_world != self.world_size:
+            raise ConfigError(f"cannot resume: an evaluation state saved on {saved_world} ranks does not carry over to {self.world_size}")
         try:
             epoch, consumed = int(state["epoch"]), int(state["batches"])
         except (KeyError, TypeError, ValueError):
@@ -224,3 +244,23 @@ class EpochSampler:
         if consumed == len(self):
             epoch, consumed = epoch + 1, 0
         self._next_epoch, self._resume_batches, self._active = epoch, consumed, False
+
+
+def batch_splits(global_batch: int) -> str:
+    """Every (per-rank batch, world size) that makes ``global_batch``, as "12 on 1, 6 on 2, ... ranks"."""
+    return ", ".join(f"{global_batch // w} on {w}" for w in range(1, global_batch + 1) if global_batch % w == 0) + " ranks"
+
+
+def fitting_batch_sizes(global_batch: int, world_size: int) -> str:
+    """The per-rank batch size that gives ``global_batch`` on ``world_size`` ranks, or the rank counts that can."""
+    if global_batch % world_size == 0:
+        return f"use batch_size {global_batch // world_size} on {world_size} ranks"
+    return f"{global_batch} does not split over {world_size} ranks: use batch_size {batch_splits(global_batch)}"
+
+
+def resume_mismatch(global_batch: int, batch_size: int, world_size: int) -> str:
+    """One line: the saved global batch does not match batch_size x world_size, and what would."""
+    return (
+        f"cannot resume: the saved position is in a stream of global batch {global_batch}, but this loader has "
+        f"batch_size {batch_size} x {world_size} ranks = {batch_size * world_size}; {fitting_batch_sizes(global_batch, world_size)}"
+    )

@@ -67,10 +67,10 @@ from imgpipe.loaders.common import (
 )
 from imgpipe.loaders.pixels import decode_sample, load_decoders
 from imgpipe.loaders.ring import BatchRing
-from imgpipe.loaders.stage_timer import BatchTimes, StageTimer
-from imgpipe.loaders.sampler import REMAINDER_POLICIES, EpochSampler
 from imgpipe.format.shardset import PathLike, ShardSet
-from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry
+from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry, sample_crop
+from imgpipe.loaders.sampler import REMAINDER_POLICIES, EpochSampler
+from imgpipe.loaders.stage_timer import BatchTimes, StageTimer
 
 logger = logging.getLogger(__name__)
 
@@ -198,11 +198,7 @@ class BatchDataset(Dataset):
     def _decode_into(self, out: torch.Tensor, epoch: int, index: int) -> int:
         _, payload = self._read(index)
         geometry = self.geometry
-        if isinstance(geometry, TrainGeometry):
-            rng = seeding.sample_rng(self.seed, epoch, index)
-            crop_for: Callable[[int, int], Crop] = lambda w, h: geometry.sample(w, h, rng)  # noqa: E731
-        else:
-            crop_for = geometry.crop
+        crop_for: Callable[[int, int], Crop] = lambda w, h: sample_crop(geometry, w, h, seed=self.seed, epoch=epoch, index=index)  # noqa: E731
         out.copy_(decode_sample(payload, crop_for, geometry.image_size))
         return int(self.shards.labels[index])
 
@@ -344,11 +340,14 @@ class TorchLoader:
         self.sampler.set_epoch(check_int("epoch", epoch, minimum=0))
 
     def state_dict(self) -> dict[str, Any]:
-        """The epoch and the batches of it already yielded, for a checkpoint."""
+        """The position in the global stream (epoch, global batches yielded, seed, records, G), for a checkpoint."""
         return self.sampler.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next ``iter()`` yields exactly the batches an uninterrupted run would have yielded next."""
+        """Resume: the next ``iter()`` yields exactly the batches an uninterrupted run would have yielded next.
+
+        The state may come from any world size and worker count with the same global batch G.
+        """
         if not isinstance(state, dict):
             raise ConfigError(f"cannot resume: a loader state is the dict loader.state_dict() returned, got {type(state).__name__}")
         self.sampler.load_state_dict(state)

@@ -2,8 +2,10 @@
 
 A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts (nothing that needs
 pickle's code execution): model, optimizer, scheduler and scaler state, the epoch and step, the
-loader's position, the config it ran with, and every rank's RNG states (python, numpy, torch,
-and the CUDA generator of that rank's own GPU) converted to tensors and lists.
+loader's position in the global stream and the global batch G (so a run resumes on any rank
+count that divides G, ``imgpipe.train.resume``), the config it ran with, and every rank's RNG
+states (python, numpy, torch, and the CUDA generator of that rank's own GPU) converted to
+tensors and lists.
 """
 
 from __future__ import annotations

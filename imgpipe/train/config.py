@@ -62,6 +62,7 @@ class TrainSection:
 
     epochs: int = 90
     batch_size: int = 64  # per process
+    global_batch_size: int | None = None  # records per step over all ranks; when set, batch_size = this / ranks
     max_steps: int | None = None  # stop after this many optimizer steps (smoke runs)
     grad_accum: int = 1
     amp: str = "auto"  # auto | none | bf16 | fp16; auto: bf16 on a CUDA GPU with native bf16, else none
@@ -224,6 +225,8 @@ def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str,
     }.items():
         if value is not None and value < 0:
             raise ConfigError(f"{blame(key)}: {key} must be >= 0, got {value}")
+    if config.train.global_batch_size is not None and config.train.global_batch_size <= 0:
+        raise ConfigError(f"{blame('train.global_batch_size')}: train.global_batch_size must be > 0 or null, got {config.train.global_batch_size}")
     if config.train.max_steps is not None and config.train.max_steps <= 0:
         raise ConfigError(f"{blame('train.max_steps')}: train.max_steps must be > 0 or null, got {config.train.max_steps}")
     if not 0.0 <= config.optim.label_smoothing < 1.0:

@@ -31,6 +31,7 @@ from imgpipe.train.launch import RankContext, is_peer_failure, stop_requested
 from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gather_objects, gather_summaries, global_images_per_s, imbalance
 from imgpipe.train.precision import describe, resolve_auto
 from imgpipe.train.process_state import run_scope
+from imgpipe.train.resume import checkpoint_to_resume, resolve_batch, resume_line
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ def _run_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
     config = resolve_auto(config, ctx.device)  # from here on, and in the saved config: what runs
     check_model_name(config.model.name)
     _seed_everything(config.train.seed, ctx.rank)
+    saved = checkpoint_to_resume(config)
+    config = resolve_batch(config, ctx.world_size, saved)  # the per-rank batch that keeps the global batch
     data = build_data(config, ctx)
     num_classes = config.model.num_classes or len(data.classes)
     if num_classes < len(data.classes):  # a label >= classes: an IndexError on the CPU, a device-side assert on a GPU
@@ -87,7 +90,7 @@ def _run_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
         )
     run: _Run | None = None
     try:
-        run = _Run(ctx, config, data, num_classes)
+        run = _Run(ctx, config, data, num_classes, saved)
         result = run.fit()
         return result if ctx.is_main else None
     except RuntimeError as e:  # torch.cuda.OutOfMemoryError is a RuntimeError too
@@ -139,8 +142,9 @@ def explain_failure(error: BaseException, ctx: RankContext, config: TrainConfig)
 class _Run:
     """The objects of one run and the steps of the loop."""
 
-    def __init__(self, ctx: RankContext, config: TrainConfig, data: TrainData, num_classes: int) -> None:
+    def __init__(self, ctx: RankContext, config: TrainConfig, data: TrainData, num_classes: int, saved: dict[str, Any] | None) -> None:
         self.ctx, self.config, self.data = ctx, config, data
+        self._saved = saved  # the checkpoint to resume from
         self.device = ctx.device
         self.out = Path(config.output.dir)
         self.accum = config.train.grad_accum
@@ -228,20 +232,14 @@ class _Run:
         return False, totals
 
     def _epoch_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """This epoch's batches from where the run stands; a loader that cannot seek (DALI) re-reads the ones already trained on."""
+        """This epoch's batches from where the run stands (every loader resumes from its position in the global stream)."""
         loader, resume = self.data.train, self._resume_loader
         self._resume_loader = None
         if resume is not None:
             loader.load_state_dict(resume)
-            return iter(loader)
-        loader.set_epoch(self.state.epoch)
-        batches = iter(loader)
-        done = self.state.epoch_step * self.accum
-        if done:
-            logger.warning("resuming mid-epoch: the %s loader cannot seek, so it reads the %d batches of epoch %d already trained on again", self.config.data.backend, done, self.state.epoch)
-            for _ in range(done):
-                next(batches)
-        return batches
+        else:
+            loader.set_epoch(self.state.epoch)
+        return iter(loader)
 
     def _forward_backward(self, images: torch.Tensor, labels: torch.Tensor, final: bool, totals: torch.Tensor) -> torch.Tensor:
         sync = contextlib.nullcontext() if final or not self.ctx.distributed else self.ddp.no_sync()
@@ -400,6 +398,7 @@ class _Run:
             "loader": self.data.train.state_dict() if self.state.epoch_step else None,
             "rng": rngs,
             "world_size": self.ctx.world_size,
+            "global_batch": self.config.train.batch_size * self.ctx.world_size,  # G: the loader stream's step
             "num_classes": self.num_classes,
             "config": self.config.to_dict(),
         }
@@ -408,13 +407,10 @@ class _Run:
         logger.info("checkpoint: %s (epoch %d, step %d)%s", path, self.state.epoch, self.state.step, "; resume with --resume" if stopping else "")
 
     def _maybe_resume(self) -> None:
-        mode = self.config.output.resume
-        path = ckpt.checkpoint_path(self.out)
-        if mode == "no" or (mode == "auto" and not path.exists()):
+        saved, self._saved = self._saved, None
+        if saved is None:
             return
-        saved = ckpt.load_checkpoint(path)
-        if saved["world_size"] != self.ctx.world_size:
-            logger.warning("checkpoint was written by %d ranks, resuming on %d: the batch order changes", saved["world_size"], self.ctx.world_size)
+        path = ckpt.checkpoint_path(self.out)
         ckpt.load_model_state(self.model, saved, path, self.config.model.name, self.num_classes)
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
@@ -425,6 +421,7 @@ class _Run:
         rngs = saved["rng"]
         ckpt.set_rng_state(rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else rngs[0], self.device)
         logger.info("resumed from %s at epoch %d, step %d", path, self.state.epoch, self.state.step)
+        logger.info("%s", resume_line(saved, self.ctx.world_size, self.config.train.batch_size))
 
     def close(self) -> None:
         if self.tb is not None:

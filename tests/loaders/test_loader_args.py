@@ -58,7 +58,7 @@ TORCH_ONLY = [
     ("multiprocessing_context", "thread", "multiprocessing_context must be one of"),
 ]
 DALI_ONLY = [
-    ("initial_fill", 0, "initial_fill must be >= 1, got 0"),
+    ("prefetch", 0, "prefetch must be >= 1, got 0"),
     ("prefetch", 2.0, "prefetch must be an integer >= 1"),
     ("on_corrupt", "skip", "on_corrupt='skip' needs the torch loader"),
 ]

@@ -15,6 +15,11 @@ def _all_ranks(n: int, world: int, batch: int, **kw) -> list[np.ndarray]:
     return [rank_indices(n, seed=5, epoch=1, rank=r, world_size=world, batch_size=batch, **kw) for r in range(world)]
 
 
+def _global_batches(parts: list[np.ndarray], batch: int) -> np.ndarray:
+    """Every rank's batches joined step by step: row b is global batch b, ranks in order."""
+    return np.stack([p.reshape(-1, batch) for p in parts], axis=1).reshape(len(parts[0]) // batch, -1)
+
+
 @pytest.mark.parametrize("world", range(1, 9))
 @pytest.mark.parametrize("n,batch", [(100, 4), (37, 3), (64, 8), (1000, 7)])
 def test_train_drop_gives_disjoint_equal_full_batches(world: int, n: int, batch: int) -> None:
@@ -39,9 +44,9 @@ def test_train_pad_covers_everything_with_equal_full_batches(world: int, n: int,
     assert all(len(p) == per_rank for p in parts)
     joined = np.concatenate(parts)
     assert set(joined.tolist()) == set(range(n))
-    # padding repeats the start of the epoch order, nothing else
+    # the global stream is the epoch order; padding repeats its start, nothing else
     order = epoch_order(n, 5, 1)
-    assert joined.tolist() == np.resize(order, len(joined)).tolist()
+    assert _global_batches(parts, batch).ravel().tolist() == np.resize(order, len(joined)).tolist()
 
 
 @pytest.mark.parametrize("world", range(1, 9))
@@ -125,10 +130,49 @@ def test_state_after_a_full_epoch_points_at_the_next() -> None:
     assert (s.state_dict()["epoch"], s.state_dict()["batches"]) == (1, 0)
 
 
-def test_resume_refuses_a_different_configuration() -> None:
-    state = EpochSampler(50, batch_size=4, rank=0, world_size=2).state_dict()
-    with pytest.raises(ConfigError, match="world_size=2"):
+@pytest.mark.parametrize("remainder", ["drop", "pad"])
+@pytest.mark.parametrize("block", [None, 5])
+def test_global_batches_are_the_same_at_every_world_size(remainder: str, block: int | None) -> None:
+    """For one G = batch x world, global batch b holds the same records in the same order at any world size."""
+    n, G = 250, 24
+    for epoch in (0, 1):
+        kw = dict(seed=7, epoch=epoch, remainder=remainder, block_size=block)
+        one = rank_indices(n, rank=0, world_size=1, batch_size=G, **kw)
+        assert one.tolist() == np.resize(epoch_order(n, 7, epoch, block_size=block), len(one)).tolist()
+        for world in (2, 3, 4, 6, 8, 12, 24):
+            batch = G // world
+            parts = [rank_indices(n, rank=r, world_size=world, batch_size=batch, **kw) for r in range(world)]
+            assert np.array_equal(_global_batches(parts, batch).ravel(), one), (epoch, world)
+
+
+def test_state_saved_at_world_2_resumes_at_world_3_with_the_remaining_global_batches() -> None:
+    n, G = 200, 12
+    two = [EpochSampler(n, batch_size=6, seed=4, rank=r, world_size=2) for r in range(2)]
+    for s in two:
+        s.set_epoch(1)
+    its = [iter(s) for s in two]
+    taken = [np.concatenate([next(it) for it in its]) for _ in range(5)]
+    state = two[0].state_dict()
+    assert (state["epoch"], state["batches"], state["global_batch"]) == (1, 5, G)
+    three = [EpochSampler(n, batch_size=4, seed=4, rank=r, world_size=3) for r in range(3)]
+    for s in three:
+        s.load_state_dict(state)
+    rest = _global_batches([np.concatenate(list(s)) for s in three], 4)
+    whole = rank_indices(n, seed=4, epoch=1, rank=0, world_size=1, batch_size=G).reshape(-1, G)
+    assert np.array_equal(np.concatenate([np.stack(taken), rest]), whole)
+    assert np.array_equal(np.concatenate(list(three[1])), rank_indices(n, seed=4, epoch=2, rank=1, world_size=3, batch_size=4))
+
+
+def test_resume_names_the_batch_sizes_that_fit_another_global_batch() -> None:
+    state = EpochSampler(50, batch_size=6, rank=0, world_size=2).state_dict()
+    with pytest.raises(ConfigError, match=r"global batch 12, but this loader has batch_size 4 x 4 ranks = 16; use batch_size 3 on 4 ranks"):
         EpochSampler(50, batch_size=4, rank=0, world_size=4).load_state_dict(state)
+    with pytest.raises(ConfigError, match=r"12 does not split over 5 ranks: use batch_size 12 on 1, 6 on 2, 4 on 3, 3 on 4, 2 on 6, 1 on 12 ranks"):
+        EpochSampler(50, batch_size=2, rank=0, world_size=5).load_state_dict(state)
+    with pytest.raises(ConfigError, match="seed=0"):
+        EpochSampler(50, batch_size=6, seed=1, rank=0, world_size=2).load_state_dict(state)
+    old = {k: v for k, v in state.items() if k != "global_batch"}  # states saved before global_batch was stored
+    EpochSampler(50, batch_size=3, rank=0, world_size=4).load_state_dict(old)
 
 
 def test_rank_and_world_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -552,6 +552,57 @@ def test_augmentation_does_not_depend_on_rank_or_world_size(indexed: Path) -> No
     assert not np.array_equal(*(pixels[1][(e, r)] for e, r in [(0, 5), (1, 5)]))  # the epoch does change the crop
 
 
+def _global_stream(loaders: list, epochs: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every rank's batches joined step by step into (images, labels) global batches."""
+    per_rank = [_run(loader, epochs) for loader in loaders]
+    for loader in loaders:
+        loader.close()
+    return [(np.concatenate([x for x, _ in step]), np.concatenate([y for _, y in step])) for step in zip(*per_rank)]
+
+
+@pytest.mark.timeout(240)
+def test_world_sizes_1_to_4_give_pixel_identical_global_batches(tiny: Path) -> None:
+    """G = 12: the same records, in the same order, with the same pixels, whether 1, 2, 3 or 4 ranks read them."""
+    G = 12
+    streams = {}
+    for world in (1, 2, 3, 4):
+        loaders = [
+            make_torch_loader(tiny, batch_size=G // world, image_size=SIZE, workers=rank % 2, normalize=False, rank=rank, world_size=world, seed=3)
+            for rank in range(world)
+        ]
+        streams[world] = _global_stream(loaders, epochs=2)
+    assert len(streams[1]) == 2 * (40 // G)
+    for world in (2, 3, 4):
+        assert _equal(streams[world], streams[1]), world
+    assert not _equal(streams[1][:3], streams[1][3:])  # epochs differ
+
+
+@pytest.mark.timeout(240)
+def test_state_saved_at_world_2_resumes_at_world_3_and_at_workers_0_from_2(tiny: Path) -> None:
+    """40 records, G = 6: 6 global batches per epoch; stop after 2 of epoch 1 on 2 ranks, go on at 3 ranks and at 2 ranks without workers."""
+    make = lambda world, rank, workers: make_torch_loader(  # noqa: E731
+        tiny, batch_size=6 // world, image_size=SIZE, workers=workers, normalize=False, rank=rank, world_size=world, seed=8
+    )
+    whole = _global_stream([make(1, 0, 1)], epochs=3)
+    first = [make(2, rank, 2) for rank in range(2)]
+    for loader in first:
+        _run(loader)  # epoch 0
+    its = [iter(loader) for loader in first]
+    for _ in range(2):  # two global batches of epoch 1
+        for it in its:
+            next(it)
+    state = first[0].state_dict()
+    assert state == first[1].state_dict() and (state["epoch"], state["batches"], state["global_batch"]) == (1, 2, 6)
+    for loader in first:
+        loader.close()
+    for world, workers in ((3, 1), (2, 0)):
+        resumed = [make(world, rank, workers) for rank in range(world)]
+        for loader in resumed:
+            loader.load_state_dict(state)
+        rest = _global_stream(resumed, epochs=2)
+        assert _equal(whole[6:8] + rest, whole[6:18]), (world, workers)
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_eval_yields_every_record_exactly_once_with_none_padded(indexed: Path, world: int) -> None:

@@ -101,10 +101,43 @@ def test_interrupted_and_resumed_run_matches_the_uninterrupted_one(packed: Path,
     assert moved > 1e-3  # the last 3 steps really changed the weights, far beyond the tolerance
 
 
+def step_lrs(run: Path) -> dict[int, float]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["lr"] for r in map(json.loads, lines) if r["kind"] == "step"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_run_saved_on_2_ranks_resumes_on_3_in_the_same_global_stream(packed: Path, tmp_path: Path) -> None:
+    """G = 24 (12 x 2 ranks): 6 global steps per epoch. Stopped mid-epoch on 2 ranks, resumed on 3 with 8 per rank."""
+    from imgpipe.train.config import load_config
+    from imgpipe.train.loop import lr_schedule
+
+    config = write_config(tmp_path, packed, epochs=2, batch_size=12, validate=False)
+    first = imgpipe_train(config, "--gpus", "0", "--nproc", "2", "--set", "train.max_steps=8")
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = torch.load(tmp_path / "run" / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert (saved["epoch"], saved["epoch_step"], saved["global_batch"]) == (1, 2, 24)
+    assert (saved["loader"]["batches"], saved["loader"]["global_batch"]) == (2, 24)
+    second = imgpipe_train(config, "--gpus", "0", "--nproc", "3", "--resume")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed at epoch 1, global batch 2, on 3 ranks (was 2); per-rank batch 8 (was 12)" in second.stderr
+    done = torch.load(tmp_path / "run" / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert (done["epoch"], done["step"], done["world_size"], done["global_batch"]) == (2, 12, 3, 24)
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["train"]["batch_size"] == 8
+    epoch1 = epochs_of(tmp_path / "run")[-1]
+    assert epoch1["epoch"] == 1 and epoch1["train_samples"] == 4 * 24  # the 4 global batches after the resume, all ranks
+    schedule = lr_schedule(load_config(config), steps_per_epoch=6)
+    lrs = step_lrs(tmp_path / "run")
+    assert sorted(lrs) == list(range(1, 13))
+    for step, lr in lrs.items():  # one schedule over global steps, across the change of rank count
+        assert lr == pytest.approx(0.1 * 24 / 256 * schedule(step))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_dali_run_resumed_mid_epoch_sees_the_batches_of_the_uninterrupted_one(packed: Path, tmp_path: Path) -> None:
-    """The DALI loader cannot seek: on resume it re-reads the epoch's batches already trained on, and skips them."""
+    """The DALI loader resumes from its position in the global stream, as the torch loader does."""
     from imgpipe.loaders.dali import dali_available
 
     if not dali_available():
@@ -116,7 +149,7 @@ def test_dali_run_resumed_mid_epoch_sees_the_batches_of_the_uninterrupted_one(pa
     assert imgpipe_train(parts, *dali, "--set", "train.max_steps=3").returncode == 0
     second = imgpipe_train(parts, *dali, "--resume")
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "reads the 3 batches of epoch 0 already trained on again" in second.stderr
+    assert "resumed at epoch 0, global batch 3, on 1 rank; per-rank batch 16" in second.stderr
     expected, got = step_losses(tmp_path / "whole" / "run"), step_losses(tmp_path / "parts" / "run")
     assert sorted(got) == sorted(expected) == list(range(1, 11))  # 160 records / batch 16 on one rank
     for step in range(4, 11):  # a restarted epoch would give other batches, and losses far apart
@@ -133,6 +166,41 @@ def test_the_same_run_under_torchrun(packed: Path, tmp_path: Path) -> None:
     assert done.stdout.count(f"val: {VAL_RECORDS} samples") == 1
     assert done.stdout.count("done: 1 epoch(s), 5 steps") == 1
     assert [r["rank"] for r in epochs_of(tmp_path / "run")[0]["ranks"]] == [0, 1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_two_torchrun_nodes_on_localhost_then_resumed_on_one(packed: Path, tmp_path: Path) -> None:
+    """``torchrun --nnodes 2 --nproc_per_node 2``: two node agents, c10d rendezvous, gloo, world size 4 (G = 4 x 4).
+
+    Local ranks repeat on each node and global ranks do not: only global rank 0 prints, logs and
+    writes the checkpoint, the per-rank table has ranks 0-3, and each node's ranks share the
+    machine-wide ring allocation lock. Then the checkpoint resumes on one node of 2 ranks.
+    """
+    from imgpipe.train.launch import free_port
+
+    config = write_config(tmp_path, packed, workers=1, epochs=1, batch_size=4, validate=False)
+    port = free_port()
+    node = [str(TORCHRUN), "--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+            "--rdzv_id", "imgpipe-2nodes", "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0"]  # fmt: skip
+    agents = [subprocess.Popen(node, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [agent.communicate(timeout=400) for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0], "\n".join(err[-2000:] for _, err in outs)
+    stdout, stderr = "".join(out for out, _ in outs), "".join(err for _, err in outs)
+    assert stdout.count("done: 1 epoch(s), 10 steps") == 1  # 160 records / G 16; printed by global rank 0 only
+    assert stderr.count("checkpoint: ") == 1 and stderr.count("training resnet18 on 4 rank(s)") == 1
+    assert [r["rank"] for r in epochs_of(tmp_path / "run")[0]["ranks"]] == [0, 1, 2, 3]
+    saved = torch.load(tmp_path / "run" / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert (saved["world_size"], saved["global_batch"], saved["step"], len(saved["rng"])) == (4, 16, 10, 4)
+    assert list((tmp_path / "run").glob("*.tmp*")) == []  # one writer, atomic
+
+    one = [str(TORCHRUN), "--nnodes", "1", "--nproc_per_node", "2", "--standalone", "-m", "imgpipe", "train", "--config", str(config),
+           "--gpus", "0", "--set", "train.epochs=2", "--resume"]  # fmt: skip
+    done = subprocess.run(one, env=quiet_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed at epoch 1, global batch 0, on 2 ranks (was 4); per-rank batch 8 (was 4)" in done.stderr
+    assert done.stdout.count("done: 2 epoch(s), 20 steps") == 1
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", map_location="cpu", weights_only=True)["world_size"] == 2
 
 
 def start_slurm_tasks(config: Path, tasks: int, **extra: str) -> list[subprocess.Popen]:

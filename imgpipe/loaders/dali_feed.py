@@ -1,0 +1,112 @@
+"""What imgpipe hands DALI's external source per batch: each record's bytes, the window to decode, the crop and flip.
+
+The DALI loader decodes what the torch loader decodes: the sampler's records in the sampler's
+order, with each record's crop box and flip from ``transforms.sample_crop`` (seed, epoch,
+record). A crop box may have fractional edges (the eval center crop), and DALI's slice
+decoder takes whole pixels, so each sample carries:
+
+* ``anchor`` / ``shape``: the smallest whole-pixel window holding the box, (x, y) and (w, h),
+  for ``decoders.image_slice`` (absolute, ``axis_names="WH"``);
+* ``roi_start`` / ``roi_end``: the box inside that window, (y, x), for ``fn.resize``'s ROI,
+  so the resize maps exactly the box onto the output, as the torch loader's resampling does;
+* ``mirror`` (0/1) for ``crop_mirror_normalize``.
+
+Labels stay on the host: the loader takes them from the ShardSet for the batch DALI returns.
+
+Pure numpy: no DALI import, so it runs (and is tested) anywhere.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections import deque
+from typing import Any, NamedTuple
+
+import numpy as np
+from PIL import Image
+
+from imgpipe.format.jpeg import jpeg_size
+from imgpipe.packing.codec import decode_failure
+from imgpipe.errors import DatasetError
+from imgpipe.format.shardset import ShardSet
+from imgpipe.loaders.geometry import Crop, EvalGeometry, TrainGeometry, sample_crop
+
+UNDECODABLE_FIX = "run 'imgpipe verify --decode' on the folder, or use the torch loader with on_corrupt='skip'"
+FEED_NAMES = ("jpegs", "anchor", "shape", "roi_start", "roi_end", "mirror")
+
+
+WINDOW_DTYPES = (np.int32, np.int32, np.float32, np.float32, np.int32)
+
+
+class Window(NamedTuple):
+    """One sample's decode window and crop, as the pipeline's inputs take them."""
+
+    anchor: tuple[int, int]  # (x, y)
+    shape: tuple[int, int]  # (w, h)
+    roi_start: tuple[float, float]  # (y, x), inside the window
+    roi_end: tuple[float, float]  # (y, x)
+    mirror: int  # 0 or 1
+
+
+def stored_size(payload: bytes) -> tuple[int, int] | None:
+    """(width, height) from the JPEG header, else Pillow's header read (PNG and others); None when neither reads it."""
+    size = jpeg_size(payload)
+    if size is not None:
+        return size
+    try:
+        with Image.open(io.BytesIO(payload)) as image:
+            return image.size
+    except (OSError, ValueError, SyntaxError):
+        return None
+
+
+def window_of(crop: Crop, width: int, height: int) -> Window:
+    """The whole-pixel window around ``crop`` in a ``width`` x ``height`` image, and the box inside it."""
+    x0, y0 = max(0, math.floor(crop.left)), max(0, math.floor(crop.top))
+    x1 = min(width, max(x0 + 1, math.ceil(crop.left + crop.width)))
+    y1 = min(height, max(y0 + 1, math.ceil(crop.top + crop.height)))
+    return Window(
+        (x0, y0),
+        (x1 - x0, y1 - y0),
+        (crop.top - y0, crop.left - x0),
+        (crop.top + crop.height - y0, crop.left + crop.width - x0),
+        int(crop.flip),
+    )
+
+
+class DaliFeed:
+    """The external source's callable: each call is the next queued batch of (epoch, record indices), as ``FEED_NAMES`` lists.
+
+    ``StopIteration`` when the queue is empty ends DALI's epoch.
+    """
+
+    def __init__(self, shards: ShardSet, geometry: TrainGeometry | EvalGeometry, seed: int) -> None:
+        self.shards = shards
+        self.geometry = geometry
+        self.seed = seed
+        self.queue: deque[tuple[int, np.ndarray]] = deque()
+        self.fed: deque[np.ndarray] = deque()  # the batches handed to DALI and not yet out of it, oldest first
+
+    def __call__(self) -> tuple[Any, ...]:
+        if not self.queue:
+            raise StopIteration
+        epoch, indices = self.queue.popleft()
+        self.fed.append(indices)
+        return self.batch(epoch, indices)
+
+    def batch(self, epoch: int, indices: np.ndarray) -> tuple[Any, ...]:
+        """The inputs of one batch: the records' bytes (a list), then one array per window field (first axis: samples)."""
+        payloads: list[np.ndarray] = []
+        windows: list[Window] = []
+        for index in indices.tolist():
+            _, payload = self.shards.read(index)
+            size = stored_size(payload)
+            if size is None:
+                reason = decode_failure(payload) or "no readable image header"
+                raise DatasetError(f"cannot decode {self.shards.describe(index)}: {reason}; {UNDECODABLE_FIX}")
+            crop = sample_crop(self.geometry, size[0], size[1], seed=self.seed, epoch=epoch, index=index)
+            payloads.append(np.frombuffer(payload, np.uint8))
+            windows.append(window_of(crop, *size))
+        fields = zip(*windows)
+        return (payloads, *(np.array(column, dtype) for column, dtype in zip(fields, WINDOW_DTYPES)))

@@ -1,0 +1,45 @@
+"""The DALI feed without DALI: decode windows around crop boxes, and batches in the sampler's order."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _tiny_shards import make_tiny_pack  # noqa: E402
+
+from imgpipe.format.jpeg import jpeg_size  # noqa: E402
+from imgpipe.loaders.dali_feed import DaliFeed, window_of  # noqa: E402
+from imgpipe.format.shardset import open_shards  # noqa: E402
+from imgpipe.loaders.geometry import Crop, EvalGeometry, TrainGeometry, sample_crop  # noqa: E402
+
+
+def test_a_fractional_box_gets_the_whole_pixel_window_around_it_and_its_place_inside() -> None:
+    w = window_of(Crop(10.25, 3.5, 20.5, 7.0, True), 64, 48)
+    assert (w.anchor, w.shape, w.mirror) == ((10, 3), (21, 8), 1)  # x 10..31, y 3..11
+    assert w.roi_start == pytest.approx((0.5, 0.25)) and w.roi_end == pytest.approx((7.5, 20.75))  # (y, x)
+    edge = window_of(Crop(0.0, 0.0, 64.0, 48.0), 64, 48)
+    assert (edge.anchor, edge.shape, edge.roi_end, edge.mirror) == ((0, 0), (64, 48), (48.0, 64.0), 0)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_a_batch_holds_each_records_bytes_and_its_own_crop(tmp_path: Path, train: bool) -> None:
+    shards = open_shards(make_tiny_pack(tmp_path / "t", records=10, shards=2), "train")
+    geometry = TrainGeometry(image_size=16) if train else EvalGeometry(image_size=16)
+    feed = DaliFeed(shards, geometry, seed=4)
+    indices = np.array([7, 2, 5])
+    feed.queue.append((3, indices))
+    payloads, anchor, shape, roi_start, roi_end, mirror = feed()
+    assert list(feed.fed) == [indices] and not feed.queue
+    assert anchor.dtype == shape.dtype == mirror.dtype == np.int32 and roi_start.dtype == np.float32 and anchor.shape == (3, 2)
+    for k, index in enumerate(indices.tolist()):
+        payload = shards.read(index)[1]
+        assert payloads[k].tobytes() == payload
+        width, height = jpeg_size(payload)
+        window = window_of(sample_crop(geometry, width, height, seed=4, epoch=3, index=index), width, height)
+        assert tuple(anchor[k]) == window.anchor and tuple(shape[k]) == window.shape and int(mirror[k]) == window.mirror
+    with pytest.raises(StopIteration):
+        feed()
