@@ -167,3 +167,24 @@ def test_the_loader_yields_the_same_batches_with_and_without_the_region_decoder(
     for ours, theirs in zip(regions, wholes):
         assert (ours.int() - theirs.int()).abs().max() <= 1
     assert sum(torch.equal(a, b) for a, b in zip(torch.cat(regions), torch.cat(wholes))) >= 12
+
+
+@needs_decoder
+def test_a_record_damaged_only_below_its_crop_decodes_as_the_intact_one() -> None:
+    """The README's one difference: the region decoder never reads the rows below the box, so a JPEG
+    cut short below it gives the intact crop without error, while a box over the damage fails and
+    ``imgpipe verify --decode`` (a whole decode) reports the record."""
+    from imgpipe.loaders.geometry import Crop
+    from imgpipe.packing.codec import decode_failure
+
+    y, x = np.mgrid[0:256, 0:192]
+    image = np.stack([(x + y) % 256, (2 * x) % 256, (3 * y) % 256], -1).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, "JPEG", quality=90)
+    intact = buf.getvalue()
+    damaged = intact[: int(len(intact) * 0.6)]  # the scan stops a little past the middle rows
+    top = Crop(16, 8, 96, 64)
+    assert torch.equal(pixels.decode_sample(damaged, lambda w, h: top, 32), pixels.decode_sample(intact, lambda w, h: top, 32))
+    with pytest.raises(OSError, match="truncated"):
+        pixels.decode_sample(damaged, lambda w, h: Crop(16, 200, 96, 50), 32)
+    assert decode_failure(damaged) == "truncated JPEG" and decode_failure(intact) is None
