@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, runtime_checkable
 
 import torch
+
+from imgpipe.errors import ConfigError
+from imgpipe.loaders.common import check_int
+
+if TYPE_CHECKING:
+    from imgpipe.loaders.sampler import EpochSampler
 
 
 @runtime_checkable
 class Loader(Protocol):
     """An iterable of ``(images, labels)`` batches; each new ``iter()`` is the next epoch.
 
-    ``state_dict`` is the epoch and the batches of it already yielded; ``load_state_dict``
-    makes the next ``iter()`` yield exactly the batches an uninterrupted run would have
-    yielded next. ``skipped`` counts the corrupt records replaced so far; ``close`` stops any
+    ``state_dict`` is the position in the global stream (epoch, global batches yielded, seed,
+    records, G); ``load_state_dict`` makes the next ``iter()`` yield exactly the batches an
+    uninterrupted run would have yielded next, at any world size with the same G. ``skipped`` counts the corrupt records replaced so far; ``close`` stops any
     worker processes now.
     """
 
@@ -30,3 +36,39 @@ class Loader(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
+
+
+class SampledLoader:
+    """The members both loaders take from their ``EpochSampler``: epoch, length, and the position in the global stream."""
+
+    sampler: EpochSampler
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being (or last) iterated."""
+        return self.sampler.epoch
+
+    @property
+    def batch_size(self) -> int:
+        return self.sampler.batch_size
+
+    def __len__(self) -> int:
+        """This rank's number of batches per epoch."""
+        return len(self.sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` run ``epoch``."""
+        self.sampler.set_epoch(check_int("epoch", epoch, minimum=0))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position in the global stream (epoch, global batches yielded, seed, records, G), for a checkpoint."""
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next ``iter()`` yields exactly the batches an uninterrupted run would have yielded next.
+
+        The state may come from either backend and any world size and worker count with the same global batch G.
+        """
+        if not isinstance(state, dict):
+            raise ConfigError(f"cannot resume: a loader state is the dict loader.state_dict() returned, got {type(state).__name__}")
+        self.sampler.load_state_dict(state)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
+from imgpipe.loaders.base import SampledLoader
 from imgpipe.loaders.common import (
     ON_CORRUPT,
     check_choice,
@@ -80,7 +81,7 @@ class _Spec:
     prefetch: int
 
 
-class DaliLoader:
+class DaliLoader(SampledLoader):
     """Iterable of ``(images, labels)`` batches for this rank; each ``iter()`` is the next epoch."""
 
     def __init__(self, spec: _Spec, shards: ShardSet, sampler: EpochSampler, feed: DaliFeed) -> None:
@@ -92,33 +93,6 @@ class DaliLoader:
         self._reusable = False  # the pipeline ran its last epoch to the end
         self.skipped = 0  # DALI never replaces a record: a corrupt one stops the epoch with a DatasetError
         self.device = torch.device("cpu") if spec.device_id is None else torch.device("cuda", spec.device_id)
-
-    @property
-    def epoch(self) -> int:
-        """The epoch being (or last) iterated."""
-        return self.sampler.epoch
-
-    @property
-    def batch_size(self) -> int:
-        return self.sampler.batch_size
-
-    def __len__(self) -> int:
-        """This rank's number of batches per epoch."""
-        return len(self.sampler)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter()`` run ``epoch``."""
-        self.sampler.set_epoch(check_int("epoch", epoch, minimum=0))
-
-    def state_dict(self) -> dict[str, Any]:
-        """The position in the global stream, as the torch loader's (either loads the other's)."""
-        return self.sampler.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume exactly where ``state`` stands; it may come from any world size with the same global batch."""
-        if not isinstance(state, dict):
-            raise ConfigError(f"cannot resume: a loader state is the dict loader.state_dict() returned, got {type(state).__name__}")
-        self.sampler.load_state_dict(state)
 
     def close(self) -> None:
         """Drop the DALI pipeline kept for the next epoch."""

@@ -53,6 +53,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 from imgpipe.loaders import seeding
 from imgpipe._sys.torch_private import shutdown_persistent_workers
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
+from imgpipe.loaders.base import SampledLoader
 from imgpipe.loaders.common import (
     ON_CORRUPT,
     check_bool,
@@ -274,7 +275,7 @@ def collate_whole_batch(batch: Any) -> Any:
     return batch
 
 
-class TorchLoader:
+class TorchLoader(SampledLoader):
     """Iterable of ``(images, labels)`` batches for this rank; each ``iter()`` is the next epoch."""
 
     def __init__(
@@ -321,36 +322,6 @@ class TorchLoader:
         std = torch.tensor(IMAGENET_STD, dtype=torch.float64)
         self._scale = (1 / std).to(torch.float32).view(1, 3, 1, 1).to(device)
         self._bias = (-mean / std).to(torch.float32).view(1, 3, 1, 1).to(device)
-
-    @property
-    def epoch(self) -> int:
-        """The epoch being (or last) iterated."""
-        return self.sampler.epoch
-
-    @property
-    def batch_size(self) -> int:
-        return self.sampler.batch_size
-
-    def __len__(self) -> int:
-        """This rank's number of batches per epoch."""
-        return len(self.sampler)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter()`` run ``epoch``."""
-        self.sampler.set_epoch(check_int("epoch", epoch, minimum=0))
-
-    def state_dict(self) -> dict[str, Any]:
-        """The position in the global stream (epoch, global batches yielded, seed, records, G), for a checkpoint."""
-        return self.sampler.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next ``iter()`` yields exactly the batches an uninterrupted run would have yielded next.
-
-        The state may come from any world size and worker count with the same global batch G.
-        """
-        if not isinstance(state, dict):
-            raise ConfigError(f"cannot resume: a loader state is the dict loader.state_dict() returned, got {type(state).__name__}")
-        self.sampler.load_state_dict(state)
 
     def close(self) -> None:
         """Stop the worker processes now (persistent workers otherwise live until the loader is collected)."""
