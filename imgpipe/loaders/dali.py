@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
-from imgpipe.loaders.common import ON_CORRUPT, check_choice, check_int, check_loader_args, default_workers, no_full_batch, open_for_rank
+from imgpipe.loaders.common import CURRENT_DEVICE, ON_CORRUPT, check_choice, check_int, check_loader_args, default_workers, no_full_batch, open_for_rank
 from imgpipe.format.dali_index import write_dali_index
 from imgpipe.format.shardset import ShardSet
 
@@ -370,7 +370,7 @@ def make_dali_loader(
     seed: int = 0,
     rank: int | None = None,
     world_size: int | None = None,
-    device: str | torch.device | None = None,
+    device: str | torch.device | None = CURRENT_DEVICE,
     normalize: bool = True,
     channels_last: bool = False,
     initial_fill: int = DEFAULT_INITIAL_FILL,
@@ -381,7 +381,7 @@ def make_dali_loader(
 
     Yields ``(images, labels)``: images float32 NCHW normalized with ImageNet mean/std (uint8
     NCHW when ``normalize=False``) on ``device`` (CPU operators when None/"cpu", GPU decoding
-    with ``mixed`` on a CUDA device); labels int64. ``workers`` is DALI's CPU thread count.
+    with ``mixed`` on a CUDA device; default: the current CUDA device if any, else the CPU); labels int64. ``workers`` is DALI's CPU thread count.
     ``len(loader)`` is this rank's batches per epoch; each ``iter()`` is the next epoch and
     ``set_epoch(e)`` picks one (see the module docstring for the train/eval policies).
     ``initial_fill``: the reader's shuffle buffer, in records; ``prefetch``: DALI's queue depth.
