@@ -255,7 +255,15 @@ def collate_whole_batch(batch: Any) -> Any:
 
 
 class TorchLoader:
-    """Iterable of ``(images, labels)`` batches for this rank; each ``iter()`` is the next epoch."""
+    """Iterable of ``(images, labels)`` batches for this rank; each ``iter()`` is the next epoch.
+
+    ``sampler`` (the ``EpochSampler``) and ``batch_sampler = None`` are what PyTorch Lightning
+    duck-types on a loader that is not a DataLoader: it then reads ``sampler`` to see that
+    batches are unshuffled for evaluation and calls ``sampler.set_epoch(e)`` with the epoch
+    ``iter()`` would run anyway, and never injects a sampler of its own.
+    """
+
+    batch_sampler = None  # the batches come from ``sampler``; Lightning reads this attribute
 
     def __init__(
         self,
