@@ -16,9 +16,10 @@ threads or workers share the machine with another's, and runs ``--epochs`` epoch
 persistent workers: the first epoch, loader construction and worker start-up included, is
 reported apart from the steady state (the median of the later epochs). A round runs every
 configuration once, one after the other, plus a single-process Pillow decode-only pass (the
-per-core reference); ratios are taken within a round and the median over ``--rounds`` rounds is
+per-core reference), in the opposite order every other round; ratios are taken within a round and the median over ``--rounds`` rounds is
 reported, since a shared machine's speed drifts by 20-30 % over minutes. Per-core rates divide by
-min(workers, CPUs). Worker and main-process RSS (and private memory) are sampled after every epoch.
+min(workers, CPUs); images per CPU-second (the process, its threads and its workers) is the
+steadier measure on a machine shared with other work. Worker and main-process RSS (and private memory) are sampled after every epoch.
 
     python benchmarks/loaders.py                      # ImageNet-shaped, 3,000 JPEGs, at 2 and all workers
     python benchmarks/loaders.py --data synth --quick --workers 2
@@ -334,7 +335,7 @@ def verdict(value: float, goal: float | None) -> str:
     return "" if goal is None else f"goal >= {goal}x: {'PASS' if value >= goal else 'MISS'}"
 
 
-def report(runs: dict[str, list[dict[str, Any]]], decode: list[float], workers: list[int], cpus: int, a: argparse.Namespace) -> dict[str, Any]:
+def report(runs: dict[str, list[dict[str, Any]]], decode: list[tuple[float, float]], workers: list[int], cpus: int, a: argparse.Namespace) -> dict[str, Any]:
     """Print the tables (rates, memory, ratios against the goals) and return them as figures."""
     figures: dict[str, Any] = {}
     print(f"\n{'loader':20s} {'output':7s} {'split':5s} {'wk':>2s} {'first':>7s} {'steady':>7s} {'/core':>6s} {'/CPU-s':>6s}"
@@ -348,7 +349,8 @@ def report(runs: dict[str, list[dict[str, Any]]], decode: list[float], workers: 
         per_core = r["steady"] / min(max(1, int(w)), cpus)
         print(f"{name:20s} {dtype:7s} {split:5s} {w:>2s} {r['first']:7.0f} {r['steady']:7.0f} {per_core:6.0f} {r['steady_per_cpu_s']:6.0f}  {memory}")
         figures[key] = {**r, "per_core": per_core, "rounds": [rates(x) for x in results], "last_round_epochs": last}
-    print(f"{'pillow decode-only':20s} {'uint8':7s} train  1 {'':7s} {statistics.median(decode):7.0f} {statistics.median(decode):6.0f}  (one process, whole decode)")
+    rate, per_cpu = statistics.median(r for r, _ in decode), statistics.median(c for _, c in decode)
+    print(f"{'pillow decode-only':20s} {'uint8':7s} train  1 {'':7s} {rate:7.0f} {rate:6.0f} {per_cpu:6.0f}  (one process, whole decode)")
     figures["decode_only"] = decode
     print("\nratios: median over rounds of the ratio within each round (steady state; first epoch in brackets); goals from issue 15")
     for split in a.splits:
@@ -359,18 +361,20 @@ def report(runs: dict[str, list[dict[str, Any]]], decode: list[float], workers: 
                     continue
                 steady, rounds = median_ratio(runs[k_mine], runs[k_theirs], "steady")
                 first, _ = median_ratio(runs[k_mine], runs[k_theirs], "first")
+                per_cpu, _ = median_ratio(runs[k_mine], runs[k_theirs], "steady_per_cpu_s")
                 goal = goal if split == "train" else None
-                print(f"  {mine} / {theirs:20s} {dtype:7s} {split:5s} {w:2d} workers {steady:5.2f}x ({first:4.2f}x)  {verdict(steady, goal):18s} "
-                      f"rounds {', '.join(f'{x:.2f}' for x in rounds)}")  # fmt: skip
-                figures[f"ratio {mine}/{theirs} {dtype} {split} {w}"] = {"steady": steady, "first": first, "rounds": rounds}
+                print(f"  {mine} / {theirs:20s} {dtype:7s} {split:5s} {w:2d} workers {steady:5.2f}x ({first:4.2f}x, per CPU-s {per_cpu:4.2f}x)  "
+                      f"{verdict(steady, goal):18s} rounds {', '.join(f'{x:.2f}' for x in rounds)}")  # fmt: skip
+                figures[f"ratio {mine}/{theirs} {dtype} {split} {w}"] = {"steady": steady, "first": first, "per_cpu_s": per_cpu, "rounds": rounds}
             k = f"imgpipe-torch|uint8|train|{w}"
             if split == "train" and k in runs:
                 cores = min(w, cpus)
-                pairs = [rates(x)["steady"] / cores / d for x, d in zip(runs[k], decode)]
+                pairs = [rates(x)["steady"] / cores / rate for x, (rate, _) in zip(runs[k], decode)]
                 per_core = statistics.median(pairs)
-                print(f"  imgpipe-torch per core / Pillow decode-only   uint8   train {w:2d} workers {per_core:5.2f}x         "
+                per_cpu = statistics.median(rates(x)["steady_per_cpu_s"] / cpu for x, (_, cpu) in zip(runs[k], decode))
+                print(f"  imgpipe-torch per core / Pillow decode-only   uint8   train {w:2d} workers {per_core:5.2f}x (per CPU-s {per_cpu:4.2f}x)  "
                       f"{verdict(per_core, PER_CORE_GOAL):18s} rounds {', '.join(f'{x:.2f}' for x in pairs)}")  # fmt: skip
-                figures[f"ratio per core / decode-only uint8 train {w}"] = {"steady": per_core, "rounds": pairs}
+                figures[f"ratio per core / decode-only uint8 train {w}"] = {"steady": per_core, "per_cpu_s": per_cpu, "rounds": pairs}
     return figures
 
 
@@ -438,10 +442,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"imgpipe-torch decodes JPEGs: {describe_jpeg_decoder()}")
     configs = [(n, d, s, w) for s in a.splits for w in workers for d in dtypes for n in names]
     runs: dict[str, list[dict[str, Any]]] = {"|".join(map(str, c)): [] for c in configs}
-    decode: list[float] = []
+    decode: list[tuple[float, float]] = []
     for round_ in range(a.rounds):
-        decode.append(decode_in_children(rec, 1, 1)[0][0])
-        for name, dtype, split, w in configs:
+        decode.append(decode_in_children(rec, 1, 1)[0])
+        for name, dtype, split, w in configs if round_ % 2 == 0 else configs[::-1]:  # alternate: a drift lands on both ends alike
             spec = {"loader": name, "dtype": dtype, "split": split, "workers": w, "epochs": a.epochs, "src": str(src), "rec": str(rec),
                     "batch_size": a.batch_size, "image_size": a.image_size}  # fmt: skip
             result = in_own_process(spec)
