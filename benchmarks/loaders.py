@@ -1,114 +1,117 @@
-"""Loader throughput on one synthetic dataset: imgpipe torch vs torchvision vs DALI CPU vs imgpipe DALI.
+"""Loader throughput, like for like, each loader alone in a process of its own.
 
-Every loader gets the same data (``imgpipe.synth`` JPEGs, packed with ``imgpipe.pack``; the
-torchvision baseline reads the source tree), the same transforms (train: RandomResizedCrop
-0.08-1, 3/4-4/3 + flip; val: resize shorter side to size/0.875 + center crop; float32 NCHW
-normalized with ImageNet mean/std), the same batch size and the same worker / thread count.
-``imgpipe-torch-whole`` is imgpipe's torch loader as an install without its region decoder
-runs it (torchvision decodes whole JPEGs): the ratio between the two is what that decoder brings.
-``imgpipe-dali`` (imgpipe's sampler and crops fed to DALI's slice decoder) is measured against
-``dali-plain`` (``readers.mxnet`` and DALI's own random crop, the same decode/resize work).
+Loaders: imgpipe's torch loader, torchvision's ImageFolder + DataLoader, the textbook DALI CPU
+pipeline (``readers.mxnet`` -> random crop / resize -> ``crop_mirror_normalize``), imgpipe's DALI
+loader, and ``imgpipe-torch-whole`` (imgpipe's torch loader as an install without its region
+decoder runs it). Every row compares like for like: the same data, the same train geometry
+(RandomResizedCrop 0.08-1, 3/4-4/3, bilinear antialiased, + flip; val: resize the shorter side to
+size/0.875 + center crop), the same output (float32 NCHW normalized with ImageNet mean/std, or
+uint8 NCHW), the same batch size, and as many DataLoader workers as DALI threads, on the CPU.
 
-Each split runs ``repeats + 1`` rounds, and each round one epoch of every loader in turn; the
-first round is a warm-up (worker start, pipeline build, page cache) and the figures are medians
-over the others. This machine's speed drifts by 20-30 % over minutes, so every ratio is taken
-within a round and the median of the rounds' ratios is reported (and judged against the goals).
-Besides wall-clock images/s, each epoch reports images per CPU-second (this process, its
-threads and its workers): on a shared machine that is the steadier measure of efficiency.
-Per-worker memory is sampled after every epoch (persistent workers; torch-based loaders only:
-DALI uses threads): RSS, and the private part (pages not shared with the parent), which is
-what copy-on-read growth shows in; the main process's private memory is sampled too (it
-receives and normalizes every batch; with every loader alive in the round-robin it also holds
-the DALI pipelines' buffers, which grow round after round, so compare it with --only). The
-decode-only limit decodes every train JPEG once with Pillow in one process (one core), and in
-as many processes at once as the loaders get workers (what the cores decode together); for the
-per-core goal a decode-only pass also runs just before each imgpipe-torch train epoch.
+The default data is ImageNet-shaped (``_data.make_imagenet_shaped``: median 500x375, ~110 KB,
+2-3 % above 1,000 px; train only); ``--data synth`` uses ``imgpipe synth``'s smaller pictures.
 
-    python benchmarks/loaders.py --quick --workers 2
+Each (loader, output, workers) runs in a fresh process of its own (``--child``), so no loader's
+threads or workers share the machine with another's, and runs ``--epochs`` epochs there with
+persistent workers: the first epoch, loader construction and worker start-up included, is
+reported apart from the steady state (the median of the later epochs). A round runs every
+configuration once, one after the other, plus a single-process Pillow decode-only pass (the
+per-core reference), in the opposite order every other round; ratios are taken within a round and the median over ``--rounds`` rounds is
+reported, since a shared machine's speed drifts by 20-30 % over minutes. Per-core rates divide by
+min(workers, CPUs); images per CPU-second (the process, its threads and its workers) is the
+steadier measure on a machine shared with other work. Worker and main-process RSS (and private memory) are sampled after every epoch.
+
+    python benchmarks/loaders.py                      # ImageNet-shaped, 3,000 JPEGs, at 2 and all workers
+    python benchmarks/loaders.py --data synth --quick --workers 2
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable
 
 import torch
 from PIL import Image
 
 import imgpipe
-from imgpipe.loaders.pixels import describe_jpeg_decoder, region_decoder
-from imgpipe.format.manifest import manifest_path
 from imgpipe.format.dali_index import write_dali_index
+from imgpipe.format.manifest import manifest_path
 from imgpipe.format.shardset import open_shards
 from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, EvalGeometry
+from imgpipe.loaders.pixels import describe_jpeg_decoder, region_decoder
+
+from _data import describe_tree, make_imagenet_shaped  # benchmarks/ is on sys.path when run as a script
 
 LOADERS = ("imgpipe-torch", "imgpipe-torch-whole", "torchvision", "dali-plain", "imgpipe-dali")
-TORCH_BASED = ("imgpipe-torch", "imgpipe-torch-whole", "torchvision")
-SETTLE_S = 0.5  # rest after each epoch, before the next loader's
+DEFAULT_LOADERS = ("imgpipe-torch", "torchvision", "dali-plain", "imgpipe-dali")
+DTYPES = ("float32", "uint8")
+# (mine, theirs, output, goal) as issue 15's table: steady-state ratios of images/s
+GOALS = (
+    ("imgpipe-torch", "torchvision", "float32", 2.0),
+    ("imgpipe-torch", "dali-plain", "float32", 1.0),
+    ("imgpipe-torch", "torchvision", "uint8", 2.0),
+    ("imgpipe-torch", "dali-plain", "uint8", None),
+    ("imgpipe-dali", "dali-plain", "float32", 0.95),  # issue 12: the same decode and resize work
+    ("imgpipe-torch", "imgpipe-torch-whole", "uint8", None),
+)
+PER_CORE_GOAL = 1.0  # imgpipe-torch uint8 images/s per core over Pillow's single-process whole-decode rate
 
 
 # ----------------------------------------------------------------------------- data
 
 
-def prepare(work: Path, classes: int, per_class: int, val_per_class: int, workers: int) -> tuple[Path, Path]:
-    """The synthetic source tree and its pack under ``work`` (reused when already there)."""
-    from imgpipe.synth import make_synthetic
+def prepare(a: argparse.Namespace) -> tuple[Path, Path]:
+    """The source tree and its pack under ``a.work`` (reused when already there)."""
+    if a.data == "imagenet":
+        src = make_imagenet_shaped(a.work / f"imagenet-shaped-{a.images}", a.images, a.classes, a.prepare_workers)
+        rec, splits = a.work / f"rec-imagenet-shaped-{a.images}", ["train"]
+    else:
+        from imgpipe.synth import make_synthetic
 
-    src, rec = work / f"src-{classes}x{per_class}", work / f"rec-{classes}x{per_class}"
-    if not (src / "LOC_val_solution.csv").is_file():
-        make_synthetic(src, classes=classes, per_class=per_class, val_per_class=val_per_class, seed=0, progress=False)
+        src, rec, splits = a.work / f"src-{a.classes}x{a.per_class}", a.work / f"rec-{a.classes}x{a.per_class}", ["train", "val"]
+        if not (src / "LOC_val_solution.csv").is_file():
+            make_synthetic(src, classes=a.classes, per_class=a.per_class, val_per_class=a.val_per_class, seed=0, progress=False)
     if not manifest_path(rec).is_file():
-        imgpipe.pack(src, rec, workers=workers, overwrite=True, progress=False)
+        imgpipe.pack(src, rec, splits=splits, workers=a.prepare_workers, overwrite=True, progress=False)
     return src, rec
 
 
-# ----------------------------------------------------------------------------- loaders
+# ----------------------------------------------------------------------------- loaders (built in the child process)
 
 
-def imgpipe_torch(rec: Path, train: bool, a: argparse.Namespace) -> Any:
-    return imgpipe.make_torch_loader(rec, "train" if train else "val", batch_size=a.batch_size, train=train, image_size=a.image_size, workers=a.workers)
+def imgpipe_torch(rec: Path, train: bool, s: dict[str, Any]) -> Any:
+    return imgpipe.make_torch_loader(
+        rec, "train" if train else "val", batch_size=s["batch_size"], train=train, image_size=s["image_size"], workers=s["workers"],
+        device=None, normalize=s["dtype"] == "float32",
+    )
 
 
-@contextlib.contextmanager
-def whole_decode() -> Iterator[None]:
-    """imgpipe's torch loader as an install without the region decoder runs it (workers forked inside inherit it)."""
+def imgpipe_torch_whole(rec: Path, train: bool, s: dict[str, Any]) -> Any:
+    """imgpipe's torch loader decoding whole JPEGs with torchvision, as an install without the region decoder runs it."""
     from imgpipe.loaders import pixels
 
-    built = pixels.region_decoder
-    pixels.region_decoder = lambda: None
-    try:
-        yield
-    finally:
-        pixels.region_decoder = built
+    pixels.region_decoder = lambda: None  # this process runs only this loader; its forked workers inherit it
+    return imgpipe_torch(rec, train, s)
 
 
-class WholeDecodeTorch:
-    """imgpipe's torch loader decoding whole JPEGs with torchvision: what the region decoder brings, in the same run."""
-
-    def __init__(self, rec: Path, train: bool, a: argparse.Namespace) -> None:
-        with whole_decode():
-            self.loader = imgpipe_torch(rec, train, a)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        with whole_decode():
-            yield from self.loader
+def imgpipe_dali(rec: Path, train: bool, s: dict[str, Any]) -> Any:
+    return imgpipe.make_dali_loader(
+        rec, "train" if train else "val", batch_size=s["batch_size"], train=train, image_size=s["image_size"], workers=s["workers"],
+        device=None, normalize=s["dtype"] == "float32",
+    )
 
 
-def imgpipe_dali(rec: Path, train: bool, a: argparse.Namespace) -> Any:
-    return imgpipe.make_dali_loader(rec, "train" if train else "val", batch_size=a.batch_size, train=train, image_size=a.image_size, workers=a.workers)
-
-
-def torchvision_baseline(src: Path, train: bool, a: argparse.Namespace) -> Any:
+def torchvision_baseline(src: Path, train: bool, s: dict[str, Any]) -> Any:
     """ImageFolder (train) or the flat val folder + its CSV labels, PIL transforms, a plain DataLoader."""
     import torchvision.transforms as T
     from torchvision.datasets import ImageFolder
@@ -116,12 +119,16 @@ def torchvision_baseline(src: Path, train: bool, a: argparse.Namespace) -> Any:
 
     from imgpipe.packing.source import scan
 
-    normalize = T.Normalize([m / 255 for m in IMAGENET_MEAN], [s / 255 for s in IMAGENET_STD])
+    size = s["image_size"]
+    if s["dtype"] == "float32":
+        out = [T.ToTensor(), T.Normalize([m / 255 for m in IMAGENET_MEAN], [d / 255 for d in IMAGENET_STD])]
+    else:
+        out = [T.PILToTensor()]
     if train:
-        tf = T.Compose([T.RandomResizedCrop(a.image_size), T.RandomHorizontalFlip(), T.ToTensor(), normalize])
+        tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), *out])
         dataset: Any = ImageFolder(str(src / "train"), transform=tf)
     else:
-        tf = T.Compose([T.Resize(EvalGeometry(image_size=a.image_size).resize_shorter), T.CenterCrop(a.image_size), T.ToTensor(), normalize])
+        tf = T.Compose([T.Resize(EvalGeometry(image_size=size).resize_shorter), T.CenterCrop(size), *out])
         items = scan(src, ["val"]).splits["val"]
         samples = [(str(src / p), int(label)) for p, label in zip(items.paths, items.labels)]
 
@@ -134,21 +141,22 @@ def torchvision_baseline(src: Path, train: bool, a: argparse.Namespace) -> Any:
                 return tf(default_loader(path)), label
 
         dataset = ValFolder()
+    workers = s["workers"]
     return torch.utils.data.DataLoader(
-        dataset, batch_size=a.batch_size, shuffle=train, drop_last=train, num_workers=a.workers, persistent_workers=a.workers > 0
+        dataset, batch_size=s["batch_size"], shuffle=train, drop_last=train, num_workers=workers, persistent_workers=workers > 0
     )
 
 
 class PlainDali:
     """The textbook DALI CPU pipeline: readers.mxnet -> image_random_crop / resize -> crop_mirror_normalize."""
 
-    def __init__(self, rec: Path, train: bool, a: argparse.Namespace) -> None:
+    def __init__(self, rec: Path, train: bool, s: dict[str, Any]) -> None:
         from nvidia.dali import Pipeline, fn, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
         shards = open_shards(rec, "train" if train else "val")
-        size = a.image_size
-        pipe = Pipeline(batch_size=a.batch_size, num_threads=a.workers, device_id=None, seed=0)
+        size = s["image_size"]
+        pipe = Pipeline(batch_size=s["batch_size"], num_threads=max(1, s["workers"]), device_id=None, seed=0)
         with pipe:
             jpegs, labels = fn.readers.mxnet(
                 path=[str(p) for p in shards.rec_paths], index_path=[str(write_dali_index(shards))],
@@ -162,9 +170,11 @@ class PlainDali:
                 images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
                 images = fn.resize(images, resize_shorter=EvalGeometry(image_size=size).resize_shorter)
                 mirror = 0
-            images = fn.crop_mirror_normalize(
-                images, dtype=types.FLOAT, output_layout="CHW", crop=(size, size), mean=list(IMAGENET_MEAN), std=list(IMAGENET_STD), mirror=mirror
-            )
+            if s["dtype"] == "float32":
+                out = {"dtype": types.FLOAT, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
+            else:
+                out = {"dtype": types.UINT8}
+            images = fn.crop_mirror_normalize(images, output_layout="CHW", crop=(size, size), mirror=mirror, **out)
             pipe.set_outputs(images, labels)
         policy = LastBatchPolicy.DROP if train else LastBatchPolicy.PARTIAL
         self._it = DALIGenericIterator([pipe], ["images", "labels"], reader_name="Reader", last_batch_policy=policy)
@@ -175,6 +185,15 @@ class PlainDali:
     def __iter__(self) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
         for (out,) in self._it:
             yield out["images"], out["labels"].reshape(-1).long()
+
+
+MAKERS = {
+    "imgpipe-torch": lambda src, rec, train, s: imgpipe_torch(rec, train, s),
+    "imgpipe-torch-whole": lambda src, rec, train, s: imgpipe_torch_whole(rec, train, s),
+    "torchvision": lambda src, rec, train, s: torchvision_baseline(src, train, s),
+    "dali-plain": lambda src, rec, train, s: PlainDali(rec, train, s),
+    "imgpipe-dali": lambda src, rec, train, s: imgpipe_dali(rec, train, s),
+}
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -215,13 +234,44 @@ def cpu_seconds() -> float:
     return total
 
 
-def one_epoch(loader: Any) -> tuple[int, float, float]:
-    """(images, wall seconds, CPU seconds) of one pass."""
-    start, cpu, images = time.perf_counter(), cpu_seconds(), 0
+def one_epoch(loader: Any, dtype: torch.dtype) -> int:
+    """Images of one pass (every batch checked for the dtype asked)."""
+    images = 0
     for batch, labels in loader:
+        assert batch.dtype == dtype and batch.shape[0] == labels.shape[0], (batch.dtype, batch.shape)
         images += int(labels.numel())
-        assert batch.dtype == torch.float32 and batch.shape[0] == labels.shape[0]
-    return images, time.perf_counter() - start, cpu_seconds() - cpu
+    return images
+
+
+def run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """(In the child process) build one loader and run ``spec["epochs"]`` epochs of it; the first
+    epoch's time includes building the loader and starting its workers."""
+    torch.set_num_threads(1)  # the main process of a training loop; DALI's threads and the workers are the loader's
+    dtype = getattr(torch, spec["dtype"])
+    began, cpu_began = time.perf_counter(), cpu_seconds()
+    loader = MAKERS[spec["loader"]](Path(spec["src"]), Path(spec["rec"]), spec["split"] == "train", spec)
+    epochs = []
+    for _ in range(spec["epochs"]):
+        images = one_epoch(loader, dtype)
+        now, cpu = time.perf_counter(), cpu_seconds()
+        workers = [memory_mb(pid) for pid in child_pids()]
+        main_rss, main_private = memory_mb(os.getpid())
+        epochs.append({
+            "images": images, "wall_s": now - began, "cpu_s": cpu - cpu_began,
+            "worker_rss_mb": max((r for r, _ in workers), default=0.0), "worker_private_mb": max((p for _, p in workers), default=0.0),
+            "main_rss_mb": main_rss, "main_private_mb": main_private,
+        })  # fmt: skip
+        began, cpu_began = time.perf_counter(), cpu_seconds()
+    getattr(loader, "close", lambda: None)()
+    return {"epochs": epochs}
+
+
+def in_own_process(spec: dict[str, Any]) -> dict[str, Any]:
+    """``run_child(spec)`` in a fresh Python process (this script with ``--child``)."""
+    run = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, timeout=1800)
+    if run.returncode != 0:
+        raise SystemExit(f"{spec['loader']} {spec['dtype']} ({spec['workers']} workers) failed:\n{run.stderr[-3000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def decode_all(payloads: list[bytes]) -> None:
@@ -264,179 +314,147 @@ def decode_in_children(rec: Path, count: int, repeats: int) -> list[tuple[float,
     return passes
 
 
-def decode_only(rec: Path, repeats: int, processes: int) -> dict[str, float]:
-    """The decode-only limit: every train JPEG decoded once with Pillow in one process (images/s,
-    images per CPU-second), and in ``processes`` processes at once (images/s: what this machine's
-    cores decode together, which is less than ``processes`` times one core where cores share
-    caches, memory bandwidth or a hypervisor's time)."""
-    one = decode_in_children(rec, 1, repeats)
-    parallel = decode_in_children(rec, processes, repeats)
+def rates(result: dict[str, Any]) -> dict[str, Any]:
+    """First-epoch and steady-state images/s (and images per CPU-second) of one child's epochs."""
+    epochs = result["epochs"]
+    steady = epochs[1:] or epochs
     return {
-        "images_per_s": statistics.median(rate for rate, _ in one),
-        "images_per_cpu_s": statistics.median(per_cpu for _, per_cpu in one),
-        "processes": processes,
-        "parallel_images_per_s": processes * statistics.median(rate for rate, _ in parallel),
+        "first": epochs[0]["images"] / epochs[0]["wall_s"],
+        "steady": statistics.median(e["images"] / e["wall_s"] for e in steady),
+        "steady_per_cpu_s": statistics.median(e["images"] / max(e["cpu_s"], 1e-9) for e in steady),
     }
 
 
-def decode_pass(rec: Path) -> float:
-    """One single-process decode-only pass (images/s), to pair with a loader epoch."""
-    return decode_in_children(rec, 1, 1)[0][0]
+def median_ratio(mine: list[dict[str, Any]], theirs: list[dict[str, Any]], key: str) -> tuple[float, list[float]]:
+    """The median over rounds of ``mine``'s ``key`` rate over ``theirs``, with the rounds' ratios."""
+    rounds = [rates(m)[key] / rates(t)[key] for m, t in zip(mine, theirs)]
+    return statistics.median(rounds), rounds
 
 
-def measure_split(
-    names: list[str], makers: dict[str, Callable[[bool], Any]], train: bool, a: argparse.Namespace, paired: dict[str, Callable[[], float]]
-) -> dict[str, dict[str, Any]]:
-    """``repeats + 1`` rounds of one epoch of each loader in turn; medians after the warm-up round.
-
-    Round-robin, so that this machine's drift (its speed wanders by 20-30 % over minutes) lands
-    on every loader alike: ratios between loaders are taken within a round (``round_ratios``).
-    Each epoch is followed by ``SETTLE_S`` of rest: DALI keeps computing its prefetched batches
-    after an epoch ends, and that work must not land in the next loader's epoch. A loader named
-    in ``paired`` runs that measurement (a decode-only pass) just before each of its epochs.
-    """
-    split = "train" if train else "val"
-    runs: dict[str, dict[str, list[Any]]] = {name: {"rate": [], "per_cpu": [], "rss": [], "private": [], "main": [], "paired": []} for name in names}
-    workers: dict[str, set[int]] = {name: set() for name in names}
-    loaders = {name: makers[name](train) for name in names}
-    for _ in range(a.repeats + 1):
-        for name, loader in loaders.items():
-            if name in paired:
-                runs[name]["paired"].append(paired[name]())
-            before = set(child_pids())
-            images, wall, cpu = one_epoch(loader)
-            runs[name]["rate"].append(images / wall)
-            runs[name]["per_cpu"].append(images / max(cpu, 1e-9))
-            if name in TORCH_BASED:
-                if not workers[name]:  # its workers: the children that appeared during its first epoch
-                    workers[name] = set(child_pids()) - before
-                sizes = [memory_mb(pid) for pid in sorted(workers[name])]
-                runs[name]["rss"].append(max((r for r, _ in sizes), default=0.0))
-                runs[name]["private"].append(max((p for _, p in sizes), default=0.0))
-                runs[name]["main"].append(memory_mb(os.getpid())[1])
-            time.sleep(SETTLE_S)
-    for loader in loaders.values():
-        getattr(loader, "close", lambda: None)()  # stop persistent workers before the next split starts its own
-    loaders.clear()
-    out = {}
-    for name, run in runs.items():
-        out[name] = {
-            "images_per_s": statistics.median(run["rate"][1:]),
-            "images_per_cpu_s": statistics.median(run["per_cpu"][1:]),
-            "epochs_images_per_s": [round(r, 1) for r in run["rate"]],
-            "worker_rss_mb": [round(r, 1) for r in run["rss"]],
-            "worker_private_mb": [round(r, 1) for r in run["private"]],
-            "main_private_mb": [round(r, 1) for r in run["main"]],
-        }
-        if run["paired"]:
-            out[name]["paired_images_per_s"] = [round(r, 1) for r in run["paired"]]
-        mem = f"  worker MB after each epoch: RSS {out[name]['worker_rss_mb']} private {out[name]['worker_private_mb']}; main process private {out[name]['main_private_mb']}" if run["rss"] else ""
-        print(f"  {name:14s} {split:5s} {out[name]['images_per_s']:7.1f} images/s {out[name]['images_per_cpu_s']:7.1f} images/CPU-s"
-              f"  epochs {out[name]['epochs_images_per_s']}{mem}", flush=True)
-    return out
+def verdict(value: float, goal: float | None) -> str:
+    return "" if goal is None else f"goal >= {goal}x: {'PASS' if value >= goal else 'MISS'}"
 
 
-def round_ratios(figures: dict[str, Any], split: str, mine: str, theirs: str) -> list[float]:
-    """``mine``'s images/s over ``theirs``, round by round, after the warm-up round."""
-    ours, other = figures[split][mine]["epochs_images_per_s"][1:], figures[split][theirs]["epochs_images_per_s"][1:]
-    return [m / t for m, t in zip(ours, other)]
-
-
-def report_ratio(figures: dict[str, Any], key: str, split: str, mine: str, theirs: str, goal: float | None, note: str = "") -> None:
-    """Print the median of ``round_ratios`` (and the ratio of images per CPU-second), with the goal's verdict;
-    record them as ``figures[key + "_" + split]``."""
-    rounds = round_ratios(figures, split, mine, theirs)
-    wall = statistics.median(rounds)
-    eff = figures[split][mine]["images_per_cpu_s"] / figures[split][theirs]["images_per_cpu_s"]
-    verdict = f"goal >= {goal}x: {'PASS' if wall >= goal else 'MISS'}  " if goal is not None else ""
-    print(f"  {mine} / {theirs:19s} {split:5s} {wall:5.2f}x ({eff:5.2f}x per CPU-s)  {verdict}rounds {', '.join(f'{r:.2f}' for r in rounds)}  {note}".rstrip())
-    figures[f"{key}_{split}"] = {"wall": wall, "rounds": rounds, "per_cpu": eff}
+def report(runs: dict[str, list[dict[str, Any]]], decode: list[tuple[float, float]], workers: list[int], cpus: int, a: argparse.Namespace) -> dict[str, Any]:
+    """Print the tables (rates, memory, ratios against the goals) and return them as figures."""
+    figures: dict[str, Any] = {}
+    print(f"\n{'loader':20s} {'output':7s} {'split':5s} {'wk':>2s} {'first':>7s} {'steady':>7s} {'/core':>6s} {'/CPU-s':>6s}"
+          "  worker RSS MB per epoch (private) | main RSS MB (private)")  # fmt: skip
+    for key, results in runs.items():
+        name, dtype, split, w = key.split("|")
+        r = {k: statistics.median(rates(x)[k] for x in results) for k in ("first", "steady", "steady_per_cpu_s")}
+        last = results[-1]["epochs"]
+        workers_mb = f"{[round(e['worker_rss_mb']) for e in last]} ({[round(e['worker_private_mb']) for e in last]})" if last[0]["worker_rss_mb"] else "(threads, no workers)"
+        memory = f"{workers_mb} | {[round(e['main_rss_mb']) for e in last]} ({[round(e['main_private_mb']) for e in last]})"
+        per_core = r["steady"] / min(max(1, int(w)), cpus)
+        print(f"{name:20s} {dtype:7s} {split:5s} {w:>2s} {r['first']:7.0f} {r['steady']:7.0f} {per_core:6.0f} {r['steady_per_cpu_s']:6.0f}  {memory}")
+        figures[key] = {**r, "per_core": per_core, "rounds": [rates(x) for x in results], "last_round_epochs": last}
+    rate, per_cpu = statistics.median(r for r, _ in decode), statistics.median(c for _, c in decode)
+    print(f"{'pillow decode-only':20s} {'uint8':7s} train  1 {'':7s} {rate:7.0f} {rate:6.0f} {per_cpu:6.0f}  (one process, whole decode)")
+    figures["decode_only"] = decode
+    print("\nratios: median over rounds of the ratio within each round (steady state; first epoch in brackets); goals from issues 12 and 15")
+    for split in a.splits:
+        for w in workers:
+            for mine, theirs, dtype, goal in GOALS:
+                k_mine, k_theirs = f"{mine}|{dtype}|{split}|{w}", f"{theirs}|{dtype}|{split}|{w}"
+                if k_mine not in runs or k_theirs not in runs:
+                    continue
+                steady, rounds = median_ratio(runs[k_mine], runs[k_theirs], "steady")
+                first, _ = median_ratio(runs[k_mine], runs[k_theirs], "first")
+                per_cpu, _ = median_ratio(runs[k_mine], runs[k_theirs], "steady_per_cpu_s")
+                goal = goal if split == "train" else None
+                print(f"  {mine} / {theirs:20s} {dtype:7s} {split:5s} {w:2d} workers {steady:5.2f}x ({first:4.2f}x, per CPU-s {per_cpu:4.2f}x)  "
+                      f"{verdict(steady, goal):18s} rounds {', '.join(f'{x:.2f}' for x in rounds)}")  # fmt: skip
+                figures[f"ratio {mine}/{theirs} {dtype} {split} {w}"] = {"steady": steady, "first": first, "per_cpu_s": per_cpu, "rounds": rounds}
+            k = f"imgpipe-torch|uint8|train|{w}"
+            if split == "train" and k in runs:
+                cores = min(w, cpus)
+                pairs = [rates(x)["steady"] / cores / rate for x, (rate, _) in zip(runs[k], decode)]
+                per_core = statistics.median(pairs)
+                per_cpu = statistics.median(rates(x)["steady_per_cpu_s"] / cpu for x, (_, cpu) in zip(runs[k], decode))
+                print(f"  imgpipe-torch per core / Pillow decode-only   uint8   train {w:2d} workers {per_core:5.2f}x (per CPU-s {per_cpu:4.2f}x)  "
+                      f"{verdict(per_core, PER_CORE_GOAL):18s} rounds {', '.join(f'{x:.2f}' for x in pairs)}")  # fmt: skip
+                figures[f"ratio per core / decode-only uint8 train {w}"] = {"steady": per_core, "per_cpu_s": per_cpu, "rounds": pairs}
+    return figures
 
 
 # ----------------------------------------------------------------------------- main
 
 
+def worker_counts(text: str, cpus: int) -> list[int]:
+    """``--workers`` ("2,all") as distinct counts; "all" is the CPUs available."""
+    counts = [cpus if w.strip() == "all" else int(w) for w in text.split(",") if w.strip()]
+    return list(dict.fromkeys(counts))
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="10 classes x 40 train, 10 val each, 3 repeats")
+    p.add_argument("--data", choices=["imagenet", "synth"], default="imagenet", help="ImageNet-shaped JPEGs (train only), or imgpipe synth's")
+    p.add_argument("--images", type=int, default=3000, help="ImageNet-shaped train JPEGs")
+    p.add_argument("--quick", action="store_true", help="smaller data (600 images; synth: 10 classes x 40 + 10 val), 2 rounds")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "imgpipe-bench-loaders", help="data folder (reused between runs)")
     p.add_argument("--classes", type=int, default=20)
-    p.add_argument("--per-class", type=int, default=100)
-    p.add_argument("--val-per-class", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--per-class", type=int, default=100, help="synth: train images per class")
+    p.add_argument("--val-per-class", type=int, default=20, help="synth: val images per class")
+    p.add_argument("--splits", default="train", help="train and/or val (val: --data synth only)")
+    p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--workers", type=int, default=min(8, len(os.sched_getaffinity(0))), help="DataLoader workers = DALI threads")
-    p.add_argument("--repeats", type=int, default=3, help="measured epochs per loader and split (after one warm-up)")
-    p.add_argument("--only", default=",".join(LOADERS), help=f"comma-separated subset of {', '.join(LOADERS)}")
+    p.add_argument("--workers", default="2,all", help="comma-separated DataLoader worker (= DALI thread) counts; 'all' = the CPUs available")
+    p.add_argument("--epochs", type=int, default=4, help="epochs per process: the first (start-up included), then the steady state")
+    p.add_argument("--rounds", type=int, default=3, help="every configuration once per round, each in its own process")
+    p.add_argument("--dtypes", default=",".join(DTYPES), help="float32 (normalized) and/or uint8")
+    p.add_argument("--only", default=",".join(DEFAULT_LOADERS), help=f"comma-separated subset of {', '.join(LOADERS)}")
     p.add_argument("--json", type=Path, help="also write the figures here")
+    p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.quick:
-        a.classes, a.per_class, a.val_per_class = 10, 40, 10
-    a.repeats = max(1, a.repeats)
+        a.images, a.classes, a.per_class, a.val_per_class, a.rounds = 600, 10, 40, 10, 2
+    a.splits = [x.strip() for x in a.splits.split(",") if x.strip()]
+    if "val" in a.splits and a.data != "synth":
+        p.error("the ImageNet-shaped data has no val split: use --data synth for val")
+    a.epochs, a.rounds = max(2, a.epochs), max(1, a.rounds)
     return a
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
-    torch.set_num_threads(1)
+    if a.child:
+        print(json.dumps(run_child(json.loads(a.child))))
+        return 0
     from imgpipe.loaders.dali import dali_available
 
     names = [n.strip() for n in a.only.split(",") if n.strip()]
-    unknown = set(names) - set(LOADERS)
-    if unknown:
-        sys.exit(f"unknown loader(s): {', '.join(sorted(unknown))}")
+    dtypes = [d.strip() for d in a.dtypes.split(",") if d.strip()]
+    if set(names) - set(LOADERS) or set(dtypes) - set(DTYPES):
+        sys.exit(f"unknown loader(s) or output(s): {', '.join(sorted((set(names) - set(LOADERS)) | (set(dtypes) - set(DTYPES))))}")
     if not dali_available():
         print("nvidia.dali is not installed: skipping the DALI loaders (pip install 'imgpipe[dali]')")
         names = [n for n in names if "dali" not in n]
     if region_decoder() is None:  # imgpipe-torch already decodes whole images
         names = [n for n in names if n != "imgpipe-torch-whole"]
-    src, rec = prepare(a.work, a.classes, a.per_class, a.val_per_class, a.workers)
     cpus = len(os.sched_getaffinity(0))
-    print(f"data: {len(open_shards(rec, 'train'))} train / {len(open_shards(rec, 'val'))} val JPEGs ({src}); "
-          f"batch {a.batch_size}, size {a.image_size}, {a.workers} workers/threads, {cpus} CPUs, medians of {a.repeats} epochs")
+    workers = worker_counts(a.workers, cpus)
+    a.prepare_workers = cpus
+    src, rec = prepare(a)
+    shape = describe_tree(src / "train") if a.data == "imagenet" else "imgpipe synth"
+    print(f"data: {len(open_shards(rec, 'train'))} train JPEGs ({shape}; {src}); batch {a.batch_size}, size {a.image_size}, "
+          f"workers {workers}, {cpus} CPUs; {a.epochs} epochs per process, medians of {a.rounds} rounds")  # fmt: skip
     print(f"imgpipe-torch decodes JPEGs: {describe_jpeg_decoder()}")
-
-    makers: dict[str, Callable[[bool], Any]] = {
-        "imgpipe-torch": lambda train: imgpipe_torch(rec, train, a),
-        "imgpipe-torch-whole": lambda train: WholeDecodeTorch(rec, train, a),
-        "torchvision": lambda train: torchvision_baseline(src, train, a),
-        "dali-plain": lambda train: PlainDali(rec, train, a),
-        "imgpipe-dali": lambda train: imgpipe_dali(rec, train, a),
-    }
-    figures: dict[str, Any] = {"config": {k: str(v) for k, v in vars(a).items()}, "cpus": cpus, "jpeg_decoder": describe_jpeg_decoder()}
-    figures["decode_only"] = d = decode_only(rec, a.repeats, min(a.workers, cpus))
-    print(f"  {'decode-only':14s} train {d['images_per_s']:7.1f} images/s {d['images_per_cpu_s']:7.1f} images/CPU-s (Pillow, one process); "
-          f"{d['parallel_images_per_s']:.1f} images/s in {d['processes']} processes at once "
-          f"({d['parallel_images_per_s'] / d['images_per_s'] / d['processes']:.2f}x one process per process)")
-    per_core_pairs = {"imgpipe-torch": lambda: decode_pass(rec)}
-    for split, train in (("train", True), ("val", False)):
-        figures[split] = measure_split(names, makers, train, a, per_core_pairs if train else {})
-
-    print("\nratios: medians of the rounds' ratios of wall images/s (CPU-efficiency: ratio of images per CPU-second); goals from issues 3 and 12")
-    ours = figures["train"].get("imgpipe-torch")
-    for other, goal in (("torchvision", 2.0), ("dali-plain", 1.0)):
-        if ours is None or other not in figures["train"]:
-            continue
-        for split in ("train", "val"):
-            report_ratio(figures, f"ratio_vs_{other}", split, "imgpipe-torch", other, goal if split == "train" else None)
-    if ours is not None:
-        cores = min(a.workers, cpus)
-        pairs = [rate / cores / decode for rate, decode in zip(ours["epochs_images_per_s"][1:], ours["paired_images_per_s"][1:])]
-        paired = statistics.median(pairs)
-        per_cpu = ours["images_per_cpu_s"] / d["images_per_cpu_s"]
-        parallel = ours["images_per_s"] / d["parallel_images_per_s"]
-        figures["ratio_per_core_vs_decode_only"] = {"paired": paired, "rounds": pairs, "per_cpu": per_cpu, "vs_parallel_decode_only": parallel}
-        print(f"  imgpipe-torch per core / decode-only      train {paired:5.2f}x ({per_cpu:5.2f}x per CPU-s)  goal >= 0.8x: "
-              f"{'PASS' if paired >= 0.8 else 'MISS'}  rounds {', '.join(f'{p:.2f}' for p in pairs)} (decode-only pass just before each epoch)")
-        print(f"  imgpipe-torch / decode-only in {d['processes']} processes train {parallel:5.2f}x")
-    if ours is not None and "imgpipe-torch-whole" in figures["train"]:
-        for split in ("train", "val"):
-            report_ratio(figures, "ratio_vs_whole_decode", split, "imgpipe-torch", "imgpipe-torch-whole", None, "what the region decoder brings")
-    if "imgpipe-dali" in figures["train"] and "dali-plain" in figures["train"]:
-        for split in ("train", "val"):
-            report_ratio(figures, "ratio_imgpipe-dali_vs_dali-plain", split, "imgpipe-dali", "dali-plain", 0.95, "same work; issue 12's goal")
+    configs = [(n, d, s, w) for s in a.splits for w in workers for d in dtypes for n in names]
+    runs: dict[str, list[dict[str, Any]]] = {"|".join(map(str, c)): [] for c in configs}
+    decode: list[tuple[float, float]] = []
+    for round_ in range(a.rounds):
+        decode.append(decode_in_children(rec, 1, 1)[0])
+        for name, dtype, split, w in configs if round_ % 2 == 0 else configs[::-1]:  # alternate: a drift lands on both ends alike
+            spec = {"loader": name, "dtype": dtype, "split": split, "workers": w, "epochs": a.epochs, "src": str(src), "rec": str(rec),
+                    "batch_size": a.batch_size, "image_size": a.image_size}  # fmt: skip
+            result = in_own_process(spec)
+            runs[f"{name}|{dtype}|{split}|{w}"].append(result)
+            r = rates(result)
+            print(f"  round {round_ + 1}: {name:20s} {dtype:7s} {split:5s} {w} workers: first {r['first']:6.0f}, steady {r['steady']:6.0f} images/s", flush=True)
+    figures = report(runs, decode, workers, cpus, a)
     if a.json:
-        a.json.write_text(json.dumps(figures, indent=1, default=float) + "\n")
+        a.json.write_text(json.dumps({"config": {k: str(v) for k, v in vars(a).items()}, "cpus": cpus, **figures}, indent=1, default=float) + "\n")
     return 0
 
 

@@ -39,9 +39,16 @@ class Loader(Protocol):
 
 
 class SampledLoader:
-    """The members both loaders take from their ``EpochSampler``: epoch, length, and the position in the global stream."""
+    """The members both loaders take from their ``EpochSampler``: epoch, length, and the position in the global stream.
+
+    ``sampler`` and ``batch_sampler = None`` are also what PyTorch Lightning duck-types on a loader
+    that is not a DataLoader: it then reads ``sampler`` to see that evaluation batches are not
+    shuffled, calls ``sampler.set_epoch(e)`` with the epoch ``iter()`` would run anyway, and
+    never injects a sampler of its own.
+    """
 
     sampler: EpochSampler
+    batch_sampler = None  # the batches come from ``sampler``; Lightning reads this attribute
 
     @property
     def epoch(self) -> int:

@@ -3,6 +3,10 @@
 Every public argument is checked here, once for both loaders: a mistake (``image_size="224"``,
 ``batch_size=8.5``, ``train=1``, ``device="cuda"`` without a GPU) is one ``ConfigError``
 naming the argument and what it accepts, never a TypeError or a torch error from deep inside.
+
+``device`` defaults to ``CURRENT_DEVICE``: the current CUDA device when torch sees one, else the
+CPU, so batches are normalized on the GPU unless the caller asks otherwise; ``device=None``
+still means the CPU explicitly.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import numbers
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -22,6 +26,25 @@ if TYPE_CHECKING:
     import torch
 
 ON_CORRUPT = ("raise", "skip")  # what a loader does with a record it cannot decode
+
+
+class _CurrentDevice:
+    """The type of ``CURRENT_DEVICE``, the loaders' default ``device``: distinct from None (the CPU)."""
+
+    def __repr__(self) -> str:
+        return "CURRENT_DEVICE"
+
+
+CURRENT_DEVICE: Any = _CurrentDevice()  # typed Any so it fits a ``device: str | torch.device | None`` parameter
+
+
+def default_device(cuda_available: bool, current_index: Callable[[], int]) -> str:
+    """The device a loader uses when none is named: ``cuda:<current>`` when CUDA is available, else the CPU.
+
+    Takes its inputs (``torch.cuda.is_available()`` and ``torch.cuda.current_device``) as
+    arguments so the choice is testable on a machine without a GPU.
+    """
+    return f"cuda:{current_index()}" if cuda_available else "cpu"
 
 
 def default_workers(local_world_size: int = 1) -> int:
@@ -64,7 +87,8 @@ def check_choice(name: str, value: object, choices: Sequence[str]) -> str:
 
 
 def resolve_device(device: object) -> "torch.device":
-    """The device batches go to: the CPU for None/"cpu"; a visible CUDA device, with its index, for "cuda"/"cuda:N".
+    """The device batches go to: the CPU for None/"cpu"; a visible CUDA device, with its index, for "cuda"/"cuda:N";
+    ``default_device`` for ``CURRENT_DEVICE``.
 
     A bare "cuda" becomes the current CUDA device, so the loader keeps using the GPU it was
     built on even if the caller switches devices later.
@@ -72,6 +96,8 @@ def resolve_device(device: object) -> "torch.device":
     import torch
 
     accepted = "None, 'cpu', 'cuda' or 'cuda:N' (or a torch.device of those)"
+    if device is CURRENT_DEVICE:
+        device = default_device(torch.cuda.is_available(), torch.cuda.current_device)
     if device is None:
         return torch.device("cpu")
     if not isinstance(device, (str, torch.device)):

@@ -29,6 +29,7 @@ import torch
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.base import SampledLoader
 from imgpipe.loaders.common import (
+    CURRENT_DEVICE,
     ON_CORRUPT,
     check_choice,
     check_int,
@@ -99,8 +100,9 @@ class DaliLoader(SampledLoader):
         self._pipe = None
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        epoch, batches = self.sampler.begin_epoch()
-        return self._run(epoch, batches)
+        # a generator, as the torch loader's: the epoch begins at the first next(), so an iter()
+        # that is never read (Lightning's iterability check) does not use up an epoch
+        yield from self._run(*self.sampler.begin_epoch())
 
     def _run(self, epoch: int, batches: list[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if not batches:
@@ -255,7 +257,7 @@ def make_dali_loader(
     seed: int = 0,
     rank: int | None = None,
     world_size: int | None = None,
-    device: str | torch.device | None = None,
+    device: str | torch.device | None = CURRENT_DEVICE,
     normalize: bool = True,
     channels_last: bool = False,
     remainder: str = "drop",
@@ -269,10 +271,11 @@ def make_dali_loader(
 
     Yields ``(images, labels)``: images float32 NCHW normalized with ImageNet mean/std (uint8
     NCHW when ``normalize=False``) on ``device`` (CPU operators when None/"cpu", ``mixed``
-    decoding on a CUDA device); labels int64. ``workers`` is DALI's CPU thread count.
-    ``remainder``, ``shuffle``, ``block_shuffle``, ``shuffle_window``: as the torch loader's.
-    ``prefetch``: DALI's queue depth. ``on_corrupt``: only "raise" (a record DALI cannot
-    decode stops the epoch with its shard, record and source); "skip" is the torch loader's.
+    decoding on a CUDA device; default: the current CUDA device if any, else the CPU); labels
+    int64. ``workers`` is DALI's CPU thread count. ``remainder``, ``shuffle``, ``block_shuffle``,
+    ``shuffle_window``: as the torch loader's. ``prefetch``: DALI's queue depth. ``on_corrupt``:
+    only "raise" (a record DALI cannot decode stops the epoch with its shard, record and
+    source); "skip" is the torch loader's.
     """
     _import_dali()
     args = check_loader_args(

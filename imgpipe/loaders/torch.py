@@ -55,6 +55,7 @@ from imgpipe._sys.torch_private import shutdown_persistent_workers
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.base import SampledLoader
 from imgpipe.loaders.common import (
+    CURRENT_DEVICE,
     ON_CORRUPT,
     check_bool,
     check_choice,
@@ -435,7 +436,7 @@ def make_torch_loader(
     seed: int = 0,
     rank: int | None = None,
     world_size: int | None = None,
-    device: str | torch.device | None = None,
+    device: str | torch.device | None = CURRENT_DEVICE,
     normalize: bool = True,
     channels_last: bool = False,
     remainder: str = "drop",

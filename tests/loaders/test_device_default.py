@@ -1,0 +1,47 @@
+"""The loaders' default device: the current CUDA device when there is one, else the CPU; None is the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from imgpipe.loaders.common import CURRENT_DEVICE, default_device, resolve_device
+from tests._tiny_shards import make_tiny_pack
+
+
+def never_called() -> int:
+    raise AssertionError("the current CUDA index is read only when CUDA is available")
+
+
+def test_the_default_is_the_current_cuda_device_when_cuda_is_available() -> None:
+    assert default_device(True, lambda: 3) == "cuda:3"
+    assert default_device(True, lambda: 0) == "cuda:0"
+
+
+def test_the_default_is_the_cpu_without_cuda() -> None:
+    assert default_device(False, never_called) == "cpu"
+
+
+def test_none_still_means_the_cpu() -> None:
+    assert resolve_device(None) == torch.device("cpu")
+
+
+def test_the_default_resolves_on_this_machine() -> None:
+    expected = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    assert resolve_device(CURRENT_DEVICE) == expected
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
+def test_a_loader_built_without_a_device_uses_the_default(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> None:
+    if backend == "torch":
+        from imgpipe.loaders.torch import make_torch_loader as make
+    else:
+        request.getfixturevalue("require_dali")
+        from imgpipe.loaders.dali import make_dali_loader as make
+    loader = make(make_tiny_pack(tmp_path / "tiny", records=8, shards=1), batch_size=4, image_size=32, workers=0 if backend == "torch" else 1, rank=0, world_size=1)
+    images, _ = next(iter(loader))
+    assert images.device == resolve_device(CURRENT_DEVICE)
+    loader.close()
