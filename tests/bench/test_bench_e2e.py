@@ -100,6 +100,8 @@ def test_bad_options_are_one_line_config_errors(small_pack: Path) -> None:
         BenchConfig(data=str(small_pack), workers=(-1,)).check()
     with pytest.raises(ConfigError, match="one rank per GPU"):
         BenchConfig(data=str(small_pack), gpus=2, nproc=3).check()
+    with pytest.raises(ConfigError, match="--backend must be torch, dali or all"):
+        BenchConfig(data=str(small_pack), backends=("mxnet",)).check()
     # each message names the option that is wrong, and only that one
     for options, message in (
         ({"warmup": -1}, "--warmup must be >= 0 (got -1)"), ({"steps": 0}, "--steps must be >= 1 (got 0)"),
