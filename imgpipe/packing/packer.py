@@ -31,7 +31,7 @@ import numpy as np
 from tqdm import tqdm
 
 from imgpipe._sys.procs import pool_context
-from imgpipe.packing import source
+from imgpipe.packing import shrink, source
 from imgpipe._sys.atomic import fsync_dir
 from imgpipe._sys.diskinfo import check_free_space, warn_if_slow
 from imgpipe._sys.distenv import available_cpus
@@ -229,6 +229,8 @@ def _plan(
         "shuffle": shuffle,
         "seed": seed,
     }
+    if resize is not None:  # the two resizers give other bytes: a pack is never resumed with the other one
+        options["resizer"] = "libjpeg-turbo" if shrink.available() else "pillow"
     spans = {name: s.spans for name, s in tree.splits.items() if s.spans is not None and name in items}
     plan = make_plan(
         tree.root, tree.classes, items, options=options, shard_size=shard_size, shard_counts=counts, shuffle=shuffle, seed=seed,

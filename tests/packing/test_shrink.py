@@ -169,3 +169,20 @@ def test_opencv_reads_the_resized_jpegs_as_pillow_does(tmp_path: Path, mxnet_pyt
     subprocess.run([mxnet_python, "-c", OPENCV_SCRIPT, *map(str, paths)], check=True, timeout=100)
     for path in paths:
         assert np.array_equal(np.load(f"{path}.npy"), decoded(path.read_bytes()).astype(np.uint8)), path.name
+
+
+def test_a_resized_pack_is_never_resumed_with_the_other_resizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C path and Pillow's give other bytes, so the resizer is one of the pack's options: a DST
+    packed with one (say on a node with a compiler) is refused to the other, never mixed."""
+    from imgpipe.errors import PackError
+
+    if not shrink.available():
+        pytest.skip("imgpipe.packing._jpeg_shrink is not built")
+    src = tmp_path / "src" / "cls"
+    src.mkdir(parents=True)
+    for k in range(3):
+        photo(400, 300, seed=k).save(src / f"{k}.JPEG", quality=95)
+    pack(tmp_path / "src", tmp_path / "dst", resize=128, workers=1, progress=False)
+    monkeypatch.setattr(shrink, "_shrink", None)
+    with pytest.raises(PackError, match="resizer"):
+        pack(tmp_path / "src", tmp_path / "dst", resize=128, workers=1, progress=False)
