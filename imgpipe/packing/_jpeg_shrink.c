@@ -217,6 +217,19 @@ static void resize_plane(Shrink *s, const Filter *vertical, const Filter *horizo
 
 /* Copies the last column and row of a width x height plane into its padding up to padded_width x padded_height,
  * as libjpeg's own encoder pads the edge MCUs. */
+/* The 16 luma and 8 + 8 chroma rows of the 4:2:0 MCU row starting at image row y, in planes at
+ * base + offsets[i] with strides[i]: what jpeg_read_raw_data and jpeg_write_raw_data take. */
+static void point_mcu_rows(JSAMPROW rows[3][16], uint8_t *base, const size_t offsets[3], const size_t strides[3], int y) {
+    for (int r = 0; r < 16; r++) {
+        rows[0][r] = base + offsets[0] + (size_t)(y + r) * strides[0];
+    }
+    for (int i = 1; i < 3; i++) {
+        for (int r = 0; r < 8; r++) {
+            rows[i][r] = base + offsets[i] + (size_t)(y / 2 + r) * strides[i];
+        }
+    }
+}
+
 static void pad_plane(uint8_t *plane, size_t stride, int width, int height, int padded_width, int padded_height) {
     for (int y = 0; y < height; y++) {
         uint8_t *row = plane + (size_t)y * stride;
@@ -291,15 +304,7 @@ static int shrink_planes(Shrink *s, int width, int height) {
     JSAMPROW rows[3][16];
     JSAMPARRAY planes[3] = {rows[0], rows[1], rows[2]};
     while (d->output_scanline < d->output_height) {
-        int y = (int)d->output_scanline;
-        for (int r = 0; r < 16; r++) {
-            rows[0][r] = s->pixels + in_offsets[0] + (size_t)(y + r) * in_strides[0];
-        }
-        for (int i = 1; i < 3; i++) {
-            for (int r = 0; r < 8; r++) {
-                rows[i][r] = s->pixels + in_offsets[i] + (size_t)(y / 2 + r) * in_strides[i];
-            }
-        }
+        point_mcu_rows(rows, s->pixels, in_offsets, in_strides, (int)d->output_scanline);
         if (jpeg_read_raw_data(d, planes, 16) != 16) {
             strcpy(s->err.message, "ran out of rows");
             return -1;
@@ -328,15 +333,7 @@ static int shrink_planes(Shrink *s, int width, int height) {
     c->raw_data_in = TRUE;
     jpeg_start_compress(c, TRUE);
     while (c->next_scanline < c->image_height) {
-        int y = (int)c->next_scanline;
-        for (int r = 0; r < 16; r++) {
-            rows[0][r] = s->out + out_offsets[0] + (size_t)(y + r) * out_strides[0];
-        }
-        for (int i = 1; i < 3; i++) {
-            for (int r = 0; r < 8; r++) {
-                rows[i][r] = s->out + out_offsets[i] + (size_t)(y / 2 + r) * out_strides[i];
-            }
-        }
+        point_mcu_rows(rows, s->out, out_offsets, out_strides, (int)c->next_scanline);
         jpeg_write_raw_data(c, planes, 16);
     }
     jpeg_finish_compress(c);
