@@ -60,8 +60,8 @@ class SlowReads(StageTimer):
         super().__init__()
         self.delay_s = delay_s
 
-    def read(self, shards: Any, index: int) -> tuple[Any, bytes]:
-        item = shards.read(index)
+    def read(self, shards: Any, index: int) -> tuple[Any, memoryview]:
+        item = shards.read_view(index)
         if self.delay_s:
             time.sleep(self.delay_s)
         return item

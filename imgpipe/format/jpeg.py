@@ -46,7 +46,15 @@ class JpegInfo:
         return self.sof in ARITHMETIC_SOF
 
 
-def _segments(data: bytes) -> Iterator[tuple[int, int, int]]:
+def _find(data: bytes | memoryview, sub: bytes, start: int) -> int:
+    """``data.find(sub, start)``, for a memoryview too (a record read without a copy)."""
+    if isinstance(data, memoryview):
+        found = data[start:].tobytes().find(sub)
+        return found if found < 0 else start + found
+    return data.find(sub, start)
+
+
+def _segments(data: bytes | memoryview) -> Iterator[tuple[int, int, int]]:
     """Yield (marker, payload start, payload end) up to and including SOS; ``(-1, pos, pos)`` on stray bytes.
 
     Every step moves forward and every length is checked against the data, so malformed
@@ -59,7 +67,7 @@ def _segments(data: bytes) -> Iterator[tuple[int, int, int]]:
     while pos < n:
         if data[pos] != 0xFF:
             yield -1, pos, pos
-            pos = data.find(b"\xff", pos)
+            pos = _find(data, b"\xff", pos)
             if pos < 0:
                 return
         while pos < n and data[pos] == 0xFF:  # fill bytes
@@ -85,7 +93,7 @@ def _segments(data: bytes) -> Iterator[tuple[int, int, int]]:
         pos = end
 
 
-def jpeg_size(data: bytes) -> tuple[int, int] | None:
+def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
     """(width, height) from the first SOFn header, as stored (EXIF orientation not applied); no decode.
 
     None when ``data`` is not a JPEG, has no complete SOF before its scan, or a zero side.

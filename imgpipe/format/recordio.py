@@ -91,8 +91,11 @@ def peek_scalar_label(head: bytes) -> float | None:
     return label if flag == 0 else None
 
 
-def unpack_header(record: bytes | memoryview, path: object = "<record>", offset: int = 0) -> tuple[IRHeader, bytes]:
-    """Split a record into its IRHeader and the image bytes, as ``mxnet.recordio.unpack`` does."""
+def unpack_header(record: bytes | memoryview, path: object = "<record>", offset: int = 0) -> tuple[IRHeader, bytes | memoryview]:
+    """Split a record into its IRHeader and the image bytes, as ``mxnet.recordio.unpack`` does.
+
+    The image bytes are a slice of ``record``: a copy of a ``bytes`` record, a view of a memoryview.
+    """
     if len(record) < IR_SIZE:
         raise RecordIOError(path, offset, f"record of {len(record)} bytes is shorter than the {IR_SIZE}-byte IRHeader")
     flag, label, rid, rid2 = IR_FORMAT.unpack_from(record, 0)
@@ -105,8 +108,8 @@ def unpack_header(record: bytes | memoryview, path: object = "<record>", offset:
             )
         labels = np.frombuffer(record, dtype="<f4", count=flag, offset=IR_SIZE).astype(np.float32)
         body += need
-        return IRHeader(flag, labels, rid, rid2), bytes(record[body:])
-    return IRHeader(flag, label, rid, rid2), bytes(record[body:])
+        return IRHeader(flag, labels, rid, rid2), record[body:]
+    return IRHeader(flag, label, rid, rid2), record[body:]
 
 
 # ----------------------------------------------------------------------------- framing
@@ -138,11 +141,12 @@ def _aligned_magic_positions(record: bytes, lower_align: int) -> list[int]:
     return (np.flatnonzero(words == MAGIC) * 4).tolist()
 
 
-def _read_frames(read: Callable[[int, int], bytes | memoryview], start: int, end: int, path: object) -> tuple[bytes, int]:
+def _read_frames(read: Callable[[int, int], bytes | memoryview], start: int, end: int, path: object) -> tuple[bytes | memoryview, int]:
     """Decode the record whose first frame is at ``start``; ``read(pos, n)`` returns up to n bytes at pos.
 
     No length is trusted: a first pass checks every frame header of the record against ``end``
     (reading 8 bytes per frame), and only then is the record read, into one buffer of its size.
+    A record of one frame is what ``read`` returned for its body (no copy of a memoryview).
     """
     frames, size, stop = _walk_frames(read, start, end, path)
     if frames == 1:
@@ -189,8 +193,8 @@ def _walk_frames(read: Callable[[int, int], bytes | memoryview], start: int, end
         size += len(MAGIC_BYTES)
 
 
-def _read_body(read: Callable[[int, int], bytes | memoryview], frame_at: int, length: int, path: object) -> bytes:
-    return bytes(_read_exact(read, frame_at + FRAME_HEADER.size, length, path)) if length else b""
+def _read_body(read: Callable[[int, int], bytes | memoryview], frame_at: int, length: int, path: object) -> bytes | memoryview:
+    return _read_exact(read, frame_at + FRAME_HEADER.size, length, path) if length else b""
 
 
 def _read_exact(read: Callable[[int, int], bytes | memoryview], pos: int, n: int, path: object) -> bytes | memoryview:
@@ -200,8 +204,10 @@ def _read_exact(read: Callable[[int, int], bytes | memoryview], pos: int, n: int
     return data
 
 
-def parse_record(buf: bytes | memoryview, start: int, end: int, path: object, base: int = 0) -> tuple[bytes, int]:
+def parse_record(buf: bytes | memoryview, start: int, end: int, path: object, base: int = 0) -> tuple[bytes | memoryview, int]:
     """Decode the record framed in ``buf[start:end]``; return (record, offset just past it).
+
+    A record of one frame (nearly all) is a memoryview of ``buf``, not a copy.
 
     ``base`` is the file offset of ``buf[0]``: offsets in errors and the result are file offsets.
     """
@@ -212,7 +218,7 @@ def parse_record(buf: bytes | memoryview, start: int, end: int, path: object, ba
     return record, pos
 
 
-def read_record_at(f: BinaryIO | int, offset: int, end: int, path: object) -> tuple[bytes, int]:
+def read_record_at(f: BinaryIO | int, offset: int, end: int, path: object) -> tuple[bytes | memoryview, int]:
     """Read the record at ``offset`` of an open file (or fd) whose data ends at ``end``."""
     fd = f if isinstance(f, int) else f.fileno()
     return _read_frames(lambda p, n: os.pread(fd, n, p), offset, end, path)

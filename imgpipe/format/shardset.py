@@ -79,11 +79,17 @@ class ShardSet:
 
     def read(self, i: int) -> tuple[recordio.IRHeader, bytes]:
         """The IRHeader and payload of record ``i``: one ``pread`` of its bytes, then parsing."""
+        header, payload = self.read_view(i)
+        return header, bytes(payload)
+
+    def read_view(self, i: int) -> tuple[recordio.IRHeader, memoryview]:
+        """``read`` without copying the payload: a read-only view of the one ``pread`` buffer (the loaders' path)."""
         shard, start, end = self.location(i)
         path = self.rec_paths[shard]
         buf = os.pread(self._fd(shard), end - start, start)
         record, _ = recordio.parse_record(buf, 0, len(buf), path, base=start)
-        return recordio.unpack_header(record, path, start)
+        header, payload = recordio.unpack_header(record, path, start)
+        return header, memoryview(payload)
 
     def source(self, i: int) -> str | None:
         """The source path of record ``i`` (relative to the pack's source root), if a sidecar exists."""

@@ -137,13 +137,23 @@ class DaliLoader(SampledLoader):
         return self._pipe
 
     def _to_torch(self, images: Any) -> torch.Tensor:
-        """DALI's batch copied into a new torch tensor on the loader's device (NCHW, or a channels_last view of HWC)."""
-        from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+        """DALI's batch as a torch tensor on the loader's device (NCHW, or a channels_last view of HWC) that the caller owns.
 
+        DALI's dynamic executor (the default since DALI 2.0) gives every iteration buffers of its
+        own, kept alive by whoever holds them, so the batch is shared through DLPack without a
+        copy, as ``DALIGenericIterator`` does; older executors reuse their buffers, so it is copied.
+        Copying a float32 batch of 64 at 224 px cost this loader a fifth of its throughput on 2 CPUs.
+        """
         tensor = images.as_tensor()
-        out = torch.empty(tensor.shape(), dtype=to_torch_type[tensor.dtype], device=self.device)
-        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        feed_ndarray(tensor, out, cuda_stream=stream)
+        if getattr(self._pipe, "exec_dynamic", False):
+            with self.device:
+                out = torch.from_dlpack(tensor)
+        else:
+            from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+
+            out = torch.empty(tensor.shape(), dtype=to_torch_type[tensor.dtype], device=self.device)
+            stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+            feed_ndarray(tensor, out, cuda_stream=stream)
         return out.permute(0, 3, 1, 2) if self._spec.channels_last else out
 
     def _decode_error(self, error: RuntimeError) -> Exception:

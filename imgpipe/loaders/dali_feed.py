@@ -49,7 +49,7 @@ class Window(NamedTuple):
     mirror: int  # 0 or 1
 
 
-def stored_size(payload: bytes) -> tuple[int, int] | None:
+def stored_size(payload: bytes | memoryview) -> tuple[int, int] | None:
     """(width, height) from the JPEG header, else Pillow's header read (PNG and others); None when neither reads it."""
     size = jpeg_size(payload)
     if size is not None:
@@ -100,7 +100,7 @@ class DaliFeed:
         payloads: list[np.ndarray] = []
         windows: list[Window] = []
         for index in indices.tolist():
-            _, payload = self.shards.read(index)
+            _, payload = self.shards.read_view(index)
             size = stored_size(payload)
             if size is None:
                 reason = decode_failure(payload) or "no readable image header"

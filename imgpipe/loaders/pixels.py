@@ -81,7 +81,7 @@ def torchvision_jpeg_decoder() -> Callable[[torch.Tensor], torch.Tensor] | None:
     return functools.partial(decode_jpeg, mode=ImageReadMode.RGB) if _has_image_ops() else None
 
 
-def decode_sample(payload: bytes, crop_for: Callable[[int, int], Crop], size: int) -> torch.Tensor:
+def decode_sample(payload: bytes | memoryview, crop_for: Callable[[int, int], Crop], size: int) -> torch.Tensor:
     """Decode one image into a ``size`` x ``size`` uint8 CHW tensor along the box ``crop_for(w, h)`` picks."""
     stored = jpeg_size(payload)
     if stored is None:
@@ -94,7 +94,7 @@ def decode_sample(payload: bytes, crop_for: Callable[[int, int], Crop], size: in
     return out.flip(-1) if crop.flip else out
 
 
-def fast_jpeg_sample(payload: bytes, crop: Crop, stored: tuple[int, int], size: int) -> torch.Tensor | None:
+def fast_jpeg_sample(payload: bytes | memoryview, crop: Crop, stored: tuple[int, int], size: int) -> torch.Tensor | None:
     """The box, unflipped, by the region decoder where built, else by torchvision's whole decode;
     None where the JPEG is rejected, or where only Pillow's ``draft`` reduces it in the DCT domain."""
     decode = region_decoder()
@@ -110,7 +110,7 @@ def fast_jpeg_sample(payload: bytes, crop: Crop, stored: tuple[int, int], size: 
     return None if pixels is None else resample(pixels, crop.box, size)
 
 
-def region_sample(decode: Callable[..., bytearray], payload: bytes, crop: Crop, stored: tuple[int, int], size: int) -> torch.Tensor:
+def region_sample(decode: Callable[..., bytearray], payload: bytes | memoryview, crop: Crop, stored: tuple[int, int], size: int) -> torch.Tensor:
     """The box, unflipped, from the region decoder: just the box (train), the whole image (eval),
     or the box reduced in the DCT domain (a box that shrinks ``DRAFT_MIN_REDUCTION`` or more)."""
     if reduces_in_dct(crop, size):
@@ -122,7 +122,7 @@ def region_sample(decode: Callable[..., bytearray], payload: bytes, crop: Crop, 
     return resample(hwc_tensor(decode(payload, 0, 0, width, height, 1), height, width), crop.box, size)
 
 
-def reduced_region_sample(decode: Callable[..., bytearray], payload: bytes, crop: Crop, stored: tuple[int, int], size: int) -> torch.Tensor:
+def reduced_region_sample(decode: Callable[..., bytearray], payload: bytes | memoryview, crop: Crop, stored: tuple[int, int], size: int) -> torch.Tensor:
     """The box decoded at the reduction Pillow's ``draft`` picks, with a margin as wide as the resize
     filter reaches, then Pillow's sub-pixel box resize: what ``pillow_sample`` computes, from a region."""
     reduction = draft_reduction(stored, crop, size)
@@ -188,7 +188,7 @@ def check_pixel_count(width: int, height: int) -> None:
         )
 
 
-def torchvision_decode(decoder: Callable[[torch.Tensor], torch.Tensor], payload: bytes) -> torch.Tensor | None:
+def torchvision_decode(decoder: Callable[[torch.Tensor], torch.Tensor], payload: bytes | memoryview) -> torch.Tensor | None:
     """A JPEG as a uint8 CHW tensor (HWC in memory) by torchvision's ``decoder``; None where it fails."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # torchvision 0.29 points to TorchCodec; the decoder is unchanged
@@ -198,7 +198,7 @@ def torchvision_decode(decoder: Callable[[torch.Tensor], torch.Tensor], payload:
             return None
 
 
-def pillow_sample(payload: bytes, crop_for: Callable[[int, int], Crop], size: int) -> torch.Tensor:
+def pillow_sample(payload: bytes | memoryview, crop_for: Callable[[int, int], Crop], size: int) -> torch.Tensor:
     """Any image Pillow reads, along its crop: a JPEG reduced in the DCT domain when the box shrinks
     ``DRAFT_MIN_REDUCTION`` or more, then Pillow's own resize of the (sub-pixel) box."""
     with warnings.catch_warnings():

@@ -35,9 +35,9 @@ class StageTimer:
     def __init__(self) -> None:
         self._times: collections.deque[BatchTimes] = collections.deque()
 
-    def read(self, shards: Any, index: int) -> tuple[Any, bytes]:
-        """Read record ``index`` of ``shards`` (in a loader worker)."""
-        return shards.read(index)
+    def read(self, shards: Any, index: int) -> tuple[Any, memoryview]:
+        """Read record ``index`` of ``shards`` (in a loader worker), as ``ShardSet.read_view`` does."""
+        return shards.read_view(index)
 
     def record(self, times: BatchTimes) -> None:
         """The loader reports one more batch (in the main process)."""

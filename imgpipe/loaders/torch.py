@@ -204,9 +204,9 @@ class BatchDataset(Dataset):
         out.copy_(decode_sample(payload, crop_for, geometry.image_size))
         return int(self.shards.labels[index])
 
-    def _read(self, index: int) -> tuple[Any, bytes]:
+    def _read(self, index: int) -> tuple[Any, memoryview]:
         if self.stage_timer is None:
-            return self.shards.read(index)
+            return self.shards.read_view(index)
         start = time.perf_counter()
         try:
             return self.stage_timer.read(self.shards, index)

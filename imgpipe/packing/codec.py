@@ -172,7 +172,7 @@ def _too_large(width: int, height: int) -> str | None:
     return f"image too large to decode safely ({width}x{height} = {width * height:,} pixels, over Pillow's limit of {limit:,})"
 
 
-def decode_failure(data: bytes) -> str | None:
+def decode_failure(data: bytes | memoryview) -> str | None:
     """None when Pillow decodes ``data`` completely, else the skip reason."""
     try:
         with warnings.catch_warnings():
@@ -186,7 +186,7 @@ def decode_failure(data: bytes) -> str | None:
     return None
 
 
-def _failure_reason(data: bytes, error: Exception) -> str:
+def _failure_reason(data: bytes | memoryview, error: Exception) -> str:
     if isinstance(error, Image.UnidentifiedImageError):
         return "not an image"
     message = str(error)

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from _tiny_shards import make_tiny_pack  # noqa: E402
 
 from imgpipe.errors import DatasetError, RecordIOError  # noqa: E402
-from imgpipe.format.recordio import read_index, read_record_at, unpack_header  # noqa: E402
+from imgpipe.format.recordio import MAGIC_BYTES, IndexedRecordWriter, IRHeader, pack_header, read_index, read_record_at, unpack_header  # noqa: E402
 from imgpipe.format.dali_index import write_dali_index  # noqa: E402
 from imgpipe.format.shardset import open_shards  # noqa: E402
 
@@ -56,6 +56,23 @@ def test_index_arrays_match_the_idx_files(tiny: Path) -> None:
         starts += len(keys)
     assert s.describe(7).startswith(f"{s.rec_paths[s.location(7)[0]].name} record 7 (id 14, offset ")
     assert s.describe(7).endswith("source train/n00000003/n00000003_7.JPEG)")
+
+
+def test_read_view_is_read_without_the_copy(tmp_path: Path) -> None:
+    """The loaders' ``read_view`` gives ``read``'s header and bytes as a view of one buffer, for a
+    record of one frame and for one split around the RecordIO magic (several frames)."""
+    rec, idx = tmp_path / "a.rec", tmp_path / "a.idx"
+    payloads = [b"\xff\xd8" + bytes(range(200)), b"\xff\xd8\x00\x00" + MAGIC_BYTES * 3 + b"tail", b"\xff\xd8"]
+    with IndexedRecordWriter(rec, idx) as writer:
+        for key, payload in enumerate(payloads):
+            writer.write(key, pack_header(IRHeader(0, float(key), key, 0), payload))
+    shards = open_shards(rec)
+    for i, payload in enumerate(payloads):
+        header, data = shards.read(i)
+        view_header, view = shards.read_view(i)
+        assert isinstance(data, bytes) and isinstance(view, memoryview) and view.readonly
+        assert data == view.tobytes() == payload and view_header == header and header.label == i
+    assert shards.read_view(0)[1].obj is not shards.read_view(0)[1].obj  # each read its own buffer
 
 
 def test_bare_rec_files_as_path_list_and_glob(tiny: Path) -> None:

@@ -92,6 +92,22 @@ def test_output_contract_normalized_uint8_and_channels_last(indexed: Path) -> No
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("normalize", [True, False])
+def test_batches_kept_by_the_caller_are_never_overwritten(indexed: Path, normalize: bool) -> None:
+    """Batches are shared with DALI without a copy: every one kept must still hold its pixels after
+    later batches, the next epoch and ``close()`` (DALI must not reuse a buffer the caller holds)."""
+    dl = loader(indexed, batch_size=2, normalize=normalize, prefetch=1, shuffle=False, train=False)
+    kept = [(images, images.clone()) for epoch in range(2) for images, _ in dl]
+    assert len(kept) == 2 * (RECORDS // 2 + 1)
+    dl.close()
+    import gc
+
+    gc.collect()
+    for held, copied in kept:
+        assert torch.equal(held, copied)
+    assert not torch.equal(kept[0][1], kept[1][1])  # distinct batches, so reuse would show
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("world_size,batch_size", [(1, 5), (2, 4), (2, 5)])
 def test_train_epochs_follow_the_global_stream(indexed: Path, world_size: int, batch_size: int) -> None:
     """Label = record index: every rank's batches are exactly the sampler's, full and equal in number."""

@@ -293,6 +293,7 @@ def test_header_parsers_survive_random_bytes(data: bytes) -> None:
     for blob in (data, b"\xff\xd8" + data):
         size = jpeg_size(blob)
         assert size is None or (size[0] > 0 and size[1] > 0)
+        assert jpeg_size(memoryview(blob)) == size  # the loaders read payloads as views
         info = inspect_jpeg(blob)
         assert info is None or (info.width > 0 and info.height > 0)
 
