@@ -20,3 +20,15 @@ def shutdown_persistent_workers(loader: Any) -> None:
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
+
+
+def storage_use_count(tensor: Any) -> int:
+    """How many references hold ``tensor``'s storage: tensors and views on it, numpy arrays and
+    DLPack capsules made from them (a storage's Python object alone does not count).
+
+    ``torch._C._storage_Use_Count`` is what torch's own CUDA-graph trees use to see whether the
+    caller still holds an output before they reuse its memory.
+    """
+    import torch
+
+    return int(torch._C._storage_Use_Count(tensor.untyped_storage()._cdata))

@@ -1,20 +1,27 @@
-"""Shared-memory batch slots that the torch loader's workers decode into, batch after batch.
+"""Shared-memory batch slots that the torch loader's workers build batches in, and that the caller gets without a copy.
 
 A DataLoader worker that returns a new tensor sends it through a new shared-memory file: for
 every batch the worker creates the file and faults its pages in, the main process maps them and
-faults them in again, and both unmap them afterwards. On 2 cores that cost the loader 10-15 %
-of its throughput (``benchmarks/loaders.py``). A ``BatchRing`` is allocated in shared memory
-once, before the workers start (forked workers inherit it; spawned ones receive it once, with
-the dataset); each request names a slot, the worker decodes into that slot and returns the
-slot's number, and the main process copies the slot out (normalizing it, or into pinned
-memory) before it asks the DataLoader for the next batch.
+faults them in again, and both unmap them afterwards. Copying each batch out of a fixed buffer
+instead costs as much in the main process: a new 38 MB float32 batch (64 x 224 px) is faulted in
+page by page, about 20 ms on this machine, as long as normalizing it. A ``BatchRing`` is a fixed
+set of slots in shared memory, allocated and faulted in once, before the workers start (forked
+workers inherit it; spawned ones receive it once, with the dataset). Each request names a slot,
+the worker builds its batch in that slot and returns the slot's number, and the caller gets a
+view of the slot: no copy, no new page.
 
-Why a slot is free when it is handed out again: a DataLoader keeps ``workers *
-prefetch_factor`` requests (P) ahead of the batch it returns, and takes the next request from
-its sampler just before returning a batch. With P + 1 slots, request j reuses the slot of
-request j - P - 1, which the main process has copied out by then. ``claim`` checks it anyway:
-a slot whose batch has not been released is never handed out again, and that request goes
-without a slot (its worker allocates a new shared tensor, as without the ring).
+When a slot may be built in again: once its batch has come back (it is no longer "in flight")
+and the caller holds no tensor on it any more (``storage_in_use``: the slot's storage has no
+other reference than the ring's). A caller that keeps batches (a list of them, a prefetcher)
+keeps their slots; a request that finds its slot still held goes without one, and its worker
+allocates a new shared tensor, as without the ring. So a batch never changes while the caller
+holds it, and a loop that drops each batch before the next (``for x, y in loader``) reuses the
+slots forever: the ring has the DataLoader's ``workers * prefetch_factor`` requests in flight,
+plus the batch being handed over and the one the caller still holds.
+
+One way around the check: a batch sent to another process (``torch.multiprocessing``) is shared
+memory already, so the other process maps the slot itself and holds no reference here; clone a
+batch before sending it.
 """
 
 from __future__ import annotations
@@ -27,57 +34,67 @@ import torch
 
 from imgpipe.errors import ConfigError
 from imgpipe._sys.meminfo import MEMINFO, available_memory
+from imgpipe._sys.torch_private import storage_use_count
 
 SHARED_MEMORY_DIR = "/dev/shm"
+HANDOVER_SLOTS = 2  # beyond the requests in flight: the batch being handed over and the one the caller holds
 
 
 class BatchRing:
-    """``slots`` uint8 batches of ``batch_size`` images in shared memory, claimed and released in request order."""
+    """``slots`` batches of ``batch_size`` images (``dtype``) in shared memory, each claimed for a request
+    only when no request and no caller's tensor uses it."""
 
-    def __init__(self, slots: int, *, batch_size: int, image_size: int, memory_format: torch.memory_format) -> None:
-        self.slots = slots
+    def __init__(self, slots: int, *, batch_size: int, image_size: int, memory_format: torch.memory_format, dtype: torch.dtype = torch.uint8) -> None:
         self.batch_size = batch_size
-        shape = (slots * batch_size, 3, image_size, image_size)
-        size = slots * batch_size * 3 * image_size * image_size
+        shape = (batch_size, 3, image_size, image_size)
+        size = slots * batch_size * 3 * image_size * image_size * dtype.itemsize
         with allocation_lock():  # ranks starting together check and allocate one after the other
             check_shared_memory(size, slots)
             try:
-                self.images = torch.empty(shape, dtype=torch.uint8, memory_format=memory_format).share_memory_()
+                self.slots = [torch.zeros(shape, dtype=dtype).contiguous(memory_format=memory_format).share_memory_() for _ in range(slots)]
             except RuntimeError as e:  # something other than a ring took the room after the check
                 raise shared_memory_error(size, slots, f"{SHARED_MEMORY_DIR} ran out ({str(e).splitlines()[0]})") from None
-        self._claimed = 0  # requests that asked for a slot, ever
-        self._released = 0  # of those, the ones whose batch the main process has copied out
+        self._unused = storage_use_count(self.slots[0])  # the ring's own references to a slot
+        self._in_flight: set[int] = set()  # slots claimed by a request whose batch has not come back
+        self._next = 0  # where the search for a free slot starts: slots are used in turn
 
     @classmethod
-    def for_dataloader(cls, workers: int, prefetch_factor: int, *, batch_size: int, image_size: int, memory_format: torch.memory_format) -> BatchRing:
+    def for_dataloader(
+        cls, workers: int, prefetch_factor: int, *, batch_size: int, image_size: int, memory_format: torch.memory_format, dtype: torch.dtype = torch.uint8
+    ) -> BatchRing:
         """The ring a DataLoader with these ``workers`` and ``prefetch_factor`` needs: its requests in
-        flight, and the batch being copied out."""
-        return cls(workers * prefetch_factor + 1, batch_size=batch_size, image_size=image_size, memory_format=memory_format)
+        flight, the batch being handed over and the one the caller holds."""
+        return cls(workers * prefetch_factor + HANDOVER_SLOTS, batch_size=batch_size, image_size=image_size, memory_format=memory_format, dtype=dtype)
 
     def claim(self) -> int | None:
-        """The slot for the next request; None when that slot's last batch has not been released yet."""
-        request = self._claimed
-        self._claimed += 1
-        if request - self._released >= self.slots:
-            return None
-        return request % self.slots
+        """A free slot for the next request (marked in flight); None when every slot is in flight or held."""
+        count = len(self.slots)
+        for step in range(count):
+            slot = (self._next + step) % count
+            if slot not in self._in_flight and storage_use_count(self.slots[slot]) == self._unused:
+                self._in_flight.add(slot)
+                self._next = (slot + 1) % count
+                return slot
+        return None
 
-    def release(self) -> None:
-        """The oldest unreleased request's batch has been copied out: its slot may be reused."""
-        self._released += 1
+    def receive(self, slot: int, count: int) -> torch.Tensor:
+        """The first ``count`` images of the batch a worker built in ``slot``: a view the caller holds
+        (the slot stays taken until every tensor on it is gone)."""
+        batch = self.slots[slot][:count]
+        self._in_flight.discard(slot)
+        return batch
 
     def begin_pass(self) -> None:
-        """A new pass over the DataLoader: nothing claimed before it is read any more.
+        """A new pass over the DataLoader: no request of an earlier pass is in flight any more.
 
         Safe because a persistent-worker DataLoader finishes (and discards) every request of an
         abandoned pass before it takes the first request of the next one.
         """
-        self._released = self._claimed
+        self._in_flight.clear()
 
     def batch(self, slot: int, count: int) -> torch.Tensor:
-        """The first ``count`` images of ``slot`` (a view into shared memory)."""
-        start = slot * self.batch_size
-        return self.images[start : start + count]
+        """The first ``count`` images of ``slot`` (a view into shared memory), for the worker to build in."""
+        return self.slots[slot][:count]
 
 
 @contextlib.contextmanager

@@ -1,10 +1,11 @@
-"""The torch loader: a DataLoader over a ShardSet whose workers build whole uint8 batches.
+"""The torch loader: a DataLoader over a ShardSet whose workers build whole batches, as yielded.
 
 Per epoch the ``EpochSampler`` gives this rank's batches; each request sent to a worker is a
 ``BatchRequest`` (epoch, record indices, ring slot), and one worker reads, decodes and
-augments the whole batch into one uint8 NCHW tensor (one IPC round trip per batch). With
+augments the whole batch into one NCHW tensor (one IPC round trip per batch). With
 persistent workers (the default) that tensor is a slot of a ``BatchRing``, shared memory
-allocated once, and the worker returns only the slot's number and the labels. Every random
+allocated once, and the worker returns only the slot's number and the labels; the caller
+gets a view of the slot, no copy, and the slot is reused once the caller drops it. Every random
 choice for record i in epoch e comes from ``seeding.sample_rng(seed, e, i)``, so batches are
 identical whatever the number of workers. Each worker also seeds ``random``, numpy and
 torch from (seed, epoch, rank, worker) whenever the epoch of its requests changes, so user
@@ -20,14 +21,13 @@ Corrupt records: ``on_corrupt="raise"`` stops with the shard, record and source 
 label), so every rank's batch count and batch size stay unchanged; ``loader.skipped``
 counts the replaced samples. A batch with no decodable sample at all still raises.
 
-On CUDA (and whenever ``channels_last`` is asked) workers lay batches out channels_last, the
+On the CPU the workers build the batch as yielded: uint8, or float32 normalized as
+``x * (1/std) + (-mean/std)`` one image at a time as it is decoded (in-place passes while the
+image is in cache), in the layout asked; the main process does no per-pixel work.
+On CUDA workers build uint8 batches (a quarter of float32's bytes) channels_last, the
 resampler's own layout, so each image is one memcpy; batches are copied into pinned memory,
 then to the GPU on a side stream one batch ahead, then converted to float, normalized and
 laid out as asked on the GPU.
-On the CPU the main process normalizes as ``x * (1/std) + (-mean/std)`` into a new float32
-tensor, one image at a time (in-place passes while the image is in cache: cheaper than a
-subtraction and a division over the whole batch). Every yielded batch is a new tensor that
-the caller owns: a ring slot is copied out before it can be reused.
 
 Memory: workers build each batch directly in shared memory (``share_memory_()``: no heap
 chunk, and no copy into shared memory at send time), and both sides drop the dead entries
@@ -86,6 +86,14 @@ WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else 
 DEFAULT_PREFETCH_FACTOR = 2  # batches requested ahead per worker
 
 
+def normalization(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, bias), each float32 of shape (1, 3, 1, 1) on ``device``: (x - mean) / std as x * scale + bias,
+    in-place passes instead of a subtraction and a division."""
+    mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float64)
+    std = torch.tensor(IMAGENET_STD, dtype=torch.float64)
+    return (1 / std).to(torch.float32).view(1, 3, 1, 1).to(device), (-mean / std).to(torch.float32).view(1, 3, 1, 1).to(device)
+
+
 def release_dead_shared_storages() -> None:
     """Drop the entries of torch's shared-storage cache whose storages are gone (see "Memory" above)."""
     cache = getattr(reductions, "shared_cache", None)  # a torch internal: tolerate its absence
@@ -126,6 +134,7 @@ class BatchDataset(Dataset):
         on_corrupt: str = "raise",
         sample_transform: SampleTransform | None = None,
         channels_last: bool = False,
+        normalize: bool = False,
         ring: BatchRing | None = None,
         stage_timer: StageTimer | None = None,
     ) -> None:
@@ -138,8 +147,11 @@ class BatchDataset(Dataset):
         self.on_corrupt = on_corrupt
         self.sample_transform = sample_transform
         self.channels_last = channels_last
+        self.normalize = normalize
         self.ring = ring
         self.stage_timer = stage_timer
+        self._scale, self._bias = normalization(torch.device("cpu"))
+        self._scale, self._bias = self._scale[0], self._bias[0]  # per image
         self._read_s = 0.0  # this batch's read seconds, with a stage_timer
         self._seeded: tuple[int, int] | None = None
         # resolved here, in the process that forks the workers, so they share the import: in each
@@ -168,14 +180,15 @@ class BatchDataset(Dataset):
             sent: torch.Tensor | int = ring_slot
         else:
             size = self.geometry.image_size
-            images = sent = torch.empty((len(indices), 3, size, size), dtype=torch.uint8, memory_format=self._memory_format)
+            dtype = torch.float32 if self.normalize else torch.uint8
+            images = sent = torch.empty((len(indices), 3, size, size), dtype=dtype, memory_format=self._memory_format)
             if in_worker:  # built in shared memory: sending it copies nothing and leaves no hole in the heap
                 images.share_memory_()
         labels = torch.empty(len(indices), dtype=torch.int64)
         bad: list[int] = []
         for slot, index in enumerate(indices.tolist()):
             try:
-                labels[slot] = self._decode_into(images[slot], epoch, index)
+                sample = self._decode(epoch, index)
             except _DECODE_ERRORS as e:
                 reason = "not a decodable image" if isinstance(e, UnidentifiedImageError) else str(e)
                 message = f"cannot decode {self.shards.describe(index)}: {reason}"
@@ -183,10 +196,12 @@ class BatchDataset(Dataset):
                     return sent, labels, np.zeros(0, np.int64), message + "; run 'imgpipe verify' or use on_corrupt='skip'"
                 bad.append(slot)
                 continue
+            labels[slot] = int(self.shards.labels[index])
             # outside the try: an error of the user's transform is theirs, never a corrupt record to skip
-            wrong = self._transform_into(images[slot], index)
+            sample, wrong = self._transform(sample, index)
             if wrong is not None:
                 return sent, labels, np.zeros(0, np.int64), wrong
+            self._store(images[slot], sample)
         if bad:
             good = sorted(set(range(len(indices))) - set(bad))
             if not good:
@@ -197,12 +212,19 @@ class BatchDataset(Dataset):
                 labels[slot] = labels[donor]
         return sent, labels, indices[bad].astype(np.int64), None
 
-    def _decode_into(self, out: torch.Tensor, epoch: int, index: int) -> int:
+    def _decode(self, epoch: int, index: int) -> torch.Tensor:
+        """Record ``index`` of ``epoch`` cropped, resized and flipped: a uint8 CHW tensor (maybe a view)."""
         _, payload = self._read(index)
         geometry = self.geometry
         crop_for: Callable[[int, int], Crop] = lambda w, h: sample_crop(geometry, w, h, seed=self.seed, epoch=epoch, index=index)  # noqa: E731
-        out.copy_(decode_sample(payload, crop_for, geometry.image_size))
-        return int(self.shards.labels[index])
+        return decode_sample(payload, crop_for, geometry.image_size)
+
+    def _store(self, out: torch.Tensor, sample: torch.Tensor) -> None:
+        """Write one uint8 sample into its place in the batch: as is, or normalized to float32 while it is in cache."""
+        if self.normalize:
+            out.copy_(sample).mul_(self._scale).add_(self._bias)
+        else:
+            out.copy_(sample)
 
     def _read(self, index: int) -> tuple[Any, memoryview]:
         if self.stage_timer is None:
@@ -213,18 +235,19 @@ class BatchDataset(Dataset):
         finally:
             self._read_s += time.perf_counter() - start
 
-    def _transform_into(self, out: torch.Tensor, index: int) -> str | None:
-        """Apply ``sample_transform`` to ``out`` in place; the error message if it returned something else than such a sample."""
+    def _transform(self, sample: torch.Tensor, index: int) -> tuple[torch.Tensor, str | None]:
+        """``sample_transform`` applied to a copy of ``sample`` the transform may change in place:
+        (the result, None), or (sample, the error message) if it returned something else than such a sample."""
         if self.sample_transform is None:
-            return None
-        result = self.sample_transform(out)
-        if result is out:
-            return None
-        if not isinstance(result, torch.Tensor) or result.shape != out.shape or result.dtype != torch.uint8:
+            return sample, None
+        own = sample.clone()
+        result = self.sample_transform(own)
+        if result is own:
+            return own, None
+        if not isinstance(result, torch.Tensor) or result.shape != own.shape or result.dtype != torch.uint8:
             got = f"{result.dtype} {tuple(result.shape)}" if isinstance(result, torch.Tensor) else type(result).__name__
-            return f"sample_transform must return a uint8 tensor of shape {tuple(out.shape)}, got {got} for {self.shards.describe(index)}"
-        out.copy_(result)
-        return None
+            return sample, f"sample_transform must return a uint8 tensor of shape {tuple(own.shape)}, got {got} for {self.shards.describe(index)}"
+        return result, None
 
     @property
     def _memory_format(self) -> torch.memory_format:
@@ -267,7 +290,7 @@ def batch_images(ring: BatchRing | None, sent: torch.Tensor | int, count: int) -
     """The images a worker sent back: its tensor, or the first ``count`` images of the ring slot it names."""
     if isinstance(sent, int):
         assert ring is not None
-        return ring.batch(sent, count)
+        return ring.receive(sent, count)
     return sent
 
 
@@ -318,11 +341,7 @@ class TorchLoader(SampledLoader):
             pin_memory=pin_memory and ring is None,  # a ring slot is copied into pinned memory by upload()
             multiprocessing_context=(multiprocessing_context or WORKER_START) if workers > 0 else None,
         )
-        # (x - mean) / std as x * scale + bias: in-place passes instead of a subtraction and a division
-        mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float64)
-        std = torch.tensor(IMAGENET_STD, dtype=torch.float64)
-        self._scale = (1 / std).to(torch.float32).view(1, 3, 1, 1).to(device)
-        self._bias = (-mean / std).to(torch.float32).view(1, 3, 1, 1).to(device)
+        self._scale, self._bias = normalization(device)
 
     def close(self) -> None:
         """Stop the worker processes now (persistent workers otherwise live until the loader is collected)."""
@@ -334,14 +353,12 @@ class TorchLoader(SampledLoader):
         if self.device.type == "cuda":
             yield from self._cuda_batches(results)
         else:
-            for result in results:
+            for result in results:  # on the CPU the workers built the batch as yielded
                 start = time.perf_counter()
-                images, labels, in_ring = self._receive(result)
-                batch = self._finish(images, copy=in_ring)
-                self._release()
+                images, labels, _ = self._receive(result)
                 self._record_times(result, start)
                 self.sampler.mark_consumed()
-                yield batch, labels
+                yield images, labels
 
     def _receive(self, result: tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None, BatchTimes | None]) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """A worker's result as (images, labels, whether the images are a ring slot's view); raises its error."""
@@ -360,25 +377,14 @@ class TorchLoader(SampledLoader):
         if self._stage_timer is not None:
             self._stage_timer.record(dataclasses.replace(result[-1], collate=time.perf_counter() - start))
 
-    def _release(self) -> None:
-        """The batch just received has been copied out of its ring slot (if it had one)."""
-        if self._ring is not None:
-            self._ring.release()
-
-    def _finish(self, images: torch.Tensor, *, copy: bool) -> torch.Tensor:
-        """The batch as yielded: float32 normalized, or uint8 (a new tensor where ``copy``), in the layout asked."""
-        # workers build channels_last (HWC) batches for a GPU or when asked; the layout asked is made here
+    def _finish_on_gpu(self, images: torch.Tensor) -> torch.Tensor:
+        """A uint8 batch on the GPU as yielded: float32 normalized, or uint8, in the layout asked
+        (workers build channels_last (HWC) batches for a GPU: one memcpy per image)."""
         layout = torch.channels_last if self.channels_last else torch.contiguous_format
         if not self.normalize:
-            if copy:
-                return torch.empty(images.shape, dtype=torch.uint8, device=images.device, memory_format=layout).copy_(images)
             return images.contiguous(memory_format=layout)
         out = torch.empty(images.shape, dtype=torch.float32, device=images.device, memory_format=layout)
-        if images.device.type != "cpu":
-            return out.copy_(images).mul_(self._scale).add_(self._bias)  # the copy converts dtype and layout in one pass
-        for image, target in zip(images.split(1), out.split(1)):  # one image at a time stays in the CPU's cache
-            target.copy_(image).mul_(self._scale).add_(self._bias)
-        return out
+        return out.copy_(images).mul_(self._scale).add_(self._bias)  # the copy converts dtype and layout in one pass
 
     def _cuda_batches(self, results: Iterator[Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Copy one batch ahead on a side stream; convert and normalize there; hand over safely.
@@ -397,8 +403,7 @@ class TorchLoader(SampledLoader):
                 # from a slot in pageable memory, a blocking copy: the slot is free once it returns
                 images = images.to(self.device, non_blocking=self._pin_memory or not in_ring)
                 labels = labels.to(self.device, non_blocking=True)
-                self._release()
-                batch = self._finish(images, copy=False), labels
+                batch = self._finish_on_gpu(images), labels
                 uploaded = torch.cuda.Event()
                 uploaded.record(stream)
             self._record_times(result, start)
@@ -462,8 +467,10 @@ def make_torch_loader(
     (``loader.skipped`` counts). ``sample_transform``: optional user callable on each
     uint8 CHW sample (same shape out), run in the workers after imgpipe's geometry.
     ``persistent_workers`` (default True) keeps the workers from epoch to epoch and lets them
-    decode into a ring of ``workers * prefetch_factor + 1`` uint8 batches in shared memory,
-    allocated once (``ConfigError`` when /dev/shm has less room free). ``pin_memory`` (default:
+    build batches in a ring of ``workers * prefetch_factor + 2`` batches in shared memory,
+    allocated once (``ConfigError`` when /dev/shm has less room free); a batch is a view of its
+    slot, which is reused once the caller holds no tensor on it (clone a batch before sending it
+    to another process). ``pin_memory`` (default:
     on CUDA) stages batches in pinned memory for the copy to the GPU.
     ``stage_timer``: for tools (``imgpipe bench``): a :class:`StageTimer` that gets every
     batch's read, decode and collate seconds (see :mod:`imgpipe.loaders.stage_timer`).
@@ -508,9 +515,11 @@ def make_torch_loader(
         raise no_full_batch(path, split, len(shards), env.world_size, batch_size, "lower batch_size or use remainder='pad'")
     workers = default_workers(env.local_world_size) if args.workers is None else args.workers
     layout = torch.channels_last if channels_last or device.type == "cuda" else torch.contiguous_format  # HWC slots: one memcpy per image
+    normalize_in_workers = args.normalize and device.type == "cpu"  # a GPU gets uint8, a quarter of the bytes, and normalizes
     ring = None
     if workers > 0 and persistent_workers:
-        ring = BatchRing.for_dataloader(workers, prefetch_factor, batch_size=batch_size, image_size=image_size, memory_format=layout)
+        dtype = torch.float32 if normalize_in_workers else torch.uint8
+        ring = BatchRing.for_dataloader(workers, prefetch_factor, batch_size=batch_size, image_size=image_size, memory_format=layout, dtype=dtype)
     dataset = BatchDataset(
         shards,
         geometry=geometry,
@@ -519,6 +528,7 @@ def make_torch_loader(
         on_corrupt=on_corrupt,
         sample_transform=sample_transform,
         channels_last=layout == torch.channels_last,
+        normalize=normalize_in_workers,
         ring=ring,
         stage_timer=stage_timer,
     )

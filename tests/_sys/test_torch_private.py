@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader
 
-from imgpipe._sys.torch_private import shutdown_persistent_workers
+from imgpipe._sys.torch_private import shutdown_persistent_workers, storage_use_count
 
 
 def test_dataloader_keeps_its_persistent_iterator_and_it_can_shut_its_workers_down() -> None:
@@ -26,3 +26,19 @@ def test_dataloader_keeps_its_persistent_iterator_and_it_can_shut_its_workers_do
     shutdown_persistent_workers(loader)
     shutdown_persistent_workers(loader)  # nothing running: a no-op
     assert torch.utils.data.get_worker_info() is None
+
+
+def test_storage_use_count_sees_every_tensor_view_and_array_on_a_storage() -> None:
+    base = torch.zeros(4, 3).share_memory_()
+    unused = storage_use_count(base)
+    view = base[1:3]
+    row = view[0]
+    del view
+    assert storage_use_count(base) == unused + 1  # the view of a view holds it
+    array = row.numpy()
+    del row
+    assert storage_use_count(base) == unused + 1  # so does a numpy array on it
+    del array
+    assert storage_use_count(base) == unused
+    copy = base.clone()
+    assert storage_use_count(base) == unused and storage_use_count(copy) == unused  # a copy holds its own

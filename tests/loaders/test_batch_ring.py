@@ -1,5 +1,5 @@
-"""The torch loader's shared-memory batch ring: a slot is reused only once its batch has been
-copied out, and every batch handed to the caller is the caller's own."""
+"""The torch loader's shared-memory batch ring: the caller gets each batch without a copy, and a slot
+is built in again only once the caller holds no tensor on it, so a batch kept never changes."""
 
 from __future__ import annotations
 
@@ -42,27 +42,36 @@ def _recording_claims(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
     return claims
 
 
-def test_a_slot_is_handed_out_again_only_after_its_batch_was_released() -> None:
+def test_a_slot_is_claimed_again_only_once_back_and_no_longer_held() -> None:
     ring = BatchRing(3, batch_size=2, image_size=4, memory_format=torch.contiguous_format)
-    assert [ring.claim(), ring.claim()] == [0, 1]
-    ring.release()  # request 0 copied out
-    assert [ring.claim(), ring.claim()] == [2, 0]  # request 3 reuses request 0's slot
-    assert ring.claim() is None  # request 4 would reuse request 1's slot, still unread: no slot
-    ring.release()
-    assert ring.claim() is None  # request 5 would reuse request 2's slot, still unread
-    ring.release()
-    ring.release()
-    assert ring.claim() == 0  # request 6: request 3 is released
-    ring.begin_pass()  # a new pass: nothing claimed before is read any more
-    assert [ring.claim(), ring.claim(), ring.claim()] == [1, 2, 0]
+    assert [ring.claim(), ring.claim(), ring.claim()] == [0, 1, 2]
+    assert ring.claim() is None  # all three in flight
+    first = ring.receive(0, 2)  # back, and held by the caller
+    assert ring.claim() is None
+    second = ring.receive(1, 1)
+    pixel_row = second[0, 1]  # a view of the batch keeps the slot as the batch does
+    del second
+    assert ring.claim() is None
+    as_numpy = first.numpy()  # so does a numpy array on it
+    del first
+    assert ring.claim() is None
+    del as_numpy
+    assert ring.claim() == 0  # back and dropped: free
+    del pixel_row
+    assert ring.claim() == 1
+    assert ring.claim() is None  # 0 and 1 claimed again, 2 still in flight
+    ring.begin_pass()  # a new pass: nothing claimed before is in flight any more
+    assert [ring.claim(), ring.claim(), ring.claim(), ring.claim()] == [2, 0, 1, None]
 
 
-def test_the_slots_are_shared_views_of_one_tensor() -> None:
-    ring = BatchRing(2, batch_size=3, image_size=4, memory_format=torch.channels_last)
-    assert ring.images.is_shared() and ring.images.is_contiguous(memory_format=torch.channels_last)
-    ring.images.zero_()
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+def test_the_slots_are_shared_memory_in_the_layout_asked(dtype: torch.dtype) -> None:
+    ring = BatchRing(2, batch_size=3, image_size=4, memory_format=torch.channels_last, dtype=dtype)
+    assert len(ring.slots) == 2
+    for slot in ring.slots:
+        assert slot.is_shared() and slot.is_contiguous(memory_format=torch.channels_last) and slot.dtype == dtype
     ring.batch(1, 2).fill_(7)
-    assert int(ring.images[3:5].min()) == 7 and int(ring.images[:3].max()) == 0 == int(ring.images[5:].max())
+    assert int(ring.slots[1][:2].min()) == 7 and int(ring.slots[1][2].max()) == 0 == int(ring.slots[0].max())
 
 
 def test_a_ring_larger_than_free_shared_memory_is_a_clear_error(tmp_path: Path) -> None:
@@ -76,23 +85,40 @@ def test_a_ring_larger_than_free_shared_memory_is_a_clear_error(tmp_path: Path) 
 @pytest.mark.parametrize("normalize", [False, True])
 def test_batches_kept_by_the_caller_never_change(tiny: Path, normalize: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     claims = _recording_claims(monkeypatch)
-    # 1 worker x prefetch 1: a ring of 2 slots, each reused 6 times while the caller keeps every batch
+    # 1 worker x prefetch 1: a ring of 3 slots, while the caller keeps all 12 batches
     kept = list(_loader(tiny, workers=1, prefetch_factor=1, normalize=normalize))
     reference = list(_loader(tiny, workers=0, normalize=normalize))
     assert len(kept) == len(reference) == 12
     for (x, y), (x0, y0) in zip(kept, reference):
         assert torch.equal(x, x0) and torch.equal(y, y0)
-    assert len({x.data_ptr() for x, _ in kept}) == 12  # twelve tensors of the caller's, none a view of the ring
-    assert claims == [0, 1] * 6  # every batch went through the ring
+    assert x.dtype == (torch.float32 if normalize else torch.uint8)
+    assert len({x.data_ptr() for x, _ in kept}) == 12  # twelve batches, none built over another the caller holds
+    assert claims[:3] == [0, 1, 2] and set(claims[3:]) == {None}  # once every slot is held, batches go without one
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("normalize", [False, True])
+def test_a_loop_that_drops_each_batch_gets_every_one_from_the_ring_without_a_copy(tiny: Path, normalize: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    claims = _recording_claims(monkeypatch)
+    loader = _loader(tiny, workers=2, prefetch_factor=1, normalize=normalize)  # 2 in flight + 2: 4 slots
+    slots = {slot.data_ptr() for slot in loader.dataset.ring.slots}
+    reference = _loader(tiny, workers=0, normalize=normalize)
+    for epoch in range(2):
+        for (x, y), (x0, y0) in zip(loader, reference, strict=True):
+            assert x.data_ptr() in slots  # the slot itself: the workers normalized (or not) in place
+            assert torch.equal(x, x0) and torch.equal(y, y0)
+    assert None not in claims and len(claims) == 24
+    loader.close()
 
 
 @pytest.mark.timeout(120)
 def test_an_abandoned_pass_leaves_the_next_one_exact(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     claims = _recording_claims(monkeypatch)
     loader = _loader(tiny, workers=2, normalize=False)
-    for step, _ in enumerate(loader):  # epoch 0: leave after 2 of 12 batches, 4 requests in flight
+    for step, batch in enumerate(loader):  # epoch 0: leave after 2 of 12 batches, 4 requests in flight
         if step == 1:
             break
+    del batch
     epoch1 = [(x.clone(), y.clone()) for x, y in loader]
     reference = _loader(tiny, workers=0, normalize=False)
     reference.set_epoch(1)
