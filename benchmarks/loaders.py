@@ -8,6 +8,14 @@ decoder runs it). Every row compares like for like: the same data, the same trai
 size/0.875 + center crop), the same output (float32 NCHW normalized with ImageNet mean/std, or
 uint8 NCHW), the same batch size, and as many DataLoader workers as DALI threads, on the CPU.
 
+With ``--ffcv-python`` (the interpreter of FFCV's own venv, which ``benchmarks/ffcv_env.sh``
+builds), the ``ffcv`` row (train only) is FFCV 1.0.2's ``Loader`` with as many threads, run by
+``_ffcv_child.py``: ``RandomResizedCropRGBImageDecoder`` (the same ranges; OpenCV's area resize)
++ flip, ``NormalizeImage(float32)`` in its threads for float32, the same contiguous NCHW outputs,
+from a page-cached .beton that its writer makes once beside the data, re-encoding every JPEG at
+quality 90 (so its JPEGs are smaller than the others'). Its first epoch includes numba compiling
+the pipeline.
+
 The default data is ImageNet-shaped (``_data.make_imagenet_shaped``: median 500x375, ~110 KB,
 2-3 % above 1,000 px; train only); ``--data synth`` uses ``imgpipe synth``'s smaller pictures.
 
@@ -23,6 +31,7 @@ steadier measure on a machine shared with other work. Worker and main-process RS
 
     python benchmarks/loaders.py                      # ImageNet-shaped, 3,000 JPEGs, at 2 and all workers
     python benchmarks/loaders.py --data synth --quick --workers 2
+    bash benchmarks/ffcv_env.sh /tmp/ffcv-venv && python benchmarks/loaders.py --workers 2 --only imgpipe-torch --ffcv-python /tmp/ffcv-venv/bin/python
 """
 
 from __future__ import annotations
@@ -31,7 +40,6 @@ import argparse
 import io
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -51,9 +59,12 @@ from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, EvalGeometry
 from imgpipe.loaders.pixels import describe_jpeg_decoder, region_decoder
 
 from _data import describe_tree, make_imagenet_shaped  # benchmarks/ is on sys.path when run as a script
+from _measure import run_epochs
 
 LOADERS = ("imgpipe-torch", "imgpipe-torch-whole", "torchvision", "dali-plain", "imgpipe-dali")
 DEFAULT_LOADERS = ("imgpipe-torch", "torchvision", "dali-plain", "imgpipe-dali")
+FFCV = "ffcv"  # with --ffcv-python: FFCV 1.0.2 in its own venv (_ffcv_child.py), train only
+FFCV_CHILD = Path(__file__).with_name("_ffcv_child.py")
 DTYPES = ("float32", "uint8")
 # (mine, theirs, output, goal) as issue 15's table: steady-state ratios of images/s
 GOALS = (
@@ -63,6 +74,8 @@ GOALS = (
     ("imgpipe-torch", "dali-plain", "uint8", None),
     ("imgpipe-dali", "dali-plain", "float32", 0.95),  # issue 12: the same decode and resize work
     ("imgpipe-torch", "imgpipe-torch-whole", "uint8", None),
+    ("imgpipe-torch", FFCV, "uint8", 1.3),  # FFCV's Loader from its page-cached .beton
+    ("imgpipe-torch", FFCV, "float32", 1.0),  # with NormalizeImage(float32) in FFCV's threads
 )
 PER_CORE_GOAL = 1.0  # imgpipe-torch uint8 images/s per core over Pillow's single-process whole-decode rate
 
@@ -84,6 +97,18 @@ def prepare(a: argparse.Namespace) -> tuple[Path, Path]:
     if not manifest_path(rec).is_file():
         imgpipe.pack(src, rec, splits=splits, workers=a.prepare_workers, overwrite=True, progress=False)
     return src, rec
+
+
+def prepare_ffcv(a: argparse.Namespace, src: Path) -> Path:
+    """FFCV's .beton of the train tree beside it (its writer re-encodes every JPEG at quality 90); made once."""
+    beton = a.work / f"ffcv-{src.name}-train-q90.beton"
+    if not beton.is_file():
+        began = time.perf_counter()
+        spec = {"train": str(src / "train"), "beton": str(beton), "workers": a.prepare_workers}
+        run_script([str(a.ffcv_python), str(FFCV_CHILD), "write", json.dumps(spec)], "ffcv's writer")
+        print(f"ffcv: wrote {beton} in {time.perf_counter() - began:.0f} s")
+    print(f"ffcv: {beton} ({beton.stat().st_size / 1e6:.0f} MB; JPEGs re-encoded at quality 90 by its writer)")
+    return beton
 
 
 # ----------------------------------------------------------------------------- loaders (built in the child process)
@@ -199,79 +224,33 @@ MAKERS = {
 # ----------------------------------------------------------------------------- measuring
 
 
-def child_pids() -> list[int]:
-    """The live child processes of this one: the DataLoader workers."""
-    pids: list[int] = []
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            pids += [int(p) for p in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return pids
-
-
-def memory_mb(pid: int) -> tuple[float, float]:
-    """(RSS, private) MB of a process; private = its own pages, not the ones shared with the parent."""
-    try:
-        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return 0.0, 0.0
-    fields = {line.split(":")[0]: int(line.split()[1]) for line in rollup.splitlines()[1:] if line.endswith("kB")}
-    return fields.get("Rss", 0) / 1024, (fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)) / 1024
-
-
-def cpu_seconds() -> float:
-    """CPU time of this process (all threads), its live children and its reaped children."""
-    own, gone = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    total = own.ru_utime + own.ru_stime + gone.ru_utime + gone.ru_stime
-    tick = os.sysconf("SC_CLK_TCK")
-    for pid in child_pids():
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    return total
-
-
-def one_epoch(loader: Any, dtype: torch.dtype) -> int:
-    """Images of one pass (every batch checked for the dtype asked)."""
-    images = 0
-    for batch, labels in loader:
-        assert batch.dtype == dtype and batch.shape[0] == labels.shape[0], (batch.dtype, batch.shape)
-        images += int(labels.numel())
-    return images
-
-
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """(In the child process) build one loader and run ``spec["epochs"]`` epochs of it; the first
     epoch's time includes building the loader and starting its workers."""
     torch.set_num_threads(1)  # the main process of a training loop; DALI's threads and the workers are the loader's
-    dtype = getattr(torch, spec["dtype"])
-    began, cpu_began = time.perf_counter(), cpu_seconds()
-    loader = MAKERS[spec["loader"]](Path(spec["src"]), Path(spec["rec"]), spec["split"] == "train", spec)
-    epochs = []
-    for _ in range(spec["epochs"]):
-        images = one_epoch(loader, dtype)
-        now, cpu = time.perf_counter(), cpu_seconds()
-        workers = [memory_mb(pid) for pid in child_pids()]
-        main_rss, main_private = memory_mb(os.getpid())
-        epochs.append({
-            "images": images, "wall_s": now - began, "cpu_s": cpu - cpu_began,
-            "worker_rss_mb": max((r for r, _ in workers), default=0.0), "worker_private_mb": max((p for _, p in workers), default=0.0),
-            "main_rss_mb": main_rss, "main_private_mb": main_private,
-        })  # fmt: skip
-        began, cpu_began = time.perf_counter(), cpu_seconds()
-    getattr(loader, "close", lambda: None)()
-    return {"epochs": epochs}
+
+    def build() -> Any:
+        return MAKERS[spec["loader"]](Path(spec["src"]), Path(spec["rec"]), spec["split"] == "train", spec)
+
+    return run_epochs(build, spec["epochs"], getattr(torch, spec["dtype"]))
 
 
-def in_own_process(spec: dict[str, Any]) -> dict[str, Any]:
-    """``run_child(spec)`` in a fresh Python process (this script with ``--child``)."""
-    run = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, timeout=1800)
+def run_script(command: list[str], what: str) -> str:
+    """The standard output of ``command``; its failure stops the benchmark."""
+    run = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     if run.returncode != 0:
-        raise SystemExit(f"{spec['loader']} {spec['dtype']} ({spec['workers']} workers) failed:\n{run.stderr[-3000:]}")
-    return json.loads(run.stdout.strip().splitlines()[-1])
+        raise SystemExit(f"{what} failed:\n{run.stderr[-3000:]}")
+    return run.stdout
+
+
+def in_own_process(spec: dict[str, Any], ffcv_python: Path | None) -> dict[str, Any]:
+    """``run_child(spec)`` in a fresh Python process (this script with ``--child``; FFCV's venv runs ``_ffcv_child.py``)."""
+    if spec["loader"] == FFCV:
+        command = [str(ffcv_python), str(FFCV_CHILD), "run", json.dumps(spec)]
+    else:
+        command = [sys.executable, __file__, "--child", json.dumps(spec)]
+    out = run_script(command, f"{spec['loader']} {spec['dtype']} ({spec['workers']} workers)")
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def decode_all(payloads: list[bytes]) -> None:
@@ -404,12 +383,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="every configuration once per round, each in its own process")
     p.add_argument("--dtypes", default=",".join(DTYPES), help="float32 (normalized) and/or uint8")
     p.add_argument("--only", default=",".join(DEFAULT_LOADERS), help=f"comma-separated subset of {', '.join(LOADERS)}")
+    p.add_argument("--ffcv-python", type=Path, help="add the ffcv row (train): the interpreter of FFCV's venv (benchmarks/ffcv_env.sh)")
     p.add_argument("--json", type=Path, help="also write the figures here")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.quick:
         a.images, a.classes, a.per_class, a.val_per_class, a.rounds = 600, 10, 40, 10, 2
     a.splits = [x.strip() for x in a.splits.split(",") if x.strip()]
+    if a.ffcv_python and not a.ffcv_python.is_file():
+        p.error(f"--ffcv-python {a.ffcv_python}: no such interpreter (bash benchmarks/ffcv_env.sh VENV builds one)")
     if "val" in a.splits and a.data != "synth":
         p.error("the ImageNet-shaped data has no val split: use --data synth for val")
     a.epochs, a.rounds = max(2, a.epochs), max(1, a.rounds)
@@ -436,19 +418,21 @@ def main(argv: list[str] | None = None) -> int:
     workers = worker_counts(a.workers, cpus)
     a.prepare_workers = cpus
     src, rec = prepare(a)
+    ffcv = {"beton": str(prepare_ffcv(a, src)), "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)} if a.ffcv_python else {}
     shape = describe_tree(src / "train") if a.data == "imagenet" else "imgpipe synth"
     print(f"data: {len(open_shards(rec, 'train'))} train JPEGs ({shape}; {src}); batch {a.batch_size}, size {a.image_size}, "
           f"workers {workers}, {cpus} CPUs; {a.epochs} epochs per process, medians of {a.rounds} rounds")  # fmt: skip
     print(f"imgpipe-torch decodes JPEGs: {describe_jpeg_decoder()}")
-    configs = [(n, d, s, w) for s in a.splits for w in workers for d in dtypes for n in names]
+    loaders = [*names, FFCV] if ffcv else names
+    configs = [(n, d, s, w) for s in a.splits for w in workers for d in dtypes for n in loaders if n != FFCV or s == "train"]
     runs: dict[str, list[dict[str, Any]]] = {"|".join(map(str, c)): [] for c in configs}
     decode: list[tuple[float, float]] = []
     for round_ in range(a.rounds):
         decode.append(decode_in_children(rec, 1, 1)[0])
         for name, dtype, split, w in configs if round_ % 2 == 0 else configs[::-1]:  # alternate: a drift lands on both ends alike
             spec = {"loader": name, "dtype": dtype, "split": split, "workers": w, "epochs": a.epochs, "src": str(src), "rec": str(rec),
-                    "batch_size": a.batch_size, "image_size": a.image_size}  # fmt: skip
-            result = in_own_process(spec)
+                    "batch_size": a.batch_size, "image_size": a.image_size, **(ffcv if name == FFCV else {})}  # fmt: skip
+            result = in_own_process(spec, a.ffcv_python)
             runs[f"{name}|{dtype}|{split}|{w}"].append(result)
             r = rates(result)
             print(f"  round {round_ + 1}: {name:20s} {dtype:7s} {split:5s} {w} workers: first {r['first']:6.0f}, steady {r['steady']:6.0f} images/s", flush=True)
