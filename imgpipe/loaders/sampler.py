@@ -154,10 +154,13 @@ class EpochSampler:
         )
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter()`` run ``epoch``."""
+        """Make the next ``iter()`` run ``epoch``: from its start, or from the position ``load_state_dict``
+        restored in that same epoch (the usual ``set_epoch(e)`` before each epoch, Lightning's included,
+        must not undo a resume)."""
         if epoch < 0:
             raise ConfigError(f"epoch must be >= 0, got {epoch}")
-        self._next_epoch, self._resume_batches, self._active = int(epoch), 0, False
+        resumed = self._resume_batches if int(epoch) == self._next_epoch and not self._active else 0
+        self._next_epoch, self._resume_batches, self._active = int(epoch), resumed, False
 
     def indices(self, epoch: int) -> np.ndarray:
         """All of this rank's record indices for ``epoch``."""

@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
+import os
 import time
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
@@ -51,6 +52,7 @@ from torch.multiprocessing import reductions
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from imgpipe.loaders import seeding
+from imgpipe._sys.procs import die_with_parent
 from imgpipe._sys.torch_private import shutdown_persistent_workers
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.base import SampledLoader
@@ -84,6 +86,12 @@ _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.Decompressio
 # spawn its workers too and pay seconds of imports per worker and epoch start.
 WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
 DEFAULT_PREFETCH_FACTOR = 2  # batches requested ahead per worker
+
+
+def die_with_the_loader(worker_id: int) -> None:
+    """The DataLoader workers' ``worker_init_fn``: SIGKILL a worker as soon as the process it serves
+    dies (torch's own watchdog notices only within 5 s, and not a worker stuck in a read)."""
+    die_with_parent(os.getppid())
 
 
 def normalization(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -340,6 +348,7 @@ class TorchLoader(SampledLoader):
             prefetch_factor=prefetch_factor if workers > 0 else None,
             pin_memory=pin_memory and ring is None,  # a ring slot is copied into pinned memory by upload()
             multiprocessing_context=(multiprocessing_context or WORKER_START) if workers > 0 else None,
+            worker_init_fn=die_with_the_loader,
         )
         self._scale, self._bias = normalization(device)
 

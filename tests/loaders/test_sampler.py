@@ -205,8 +205,22 @@ def test_resume_at_any_batch_matches_an_uninterrupted_epoch(n: int, world: int, 
     head = [next(it).tolist() for _ in range(consumed)]
     resumed = make()
     resumed.load_state_dict(first.state_dict())
+    if consumed < len(expected):
+        resumed.set_epoch(epoch)  # the usual set_epoch before each epoch (Lightning's too) keeps the resume
     rest = [b.tolist() for b in resumed]
     if consumed < len(expected):
         assert head + rest == expected
     else:  # the epoch was complete: resuming starts the next one
         assert head == expected and rest == [b.tolist() for b in whole.batches(epoch + 1)]
+
+
+def test_set_epoch_to_another_epoch_drops_a_pending_resume() -> None:
+    s = EpochSampler(40, batch_size=4, seed=1, rank=0, world_size=1)
+    s.load_state_dict({"epoch": 2, "batches": 3, "seed": 1, "records": 40, "global_batch": 4})
+    s.set_epoch(5)
+    assert [b.tolist() for b in s] == [b.tolist() for b in s.batches(5)]
+    s.load_state_dict({"epoch": 2, "batches": 3, "seed": 1, "records": 40, "global_batch": 4})
+    s.set_epoch(2)
+    assert [b.tolist() for b in s] == [b.tolist() for b in s.batches(2)][3:]
+    s.set_epoch(2)  # no resume pending any more: the whole epoch
+    assert len(list(s)) == 10

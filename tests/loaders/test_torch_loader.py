@@ -642,3 +642,49 @@ def test_a_sample_transform_returning_another_dtype_or_shape_is_one_line(tiny: P
     with pytest.raises(DatasetError, match=r"sample_transform must return a uint8 tensor of shape \(3, 32, 32\), got torch.float32 \(3, 32, 32\) for train-0000"):
         _run(loader)
     loader.close()
+
+
+def _running(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+WORKERS_THEN_WAIT = """
+import ctypes, os, sys, time
+from imgpipe.loaders.torch import make_torch_loader
+
+def report_pdeathsig(image):
+    signal = ctypes.c_int(-1)
+    ctypes.CDLL(None, use_errno=True).prctl(2, ctypes.byref(signal))  # PR_GET_PDEATHSIG
+    open(os.path.join(sys.argv[2], str(os.getpid())), "w").write(str(signal.value))
+    return image
+
+loader = make_torch_loader(sys.argv[1], batch_size=4, image_size=16, workers=2, device=None, sample_transform=report_pdeathsig)
+next(iter(loader))
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_die_at_once_with_a_killed_loader_process(tiny: Path, tmp_path: Path) -> None:
+    """A SIGKILLed training process leaves no loader workers behind: each asked Linux to kill it with its parent."""
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    child = subprocess.Popen([sys.executable, "-c", WORKERS_THEN_WAIT, str(tiny), str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    assert child.stdout.readline().strip() == "ready"
+    workers = {int(p.name): p.read_text() for p in tmp_path.iterdir()}
+    assert len(workers) == 2 and set(workers.values()) == {str(int(signal.SIGKILL))}
+    child.kill()
+    child.wait(timeout=30)
+    for _ in range(100):
+        alive = [pid for pid in workers if _running(pid)]
+        if not alive:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"loader workers {alive} outlived their killed process")
