@@ -1,12 +1,20 @@
 """Train a tiny model with PyTorch Lightning, DDP on 2 CPU ranks, on an imgpipe loader used unchanged.
 
 Run as a script (Lightning's "ddp" strategy starts rank 1 by running this file again):
-``python lightning_ddp.py PACKED_DIR OUT_DIR BACKEND``. Each rank writes the labels of every batch
-it saw, per stage and epoch, to ``OUT_DIR/<stage>-<epoch>-rank<r>.txt``; the test checks them.
+``python lightning_ddp.py PACKED_DIR OUT_DIR BACKEND [save CKPT_DIR STEPS | resume CKPT_FILE]``.
+Each rank writes the labels of every batch it saw, per stage and epoch, to
+``OUT_DIR/<stage>-<epoch>-rank<r>.txt``; the test checks them.
+
+* no mode: train 2 epochs, no checkpoint.
+* ``save CKPT_DIR STEPS``: train 2 epochs and let ``ModelCheckpoint(every_n_train_steps=STEPS)``
+  save a checkpoint every STEPS optimizer steps (the test resumes from one in the middle of epoch 1).
+* ``resume CKPT_FILE``: a fresh launch: ``trainer.fit(ckpt_path=CKPT_FILE)`` to the end of epoch 2
+  (3 epochs), on new loaders from ``train_dataloader()``: Lightning hands them the loader state it saved.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -40,6 +48,11 @@ class Tiny(L.LightningModule):
         with open(self.out / f"{name}-rank{self.global_rank}.txt", "a") as f:
             f.write("".join(f"{label}\n" for label in labels.tolist()))
 
+    def on_train_start(self) -> None:
+        # the train loader's position when training starts: after Lightning's load_state_dict on a resume
+        state = self.trainer.train_dataloader.state_dict()
+        (self.out / f"start-rank{self.global_rank}.json").write_text(json.dumps(state))
+
     def training_step(self, batch, _):
         images, labels = batch
         self._record("train", labels)
@@ -54,9 +67,18 @@ class Tiny(L.LightningModule):
 
 
 if __name__ == "__main__":
-    data, out, backend = sys.argv[1:4]
+    data, out, backend, *mode = sys.argv[1:]
+    callbacks, ckpt_path, epochs = [], None, 2
+    if mode and mode[0] == "save":
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        callbacks = [ModelCheckpoint(dirpath=mode[1], filename="{step}", every_n_train_steps=int(mode[2]), save_top_k=-1)]
+    elif mode and mode[0] == "resume":
+        ckpt_path, epochs = mode[1], 3
+    elif mode:
+        sys.exit(f"unknown mode {mode}")
     trainer = L.Trainer(
-        accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu", devices=2, strategy="ddp", max_epochs=epochs, logger=False, enable_checkpointing=bool(callbacks),
+        callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False,
     )
-    trainer.fit(Tiny(data, out, backend, image_size=16))
+    trainer.fit(Tiny(data, out, backend, image_size=16), ckpt_path=ckpt_path)
