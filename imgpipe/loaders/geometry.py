@@ -20,9 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
 
-from imgpipe.loaders.seeding import sample_rng
+from imgpipe.loaders.seeding import SampleStream, sample_rng
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
@@ -76,7 +75,7 @@ class TrainGeometry:
         object.__setattr__(self, "ratio", (float(ratio[0]), float(ratio[1])))
         object.__setattr__(self, "flip_p", float(flip_p))
 
-    def sample(self, width: int, height: int, rng: np.random.Generator) -> Crop:
+    def sample(self, width: int, height: int, rng: SampleStream) -> Crop:
         """Draw the crop box exactly as torchvision's ``RandomResizedCrop.get_params``, then the flip."""
         left, top, w, h = random_resized_crop_box(width, height, self.scale, self.ratio, rng)
         flip = bool(rng.random() < self.flip_p)
@@ -122,7 +121,7 @@ def sample_crop(geometry: TrainGeometry | EvalGeometry, width: int, height: int,
 
 
 def random_resized_crop_box(
-    width: int, height: int, scale: tuple[float, float], ratio: tuple[float, float], rng: np.random.Generator
+    width: int, height: int, scale: tuple[float, float], ratio: tuple[float, float], rng: SampleStream
 ) -> tuple[int, int, int, int]:
     """(left, top, w, h) by torchvision's algorithm: ``CROP_ATTEMPTS`` tries, then the center fallback."""
     area = width * height

@@ -11,9 +11,8 @@ import torch
 from imgpipe.loaders.seeding import order_rng, sample_rng, seed_worker_globals, worker_seed
 
 
-def _head(rng: np.random.Generator) -> tuple[int, int]:
-    a, b = rng.integers(0, 2**63, size=2).tolist()
-    return a, b
+def _head(rng) -> tuple[int, int]:
+    return int(rng.integers(0, 2**63)), int(rng.integers(0, 2**63))
 
 
 def test_sample_streams_are_reproducible_and_pure() -> None:
@@ -65,3 +64,15 @@ def test_negative_values_are_refused() -> None:
         sample_rng(-1, 0, 0)
     with pytest.raises(ValueError, match="must be >= 0"):
         worker_seed(0, 0, -1, 0)
+
+
+def test_sample_streams_draw_uniformly_and_keep_going_past_one_digest() -> None:
+    rng = sample_rng(0, 0, 0)
+    words = [rng.word() for _ in range(20)]  # 8 words a digest: three digests
+    assert len(set(words)) == 20 and all(0 <= w < 2**64 for w in words)
+    units = np.array([sample_rng(1, 2, i).random() for i in range(20000)])
+    assert units.min() >= 0 and units.max() < 1 and abs(units.mean() - 0.5) < 0.01
+    assert np.histogram(units, bins=10, range=(0, 1))[0].min() > 1800  # flat: ~2000 per tenth
+    faces = np.bincount([sample_rng(3, 0, i).integers(1, 7) for i in range(6000)], minlength=8)
+    assert faces[0] == faces[7] == 0 and faces[1:7].min() > 900  # 1..6 only, each ~1000 times
+    assert all(2.0 <= sample_rng(0, 1, i).uniform(2.0, 3.5) < 3.5 for i in range(1000))

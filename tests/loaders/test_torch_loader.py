@@ -257,7 +257,8 @@ def test_no_augmentation_collisions_across_ranks_workers_epochs(tiny: Path) -> N
         for epoch in range(3):
             for index in loader.sampler.indices(epoch).tolist():
                 assert (epoch, index) not in streams  # ranks are disjoint within an epoch
-                streams[(epoch, index)] = tuple(sample_rng(5, epoch, index).integers(0, 2**63, size=2).tolist())
+                stream = sample_rng(5, epoch, index)
+                streams[(epoch, index)] = (stream.word(), stream.word())
                 crops[(epoch, index)] = geometry.sample(4000, 3000, sample_rng(5, epoch, index))
     assert len(streams) == 3 * 40
     assert len(set(streams.values())) == len(streams)

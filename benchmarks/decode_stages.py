@@ -1,0 +1,106 @@
+"""Where one train sample's time goes in the torch loader, stage by stage, against Pillow's whole decode.
+
+One process, one thread, the same records: for each, the stages of ``imgpipe.loaders.pixels``'
+train path (read the record without a copy, JPEG header, crop draw, region decode, resize, store
+into a batch slot, normalize to float32), then the whole path as the workers run it
+(``decode_sample``), Pillow's whole decode (the per-core reference of ``loaders.py``) and the
+region decoder asked for the whole image. Records whose crop shrinks 2x or more take the reduced
+(DCT-scaled) path and are timed only as part of ``decode_sample``. Prints microseconds per image,
+the median of ``--passes`` passes.
+
+    python benchmarks/decode_stages.py                  # the ImageNet-shaped pack loaders.py made
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from imgpipe.format.jpeg import jpeg_size
+from imgpipe.format.shardset import open_shards
+from imgpipe.loaders import pixels
+from imgpipe.loaders.geometry import TrainGeometry, sample_crop
+from imgpipe.loaders.torch import normalization
+
+STAGES = ("read", "header", "crop draw", "region decode", "resize", "store uint8", "normalize float32")
+
+
+def one_pass(shards, count: int, size: int) -> dict[str, float]:
+    """Seconds per stage over the first ``count`` records (the integral-box records for the stages)."""
+    geometry = TrainGeometry(image_size=size)
+    decode = pixels.region_decoder()
+    scale, bias = (t[0] for t in normalization(torch.device("cpu")))
+    slot, slot_float = torch.empty((3, size, size), dtype=torch.uint8), torch.empty((3, size, size))
+    total = dict.fromkeys(STAGES, 0.0)
+    staged = 0
+    for i in range(count):
+        t0 = time.perf_counter()
+        _, payload = shards.read_view(i)
+        t1 = time.perf_counter()
+        width, height = jpeg_size(payload)
+        t2 = time.perf_counter()
+        crop = sample_crop(geometry, width, height, seed=0, epoch=1, index=i)
+        t3 = time.perf_counter()
+        if pixels.reduces_in_dct(crop, size):
+            continue
+        left, top, w, h = (int(v) for v in crop[:4])
+        region = decode(payload, left, top, w, h, 1)
+        t4 = time.perf_counter()
+        resized = pixels.resize(pixels.hwc_tensor(region, h, w), size, size)
+        t5 = time.perf_counter()
+        slot.copy_(resized.flip(-1) if crop.flip else resized)
+        t6 = time.perf_counter()
+        slot_float.copy_(slot).mul_(scale).add_(bias)
+        t7 = time.perf_counter()
+        for stage, seconds in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6)):
+            total[stage] += seconds
+        staged += 1
+    per_image = {stage: seconds / staged for stage, seconds in total.items()}
+    payloads = [shards.read_view(i)[1] for i in range(count)]
+    start = time.perf_counter()
+    for i, payload in enumerate(payloads):
+        slot.copy_(pixels.decode_sample(payload, lambda w, h: sample_crop(geometry, w, h, seed=0, epoch=1, index=i), size))  # noqa: B023
+    per_image["decode_sample (all records)"] = (time.perf_counter() - start) / count
+    start = time.perf_counter()
+    for payload in payloads:
+        Image.open(io.BytesIO(payload)).convert("RGB").load()
+    per_image["Pillow whole decode"] = (time.perf_counter() - start) / count
+    start = time.perf_counter()
+    for payload in payloads:
+        decode(payload, 0, 0, *jpeg_size(payload), 1)
+    per_image["region decoder, whole image"] = (time.perf_counter() - start) / count
+    return per_image
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rec", type=Path, default=Path(tempfile.gettempdir()) / "imgpipe-bench-loaders" / "rec-imagenet-shaped-3000",
+                   help="a packed folder (default: the one benchmarks/loaders.py packs)")  # fmt: skip
+    p.add_argument("--images", type=int, default=1500)
+    p.add_argument("--passes", type=int, default=3)
+    p.add_argument("--image-size", type=int, default=224)
+    a = p.parse_args(argv)
+    if pixels.region_decoder() is None:
+        sys.exit("imgpipe's region decoder is not built here: nothing to break down")
+    if not a.rec.is_dir():
+        sys.exit(f"{a.rec} does not exist: run benchmarks/loaders.py once (it packs the data), or pass --rec")
+    torch.set_num_threads(1)
+    shards = open_shards(a.rec, "train")
+    count = min(a.images, len(shards))
+    passes = [one_pass(shards, count, a.image_size) for _ in range(a.passes)]
+    print(f"{count} train records of {a.rec}, {a.image_size} px, one thread; microseconds per image, median of {a.passes} passes")
+    for stage in passes[0]:
+        print(f"  {stage:30s} {statistics.median(p[stage] for p in passes) * 1e6:7.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
