@@ -659,7 +659,9 @@ from imgpipe.loaders.torch import make_torch_loader
 def report_pdeathsig(image):
     signal = ctypes.c_int(-1)
     ctypes.CDLL(None, use_errno=True).prctl(2, ctypes.byref(signal))  # PR_GET_PDEATHSIG
-    open(os.path.join(sys.argv[2], str(os.getpid())), "w").write(str(signal.value))
+    path = os.path.join(sys.argv[2], str(os.getpid()))
+    open(path + ".tmp", "w").write(str(signal.value))
+    os.replace(path + ".tmp", path)
     return image
 
 loader = make_torch_loader(sys.argv[1], batch_size=4, image_size=16, workers=2, device=None, sample_transform=report_pdeathsig)
@@ -679,7 +681,11 @@ def test_workers_die_at_once_with_a_killed_loader_process(tiny: Path, tmp_path: 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     child = subprocess.Popen([sys.executable, "-c", WORKERS_THEN_WAIT, str(tiny), str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
     assert child.stdout.readline().strip() == "ready"
-    workers = {int(p.name): p.read_text() for p in tmp_path.iterdir()}
+    for _ in range(300):  # the second worker may still be on its first batch
+        workers = {int(p.name): p.read_text() for p in tmp_path.iterdir() if p.name.isdigit()}
+        if len(workers) == 2:
+            break
+        time.sleep(0.1)
     assert len(workers) == 2 and set(workers.values()) == {str(int(signal.SIGKILL))}
     child.kill()
     child.wait(timeout=30)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -286,7 +287,9 @@ def test_kill_9_one_rank_stops_everything_and_names_it(packed: Path, tmp_path: P
     _, stderr = proc.communicate(timeout=90)
     assert time.monotonic() - start < 60  # well inside the 30 s process-group timeout + grace
     assert proc.returncode != 0
-    assert "imgpipe: error: rank 1 exited with code -9 (killed by SIGKILL); stopped the other ranks (0)" in stderr, stderr[-3000:]
+    # rank 0 is stopped by the launcher, or has already failed on the dead peer's closed sockets (its
+    # loader workers die with it, so no forked worker keeps them open): either way rank 1 is the cause
+    assert re.search(r"imgpipe: error: rank 1 exited with code -9 \(killed by SIGKILL\)(; stopped the other ranks \(0\))?\n", stderr), stderr[-3000:]
     assert wait_gone(sorted(seen), 20) == []  # no orphans: ranks and loader workers are gone
 
 
