@@ -12,8 +12,9 @@ in every batch, and pixels that differ only by the resize filter. The pipeline i
 no random numbers; it is built once and reused from epoch to epoch (rebuilt after an epoch
 left unfinished). ``state_dict`` / ``load_state_dict`` are the sampler's, as in the torch loader.
 
-The feed runs in this process, a batch ahead of DALI's decoding threads; where the CPUs are all
-busy decoding, its per-record Python work (read, JPEG header, crop draw) competes with them.
+The feed runs in this process, in a thread of its own two batches ahead of DALI's calls; where
+the CPUs are all busy decoding, its per-record Python work (read, JPEG header, crop draw: 60 us)
+competes with them.
 Users who drive ``fn.readers.mxnet`` themselves keep ``imgpipe.format.dali_index.write_dali_index``.
 """
 
@@ -96,8 +97,9 @@ class DaliLoader(SampledLoader):
         self.device = torch.device("cpu") if spec.device_id is None else torch.device("cuda", spec.device_id)
 
     def close(self) -> None:
-        """Drop the DALI pipeline kept for the next epoch."""
+        """Drop the DALI pipeline kept for the next epoch and stop the feed's read-ahead thread."""
         self._pipe = None
+        self._feed.close()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # a generator, as the torch loader's: the epoch begins at the first next(), so an iter()
@@ -108,9 +110,7 @@ class DaliLoader(SampledLoader):
         if not batches:
             return
         feed = self._feed
-        feed.queue.clear()
-        feed.queue.extend((epoch, batch) for batch in batches)
-        feed.fed.clear()
+        feed.start(epoch, batches)
         pipe = self._pipeline()
         self._reusable = False
         while True:

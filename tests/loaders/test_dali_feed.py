@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from _tiny_shards import make_tiny_pack  # noqa: E402
 
+from imgpipe.errors import DatasetError  # noqa: E402
 from imgpipe.format.jpeg import jpeg_size  # noqa: E402
 from imgpipe.loaders.dali_feed import DaliFeed, window_of  # noqa: E402
 from imgpipe.format.shardset import open_shards  # noqa: E402
@@ -31,7 +32,7 @@ def test_a_batch_holds_each_records_bytes_and_its_own_crop(tmp_path: Path, train
     geometry = TrainGeometry(image_size=16) if train else EvalGeometry(image_size=16)
     feed = DaliFeed(shards, geometry, seed=4)
     indices = np.array([7, 2, 5])
-    feed.queue.append((3, indices))
+    feed.start(3, [indices])
     payloads, anchor, shape, roi_start, roi_end, mirror = feed()
     assert list(feed.fed) == [indices] and not feed.queue
     assert anchor.dtype == shape.dtype == mirror.dtype == np.int32 and roi_start.dtype == np.float32 and anchor.shape == (3, 2)
@@ -43,3 +44,36 @@ def test_a_batch_holds_each_records_bytes_and_its_own_crop(tmp_path: Path, train
         assert tuple(anchor[k]) == window.anchor and tuple(shape[k]) == window.shape and int(mirror[k]) == window.mirror
     with pytest.raises(StopIteration):
         feed()
+    feed.close()
+
+
+def test_batches_prepared_ahead_come_in_order_and_a_new_start_drops_them(tmp_path: Path) -> None:
+    shards = open_shards(make_tiny_pack(tmp_path / "t", records=12, shards=2), "train")
+    feed = DaliFeed(shards, TrainGeometry(image_size=16), seed=1)
+    batches = [np.array([i, i + 1]) for i in range(0, 12, 2)]
+    feed.start(0, batches)
+    first = feed()
+    assert [p.tobytes() for p in first[0]] == [shards.read(i)[1] for i in (0, 1)]
+    feed.start(1, batches[3:])  # an epoch left unfinished: its prepared batches are dropped
+    order = []
+    while True:
+        try:
+            payloads = feed()[0]
+        except StopIteration:
+            break
+        order.append([shards.read(i)[1] for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)].index(payloads[0].tobytes()))
+    assert order == [6, 8, 10] and [b.tolist() for b in feed.fed] == [[6, 7], [8, 9], [10, 11]]
+    feed.close()
+    feed.start(2, batches[:1])  # after close, a start makes a new thread
+    assert len(feed()[0]) == 2
+    feed.close()
+
+
+def test_a_batch_that_cannot_be_prepared_raises_when_dali_asks_for_it(tmp_path: Path) -> None:
+    shards = open_shards(make_tiny_pack(tmp_path / "t", records=6, shards=1, corrupt=(3,)), "train")
+    feed = DaliFeed(shards, TrainGeometry(image_size=16), seed=1)
+    feed.start(0, [np.array([0, 1]), np.array([2, 3]), np.array([4, 5])])
+    assert len(feed()[0]) == 2  # the batch before the bad record still comes
+    with pytest.raises(DatasetError, match="record 3"):
+        feed()
+    feed.close()
