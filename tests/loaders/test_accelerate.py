@@ -31,10 +31,7 @@ def global_batches(data: Path, epoch: int) -> list[tuple[list[int], list[float]]
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
-def test_accelerate_ddp_trains_two_epochs_on_the_global_stream_and_resumes(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> None:
-    if backend == "dali":
-        request.getfixturevalue("require_dali")
+def test_accelerate_ddp_trains_two_epochs_on_the_global_stream_and_resumes(tmp_path: Path, backend: str) -> None:
     data = make_tiny_pack(tmp_path / "tiny", records=RECORDS, shards=2, classes=RECORDS, min_side=20, max_side=40)
     out = tmp_path / "out"
     out.mkdir()

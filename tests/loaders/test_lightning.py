@@ -47,10 +47,7 @@ def rank_batches(data: Path, epoch: int, rank: int) -> list[list[int]]:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
-def test_lightning_ddp_trains_two_epochs_and_validates_every_sample_once(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> None:
-    if backend == "dali":
-        request.getfixturevalue("require_dali")
+def test_lightning_ddp_trains_two_epochs_and_validates_every_sample_once(tmp_path: Path, backend: str) -> None:
     data = make_tiny_pack(tmp_path / "tiny", records=RECORDS, shards=2, classes=RECORDS, min_side=20, max_side=40)
     out = tmp_path / "out"
     out.mkdir()
@@ -68,10 +65,7 @@ def test_lightning_ddp_trains_two_epochs_and_validates_every_sample_once(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
-def test_lightning_ddp_resumes_a_mid_epoch_checkpoint_where_the_stream_stopped(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> None:
-    if backend == "dali":
-        request.getfixturevalue("require_dali")
+def test_lightning_ddp_resumes_a_mid_epoch_checkpoint_where_the_stream_stopped(tmp_path: Path, backend: str) -> None:
     data = make_tiny_pack(tmp_path / "tiny", records=RECORDS, shards=2, classes=RECORDS, min_side=20, max_side=40)
     first, ckpts = tmp_path / "first", tmp_path / "ckpt"
     launch(data, first, backend, "save", str(ckpts), "2")  # 2 epochs, uninterrupted, a checkpoint every 2 steps

@@ -1,0 +1,13 @@
+"""Fixtures of the loader tests that run a whole framework (Lightning, Accelerate) on either backend."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(params=["torch", pytest.param("dali", marks=pytest.mark.dali)])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each test once per loader backend; the DALI run is skipped without DALI (failed under make test)."""
+    if request.param == "dali":
+        request.getfixturevalue("require_dali")
+    return request.param
