@@ -1,4 +1,5 @@
-"""What both loaders do before they differ: check the arguments, find the rank, open the shards.
+"""What both loaders do before they differ: check the arguments, find the rank, open the shards,
+and place this rank in the global stream (``open_rank_stream``).
 
 Every public argument is checked here, once for both loaders: a mistake (``image_size="224"``,
 ``batch_size=8.5``, ``train=1``, ``device="cuda"`` without a GPU) is one ``ConfigError``
@@ -14,13 +15,15 @@ from __future__ import annotations
 import numbers
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from imgpipe._sys.distenv import DistEnv, available_cpus
 from imgpipe.errors import ConfigError, DatasetError
 from imgpipe.format.shardset import ShardSet, open_shards
+from imgpipe.loaders.geometry import EvalGeometry, TrainGeometry
+from imgpipe.loaders.sampler import REMAINDER_POLICIES, EpochSampler
 
 if TYPE_CHECKING:
     import torch
@@ -187,3 +190,46 @@ def no_full_batch(path: object, split: str, records: int, world_size: int, batch
         f"{path}: split {split!r} has {records} records: {records // world_size} per rank over "
         f"{world_size} ranks, not one full batch of {batch_size}; {fix}"
     )
+
+
+class RankStream(NamedTuple):
+    """This rank, its shards, its part of the global stream and the geometry of its samples."""
+
+    env: DistEnv
+    shards: ShardSet
+    sampler: EpochSampler
+    geometry: TrainGeometry | EvalGeometry
+
+
+def open_rank_stream(
+    path: object, args: LoaderArgs, *, remainder: object, shuffle: object, block_shuffle: object, shuffle_window: object
+) -> RankStream:
+    """Check the sampling arguments (as each loader documents them), open ``path`` for this rank and
+    build its ``EpochSampler``; a split without records, or a train split without one full batch per
+    rank, is one ``DatasetError``."""
+    remainder = check_choice("remainder", remainder, REMAINDER_POLICIES)
+    shuffle = check_optional_bool("shuffle", shuffle)
+    block_shuffle = check_optional_int("block_shuffle", block_shuffle, minimum=1)
+    shuffle_window = check_optional_int("shuffle_window", shuffle_window, minimum=1)
+    if shuffle_window is not None and block_shuffle is None:
+        raise ConfigError("shuffle_window only applies with block_shuffle; set block_shuffle too, or leave shuffle_window None")
+    env, shards = open_for_rank(path, args)
+    if len(shards) == 0:
+        raise DatasetError(f"split {args.split!r} of {path} has no records")
+    sampler = EpochSampler(
+        len(shards),
+        batch_size=args.batch_size,
+        train=args.train,
+        shuffle=shuffle,
+        seed=args.seed,
+        rank=env.rank,
+        world_size=env.world_size,
+        remainder=remainder,
+        block_size=block_shuffle,
+        window=shuffle_window,
+    )
+    if args.train and len(sampler) == 0:
+        raise no_full_batch(path, args.split, len(shards), env.world_size, args.batch_size, "lower batch_size or use remainder='pad'")
+    geometry = TrainGeometry(image_size=args.image_size) if args.train else EvalGeometry(image_size=args.image_size)
+    shards.labels  # noqa: B018  (bare .rec files: read header labels once here, not in every worker)
+    return RankStream(env, shards, sampler, geometry)

@@ -35,16 +35,12 @@ from imgpipe.loaders.common import (
     check_choice,
     check_int,
     check_loader_args,
-    check_optional_bool,
-    check_optional_int,
     default_workers,
-    no_full_batch,
-    open_for_rank,
+    open_rank_stream,
 )
 from imgpipe.loaders.dali_feed import FEED_NAMES, UNDECODABLE_FIX, DaliFeed
 from imgpipe.format.shardset import ShardSet
-from imgpipe.loaders.geometry import EvalGeometry, TrainGeometry
-from imgpipe.loaders.sampler import REMAINDER_POLICIES, EpochSampler
+from imgpipe.loaders.sampler import EpochSampler
 
 INSTALL_HINT = "pip install 'imgpipe[dali]'"
 _DECODING_OPERATORS = ("decoders", "ImageSlice")  # in DALI's message when a record did not decode
@@ -292,26 +288,15 @@ def make_dali_loader(
         split=split, batch_size=batch_size, train=train, image_size=image_size, workers=workers, seed=seed, rank=rank,
         world_size=world_size, device=device, normalize=normalize, channels_last=channels_last,
     )
-    check_choice("remainder", remainder, REMAINDER_POLICIES)
-    shuffle = check_optional_bool("shuffle", shuffle)
-    block_shuffle = check_optional_int("block_shuffle", block_shuffle, minimum=1)
-    shuffle_window = check_optional_int("shuffle_window", shuffle_window, minimum=1)
     prefetch = check_int("prefetch", prefetch, minimum=1)
     if check_choice("on_corrupt", on_corrupt, ON_CORRUPT) == "skip":
         raise ConfigError(
             "on_corrupt='skip' needs the torch loader: DALI decodes whole batches, so the DALI loader can only raise "
             "on a corrupt record (on_corrupt='raise')"
         )
-    env, shards = open_for_rank(path, args)
-    if len(shards) == 0:
-        raise DatasetError(f"split {split!r} of {path} has no records")
-    sampler = EpochSampler(
-        len(shards), batch_size=args.batch_size, train=args.train, shuffle=shuffle, seed=args.seed, rank=env.rank,
-        world_size=env.world_size, remainder=remainder, block_size=block_shuffle, window=shuffle_window,
+    env, shards, sampler, geometry = open_rank_stream(
+        path, args, remainder=remainder, shuffle=shuffle, block_shuffle=block_shuffle, shuffle_window=shuffle_window
     )
-    if args.train and len(sampler) == 0:
-        raise no_full_batch(path, split, len(shards), env.world_size, args.batch_size, "lower batch_size or use remainder='pad'")
-    geometry: TrainGeometry | EvalGeometry = TrainGeometry(image_size=args.image_size) if args.train else EvalGeometry(image_size=args.image_size)
     spec = _Spec(
         batch_size=args.batch_size,
         image_size=args.image_size,
@@ -321,5 +306,4 @@ def make_dali_loader(
         channels_last=args.channels_last,
         prefetch=prefetch,
     )
-    shards.labels  # noqa: B018  (bare .rec files: read header labels once, here)
     return DaliLoader(spec, shards, sampler, DaliFeed(shards, geometry, args.seed))

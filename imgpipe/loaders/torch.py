@@ -64,16 +64,14 @@ from imgpipe.loaders.common import (
     check_int,
     check_loader_args,
     check_optional_bool,
-    check_optional_int,
     default_workers,
-    no_full_batch,
-    open_for_rank,
+    open_rank_stream,
 )
 from imgpipe.loaders.pixels import decode_sample, load_decoders
 from imgpipe.loaders.ring import BatchRing
 from imgpipe.format.shardset import PathLike, ShardSet
 from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry, sample_crop
-from imgpipe.loaders.sampler import REMAINDER_POLICIES, EpochSampler
+from imgpipe.loaders.sampler import EpochSampler
 from imgpipe.loaders.stage_timer import BatchTimes, StageTimer
 
 logger = logging.getLogger(__name__)
@@ -489,13 +487,7 @@ def make_torch_loader(
         split=split, batch_size=batch_size, train=train, image_size=image_size, workers=workers, seed=seed, rank=rank,
         world_size=world_size, device=device, normalize=normalize, channels_last=channels_last,
     )
-    check_choice("remainder", remainder, REMAINDER_POLICIES)
     check_choice("on_corrupt", on_corrupt, ON_CORRUPT)
-    shuffle = check_optional_bool("shuffle", shuffle)
-    block_shuffle = check_optional_int("block_shuffle", block_shuffle, minimum=1)
-    shuffle_window = check_optional_int("shuffle_window", shuffle_window, minimum=1)
-    if shuffle_window is not None and block_shuffle is None:
-        raise ConfigError("shuffle_window only applies with block_shuffle; set block_shuffle too, or leave shuffle_window None")
     if sample_transform is not None and not callable(sample_transform):
         raise ConfigError(f"sample_transform must be a callable on a uint8 CHW tensor or None, got {sample_transform!r}")
     persistent_workers = check_bool("persistent_workers", persistent_workers)
@@ -504,24 +496,9 @@ def make_torch_loader(
     if multiprocessing_context is not None:
         check_choice("multiprocessing_context", multiprocessing_context, multiprocessing.get_all_start_methods())
     batch_size, image_size, device, channels_last = args.batch_size, args.image_size, args.device, args.channels_last
-    env, shards = open_for_rank(path, args)
-    if len(shards) == 0:
-        raise DatasetError(f"split {split!r} of {path} has no records")
-    geometry: TrainGeometry | EvalGeometry = TrainGeometry(image_size=image_size) if args.train else EvalGeometry(image_size=image_size)
-    sampler = EpochSampler(
-        len(shards),
-        batch_size=batch_size,
-        train=args.train,
-        shuffle=shuffle,
-        seed=args.seed,
-        rank=env.rank,
-        world_size=env.world_size,
-        remainder=remainder,
-        block_size=block_shuffle,
-        window=shuffle_window,
+    env, shards, sampler, geometry = open_rank_stream(
+        path, args, remainder=remainder, shuffle=shuffle, block_shuffle=block_shuffle, shuffle_window=shuffle_window
     )
-    if args.train and len(sampler) == 0:
-        raise no_full_batch(path, split, len(shards), env.world_size, batch_size, "lower batch_size or use remainder='pad'")
     workers = default_workers(env.local_world_size) if args.workers is None else args.workers
     layout = torch.channels_last if channels_last or device.type == "cuda" else torch.contiguous_format  # HWC slots: one memcpy per image
     normalize_in_workers = args.normalize and device.type == "cpu"  # a GPU gets uint8, a quarter of the bytes, and normalizes
@@ -541,7 +518,6 @@ def make_torch_loader(
         ring=ring,
         stage_timer=stage_timer,
     )
-    shards.labels  # noqa: B018  (bare .rec files: read header labels once here, not in every worker)
     return TorchLoader(
         shards,
         sampler=sampler,

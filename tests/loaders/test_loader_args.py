@@ -42,14 +42,14 @@ SHARED = [  # (argument, bad value, what the message must say)
     ("device", "tpu", "device 'tpu' is not a torch device"),
     ("device", "meta", "device 'meta': the loaders run on None, 'cpu', 'cuda' or 'cuda:N'"),
     ("on_corrupt", "ignore", "on_corrupt must be one of 'raise', 'skip', got 'ignore'"),
-]
-TORCH_ONLY = [
     ("remainder", "keep", "remainder must be one of 'drop', 'pad', got 'keep'"),
     ("remainder", None, "remainder must be one of 'drop', 'pad'"),
     ("shuffle", 1, "shuffle must be True, False or None"),
     ("block_shuffle", 0, "block_shuffle must be >= 1"),
     ("block_shuffle", 4.0, "block_shuffle must be an integer >= 1 or None"),
     ("shuffle_window", 8, "shuffle_window only applies with block_shuffle"),
+]
+TORCH_ONLY = [
     ("sample_transform", "flip", "sample_transform must be a callable"),
     ("persistent_workers", "no", "persistent_workers must be True or False"),
     ("prefetch_factor", 0, "prefetch_factor must be >= 1"),
