@@ -271,6 +271,22 @@ static int can_stay_planar(const struct jpeg_decompress_struct *d, int scale_num
            c[2].v_samp_factor == 1;
 }
 
+/* The encoder of a width x height image of 3 components in ``space``, writing to s->jpeg: libjpeg's
+   defaults (YCbCr 4:2:0, Huffman tables not optimized, baseline) at s->quality. */
+static struct jpeg_compress_struct *begin_encoder(Shrink *s, int width, int height, J_COLOR_SPACE space) {
+    struct jpeg_compress_struct *c = &s->cinfo;
+    jpeg_create_compress(c);
+    s->have_cinfo = 1;
+    jpeg_mem_dest(c, &s->jpeg, &s->jpeg_size);
+    c->image_width = (JDIMENSION)width;
+    c->image_height = (JDIMENSION)height;
+    c->input_components = CHANNELS;
+    c->in_color_space = space;
+    jpeg_set_defaults(c);
+    jpeg_set_quality(c, s->quality, TRUE);
+    return c;
+}
+
 /* The planes as they are stored (no chroma upsampling, no colour conversion), each resized (the chroma on
  * the luma's scale, so the planes stay aligned), padded to whole MCUs and encoded as planes again: half
  * the samples of the RGB path, and libjpeg's upsampling and downsampling skipped. */
@@ -320,16 +336,7 @@ static int shrink_planes(Shrink *s, int width, int height) {
         pad_plane(s->out + out_offsets[i], out_strides[i], chroma_width, chroma_height, (int)out_strides[i], out_rows[i]);
     }
 
-    struct jpeg_compress_struct *c = &s->cinfo;
-    jpeg_create_compress(c);
-    s->have_cinfo = 1;
-    jpeg_mem_dest(c, &s->jpeg, &s->jpeg_size);
-    c->image_width = (JDIMENSION)width;
-    c->image_height = (JDIMENSION)height;
-    c->input_components = 3;
-    c->in_color_space = JCS_YCbCr;
-    jpeg_set_defaults(c); /* 4:2:0, Huffman tables not optimized, baseline */
-    jpeg_set_quality(c, s->quality, TRUE);
+    struct jpeg_compress_struct *c = begin_encoder(s, width, height, JCS_YCbCr);
     c->raw_data_in = TRUE;
     jpeg_start_compress(c, TRUE);
     while (c->next_scanline < c->image_height) {
@@ -364,16 +371,7 @@ static int shrink_rgb(Shrink *s, int width, int height) {
     jpeg_finish_decompress(d);
     resize_plane(s, &s->vertical, &s->horizontal, s->pixels, in_width, in_stride, CHANNELS, width, height, s->out, stride);
 
-    struct jpeg_compress_struct *c = &s->cinfo;
-    jpeg_create_compress(c);
-    s->have_cinfo = 1;
-    jpeg_mem_dest(c, &s->jpeg, &s->jpeg_size);
-    c->image_width = (JDIMENSION)width;
-    c->image_height = (JDIMENSION)height;
-    c->input_components = CHANNELS;
-    c->in_color_space = JCS_RGB;
-    jpeg_set_defaults(c); /* YCbCr 4:2:0, Huffman tables not optimized, baseline */
-    jpeg_set_quality(c, s->quality, TRUE);
+    struct jpeg_compress_struct *c = begin_encoder(s, width, height, JCS_RGB);
     jpeg_start_compress(c, TRUE);
     while (c->next_scanline < c->image_height) {
         JSAMPROW rows[1] = {s->out + (size_t)c->next_scanline * stride};
