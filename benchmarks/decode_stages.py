@@ -37,7 +37,7 @@ def one_pass(shards, count: int, size: int) -> dict[str, float]:
     """Seconds per stage over the first ``count`` records (the integral-box records for the stages)."""
     geometry = TrainGeometry(image_size=size)
     decode = pixels.region_decoder()
-    scale, bias = (t[0] for t in normalization(torch.device("cpu")))
+    scale, bias = normalization(torch.device("cpu"))
     slot, slot_float = torch.empty((3, size, size), dtype=torch.uint8), torch.empty((3, size, size))
     total = dict.fromkeys(STAGES, 0.0)
     staged = 0

@@ -113,9 +113,7 @@ class DaliFeed:
             self._thread = None
 
     def __call__(self) -> tuple[Any, ...]:
-        if not self._ahead:
-            self._prepare_ahead()
-        if not self._ahead:
+        if not self._ahead:  # ``start`` prepared the first, and every call the next
             raise StopIteration
         indices, prepared = self._ahead.popleft()
         self.fed.append(indices)

@@ -80,7 +80,7 @@ class BatchRing:
     def receive(self, slot: int, count: int) -> torch.Tensor:
         """The first ``count`` images of the batch a worker built in ``slot``: a view the caller holds
         (the slot stays taken until every tensor on it is gone)."""
-        batch = self.slots[slot][:count]
+        batch = self.batch(slot, count)
         self._in_flight.discard(slot)
         return batch
 

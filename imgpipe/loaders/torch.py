@@ -93,11 +93,11 @@ def die_with_the_loader(worker_id: int) -> None:
 
 
 def normalization(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale, bias), each float32 of shape (1, 3, 1, 1) on ``device``: (x - mean) / std as x * scale + bias,
-    in-place passes instead of a subtraction and a division."""
+    """(scale, bias), each float32 of shape (3, 1, 1) on ``device`` (an image's or a batch's channels):
+    (x - mean) / std as x * scale + bias, in-place passes instead of a subtraction and a division."""
     mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float64)
     std = torch.tensor(IMAGENET_STD, dtype=torch.float64)
-    return (1 / std).to(torch.float32).view(1, 3, 1, 1).to(device), (-mean / std).to(torch.float32).view(1, 3, 1, 1).to(device)
+    return (1 / std).to(torch.float32).view(3, 1, 1).to(device), (-mean / std).to(torch.float32).view(3, 1, 1).to(device)
 
 
 def release_dead_shared_storages() -> None:
@@ -157,7 +157,6 @@ class BatchDataset(Dataset):
         self.ring = ring
         self.stage_timer = stage_timer
         self._scale, self._bias = normalization(torch.device("cpu"))
-        self._scale, self._bias = self._scale[0], self._bias[0]  # per image
         self._read_s = 0.0  # this batch's read seconds, with a stage_timer
         self._seeded: tuple[int, int] | None = None
         # resolved here, in the process that forks the workers, so they share the import: in each
