@@ -19,6 +19,10 @@ holds it, and a loop that drops each batch before the next (``for x, y in loader
 slots forever: the ring has the DataLoader's ``workers * prefetch_factor`` requests in flight,
 plus the batch being handed over and the one the caller still holds.
 
+A slot holds ``image_size`` (the largest size the loader was built or re-sized for) and serves any
+smaller resolution as a view of its first bytes, so a loader whose resolution changes between
+epochs keeps its ring; ``grow`` re-allocates larger slots while the loader's workers are stopped.
+
 One way around the check: a batch sent to another process (``torch.multiprocessing``) is shared
 memory already, so the other process maps the slot itself and holds no reference here; clone a
 batch before sending it.
@@ -46,17 +50,32 @@ class BatchRing:
 
     def __init__(self, slots: int, *, batch_size: int, image_size: int, memory_format: torch.memory_format, dtype: torch.dtype = torch.uint8) -> None:
         self.batch_size = batch_size
-        shape = (batch_size, 3, image_size, image_size)
-        size = slots * batch_size * 3 * image_size * image_size * dtype.itemsize
+        self.memory_format = memory_format
+        self.dtype = dtype
+        self.slots: list[torch.Tensor] = []
+        self._allocate(slots, image_size)
+        self._in_flight: set[int] = set()  # slots claimed by a request whose batch has not come back
+        self._next = 0  # where the search for a free slot starts: slots are used in turn
+
+    def _allocate(self, slots: int, image_size: int) -> None:
+        shape = (self.batch_size, 3, image_size, image_size)
+        size = slots * self.batch_size * 3 * image_size * image_size * self.dtype.itemsize
         with allocation_lock():  # ranks starting together check and allocate one after the other
             check_shared_memory(size, slots)
             try:
-                self.slots = [torch.zeros(shape, dtype=dtype).contiguous(memory_format=memory_format).share_memory_() for _ in range(slots)]
+                self.slots = [torch.zeros(shape, dtype=self.dtype).contiguous(memory_format=self.memory_format).share_memory_() for _ in range(slots)]
             except RuntimeError as e:  # something other than a ring took the room after the check
                 raise shared_memory_error(size, slots, f"{SHARED_MEMORY_DIR} ran out ({str(e).splitlines()[0]})") from None
+        self.image_size = image_size  # the largest resolution a slot holds
         self._unused = storage_use_count(self.slots[0])  # the ring's own references to a slot
-        self._in_flight: set[int] = set()  # slots claimed by a request whose batch has not come back
-        self._next = 0  # where the search for a free slot starts: slots are used in turn
+
+    def grow(self, image_size: int) -> None:
+        """Replace every slot by one holding ``image_size``. Only while no worker uses the ring: the old
+        slots' shared memory is freed here, or once the caller drops the last batch it holds on them."""
+        count = len(self.slots)
+        self.slots = []
+        self._in_flight.clear()
+        self._allocate(count, image_size)
 
     @classmethod
     def for_dataloader(
@@ -77,10 +96,10 @@ class BatchRing:
                 return slot
         return None
 
-    def receive(self, slot: int, count: int) -> torch.Tensor:
-        """The first ``count`` images of the batch a worker built in ``slot``: a view the caller holds
-        (the slot stays taken until every tensor on it is gone)."""
-        batch = self.batch(slot, count)
+    def receive(self, slot: int, count: int, size: int | None = None) -> torch.Tensor:
+        """The first ``count`` images of the batch a worker built in ``slot`` at ``size``: a view the caller
+        holds (the slot stays taken until every tensor on it is gone)."""
+        batch = self.batch(slot, count, size)
         self._in_flight.discard(slot)
         return batch
 
@@ -92,9 +111,15 @@ class BatchRing:
         """
         self._in_flight.clear()
 
-    def batch(self, slot: int, count: int) -> torch.Tensor:
-        """The first ``count`` images of ``slot`` (a view into shared memory), for the worker to build in."""
-        return self.slots[slot][:count]
+    def batch(self, slot: int, count: int, size: int | None = None) -> torch.Tensor:
+        """``count`` images of ``size`` squared (default: the slot's) at the start of ``slot``, in the ring's
+        layout: a view into shared memory, for the worker to build in."""
+        size = self.image_size if size is None else size
+        if not 0 < size <= self.image_size or not 0 <= count <= self.batch_size:
+            raise ValueError(f"a ring slot holds {self.batch_size} images of {self.image_size} px, not {count} of {size} px")
+        image = 3 * size * size
+        strides = (image, 1, 3 * size, 3) if self.memory_format == torch.channels_last else (image, size * size, size, 1)
+        return self.slots[slot].as_strided((count, 3, size, size), strides)
 
 
 @contextlib.contextmanager

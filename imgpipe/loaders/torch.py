@@ -1,8 +1,9 @@
 """The torch loader: a DataLoader over a ShardSet whose workers build whole batches, as yielded.
 
 Per epoch the ``EpochSampler`` gives this rank's batches; each request sent to a worker is a
-``BatchRequest`` (epoch, record indices, ring slot), and one worker reads, decodes and
-augments the whole batch into one NCHW tensor (one IPC round trip per batch). With
+``BatchRequest`` (epoch, record indices, ring slot, output size), and one worker reads, decodes and
+augments the whole batch into one NCHW tensor (one IPC round trip per batch). The size travels
+with each request, so ``set_resolution`` needs no new workers unless it outgrows the ring. With
 persistent workers (the default) that tensor is a slot of a ``BatchRing``, shared memory
 allocated once, and the worker returns only the slot's number and the labels; the caller
 gets a view of the slot, no copy, and the slot is reused once the caller drops it. Every random
@@ -64,13 +65,14 @@ from imgpipe.loaders.common import (
     check_int,
     check_loader_args,
     check_optional_bool,
+    check_optional_int,
     default_workers,
     open_rank_stream,
 )
 from imgpipe.loaders.pixels import decode_sample, load_decoders
 from imgpipe.loaders.ring import BatchRing
 from imgpipe.format.shardset import PathLike, ShardSet
-from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry, sample_crop
+from imgpipe.loaders.geometry import EVAL_CROP_FRACTION, IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry, sample_crop
 from imgpipe.loaders.sampler import EpochSampler
 from imgpipe.loaders.stage_timer import BatchTimes, StageTimer
 
@@ -110,11 +112,13 @@ def release_dead_shared_storages() -> None:
 
 
 class BatchRequest(NamedTuple):
-    """One batch to build: the records ``indices`` of ``epoch``, into the ring's ``slot`` if one is given."""
+    """One batch to build: the records ``indices`` of ``epoch`` at ``size`` (default: the dataset's
+    geometry's), into the ring's ``slot`` if one is given."""
 
     epoch: int
     indices: np.ndarray
     slot: int | None = None
+    size: int | None = None
 
 
 class BatchDataset(Dataset):
@@ -176,15 +180,16 @@ class BatchDataset(Dataset):
         return (*built, BatchTimes(read=self._read_s, decode=elapsed - self._read_s))
 
     def _build(self, request: BatchRequest | tuple[int, np.ndarray]) -> tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None]:
-        epoch, indices, ring_slot = BatchRequest(*request)
+        epoch, indices, ring_slot, size = BatchRequest(*request)
+        geometry = self.geometry if size is None else self.geometry.at(size)
+        size = geometry.image_size
         in_worker = self._seed_globals(epoch)
         if in_worker:
             release_dead_shared_storages()
         if ring_slot is not None and self.ring is not None:
-            images = self.ring.batch(ring_slot, len(indices))
+            images = self.ring.batch(ring_slot, len(indices), size)
             sent: torch.Tensor | int = ring_slot
         else:
-            size = self.geometry.image_size
             dtype = torch.float32 if self.normalize else torch.uint8
             images = sent = torch.empty((len(indices), 3, size, size), dtype=dtype, memory_format=self._memory_format)
             if in_worker:  # built in shared memory: sending it copies nothing and leaves no hole in the heap
@@ -193,7 +198,7 @@ class BatchDataset(Dataset):
         bad: list[int] = []
         for slot, index in enumerate(indices.tolist()):
             try:
-                sample = self._decode(epoch, index)
+                sample = self._decode(geometry, epoch, index)
             except _DECODE_ERRORS as e:
                 reason = "not a decodable image" if isinstance(e, UnidentifiedImageError) else str(e)
                 message = f"cannot decode {self.shards.describe(index)}: {reason}"
@@ -217,10 +222,9 @@ class BatchDataset(Dataset):
                 labels[slot] = labels[donor]
         return sent, labels, indices[bad].astype(np.int64), None
 
-    def _decode(self, epoch: int, index: int) -> torch.Tensor:
+    def _decode(self, geometry: TrainGeometry | EvalGeometry, epoch: int, index: int) -> torch.Tensor:
         """Record ``index`` of ``epoch`` cropped, resized and flipped: a uint8 CHW tensor (maybe a view)."""
         _, payload = self._read(index)
-        geometry = self.geometry
         crop_for: Callable[[int, int], Crop] = lambda w, h: sample_crop(geometry, w, h, seed=self.seed, epoch=epoch, index=index)  # noqa: E731
         return decode_sample(payload, crop_for, geometry.image_size)
 
@@ -270,32 +274,34 @@ class BatchDataset(Dataset):
 
 
 class RingRequests(Sampler):
-    """A DataLoader sampler over the ``queued`` (epoch, indices) batches of a pass: yields them as
-    ``BatchRequest``s, each with a ring slot claimed as the DataLoader takes it."""
+    """A DataLoader sampler over the ``queued`` (epoch, indices) batches of a pass at one output size:
+    yields them as ``BatchRequest``s, each with a ring slot claimed as the DataLoader takes it."""
 
     def __init__(self, ring: BatchRing | None) -> None:
         self.ring = ring
         self.queued: list[tuple[int, np.ndarray]] = []
+        self.size: int | None = None
 
     def __len__(self) -> int:
         return len(self.queued)
 
-    def start_pass(self, epoch: int, batches: Sequence[np.ndarray]) -> None:
-        """Queue this pass's batches and start the ring's pass: call before each ``iter()`` of the DataLoader."""
+    def start_pass(self, epoch: int, batches: Sequence[np.ndarray], size: int | None = None) -> None:
+        """Queue this pass's batches, at ``size``, and start the ring's pass: call before each ``iter()`` of the DataLoader."""
         self.queued = [(epoch, batch) for batch in batches]
+        self.size = size
         if self.ring is not None:
             self.ring.begin_pass()
 
     def __iter__(self) -> Iterator[BatchRequest]:
         for epoch, indices in self.queued:
-            yield BatchRequest(epoch, indices, None if self.ring is None else self.ring.claim())
+            yield BatchRequest(epoch, indices, None if self.ring is None else self.ring.claim(), self.size)
 
 
-def batch_images(ring: BatchRing | None, sent: torch.Tensor | int, count: int) -> torch.Tensor:
-    """The images a worker sent back: its tensor, or the first ``count`` images of the ring slot it names."""
+def batch_images(ring: BatchRing | None, sent: torch.Tensor | int, count: int, size: int | None = None) -> torch.Tensor:
+    """The images a worker sent back: its tensor, or the first ``count`` images of ``size`` in the ring slot it names."""
     if isinstance(sent, int):
         assert ring is not None
-        return ring.receive(sent, count)
+        return ring.receive(sent, count, size)
     return sent
 
 
@@ -354,7 +360,10 @@ class TorchLoader(SampledLoader):
         shutdown_persistent_workers(self._loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self._requests.start_pass(*self.sampler.begin_epoch())
+        epoch, batches = self.sampler.begin_epoch()
+        size = self.sampler.resolution
+        self._fit_ring(size)
+        self._requests.start_pass(epoch, batches, size)
         results = iter(self._loader)
         if self.device.type == "cuda":
             yield from self._cuda_batches(results)
@@ -376,7 +385,17 @@ class TorchLoader(SampledLoader):
             self.skipped += len(skipped)
             for index in skipped.tolist():
                 logger.warning("skipped corrupt %s (replaced by another sample of its batch)", self.shards.describe(index))
-        return batch_images(self._ring, images, len(labels)), labels, isinstance(images, int)
+        return batch_images(self._ring, images, len(labels), self._requests.size), labels, isinstance(images, int)
+
+    def _fit_ring(self, size: int | None) -> None:
+        """Make the ring's slots hold ``size``: the workers stop (forked workers keep the slots they were
+        started with), the slots are re-allocated, and the next pass starts new workers."""
+        ring = self._ring
+        if ring is None or size is None or size <= ring.image_size:
+            return
+        shutdown_persistent_workers(self._loader)
+        logger.debug("torch loader: ring slots grow from %d to %d px; the workers restart", ring.image_size, size)
+        ring.grow(size)
 
     def _record_times(self, result: tuple[Any, ...], start: float) -> None:
         """Report a batch's stage times: its worker's, and this process's since ``start``."""
@@ -450,6 +469,8 @@ def make_torch_loader(
     device: str | torch.device | None = CURRENT_DEVICE,
     normalize: bool = True,
     channels_last: bool = False,
+    crop_ratio: float = EVAL_CROP_FRACTION,
+    max_image_size: int | None = None,
     remainder: str = "drop",
     shuffle: bool | None = None,
     block_shuffle: int | None = None,
@@ -465,6 +486,10 @@ def make_torch_loader(
     """A rank-aware, seeded loader of ``(images, labels)`` over packed shards (see the module docstring).
 
     ``path``: a packed folder, bare .rec files (path, list or glob) or a ShardSet.
+    ``image_size``: the output size, until ``loader.set_resolution(px)`` changes it for the next
+    ``iter()``; ``max_image_size``: the largest size ``set_resolution`` will ask for, so the ring
+    is allocated for it once (a larger one re-sizes the ring and restarts the workers).
+    ``crop_ratio`` (eval): the center crop's share of the shorter side (224/256).
     ``workers``: DataLoader worker processes (default ``default_workers()``; 0 decodes in
     this process). ``remainder``: "drop" or "pad" for train, so every rank gets the same
     full batches; eval (``train=False``) yields every record exactly once across ranks.
@@ -484,8 +509,9 @@ def make_torch_loader(
     """
     args = check_loader_args(
         split=split, batch_size=batch_size, train=train, image_size=image_size, workers=workers, seed=seed, rank=rank,
-        world_size=world_size, device=device, normalize=normalize, channels_last=channels_last,
+        world_size=world_size, device=device, normalize=normalize, channels_last=channels_last, crop_ratio=crop_ratio,
     )
+    max_image_size = check_optional_int("max_image_size", max_image_size, minimum=1)
     check_choice("on_corrupt", on_corrupt, ON_CORRUPT)
     if sample_transform is not None and not callable(sample_transform):
         raise ConfigError(f"sample_transform must be a callable on a uint8 CHW tensor or None, got {sample_transform!r}")
@@ -504,7 +530,8 @@ def make_torch_loader(
     ring = None
     if workers > 0 and persistent_workers:
         dtype = torch.float32 if normalize_in_workers else torch.uint8
-        ring = BatchRing.for_dataloader(workers, prefetch_factor, batch_size=batch_size, image_size=image_size, memory_format=layout, dtype=dtype)
+        capacity = max(image_size, max_image_size or 0)
+        ring = BatchRing.for_dataloader(workers, prefetch_factor, batch_size=batch_size, image_size=capacity, memory_format=layout, dtype=dtype)
     dataset = BatchDataset(
         shards,
         geometry=geometry,
