@@ -86,7 +86,7 @@ def to_dict(result: BenchResult, verdict: Verdict) -> dict[str, Any]:
             "steps": config.steps,
             "warmup": config.warmup,
             "batch_size": config.batch_size,
-            "image_size": config.image_size,
+            "image_size": config.train_size,
             "model": config.model,
             "compute_ms": float(config.compute_ms),
             "cold": config.cold,
@@ -145,7 +145,7 @@ def format_report(result: BenchResult, verdict: Verdict) -> str:
     lines = [
         f"imgpipe bench: {config.data} ({config.split}, {result.records} records, {result.data_bytes / 1e6:.1f} MB) "
         f"on {describe_disk(result.disk)}",
-        f"{config.ranks} rank(s) on {result.device}, batch {config.batch_size}, {config.image_size} px, "
+        f"{config.ranks} rank(s) on {result.device}, batch {config.batch_size}, {config.train_size} px, "
         + (f"model {config.model}" if config.model else f"compute {config.compute_ms:g} ms") + (", cold cache" if config.cold else ""),
         "",
         f"{'backend':<8} {'workers':>7} {'images/s':>9} {'balance':>7} {'cpu %':>6} {'iowait %':>8} {'read MB/s':>9} {'cached %':>8}",
