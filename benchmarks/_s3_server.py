@@ -172,7 +172,9 @@ def start(host: str = "127.0.0.1", port: int = 0, latency_s: float = 0.02, lifet
     process and after ``lifetime_s`` at the latest."""
     command = [python, os.path.abspath(__file__), "--host", host, "--port", str(port), "--latency-s", str(latency_s),
                "--lifetime-s", str(lifetime_s), "--parent-pid", str(os.getpid())]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # imgpipe of this checkout, for die_with_parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH")) if p)}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
     assert process.stdout is not None
     line = process.stdout.readline().strip()  # the URL once it listens, or "" if it died
     if not line.startswith("http://"):
