@@ -9,6 +9,10 @@ cache: the first epoch is cold, the second reads what the first cached. The serv
 its own on the same cores, so it costs what it costs here (about 3 ms of CPU per request). Rounds
 alternate their order; figures are medians over rounds, ratios are taken within a round.
 
+The peers' shards are 16 MB by default, so that each worker reads many, as it would from a real
+dataset's thousands; with a few 64 MB shards over 2 workers, LitData 0.2.76 shares chunks between
+its workers and reads a shared chunk's whole file for every item window (3-4x slower here).
+
     bash benchmarks/peers_env.sh /tmp/peers-venv
     python benchmarks/remote_peers.py --peers-python /tmp/peers-venv/bin/python            # 3,000 ImageNet-shaped JPEGs
     python benchmarks/remote_peers.py --peers-python /tmp/peers-venv/bin/python --quick    # 600 JPEGs, 1 round
@@ -63,12 +67,13 @@ def run_peer(peers_python: Path, peer: str, url: str, endpoint: str, cache_dir: 
 
 
 def epoch_figures(result: dict[str, Any]) -> list[dict[str, float]]:
-    """Per epoch: images/s, and what the server answered during it (GETs, MB, requests per second)."""
+    """Per epoch: images/s (and per CPU-second of the loader's processes), and what the server
+    answered during it (GETs, MB, requests per second)."""
     figures = []
     for epoch in result["epochs"]:
         counted = epoch.get("counters", {})
         figures.append({
-            "images_per_s": epoch["images"] / epoch["wall_s"], "GET": counted.get("GET", 0), "range_GET": counted.get("range_GET", 0),
+            "images_per_s": epoch["images"] / epoch["wall_s"], "images_per_cpu_s": epoch["images"] / max(epoch["cpu_s"], 1e-9), "GET": counted.get("GET", 0), "range_GET": counted.get("range_GET", 0),
             "requests": counted.get("requests", 0), "MB": counted.get("bytes_out", 0) / 1e6,
             "requests_per_s": counted.get("requests", 0) / epoch["wall_s"], "cache_MB": counted.get("cache_bytes", 0) / 1e6,
         })  # fmt: skip
@@ -78,7 +83,7 @@ def epoch_figures(result: dict[str, Any]) -> list[dict[str, float]]:
 def report(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Print the per-loader table and the ratios against imgpipe from a local folder; return the figures."""
     figures: dict[str, Any] = {}
-    print(f"\n{'loader':14s} {'cold img/s':>10s} {'warm img/s':>10s}  {'GETs cold/warm':>14s} {'MB cold/warm':>13s} {'req/s cold':>10s} {'cache MB':>8s}")
+    print(f"\n{'loader':14s} {'cold img/s':>10s} {'warm img/s':>10s} {'/CPU-s cold/warm':>16s}  {'GETs cold/warm':>14s} {'MB cold/warm':>13s} {'req/s cold':>10s} {'cache MB':>8s}")
     for name, results in runs.items():
         per_round = [epoch_figures(r) for r in results]
         cold = statistics.median(f[0]["images_per_s"] for f in per_round)
@@ -87,8 +92,9 @@ def report(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         gets = f"{last[0]['GET']}/{sum(e['GET'] for e in last[1:])}"
         mb = f"{last[0]['MB']:.0f}/{sum(e['MB'] for e in last[1:]):.0f}"
         rate = statistics.median(f[0]["requests_per_s"] for f in per_round)
-        print(f"{name:14s} {cold:10.0f} {warm:10.0f}  {gets:>14s} {mb:>13s} {rate:10.1f} {last[0]['cache_MB']:8.0f}")
-        figures[name] = {"cold": cold, "warm": warm, "rounds": per_round}
+        per_cpu = "/".join(f"{statistics.median(f[k]['images_per_cpu_s'] for f in per_round):.0f}" for k in (0, -1))
+        print(f"{name:14s} {cold:10.0f} {warm:10.0f} {per_cpu:>16s}  {gets:>14s} {mb:>13s} {rate:10.1f} {last[0]['cache_MB']:8.0f}")
+        figures[name] = {"cold": cold, "warm": warm, "requests_per_s_cold": rate, "rounds": per_round}
     if BASELINE in runs:
         print(f"\nratios to {BASELINE} (median over rounds of the ratio within each round)")
         base = [epoch_figures(r) for r in runs[BASELINE]]
@@ -111,7 +117,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="600 images, 1 round")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "imgpipe-bench-loaders", help="data folder (reused between runs; shared with loaders.py)")
     p.add_argument("--only", default=",".join((*PEERS, BASELINE)), help=f"comma-separated subset of {', '.join((*PEERS, BASELINE))}")
-    p.add_argument("--shard-mb", type=int, default=64, help="the peers' shard size (both libraries' default is 64 MB)")
+    p.add_argument("--shard-mb", type=int, default=16, help="the peers' shard size: 24 shards of the 3,000 JPEGs, 12 per worker (their libraries' default, 64 MB, makes 6)")
     p.add_argument("--latency-ms", type=float, default=20.0, help="added by the server before every request")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--image-size", type=int, default=224)
