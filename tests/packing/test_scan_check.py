@@ -13,8 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
+from imgpipe.format.jpeg import inspect_jpeg
 from imgpipe.packing import codec
 from imgpipe.packing.codec import decode_failure, keep_failure, prepare_image
 from imgpipe.packing.packer import pack
@@ -34,7 +37,7 @@ def corruptions() -> dict[str, bytes]:
 def files(corruptions: dict[str, bytes]) -> dict[str, bytes]:
     """Every test file within Pillow's pixel limit (pack skips larger ones before any check)."""
     every = {**jpeg_zoo.encodings(), **jpeg_zoo.damaged(), **jpeg_zoo.scan_corruption_sources(), **corruptions}
-    with_size = {name: (data, codec.inspect_jpeg(data)) for name, data in every.items()}
+    with_size = {name: (data, inspect_jpeg(data)) for name, data in every.items()}
     return {name: data for name, (data, info) in with_size.items() if info is None or not codec._too_large(info.width, info.height)}
 
 
@@ -67,6 +70,37 @@ def test_the_check_passes_no_jpeg_that_pillows_decode_refuses(
 def test_keep_failure_gives_decode_failures_verdict_and_reason(files: dict[str, bytes]) -> None:
     for name, data in files.items():
         assert keep_failure(data) == decode_failure(data), name
+
+
+_SEEDS = (jpeg_zoo.encode(jpeg_zoo.picture(48, 32, 7), quality=80), jpeg_zoo.encode(jpeg_zoo.picture(48, 32, 8), quality=80, progressive=True))
+
+
+@needs_extension
+@pytest.mark.timeout(120)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(_SEEDS),
+    st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)), min_size=1, max_size=6),
+    st.lists(st.tuples(st.floats(0, 1), st.integers(1, 255)), max_size=2),
+    st.floats(0, 1),
+)
+def test_keep_failure_is_decode_failure_on_random_damage(
+    seed: bytes, edits: list[tuple[float, int]], markers: list[tuple[float, int]], cut: float
+) -> None:
+    """Bytes changed anywhere (headers and scans), markers inserted, the end cut off: the same verdict and reason."""
+    data = bytearray(seed)
+    for where, value in edits:
+        data[int(where * len(data))] = value
+    for where, marker in markers:
+        at = int(where * len(data))
+        data[at:at] = bytes([0xFF, marker])
+    data = bytes(data[: max(2, int(cut * len(data)))] if cut < 0.5 else data)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Image, "MAX_IMAGE_PIXELS", 500_000)  # a damaged size stays small to decode
+        info = inspect_jpeg(data)
+        if info is not None and codec._too_large(info.width, info.height):
+            return
+        assert keep_failure(data) == decode_failure(data)
 
 
 @pytest.mark.timeout(180)
