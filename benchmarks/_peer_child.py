@@ -191,6 +191,8 @@ def run(spec: dict[str, Any], notes: list[str]) -> dict[str, Any]:
         return {**fetch_counts(spec["endpoint"]), "cache_bytes": cache_bytes(cache)}
 
     result = run_epochs(lambda: LOADERS[spec["peer"]](spec), spec["epochs"], torch.uint8, counters)
+    for epoch in result["epochs"]:
+        epoch["images_per_s"] = epoch["images"] / epoch["wall_s"]
     versions = {"mosaic": f"mosaicml-streaming {streaming.__version__}", "litdata": f"litdata {litdata.__version__}"}
     decode = "torchvision.io.decode_jpeg (whole image) + RandomResizedCrop box + torch bilinear antialiased uint8 resize + flip"
     return {"peer": spec["peer"], "library": versions[spec["peer"]], "decode": decode, "notes": notes, **result}
