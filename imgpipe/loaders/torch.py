@@ -87,8 +87,9 @@ DEFAULT_PREFETCH_FACTOR = 2  # batches requested ahead per worker
 
 
 def die_with_the_loader(worker_id: int) -> None:
-    """The DataLoader workers' ``worker_init_fn``: SIGKILL a worker as soon as the process it serves
-    dies (torch's own watchdog notices only within 5 s, and not a worker stuck in a read)."""
+    """The DataLoader workers' ``worker_init_fn``: SIGKILL a worker soon after the process it serves
+    dies, whichever thread forked it (torch's own watchdog notices only within 5 s, and not a
+    worker stuck in a read)."""
     die_with_parent(os.getppid())
 
 
