@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from imgpipe.errors import ConfigError
@@ -12,6 +13,12 @@ from imgpipe.loaders.common import check_int
 if TYPE_CHECKING:
     from imgpipe.loaders.sampler import EpochSampler
 
+CLOSED = "the loader was closed (loader.close()) and yields no more batches; make a new loader to iterate again"
+SUPERSEDED = (
+    "this iterator's pass over the loader ended when a later iter(loader) began epoch {epoch}: a loader runs one pass "
+    "at a time; take batches from the newest iterator, or make a second loader for a second stream"
+)
+
 
 @runtime_checkable
 class Loader(Protocol):
@@ -19,8 +26,9 @@ class Loader(Protocol):
 
     ``state_dict`` is the position in the global stream (epoch, global batches yielded, seed,
     records, G); ``load_state_dict`` makes the next ``iter()`` yield exactly the batches an
-    uninterrupted run would have yielded next, at any world size with the same G. ``skipped`` counts the corrupt records replaced so far; ``close`` stops any
-    worker processes now.
+    uninterrupted run would have yielded next, at any world size with the same G. ``skipped``
+    counts the corrupt records replaced so far; ``close`` stops any worker processes and threads
+    now, and the loader yields nothing after it.
     """
 
     skipped: int
@@ -39,7 +47,15 @@ class Loader(Protocol):
 
 
 class SampledLoader:
-    """The members both loaders take from their ``EpochSampler``: epoch, length, and the position in the global stream.
+    """What both loaders share: passes over their ``EpochSampler`` one at a time, ``close``, epoch,
+    length, and the position in the global stream.
+
+    One pass at a time: the position in the stream (``state_dict``) is one pass's, and a backend
+    serves one pass (DALI's pipeline, the DataLoader's persistent workers). A pass begins at the
+    first ``next()`` of an ``iter()``; it ends the pass before it, whose iterator then raises
+    one ``ConfigError`` line if asked for another batch, instead of yielding another epoch's
+    batches. An iterator dropped or left unread (Lightning's sanity check, a ``break``) is no
+    obstacle to the next pass.
 
     ``sampler`` and ``batch_sampler = None`` are also what PyTorch Lightning duck-types on a loader
     that is not a DataLoader: it then reads ``sampler`` to see that evaluation batches are not
@@ -49,6 +65,48 @@ class SampledLoader:
 
     sampler: EpochSampler
     batch_sampler = None  # the batches come from ``sampler``; Lightning reads this attribute
+    _live: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None  # the batches of the pass in progress
+    _closed = False
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # a generator: the epoch begins at the first next(), so an iter() that is never read
+        # (Lightning's iterability check) does not use up an epoch
+        if self._closed:
+            raise ConfigError(CLOSED)
+        self._end_pass()
+        batches = self._batches(*self.sampler.begin_epoch())
+        self._live = batches
+        try:
+            for batch in batches:
+                yield batch
+                if self._live is not batches:  # one check per batch: closed, or a later pass began
+                    raise ConfigError(CLOSED if self._closed else SUPERSEDED.format(epoch=self.sampler.epoch))
+        finally:
+            if self._live is batches:
+                self._live = None
+
+    def _batches(self, epoch: int, batches: list[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The backend's batches for these record ``batches`` of ``epoch`` (each marked consumed as it is handed over)."""
+        raise NotImplementedError
+
+    def _end_pass(self) -> None:
+        """End the pass in progress, if any: its generator lets go of what it holds (a pipeline, a DataLoader iterator)."""
+        live, self._live = self._live, None
+        if live is not None:
+            try:
+                live.close()
+            except ValueError:  # being iterated in another thread right now: it stops at its next batch
+                pass
+
+    def close(self) -> None:
+        """Stop the worker processes and threads now; iterating the loader afterwards is a ``ConfigError``."""
+        self._closed = True
+        self._end_pass()
+        self._shut_down()
+
+    def _shut_down(self) -> None:
+        """The backend's part of ``close``."""
+        raise NotImplementedError
 
     @property
     def epoch(self) -> int:

@@ -88,43 +88,39 @@ class DaliLoader(SampledLoader):
         self.sampler = sampler
         self._feed = feed
         self._pipe: Any = None
-        self._reusable = False  # the pipeline ran its last epoch to the end
+        self._reusable = False  # the pipeline handed over every batch of its last epoch
         self.skipped = 0  # DALI never replaces a record: a corrupt one stops the epoch with a DatasetError
         self.device = torch.device("cpu") if spec.device_id is None else torch.device("cuda", spec.device_id)
 
-    def close(self) -> None:
-        """Drop the DALI pipeline kept for the next epoch and stop the feed's read-ahead thread."""
+    def _shut_down(self) -> None:
+        """Drop the DALI pipeline (its threads end with it) and stop the feed's read-ahead thread."""
         self._pipe = None
         self._feed.close()
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        # a generator, as the torch loader's: the epoch begins at the first next(), so an iter()
-        # that is never read (Lightning's iterability check) does not use up an epoch
-        yield from self._run(*self.sampler.begin_epoch())
-
-    def _run(self, epoch: int, batches: list[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _batches(self, epoch: int, batches: list[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if not batches:
             return
         feed = self._feed
         feed.start(epoch, batches)
         pipe = self._pipeline()
         self._reusable = False
-        while True:
+        for remaining in range(len(batches) - 1, -1, -1):
             try:
                 images, = pipe.run()
-            except StopIteration:
-                break
             except RuntimeError as e:
                 self._pipe = None  # DALI's pipeline is unusable after an error
                 raise self._decode_error(e) from None
             indices = feed.fed.popleft()
             labels = torch.from_numpy(self.shards.labels[indices].astype(np.int64)).to(self.device, non_blocking=True)
             self.sampler.mark_consumed()
+            # the last batch is out: the pipeline holds no work of this pass, so the next one resets
+            # and reuses it, whether or not the consumer asks for more (a loop that stops after
+            # len(loader) batches, as the trainer's does, consumed every batch)
             yield self._to_torch(images), labels
         self._reusable = True
 
     def _pipeline(self) -> Any:
-        """The pipeline, reset for a new epoch; a new one when the last epoch did not run to its end."""
+        """The pipeline, reset for a new epoch; a new one when the last epoch was left before its last batch."""
         if self._pipe is not None and self._reusable:
             self._pipe.reset()
         else:

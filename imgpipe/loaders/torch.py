@@ -350,12 +350,12 @@ class TorchLoader(SampledLoader):
         )
         self._scale, self._bias = normalization(device)
 
-    def close(self) -> None:
+    def _shut_down(self) -> None:
         """Stop the worker processes now (persistent workers otherwise live until the loader is collected)."""
         shutdown_persistent_workers(self._loader)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self._requests.start_pass(*self.sampler.begin_epoch())
+    def _batches(self, epoch: int, batches: list[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self._requests.start_pass(epoch, batches)
         results = iter(self._loader)
         if self.device.type == "cuda":
             yield from self._cuda_batches(results)
