@@ -116,8 +116,8 @@ class DaliLoader(SampledLoader):
             # the last batch is out: the pipeline holds no work of this pass, so the next one resets
             # and reuses it, whether or not the consumer asks for more (a loop that stops after
             # len(loader) batches, as the trainer's does, consumed every batch)
+            self._reusable = remaining == 0
             yield self._to_torch(images), labels
-        self._reusable = True
 
     def _pipeline(self) -> Any:
         """The pipeline, reset for a new epoch; a new one when the last epoch was left before its last batch."""
