@@ -21,12 +21,13 @@ Users who drive ``fn.readers.mxnet`` themselves keep ``imgpipe.format.dali_index
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
+from imgpipe._sys.distenv import DistEnv
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.base import SampledLoader
 from imgpipe.loaders.common import (
@@ -82,10 +83,13 @@ class _Spec:
 class DaliLoader(SampledLoader):
     """Iterable of ``(images, labels)`` batches for this rank; each ``iter()`` is the next epoch."""
 
-    def __init__(self, spec: _Spec, shards: ShardSet, sampler: EpochSampler, feed: DaliFeed) -> None:
+    def __init__(
+        self, spec: _Spec, shards: ShardSet, sampler: EpochSampler, feed: DaliFeed, *, env: DistEnv, follow_world: bool, workers: int | None
+    ) -> None:
+        super().__init__(sampler, env, follow_world=follow_world)
+        self._workers = workers  # None: default_workers() for this rank's node
         self._spec = spec
         self.shards = shards
-        self.sampler = sampler
         self._feed = feed
         self._pipe: Any = None
         self._reusable = False  # the pipeline handed over every batch of its last epoch
@@ -96,6 +100,11 @@ class DaliLoader(SampledLoader):
         """Drop the DALI pipeline (its threads end with it) and stop the feed's read-ahead thread."""
         self._pipe = None
         self._feed.close()
+
+    def _moved(self, env: DistEnv) -> None:
+        spec = replace(self._spec, workers=dali_threads(self._workers, env))
+        if spec != self._spec:
+            self._spec, self._pipe = spec, None
 
     def _batches(self, epoch: int, batches: list[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if not batches:
@@ -296,10 +305,15 @@ def make_dali_loader(
     spec = _Spec(
         batch_size=args.batch_size,
         image_size=args.image_size,
-        workers=max(1, args.workers if args.workers is not None else default_workers(env.local_world_size)),
+        workers=dali_threads(args.workers, env),
         device_id=args.device.index if args.device.type == "cuda" else None,
         normalize=args.normalize,
         channels_last=args.channels_last,
         prefetch=prefetch,
     )
-    return DaliLoader(spec, shards, sampler, DaliFeed(shards, geometry, args.seed))
+    return DaliLoader(spec, shards, sampler, DaliFeed(shards, geometry, args.seed), env=env, follow_world=args.rank is None, workers=args.workers)
+
+
+def dali_threads(workers: int | None, env: DistEnv) -> int:
+    """DALI's CPU thread count: ``workers``, else ``default_workers()`` for ``env``'s node; at least 1."""
+    return max(1, default_workers(env.local_world_size) if workers is None else workers)
