@@ -85,6 +85,11 @@ _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.Decompressio
 # spawn its workers too and pay seconds of imports per worker and epoch start.
 WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
 DEFAULT_PREFETCH_FACTOR = 2  # batches requested ahead per worker
+PIN_MEMORY_IGNORED = (
+    "pin_memory=True has no effect on this CPU loader: with persistent workers its batches are views of shared-memory "
+    "slots, which are not pinned; pin a batch yourself (batch.pin_memory() copies it), set persistent_workers=False "
+    "(the DataLoader then copies each batch into pinned memory), or load onto the GPU with device='cuda'"
+)
 
 
 def die_with_the_loader(worker_id: int) -> None:
@@ -501,9 +506,11 @@ def make_torch_loader(
     ``persistent_workers`` (default True) keeps the workers from epoch to epoch and lets them
     build batches in a ring of ``workers * prefetch_factor + 2`` batches in shared memory,
     allocated once (``ConfigError`` when /dev/shm has less room free); a batch is a view of its
-    slot, which is reused once the caller holds no tensor on it (clone a batch before sending it
-    to another process). ``pin_memory`` (default:
-    on CUDA) stages batches in pinned memory for the copy to the GPU.
+    slot, which is reused once the caller holds nothing on it (``imgpipe.loaders.ring`` says what
+    holds a slot; clone a batch before sending it to another process). ``pin_memory`` (default:
+    on CUDA) stages batches in pinned memory for the copy to the GPU; on the CPU it applies only
+    without the ring (``persistent_workers=False`` or ``workers=0``): ring slots are not pinned,
+    and one warning says so.
     ``stage_timer``: for tools (``imgpipe bench``): a :class:`StageTimer` that gets every
     batch's read, decode and collate seconds (see :mod:`imgpipe.loaders.stage_timer`).
     ``loader.close()`` stops persistent workers.
@@ -521,6 +528,8 @@ def make_torch_loader(
     if multiprocessing_context is not None:
         check_choice("multiprocessing_context", multiprocessing_context, multiprocessing.get_all_start_methods())
     device = args.device
+    if pin_memory and device.type == "cpu" and persistent_workers and args.workers != 0:
+        logger.warning(PIN_MEMORY_IGNORED)
     env, shards, sampler, geometry = open_rank_stream(
         path, args, remainder=remainder, shuffle=shuffle, block_shuffle=block_shuffle, shuffle_window=shuffle_window
     )

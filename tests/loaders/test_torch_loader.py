@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import os
 import queue
 import socket
@@ -714,3 +715,23 @@ def test_persistent_workers_outlive_the_thread_that_started_them(tiny: Path) -> 
         assert workers in (None, pids)  # persistent: never restarted
         workers = pids
     loader.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "warned"),
+    [
+        ({"pin_memory": True}, True),
+        ({"pin_memory": True, "workers": 0}, False),
+        ({"pin_memory": True, "persistent_workers": False}, False),
+        ({}, False),
+        ({"pin_memory": False}, False),
+    ],
+)
+def test_pin_memory_on_a_cpu_loader_with_the_ring_is_one_warning(tiny: Path, caplog: pytest.LogCaptureFixture, kwargs: dict, warned: bool) -> None:
+    """The ring's slots are not pinned: ``pin_memory=True`` there says once that it has no effect."""
+    from imgpipe.loaders.torch import PIN_MEMORY_IGNORED
+
+    with caplog.at_level(logging.WARNING, logger="imgpipe.loaders.torch"):
+        loader = _uint8(tiny, device=None, **{"workers": 1, **kwargs})
+    loader.close()
+    assert [r.getMessage() for r in caplog.records if "pin_memory" in r.getMessage()] == ([PIN_MEMORY_IGNORED] if warned else [])
