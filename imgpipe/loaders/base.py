@@ -132,7 +132,7 @@ class SampledLoader:
 
     def _find_place(self) -> None:
         """Move to this process's current place in the world if it changed since the loader was set up."""
-        if not self._follow_world:
+        if not self._follow_world or self._closed:
             return
         env = DistEnv.detect()
         if (env.rank, env.world_size, env.local_world_size) == (self.env.rank, self.env.world_size, self.env.local_world_size):
