@@ -92,8 +92,8 @@ class SampledLoader:
         # (Lightning's iterability check) does not use up an epoch
         if self._closed:
             raise ConfigError(CLOSED)
-        self._end_pass(SUPERSEDED)
         self._find_place()
+        self._end_pass(SUPERSEDED)
         batches = self._batches(*self.sampler.begin_epoch())
         self._live = batches
         try:

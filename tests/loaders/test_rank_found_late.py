@@ -35,8 +35,14 @@ train, val = make(data, **common), make(data, train=False, workers=1, **common) 
 fixed = make(data, rank=0, world_size=1, workers=1, **common)
 report = {"len_before": len(train), "world_before": train.sampler.world_size}
 train.set_epoch(1)
+peek = iter(train)
+next(peek)  # a look at epoch 1's first batch before the process group: that pass is this process's alone
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-report["train"] = [y.tolist() for _, y in train]
+report["train"] = [y.tolist() for _, y in train]  # the next epoch, on this rank's part of the stream
+try:
+    next(peek)
+except Exception as error:
+    report["peek"] = f"{type(error).__name__}: {error}"
 report["val"] = [y.tolist() for _, y in val]
 report.update(len_after=len(train), world_after=train.sampler.world_size, rank=train.sampler.rank, epoch=train.epoch,
               fixed_len=len(fixed), fixed_world=fixed.sampler.world_size,
@@ -81,9 +87,10 @@ def test_a_loader_built_before_the_process_group_reads_its_ranks_part(tmp_path: 
     for rank, report in enumerate(reports):
         assert (report["len_before"], report["world_before"]) == (RECORDS // 4, 1)  # this process alone, until the group exists
         assert (report["rank"], report["world_after"], report["len_after"]) == (rank, 2, RECORDS // 8)
-        assert report["epoch"] == 1  # set_epoch before the move holds after it
+        assert report["epoch"] == 2  # set_epoch(1) before the move holds after it, and the peeked pass counts as epoch 1
+        assert report["peek"].startswith("ConfigError: this iterator's pass over the loader ended when the loader moved to rank")
         want = make(backend, data, batch_size=4, image_size=16, device="cpu", workers=1, rank=rank, world_size=2)
-        want.set_epoch(1)
+        want.set_epoch(2)
         assert report["train"] == [y.tolist() for _, y in want]  # its part of the global stream, exactly
         want.close()
         assert (report["fixed_len"], report["fixed_world"]) == (RECORDS // 4, 1)  # explicit rank and world_size hold
@@ -102,3 +109,7 @@ def test_a_moved_sampler_keeps_its_place_in_the_global_stream() -> None:
     one.load_state_dict({**one.state_dict(), "batches": 5})  # 20 records: not a whole number of global batches of 8
     with pytest.raises(ConfigError, match="cannot move the loader to rank 1 of 2 in the middle of epoch 2"):
         one.moved(1, 2)
+    one.begin_epoch()
+    one.mark_consumed()  # a pass under way (epoch 2, 6 batches in): it ends with the move, as an abandoned pass does
+    after = one.moved(0, 2).state_dict()
+    assert (after["epoch"], after["batches"]) == (3, 0)
