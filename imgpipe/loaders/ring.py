@@ -11,27 +11,30 @@ the worker builds its batch in that slot and returns the slot's number, and the 
 view of the slot: no copy, no new page.
 
 When a slot may be built in again: once its batch has come back (it is no longer "in flight")
-and the caller holds no tensor on it any more (``storage_in_use``: the slot's storage has no
-other reference than the ring's). A caller that keeps batches (a list of them, a prefetcher)
-keeps their slots; a request that finds its slot still held goes without one, and its worker
-allocates a new shared tensor, as without the ring. So a batch never changes while the caller
-holds it, and a loop that drops each batch before the next (``for x, y in loader``) reuses the
-slots forever: the ring has the DataLoader's ``workers * prefetch_factor`` requests in flight,
-plus the batch being handed over and the one the caller still holds.
+and the caller holds nothing on it any more: no tensor, view, numpy array or DLPack capsule on
+its memory (``storage_use_count``), and not its storage object (``batch.untyped_storage()``,
+``batch.storage()``: the Python object torch keeps for a storage, whose reference count the ring
+reads). A caller that keeps batches (a list of them, a prefetcher) keeps their slots; a request
+that finds its slot still held goes without one, and its worker allocates a new shared tensor,
+as without the ring. So a batch never changes while the caller holds it, and a loop that drops
+each batch before the next (``for x, y in loader``) reuses the slots forever: the ring has the
+DataLoader's ``workers * prefetch_factor`` requests in flight, plus the batch being handed over
+and the one the caller still holds.
 
 A slot holds ``image_size`` (the largest size the loader was built or re-sized for) and serves any
 smaller resolution as a view of its first bytes, so a loader whose resolution changes between
-epochs keeps its ring; ``grow`` re-allocates larger slots while the loader's workers are stopped.
+epochs keeps its ring (a larger one takes a new ring: ``TorchLoader._fit_ring``).
 
-One way around the check: a batch sent to another process (``torch.multiprocessing``) is shared
-memory already, so the other process maps the slot itself and holds no reference here; clone a
-batch before sending it.
+What does not keep a slot: a raw address (``data_ptr()``), a weak reference, and a batch sent to
+another process (``torch.multiprocessing``): it is shared memory already, so the other process
+maps the slot itself and holds no reference here. Clone a batch before any of those.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import Iterator
 
 import torch
@@ -50,32 +53,21 @@ class BatchRing:
 
     def __init__(self, slots: int, *, batch_size: int, image_size: int, memory_format: torch.memory_format, dtype: torch.dtype = torch.uint8) -> None:
         self.batch_size = batch_size
+        self.image_size = image_size  # the largest resolution a slot holds
         self.memory_format = memory_format
-        self.dtype = dtype
-        self.slots: list[torch.Tensor] = []
-        self._allocate(slots, image_size)
-        self._in_flight: set[int] = set()  # slots claimed by a request whose batch has not come back
-        self._next = 0  # where the search for a free slot starts: slots are used in turn
-
-    def _allocate(self, slots: int, image_size: int) -> None:
-        shape = (self.batch_size, 3, image_size, image_size)
-        size = slots * self.batch_size * 3 * image_size * image_size * self.dtype.itemsize
+        shape = (batch_size, 3, image_size, image_size)
+        size = slots * batch_size * 3 * image_size * image_size * dtype.itemsize
         with allocation_lock():  # ranks starting together check and allocate one after the other
             check_shared_memory(size, slots)
             try:
-                self.slots = [torch.zeros(shape, dtype=self.dtype).contiguous(memory_format=self.memory_format).share_memory_() for _ in range(slots)]
+                self.slots = [torch.zeros(shape, dtype=dtype).contiguous(memory_format=memory_format).share_memory_() for _ in range(slots)]
             except RuntimeError as e:  # something other than a ring took the room after the check
                 raise shared_memory_error(size, slots, f"{SHARED_MEMORY_DIR} ran out ({str(e).splitlines()[0]})") from None
-        self.image_size = image_size  # the largest resolution a slot holds
-        self._unused = storage_use_count(self.slots[0])  # the ring's own references to a slot
-
-    def grow(self, image_size: int) -> None:
-        """Replace every slot by one holding ``image_size``. Only while no worker uses the ring: the old
-        slots' shared memory is freed here, or once the caller drops the last batch it holds on them."""
-        count = len(self.slots)
-        self.slots = []
-        self._in_flight.clear()
-        self._allocate(count, image_size)
+        self._storages = [slot.untyped_storage() for slot in self.slots]  # the Python objects torch returns for them
+        self._unused = storage_use_count(self.slots[0])  # the ring's own references to a slot's memory
+        self._unused_storage_refs = sys.getrefcount(self._storages[0])  # and to its storage object
+        self._in_flight: set[int] = set()  # slots claimed by a request whose batch has not come back
+        self._next = 0  # where the search for a free slot starts: slots are used in turn
 
     @classmethod
     def for_dataloader(
@@ -90,11 +82,15 @@ class BatchRing:
         count = len(self.slots)
         for step in range(count):
             slot = (self._next + step) % count
-            if slot not in self._in_flight and storage_use_count(self.slots[slot]) == self._unused:
+            if slot not in self._in_flight and not self._held(slot):
                 self._in_flight.add(slot)
                 self._next = (slot + 1) % count
                 return slot
         return None
+
+    def _held(self, slot: int) -> bool:
+        """Whether anything outside the ring holds ``slot``: a tensor or array on it, or its storage object."""
+        return storage_use_count(self.slots[slot]) != self._unused or sys.getrefcount(self._storages[slot]) != self._unused_storage_refs
 
     def receive(self, slot: int, count: int, size: int | None = None) -> torch.Tensor:
         """The first ``count`` images of the batch a worker built in ``slot`` at ``size``: a view the caller

@@ -259,3 +259,27 @@ def test_max_image_size_allocates_the_ring_once_for_the_whole_ramp(indexed: Path
         started = started or children() - workers_before
         assert children() - workers_before == started  # no restart through the ramp
     loader.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_loader_that_finds_its_rank_late_keeps_the_resolution_asked(indexed: Path, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built before its world is known (Lightning's loaders in __main__), told 24 px in the middle of a pass at
+    16 px, then moved to rank 1 of 2: the next pass (epoch 1, as after an abandoned pass) is at 24 px."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    kw = {"batch_size": 3, "image_size": 16, "normalize": False, "seed": SEED, "device": "cpu"}
+    if backend == "dali":
+        from imgpipe.loaders.dali import make_dali_loader
+
+        loader = make_dali_loader(indexed, "train", workers=1, **kw)
+    else:
+        loader = make_torch_loader(indexed, "train", workers=1, **kw)
+    first = iter(loader)
+    assert next(first)[0].shape[-1] == 16
+    loader.set_resolution(24)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    batches = [(x.shape[-1], y.tolist()) for x, y in loader]
+    want = rank_indices(RECORDS, seed=SEED, epoch=1, rank=1, world_size=2, batch_size=3).reshape(-1, 3).tolist()
+    assert loader.sampler.world_size == 2 and batches == [(24, w) for w in want]
+    loader.close()
