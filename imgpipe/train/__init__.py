@@ -1,7 +1,8 @@
 """``imgpipe train``: a DDP trainer that runs however it is launched and says where the time goes.
 
 ``run(config, gpus=..., nproc=...)`` launches the ranks (see :mod:`imgpipe.train.launch`) and
-returns rank 0's :class:`TrainResult`. Modules: config, launch, data, loop, checkpoint, metrics.
+returns rank 0's :class:`TrainResult`. Modules: config, recipe, launch, data, loop, checkpoint, metrics;
+the loop's parts: models, blurpool, ema, mixing, compiling, resolution, precision.
 """
 
 from __future__ import annotations

@@ -304,6 +304,8 @@ def _validate_time_to_accuracy(config: TrainConfig, blame: _Blame) -> None:
     target = config.train.target_top1
     if target is not None and not 0.0 < target <= 1.0:
         raise ConfigError(f"{blame('train.target_top1')}: train.target_top1 must be a top-1 accuracy in (0, 1], such as 0.738, or null, got {target}")
+    if target is not None and not config.train.validate:
+        raise ConfigError(f"{blame('train.target_top1')}: train.target_top1 is checked against the validation: set train.validate: true, or target_top1: null")
 
 
 def make_output_dir(config: TrainConfig) -> Path:

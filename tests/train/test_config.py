@@ -210,6 +210,11 @@ def test_the_time_to_accuracy_keys_refuse_bad_values_in_one_line(override: str, 
     assert "\n" not in str(error.value)
 
 
+def test_a_target_top1_without_validation_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^--set train.target_top1=0.7: train.target_top1 is checked against the validation: set train.validate: true"):
+        load_config(None, ["train.validate=false", "train.target_top1=0.7"])
+
+
 def test_linear_ramp_needs_its_peak_before_the_last_epoch() -> None:
     with pytest.raises(ConfigError, match=r"optim.lr_peak_epoch 4 must come before the last epoch \(train.epochs 4\)"):
         load_config(None, ["optim.schedule=linear_ramp", "optim.warmup_epochs=0", "train.epochs=4", "optim.lr_peak_epoch=4"])
