@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU check of imgpipe's GPU paths, sized for one H200 with torch + torchvision only (well under 8 minutes).
+# GPU check of imgpipe's GPU paths, sized for one H200 with torch + torchvision only (well under 8 minutes before the
+# ramp run was added; its torch.compile of ResNet-50 adds a few, unmeasured: GPU_CHECK_RAMP_TIMEOUT, 360 s, bounds it).
 #
 # Every step runs under `timeout -k` (a rank stuck in a CUDA call ignores SIGTERM: the stop
 # handlers turn it into a flag), and the script exits non-zero when any step fails.
