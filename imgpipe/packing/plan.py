@@ -35,7 +35,7 @@ from imgpipe.format.layout import shard_stem
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE
 
 if TYPE_CHECKING:
-    from imgpipe.packing.tarsource import MemberSpans
+    from imgpipe.packing.members import MemberSpans
 
 logger = logging.getLogger(__name__)
 

@@ -21,13 +21,12 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 from imgpipe._sys.procs import die_with_parent
 from imgpipe.packing import codec
 from imgpipe._sys.atomic import fsync_dir
-from imgpipe.errors import PackError
 from imgpipe.packing.journal import Journal, ShardResult
 from imgpipe.packing.plan import ShardSpec
 from imgpipe.format.recordio import IndexedRecordWriter, IRHeader, pack_header
 
 if TYPE_CHECKING:
-    from imgpipe.packing.tarsource import MemberSpans
+    from imgpipe.packing.members import MemberSpans
 
 ProgressFn = Callable[[int, int], None]  # (images done, source bytes read) since the last call
 
@@ -45,7 +44,7 @@ class ShardJob:
     labels: Sequence[int]
     resize: int | None
     quality: int
-    spans: MemberSpans | None = None  # tarball sources: read item k from this span of the tar, not from a file
+    spans: MemberSpans | None = None  # archive sources: read item k from its span of an archive, not from a file
 
 
 def tmp_names(dst: Path, spec: ShardSpec) -> tuple[Path, Path]:
@@ -64,19 +63,14 @@ def _read_source(path: Path) -> bytes | str:
 
 @contextlib.contextmanager
 def _source_reader(job: ShardJob) -> Iterator[Callable[[int, str], bytes | str]]:
-    """A reader of the job's item k (source path ``rel``): from its tar span, or from its file."""
-    spans = job.spans
-    if spans is None:
+    """A reader of the job's item k (source path ``rel``): from its archive span, or from its file."""
+    if job.spans is None:
         yield lambda k, rel: _read_source(job.src / rel)
         return
-    try:
-        fd = os.open(spans.archive, os.O_RDONLY)
-    except OSError as e:
-        raise PackError(f"{spans.archive}: cannot open ({e.strerror}); was it moved since the scan?") from None
-    try:
-        yield lambda k, rel: spans.read(fd, k, rel)
-    finally:
-        os.close(fd)
+    from imgpipe.packing.members import member_reader
+
+    with member_reader(job.spans) as read:
+        yield read
 
 
 def write_shard(job: ShardJob, progress: ProgressFn | None = None) -> ShardResult:

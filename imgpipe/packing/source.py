@@ -40,7 +40,7 @@ import numpy as np
 from imgpipe.errors import DatasetError
 
 if TYPE_CHECKING:
-    from imgpipe.packing.tarsource import MemberSpans
+    from imgpipe.packing.members import MemberSpans
 
 logger = logging.getLogger(__name__)
 
