@@ -30,18 +30,22 @@ class DatasetInfo:
     options: dict[str, Any]
     skipped: list[Skipped]
     format_version: int
+    layout: str = ""
 
 
 def describe(dst: str | os.PathLike) -> DatasetInfo:
     """Read ``dst/manifest.json`` into a DatasetInfo (DatasetError if it is missing or malformed)."""
     manifest = load_manifest(dst)
     splits = [SplitSummary(name, s.records, s.bytes, len(s.shards)) for name, s in manifest.splits.items()]
-    return DatasetInfo(Path(dst), manifest.source, manifest.classes, splits, manifest.options, manifest.skipped, manifest.version)
+    return DatasetInfo(
+        Path(dst), manifest.source, manifest.classes, splits, manifest.options, manifest.skipped, manifest.version, manifest.layout
+    )
 
 
 def format_info(info: DatasetInfo, *, show_classes: int = 10, show_skipped: int = 20) -> str:
     """Human-readable lines for ``imgpipe info``."""
-    lines = [f"{info.path}  (imgpipe-recordio v{info.format_version}, packed from {info.source})"]
+    layout = f", {info.layout} layout" if info.layout else ""
+    lines = [f"{info.path}  (imgpipe-recordio v{info.format_version}, packed from {info.source}{layout})"]
     lines.append("splits:")
     for s in info.splits:
         avg = format_bytes(s.bytes // s.records) if s.records else "-"

@@ -88,6 +88,7 @@ class Manifest:
     source: str
     skipped: list[Skipped] = field(default_factory=list)
     fingerprint: str = ""  # the pack plan's: lets a rerun recognise a finished pack whose journal is gone ("" if unknown)
+    layout: str = ""  # the source layout pack read: imagenet, kaggle, tarballs, hf-parquet, wds, ... ("" if unknown)
     format: str = FORMAT
     version: int = FORMAT_VERSION
 
@@ -128,6 +129,7 @@ class Manifest:
                 source=str(data["source"]),
                 skipped=[Skipped(**s) for s in data.get("skipped", [])],
                 fingerprint=str(data.get("fingerprint", "")),
+                layout=str(data.get("layout", "")),
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise DatasetError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None

@@ -369,11 +369,23 @@ class IndexedRecordWriter:
             self._rec.write(part)
             self._rec_hash.update(part)
             self.position += len(part)
+        self._index(key, offset)
+        return offset
+
+    def write_framed(self, key: int, framed: bytes | memoryview) -> int:
+        """Append one record already framed (``b"".join(frame_parts(record))``) under ``key``; return its offset."""
+        offset = self.position
+        self._rec.write(framed)
+        self._rec_hash.update(framed)
+        self.position += len(framed)
+        self._index(key, offset)
+        return offset
+
+    def _index(self, key: int, offset: int) -> None:
         line = format_index_line(key, offset).encode("ascii")
         self._idx.write(line)
         self._idx_hash.update(line)
         self.idx_bytes += len(line)
-        return offset
 
     @property
     def rec_sha256(self) -> str:

@@ -1,0 +1,148 @@
+"""Sources read from the start, not at an offset: a ``.tar.gz`` (gzip has no random access) and a
+Parquet row group (its pages are compressed together). Each is a ``StreamUnit``; an item is
+the member at an *ordinal* of its unit: the k-th regular member of the tar in stream order,
+or row k of the row group. ``StreamUnit.read`` yields the wanted ordinals' bytes in one pass
+and stops after the last one wanted, so resuming a unit re-reads it only up to where the
+work left off. ``scatter`` writes the shards from these reads.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from imgpipe.errors import DatasetError
+from imgpipe.packing.members import NO_BYTES_REASON
+from imgpipe.packing.tarsource import TarEntry
+
+READ_BUFFER = 1 << 20
+IMAGE_COLUMN = "image"
+
+
+@dataclass(frozen=True)
+class StreamUnit:
+    """A ``.tar.gz`` read from its start (``row_group`` -1), or one row group of a Parquet file."""
+
+    path: Path
+    row_group: int = -1
+
+    def __str__(self) -> str:
+        return str(self.path) if self.row_group < 0 else f"{self.path} (row group {self.row_group})"
+
+    def read(self, wanted: np.ndarray) -> Iterator[tuple[int, bytes]]:
+        """(ordinal, bytes) of each of the sorted ``wanted`` ordinals, in order."""
+        if len(wanted) == 0:
+            return iter(())
+        return _tar_gz_members(self.path, wanted) if self.row_group < 0 else _parquet_rows(self.path, self.row_group, wanted)
+
+
+@dataclass(frozen=True)
+class StreamItems:
+    """Per item: its unit, its ordinal there, its size; ``kinds`` marks links with no bytes (``members``)."""
+
+    units: tuple[StreamUnit, ...]
+    unit: np.ndarray  # int32
+    ordinals: np.ndarray  # int64
+    sizes: np.ndarray  # int64
+    kinds: np.ndarray | None = None  # int8; None: every item has bytes
+
+    def take(self, index: np.ndarray | slice) -> "StreamItems":
+        return StreamItems(self.units, self.unit[index], self.ordinals[index], self.sizes[index],
+                           None if self.kinds is None else self.kinds[index])  # fmt: skip
+
+    def no_bytes_reason(self, k: int) -> str | None:
+        """Why item ``k`` has no bytes (a dangling link), or None."""
+        return None if self.kinds is None else NO_BYTES_REASON.get(int(self.kinds[k]))
+
+
+def open_tar_gz(path: Path) -> tuple[io.BufferedReader, tarfile.TarFile]:
+    """A stream-mode tar over the decompressed ``path`` (gzip's own checks: a truncated file or a bad crc32 raise)."""
+    raw = open(path, "rb")
+    stream = io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), READ_BUFFER)  # type: ignore[arg-type]
+    try:
+        return stream, tarfile.open(fileobj=stream, mode="r|")
+    except BaseException:
+        stream.close()
+        raw.close()
+        raise
+
+
+def broken_tar_gz(path: Path, error: BaseException, last: str) -> DatasetError:
+    return DatasetError(f"{path}: truncated or corrupt .tar.gz ({error or type(error).__name__}) after {last}; download it again and rerun")
+
+
+GZIP_ERRORS = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, OSError)
+
+
+def list_tar_gz(path: Path) -> list[TarEntry]:
+    """Every member of the ``.tar.gz`` in stream order; a regular member's ``offset`` is its ordinal.
+
+    Reads to the end of the gzip stream, so a truncated download or a bad crc32 is a
+    DatasetError naming the archive and the last member read.
+    """
+    entries: list[TarEntry] = []
+    last = "its first member"
+    ordinal = 0
+    try:
+        stream, tar = open_tar_gz(path)
+        with stream, tar:
+            for member in tar:
+                offset = -1
+                if member.type in tarfile.REGULAR_TYPES:
+                    offset, ordinal = ordinal, ordinal + 1
+                name = member.name[2:] if member.name.startswith("./") else member.name
+                entries.append(TarEntry(name, offset, member.size, member.type, member.linkname))
+                last = f"member {name}"
+                tar.members.clear()
+            while stream.read(READ_BUFFER):  # the gzip trailer: its crc32 and length are checked at the end
+                pass
+    except GZIP_ERRORS as e:
+        raise broken_tar_gz(path, e, last) from None
+    return entries
+
+
+def _tar_gz_members(path: Path, wanted: np.ndarray) -> Iterator[tuple[int, bytes]]:
+    last = "its first member"
+    targets = iter(wanted.tolist())
+    target = next(targets)
+    ordinal = 0
+    try:
+        stream, tar = open_tar_gz(path)
+        with stream, tar:
+            for member in tar:
+                if member.type not in tarfile.REGULAR_TYPES:
+                    continue
+                if ordinal == target:
+                    data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    if len(data) != member.size:
+                        raise EOFError(f"member {member.name} ends early")
+                    yield ordinal, data
+                    target = next(targets, None)
+                    if target is None:
+                        return
+                last = f"member {member.name}"
+                ordinal += 1
+                tar.members.clear()
+    except GZIP_ERRORS as e:
+        raise broken_tar_gz(path, e, last) from None
+    raise DatasetError(f"{path}: has {ordinal} files, fewer than when it was listed; it changed since: rerun to list it again")
+
+
+def _parquet_rows(path: Path, row_group: int, wanted: np.ndarray) -> Iterator[tuple[int, bytes]]:
+    from imgpipe.packing.hfsource import open_parquet
+
+    try:
+        column = open_parquet(path).read_row_group(row_group, columns=[f"{IMAGE_COLUMN}.bytes"]).column(0).combine_chunks()
+    except Exception as e:  # pyarrow raises its own error types, OSError included
+        raise DatasetError(f"{path}: row group {row_group} is unreadable ({e}); download the file again and rerun") from None
+    images = column.field("bytes")
+    for k in wanted.tolist():
+        data = images[k].as_py() if column[k].is_valid else None
+        yield k, data or b""
