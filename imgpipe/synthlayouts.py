@@ -3,8 +3,8 @@
 From a tree written by ``synth.make_synthetic`` (``train/<wnid>/<wnid>_<k>.JPEG``, flat ``val/``
 and ``LOC_val_solution.csv``) this writes into ``out``:
 
-- ``split-tar``: image-net.org's files (``synthtars``) with the train tar cut into four parts,
-  ``ILSVRC2012_img_train.tar.001`` .. ``.004``, at byte counts that cut through members;
+- ``split-tar``: image-net.org's files (``synthtars``) with the train tar cut into four nearly
+  equal parts, ``ILSVRC2012_img_train.tar.001`` .. ``.004``, that cut through members;
 - ``hf-tar``: ``data/train_images_{0..4}.tar.gz`` and ``data/val_images.tar.gz``, members named
   ``<name>_<wnid>.JPEG`` as Hugging Face's loading script expects;
 - ``hf-parquet``: ``data/train-0000k-of-00002.parquet`` and ``data/validation-00000-of-00001.parquet``,
@@ -102,9 +102,8 @@ def _split_tar(tree: Path, out: Path, wnids: list[str], seed: int) -> list[Path]
     from imgpipe.synthtars import write_imagenet_tars
 
     write_imagenet_tars(tree, out, wnids, seed)
-    rng = _rng(seed)
     whole = (out / TRAIN_TAR).read_bytes()
-    cuts = [0, *sorted(rng.choice(np.arange(1, len(whole)), size=SPLIT_PARTS - 1, replace=False).tolist()), len(whole)]
+    cuts = [len(whole) * k // SPLIT_PARTS + (k % SPLIT_PARTS and 7) for k in range(SPLIT_PARTS)] + [len(whole)]  # not at 512-byte blocks
     parts = []
     for k in range(SPLIT_PARTS):
         part = out / f"{TRAIN_TAR}.{k + 1:03d}"

@@ -177,6 +177,7 @@ class StreamPack:
         self.finished = np.zeros(len(todo), bool)
         self.every_s = float(os.environ.get(CHECKPOINT_ENV, CHECKPOINT_S))
         self.last_checkpoint = time.monotonic()
+        self.recorded = False  # results taken since the last checkpoint
 
     def slot_file(self, k: int) -> Path:
         return self.slots / f"{self.layout.shards[k].name}.rec"
@@ -202,7 +203,8 @@ class StreamPack:
                 else:
                     self._run_pool(jobs, workers)
             except BaseException:
-                self._checkpoint()
+                if self.recorded:
+                    self._checkpoint()
                 raise
             self._finish_ready()
         finally:
@@ -267,6 +269,7 @@ class StreamPack:
             if reason:
                 r.reasons[g] = reason
             self.remaining[self.shard_of[g]] -= 1
+            self.recorded = True
             images += 1
             nbytes += read
         self.advance(images, nbytes)
@@ -312,7 +315,7 @@ class StreamPack:
     # ------------------------------------------------------------------------- checkpoints
 
     def _maybe_checkpoint(self) -> None:
-        if time.monotonic() - self.last_checkpoint >= self.every_s:
+        if self.recorded and time.monotonic() - self.last_checkpoint >= self.every_s:
             self._checkpoint()
 
     def _checkpoint(self) -> None:
@@ -336,7 +339,7 @@ class StreamPack:
                  action=r.action[done], length=r.length[done], crc=r.crc[done], side=r.side[done], read=r.read[done],
                  meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))  # fmt: skip
         atomic_write_bytes(self.checkpoint_path, buffer.getvalue())
-        self.last_checkpoint = time.monotonic()
+        self.last_checkpoint, self.recorded = time.monotonic(), False
 
     def _resume(self) -> int:
         """Take the records a killed run wrote from its checkpoint; return the side file's valid length."""
