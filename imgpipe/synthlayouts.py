@@ -8,7 +8,8 @@ and ``LOC_val_solution.csv``) this writes into ``out``:
 - ``hf-tar``: ``data/train_images_{0..4}.tar.gz`` and ``data/val_images.tar.gz``, members named
   ``<name>_<wnid>.JPEG`` as Hugging Face's loading script expects;
 - ``hf-parquet``: ``data/train-0000k-of-00002.parquet`` and ``data/validation-00000-of-00001.parquet``,
-  rows of ``image`` {``bytes``, ``path``} and ``label`` (sorted-wnid index), small row groups;
+  rows of ``image`` {``bytes``, ``path``} and ``label`` (sorted-wnid index), pyarrow's defaults
+  (snappy, dictionary pages) and 100-row row groups as ``datasets`` writes them (fewer for tiny files);
 - ``wds``: ``imagenet1k-train-{0000..0003}.tar`` and ``imagenet1k-validation-{00..01}.tar``,
   samples ``<key>.jpg``, ``<key>.cls`` and ``<key>.json`` ({"filename", "label"}) as timm's copies hold;
 - ``kaggle-zip``: ``imagenet-object-localization-challenge.zip`` with Kaggle's folders, the val
@@ -40,7 +41,7 @@ LAYOUTS = ("tree", "tarballs", "split-tar", "hf-parquet", "hf-tar", "wds", "kagg
 SPLIT_PARTS = 4
 HF_TRAIN_TARS = 5
 PARQUET_TRAIN_FILES = 2
-PARQUET_ROW_GROUP = 16
+PARQUET_ROW_GROUP = 100  # rows per row group, as Hugging Face's datasets writes image datasets
 WDS_TRAIN_SHARDS = 4
 WDS_VAL_SHARDS = 2
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)
@@ -148,7 +149,8 @@ def _hf_parquet(tree: Path, out: Path, wnids: list[str], seed: int) -> list[Path
     for name, rows in files.items():
         images = [{"bytes": path.read_bytes(), "path": _hf_name(wnid, path)} for wnid, _, path in rows]
         table = pa.table({"image": pa.array(images, type=image_type), "label": pa.array([label for _, label, _ in rows], pa.int64())})
-        atomic_write(data / name, lambda f, t=table: pq.write_table(t, f, row_group_size=PARQUET_ROW_GROUP))
+        group = min(PARQUET_ROW_GROUP, max(1, len(rows) // 3))  # a tiny file still has several row groups
+        atomic_write(data / name, lambda f, t=table, g=group: pq.write_table(t, f, row_group_size=g))
         written.append(data / name)
     return written
 

@@ -2,7 +2,7 @@
 
 - Parquet (``data/train-00000-of-00294.parquet``, ``validation-*``): each row is ``image`` =
   {``bytes``: the JPEG, ``path``: ``n01440764_10026_n01440764.JPEG``} and ``label``; read
-  with pyarrow (the ``parquet`` extra). A unit is one row group.
+  with pyarrow (the ``parquet`` extra). A unit is one file, read a row group at a time.
 - Tarballs (``data/train_images_{0..4}.tar.gz``, ``val_images.tar.gz``): the loading script
   ``imagenet-1k.py`` keeps members ending in ``.JPEG`` and labels each by the synset after the
   last ``_`` of its name (``ILSVRC2012_val_00000001_n01751748.JPEG`` in val). A unit is one
@@ -21,6 +21,7 @@ path, size and mtime, so a rerun does not list again.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import io
@@ -30,7 +31,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -227,7 +228,7 @@ def _listing_bytes(units: list[StreamUnit], rows: list[_Row]) -> bytes:
     np.savez(
         buffer, names=np.frombuffer("\n".join(row.name for row in rows).encode("utf-8", "surrogateescape"), np.uint8),
         fields=np.array([(row.unit, row.ordinal, row.size, row.label, row.kind) for row in rows], np.int64).reshape(-1, 5),
-        row_groups=np.array([unit.row_group for unit in units], np.int64),
+        parquet=np.array([unit.parquet for unit in units], bool),
     )  # fmt: skip
     return buffer.getvalue()
 
@@ -237,7 +238,7 @@ def _load_listing(path: Path, cached: Path) -> tuple[list[StreamUnit], list[_Row
         text = data["names"].tobytes().decode("utf-8", "surrogateescape")
         names = text.split("\n") if text else []
         fields = data["fields"].tolist()
-        units = [StreamUnit(path, int(g)) for g in data["row_groups"]]
+        units = [StreamUnit(path, bool(parquet)) for parquet in data["parquet"]]
     if len(names) != len(fields):
         raise ValueError("listing cache does not match itself")
     return units, [_Row(name, *row) for name, row in zip(names, fields)]
@@ -267,24 +268,33 @@ def _pyarrow_parquet() -> Any:
     return pq
 
 
-def open_parquet(path: Path) -> Any:
-    """A ``pyarrow.parquet.ParquetFile``; an unreadable file is a DatasetError naming it."""
+@contextlib.contextmanager
+def open_parquet(path: Path) -> Iterator[Any]:
+    """A ``pyarrow.parquet.ParquetFile``, closed on exit; an unreadable file is a DatasetError naming it."""
     pq = _pyarrow_parquet()
     try:
-        return pq.ParquetFile(path)
+        parquet = pq.ParquetFile(path)
     except Exception as e:  # pyarrow's ArrowInvalid, OSError, ...
         raise DatasetError(f"{path}: not a readable Parquet file ({e}); download it again and rerun") from None
+    try:
+        yield parquet
+    finally:
+        parquet.close()
 
 
 def _list_parquet(path: Path) -> tuple[list[StreamUnit], list[_Row]]:
     """Every row of one Parquet file: its path (or a name from its position), image size and label."""
-    parquet = open_parquet(path)
+    with open_parquet(path) as parquet:
+        return [StreamUnit(path, parquet=True)], _parquet_rows(path, parquet)
+
+
+def _parquet_rows(path: Path, parquet: Any) -> list[_Row]:
     schema = parquet.schema_arrow
     image = schema.field(IMAGE_COLUMN).type if IMAGE_COLUMN in schema.names else None
     if image is None or not hasattr(image, "get_field_index") or image.get_field_index("bytes") < 0 or "label" not in schema.names:
         raise DatasetError(f"{path}: no image.bytes and label columns; is this a Hugging Face image-classification Parquet file?")
     with_path = image.get_field_index("path") >= 0
-    units, rows = [], []
+    rows: list[_Row] = []
     for group in range(parquet.metadata.num_row_groups):
         try:
             table = parquet.read_row_group(group, columns=[IMAGE_COLUMN, "label"])
@@ -298,8 +308,6 @@ def _list_parquet(path: Path) -> tuple[list[StreamUnit], list[_Row]]:
         sizes[~(np.asarray(column.is_valid()) & np.asarray(data.is_valid()))] = 0
         paths = column.field("path").to_pylist() if with_path else [None] * len(sizes)
         labels = table.column("label").to_numpy(zero_copy_only=False)
-        unit = len(units)
-        units.append(StreamUnit(path, group))
-        for k, (name, size, label) in enumerate(zip(paths, sizes.tolist(), labels.tolist())):
-            rows.append(_Row(name or f"{path.stem}-{group:05d}-{k:05d}.JPEG", unit, k, size, -1 if label is None else int(label)))
-    return units, rows
+        for name, size, label in zip(paths, sizes.tolist(), labels.tolist()):
+            rows.append(_Row(name or f"{path.stem}-{len(rows):08d}.JPEG", 0, len(rows), size, -1 if label is None else int(label)))
+    return rows

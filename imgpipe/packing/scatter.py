@@ -32,7 +32,7 @@ import signal
 import time
 import zlib
 from collections import Counter
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +41,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from imgpipe._sys.atomic import atomic_write_bytes, fsync_dir
+from imgpipe._sys.distenv import available_cpus
 from imgpipe._sys.procs import die_with_parent, pool_context
 from imgpipe.errors import ImgpipeError, PackError
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, IndexedRecordWriter, IRHeader, format_index_line, frame_parts, pack_header
@@ -59,8 +60,10 @@ SLOTS_DIR = "slots"
 ACTIONS = ("kept", "repaired", "resized", "skipped")
 SKIPPED = ACTIONS.index("skipped")
 REPORT_EVERY_S = 0.2
+RESULTS_TIMEOUT_S = 60.0
 MAX_OPEN_SLOTS = 256  # slot files a worker keeps open (a unit feeds every shard)
 Emit = Callable[[list[tuple[int, int, str | None, int, int, bytes | None, int]]], None]
+_Entry = tuple[int, float, int, int, int, int]  # item, label, position (record key), shard, slot offset, slot length
 
 
 def slot_lengths(sizes: np.ndarray) -> np.ndarray:
@@ -212,47 +215,72 @@ class StreamPack:
         self._clean_up()
 
     def _run_pool(self, jobs: list[_UnitJob], workers: int) -> None:
+        """Read the units in ``workers`` processes; once every unit has a reader, idle workers help:
+        readers hand them members (``_help``), so a few long .tar.gz streams keep every worker busy."""
         context = pool_context()
-        results = context.Queue()
-        pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(results, os.getpid()))
-        futures: dict[Future, _UnitJob] = {}
+        results, members, waiting = context.Queue(), context.SimpleQueue(), context.Value("i", 0)
+        pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(results, members, waiting, os.getpid()))
+        units: dict[Future, _UnitJob] = {}
+        helpers: set[Future] = set()
+        stopping = False
         try:
-            futures = {pool.submit(_read_unit_in_worker, job): job for job in jobs}
-            pending = set(futures)
-            while pending:
+            units = {pool.submit(_read_unit_in_worker, job): job for job in jobs}
+            pending = set(units)
+            while pending or helpers:
+                if pending:
+                    for _ in range(workers - len(pending) - len(helpers)):
+                        helpers.add(pool.submit(_help, jobs[0].slot_files, self.resize, self.quality))
+                elif not stopping:
+                    for _ in helpers:
+                        members.put(None)  # every unit is read, and every member handed out is in the queue before these
+                    stopping = True
                 self._drain(results)
-                done, pending = wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
+                done, _ = wait(pending | helpers, timeout=0.05, return_when=FIRST_COMPLETED)
                 for future in done:
-                    job = futures[future]
+                    job = units.get(future)
                     try:
                         future.result()
                     except BrokenProcessPool:
-                        raise PackError(f"a pack worker died while reading {job.unit} (killed, or out of memory?); rerun to resume") from None
+                        where = f"reading {job.unit}" if job else "writing records"
+                        raise PackError(f"a pack worker died while {where} (killed, or out of memory?); rerun to resume") from None
                     except ImgpipeError:
                         raise
                     except Exception as e:
-                        raise PackError(f"reading {job.unit} failed: {type(e).__name__}: {e}") from e
+                        raise PackError(f"{f'reading {job.unit}' if job else 'writing records'} failed: {type(e).__name__}: {e}") from e
+                pending -= done
+                helpers -= done
                 self._maybe_checkpoint()
-            self._drain(results, until_empty=True)
+            self._drain_all(results)
         except BaseException:
             for process in list(getattr(pool, "_processes", {}).values()):
                 process.kill()
             pool.shutdown(wait=True, cancel_futures=True)
-            self._drain(results, until_empty=True)
+            self._drain(results)
             raise
         else:
             pool.shutdown(wait=True)
         finally:
             results.close()
+            members.close()
 
-    def _drain(self, results: Any, until_empty: bool = False) -> None:
-        deadline = time.monotonic() + (0.5 if not until_empty else 5.0)
+    def _drain(self, results: Any) -> None:
+        """Take the results that have arrived (for at most half a second)."""
+        deadline = time.monotonic() + 0.5
         while time.monotonic() < deadline:
             try:
-                batch = results.get(timeout=0.01 if not until_empty else 0.2)
+                batch = results.get(timeout=0.01)
             except (queue_module.Empty, OSError, ValueError, EOFError):
                 return
             self._record(batch)
+
+    def _drain_all(self, results: Any) -> None:
+        """Every job has returned: wait for the results still in the queue, until every item is done."""
+        while not self.results.done.all():
+            try:
+                self._record(results.get(timeout=RESULTS_TIMEOUT_S))
+            except queue_module.Empty:
+                missing = int((~self.results.done).sum())
+                raise PackError(f"{missing} record(s) were read but their results never arrived; rerun to resume") from None
 
     def _record(self, batch: list[tuple[int, int, str | None, int, int, bytes | None, int]]) -> None:
         """Take a worker's results: (item, action, reason, framed length, crc32, framed bytes if longer than the slot, source bytes)."""
@@ -383,8 +411,15 @@ class StreamPack:
     # ------------------------------------------------------------------------- finishing shards
 
     def _finish_ready(self) -> None:
-        for k in np.flatnonzero((self.remaining == 0) & ~self.finished).tolist():
-            self.collect(self._finish(k))
+        """Publish every shard whose records are all written; several at once in threads (sha256 and copies release the GIL)."""
+        ready = np.flatnonzero((self.remaining == 0) & ~self.finished).tolist()
+        if len(ready) > 1:
+            with ThreadPoolExecutor(min(len(ready), available_cpus())) as threads:
+                published = list(threads.map(self._finish, ready))
+        else:
+            published = [self._finish(k) for k in ready]
+        for k, result in zip(ready, published):
+            self.collect(result)
             self.finished[k] = True
 
     def _finish(self, k: int) -> ShardResult:
@@ -442,8 +477,9 @@ class StreamPack:
 # ----------------------------------------------------------------------------- worker side
 
 
-def read_unit(job: _UnitJob, emit: Emit) -> None:
-    """Read ``job.unit`` once, prepare each wanted member and write its records into their slots; ``emit`` the results."""
+def read_unit(job: _UnitJob, emit: Emit, hand_off: Callable[[bytes, list[_Entry]], bool] | None = None) -> None:
+    """Read ``job.unit`` once; write each wanted member's records into their slots, unless ``hand_off`` takes
+    the member to a helper; ``emit`` the results."""
     fds: dict[int, int] = {}
     batch: list[tuple[int, int, str | None, int, int, bytes | None, int]] = []
     last = time.monotonic()
@@ -451,28 +487,10 @@ def read_unit(job: _UnitJob, emit: Emit) -> None:
         for j, (ordinal, data) in enumerate(job.unit.read(job.ordinals)):
             if ordinal != job.ordinals[j]:  # pragma: no cover - readers yield what was asked, in order
                 raise PackError(f"{job.unit}: expected member {job.ordinals[j]}, got {ordinal}")
-            prepared = codec.prepare_image(data, resize=job.resize, quality=job.quality)
-            for i in range(int(job.starts[j]), int(job.starts[j + 1])):
-                if prepared.data is None:
-                    batch.append((int(job.items[i]), SKIPPED, prepared.reason or "unreadable image", 0, 0, None, len(data)))
-                    continue
-                record = pack_header(IRHeader(0, float(job.labels[i]), int(job.positions[i]), 0), prepared.data)
-                framed = b"".join(frame_parts(record))
-                extra = None
-                if len(framed) <= job.lengths[i]:
-                    shard = int(job.shards[i])
-                    fd = fds.get(shard)
-                    if fd is None:
-                        if len(fds) >= MAX_OPEN_SLOTS:
-                            for open_fd in fds.values():
-                                os.close(open_fd)
-                            fds.clear()
-                        fd = fds[shard] = os.open(job.slot_files[shard], os.O_WRONLY)
-                    os.pwrite(fd, framed, int(job.offsets[i]))
-                else:
-                    extra = framed
-                reason = prepared.reason if prepared.action == "repaired" else None
-                batch.append((int(job.items[i]), ACTIONS.index(prepared.action), reason, len(framed), zlib.crc32(record), extra, len(data)))
+            entries = [(int(job.items[i]), float(job.labels[i]), int(job.positions[i]), int(job.shards[i]), int(job.offsets[i]),
+                        int(job.lengths[i])) for i in range(int(job.starts[j]), int(job.starts[j + 1]))]  # fmt: skip
+            if hand_off is None or not hand_off(data, entries):
+                batch += write_member(data, entries, fds, job.slot_files, job.resize, job.quality)
             if time.monotonic() - last >= REPORT_EVERY_S:
                 emit(batch)
                 batch, last = [], time.monotonic()
@@ -482,15 +500,70 @@ def read_unit(job: _UnitJob, emit: Emit) -> None:
             os.close(fd)
 
 
-_results_queue: Any = None
+def write_member(
+    data: bytes, entries: list[_Entry], fds: dict[int, int], slot_files: list[Path], resize: int | None, quality: int
+) -> list[tuple[int, int, str | None, int, int, bytes | None, int]]:
+    """Prepare one member and write a record of it for each of its items into its slot; the results."""
+    prepared = codec.prepare_image(data, resize=resize, quality=quality)
+    results: list[tuple[int, int, str | None, int, int, bytes | None, int]] = []
+    for g, label, position, shard, offset, length in entries:
+        if prepared.data is None:
+            results.append((g, SKIPPED, prepared.reason or "unreadable image", 0, 0, None, len(data)))
+            continue
+        record = pack_header(IRHeader(0, label, position, 0), prepared.data)
+        framed = b"".join(frame_parts(record))
+        extra = None
+        if len(framed) <= length:
+            fd = fds.get(shard)
+            if fd is None:
+                if len(fds) >= MAX_OPEN_SLOTS:
+                    for open_fd in fds.values():
+                        os.close(open_fd)
+                    fds.clear()
+                fd = fds[shard] = os.open(slot_files[shard], os.O_WRONLY)
+            os.pwrite(fd, framed, offset)
+        else:
+            extra = framed
+        reason = prepared.reason if prepared.action == "repaired" else None
+        results.append((g, ACTIONS.index(prepared.action), reason, len(framed), zlib.crc32(record), extra, len(data)))
+    return results
 
 
-def _init_worker(results: Any, parent_pid: int) -> None:
-    global _results_queue
-    _results_queue = results
+_worker: dict[str, Any] = {}
+
+
+def _init_worker(results: Any, members: Any, waiting: Any, parent_pid: int) -> None:
+    _worker.update(results=results, members=members, waiting=waiting)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
     die_with_parent(parent_pid)
 
 
+def _hand_off(data: bytes, entries: list[_Entry]) -> bool:
+    """Give the member to a helper that waits for work, if one does (reserved, so the put never waits on a busy one)."""
+    waiting = _worker["waiting"]
+    with waiting.get_lock():
+        if waiting.value <= 0:
+            return False
+        waiting.value -= 1
+    _worker["members"].put((data, entries))  # a SimpleQueue: in the pipe before this unit's job returns
+    return True
+
+
 def _read_unit_in_worker(job: _UnitJob) -> None:
-    read_unit(job, _results_queue.put)
+    read_unit(job, _worker["results"].put, _hand_off)
+
+
+def _help(slot_files: list[Path], resize: int | None, quality: int) -> None:
+    """Write the members readers hand out, until the parent says every unit is read (a None)."""
+    members, waiting, fds = _worker["members"], _worker["waiting"], {}
+    try:
+        while True:
+            with waiting.get_lock():
+                waiting.value += 1  # a reader that hands this helper a member takes it back
+            member = members.get()
+            if member is None:
+                return
+            _worker["results"].put(write_member(*member, fds, slot_files, resize, quality))
+    finally:
+        for fd in fds.values():
+            os.close(fd)

@@ -1,9 +1,10 @@
 """Sources read from the start, not at an offset: a ``.tar.gz`` (gzip has no random access) and a
-Parquet row group (its pages are compressed together). Each is a ``StreamUnit``; an item is
-the member at an *ordinal* of its unit: the k-th regular member of the tar in stream order,
-or row k of the row group. ``StreamUnit.read`` yields the wanted ordinals' bytes in one pass
-and stops after the last one wanted, so resuming a unit re-reads it only up to where the
-work left off. ``scatter`` writes the shards from these reads.
+Parquet file (read a row group at a time: its pages are compressed together). Each is a
+``StreamUnit``; an item is the member at an *ordinal* of its unit: the k-th regular member of
+the tar in stream order, or row k of the file. ``StreamUnit.read`` yields the wanted
+ordinals' bytes in one pass and stops after the last one wanted (a Parquet file also skips
+the row groups it does not need), so resuming a unit re-reads it only up to where the work
+left off. ``scatter`` writes the shards from these reads.
 """
 
 from __future__ import annotations
@@ -28,19 +29,19 @@ IMAGE_COLUMN = "image"
 
 @dataclass(frozen=True)
 class StreamUnit:
-    """A ``.tar.gz`` read from its start (``row_group`` -1), or one row group of a Parquet file."""
+    """A ``.tar.gz`` read from its start, or a Parquet file read a row group at a time."""
 
     path: Path
-    row_group: int = -1
+    parquet: bool = False
 
     def __str__(self) -> str:
-        return str(self.path) if self.row_group < 0 else f"{self.path} (row group {self.row_group})"
+        return str(self.path)
 
     def read(self, wanted: np.ndarray) -> Iterator[tuple[int, bytes]]:
         """(ordinal, bytes) of each of the sorted ``wanted`` ordinals, in order."""
         if len(wanted) == 0:
             return iter(())
-        return _tar_gz_members(self.path, wanted) if self.row_group < 0 else _parquet_rows(self.path, self.row_group, wanted)
+        return _parquet_rows(self.path, wanted) if self.parquet else _tar_gz_members(self.path, wanted)
 
 
 @dataclass(frozen=True)
@@ -135,14 +136,18 @@ def _tar_gz_members(path: Path, wanted: np.ndarray) -> Iterator[tuple[int, bytes
     raise DatasetError(f"{path}: has {ordinal} files, fewer than when it was listed; it changed since: rerun to list it again")
 
 
-def _parquet_rows(path: Path, row_group: int, wanted: np.ndarray) -> Iterator[tuple[int, bytes]]:
+def _parquet_rows(path: Path, wanted: np.ndarray) -> Iterator[tuple[int, bytes]]:
     from imgpipe.packing.hfsource import open_parquet
 
-    try:
-        column = open_parquet(path).read_row_group(row_group, columns=[f"{IMAGE_COLUMN}.bytes"]).column(0).combine_chunks()
-    except Exception as e:  # pyarrow raises its own error types, OSError included
-        raise DatasetError(f"{path}: row group {row_group} is unreadable ({e}); download the file again and rerun") from None
-    images = column.field("bytes")
-    for k in wanted.tolist():
-        data = images[k].as_py() if column[k].is_valid else None
-        yield k, data or b""
+    with open_parquet(path) as parquet:
+        starts = np.cumsum([0] + [parquet.metadata.row_group(g).num_rows for g in range(parquet.metadata.num_row_groups)])
+        groups = np.searchsorted(starts, wanted, side="right") - 1
+        for group in np.unique(groups).tolist():
+            try:
+                column = parquet.read_row_group(group, columns=[f"{IMAGE_COLUMN}.bytes"]).column(0).combine_chunks()
+            except Exception as e:  # pyarrow raises its own error types, OSError included
+                raise DatasetError(f"{path}: row group {group} is unreadable ({e}); download the file again and rerun") from None
+            images = column.field("bytes")
+            for row in wanted[groups == group].tolist():
+                k = row - int(starts[group])
+                yield row, (images[k].as_py() if column[k].is_valid else None) or b""
