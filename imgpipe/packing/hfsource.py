@@ -43,7 +43,7 @@ from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.packing.classnames import names_for_indices
 from imgpipe.packing.members import SPAN
 from imgpipe.packing.source import NEWLINE_REASON, SourceTree, SplitItems
-from imgpipe.packing.streams import IMAGE_COLUMN, StreamItems, StreamUnit, list_tar_gz
+from imgpipe.packing.streams import IMAGE_COLUMN, StreamItems, StreamUnit, image_bytes, list_tar_gz
 from imgpipe.packing.tarsource import ESCAPE_REASON, resolve_links
 
 logger = logging.getLogger(__name__)
@@ -108,6 +108,8 @@ def scan_hf(files: HfFiles, splits: Sequence[str] | None, workers: int | None = 
     missing = [s for s in wanted if s not in files.splits]
     if missing:
         raise DatasetError(f"{files.root}: split {', '.join(map(repr, missing))} not found (these files hold: {', '.join(files.splits)})")
+    if files.layout == "hf-parquet":
+        _pyarrow_parquet()  # imported once here, before the listing and pack workers fork, not once in each
     label_split = "train" if "train" in files.splits else "val"
     listed = {split: _list_split(files, split, workers, cache) for split in dict.fromkeys([label_split, *wanted])}
     named = {split: all(HF_NAME.match(row.name.rsplit("/", 1)[-1]) for row in rows) for split, (_, rows) in listed.items()}
@@ -198,7 +200,8 @@ def _list_split(files: HfFiles, split: str, workers: int | None, cache: Path | N
     processes = min(workers or available_cpus(), len(tasks))
     units: list[StreamUnit] = []
     rows: list[_Row] = []
-    for path, (file_units, file_rows) in zip(paths, map_in_processes(_listed, tasks, workers=processes)):
+    for path, listing in zip(paths, map_in_processes(_listed, tasks, workers=processes)):
+        file_units, file_rows = _load_listing(path, listing)
         for row in file_rows:
             row.unit += len(units)
         units += file_units
@@ -206,21 +209,24 @@ def _list_split(files: HfFiles, split: str, workers: int | None, cache: Path | N
     return units, rows
 
 
-def _listed(task: tuple[Any, Path, Path | None]) -> tuple[list[StreamUnit], list[_Row]]:
+def _listed(task: tuple[Any, Path, Path | None]) -> bytes:
+    """One file's listing as ``_listing_bytes`` (compact to send back from a worker), from ``cache`` when it is there."""
     lister, path, cache = task
     stat = path.stat()
     key = hashlib.sha256(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:24]
     cached = cache / f"listing-{key}.npz" if cache is not None else None
     if cached is not None and cached.is_file():
         try:
-            return _load_listing(path, cached)
+            data = cached.read_bytes()
+            _load_listing(path, data)
+            return data
         except (OSError, ValueError, KeyError):
             logger.info("%s: unreadable listing cache, listing again", cached)
-    units, rows = lister(path)
+    data = _listing_bytes(*lister(path))
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(cached, _listing_bytes(units, rows))
-    return units, rows
+        atomic_write_bytes(cached, data)
+    return data
 
 
 def _listing_bytes(units: list[StreamUnit], rows: list[_Row]) -> bytes:
@@ -233,8 +239,8 @@ def _listing_bytes(units: list[StreamUnit], rows: list[_Row]) -> bytes:
     return buffer.getvalue()
 
 
-def _load_listing(path: Path, cached: Path) -> tuple[list[StreamUnit], list[_Row]]:
-    with np.load(cached, allow_pickle=False) as data:
+def _load_listing(path: Path, listing: bytes) -> tuple[list[StreamUnit], list[_Row]]:
+    with np.load(io.BytesIO(listing), allow_pickle=False) as data:
         text = data["names"].tobytes().decode("utf-8", "surrogateescape")
         names = text.split("\n") if text else []
         fields = data["fields"].tolist()
@@ -297,15 +303,12 @@ def _parquet_rows(path: Path, parquet: Any) -> list[_Row]:
     rows: list[_Row] = []
     for group in range(parquet.metadata.num_row_groups):
         try:
-            table = parquet.read_row_group(group, columns=[IMAGE_COLUMN, "label"])
+            table = parquet.read_row_group(group, columns=[IMAGE_COLUMN, "label"], use_threads=False)
         except Exception as e:  # pyarrow raises its own error types
             raise DatasetError(f"{path}: row group {group} is unreadable ({e}); download it again and rerun") from None
         column = table.column(IMAGE_COLUMN).combine_chunks()
-        data = column.field("bytes")
-        width = np.int64 if str(data.type).startswith("large_") else np.int32
-        offsets = np.frombuffer(data.buffers()[1], width)[data.offset : data.offset + len(data) + 1]
-        sizes = np.diff(offsets).astype(np.int64)
-        sizes[~(np.asarray(column.is_valid()) & np.asarray(data.is_valid()))] = 0
+        begins, ends, _ = image_bytes(column)
+        sizes = ends - begins
         paths = column.field("path").to_pylist() if with_path else [None] * len(sizes)
         labels = table.column("label").to_numpy(zero_copy_only=False)
         for name, size, label in zip(paths, sizes.tolist(), labels.tolist()):
