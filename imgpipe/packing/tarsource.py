@@ -9,6 +9,11 @@ from the tars is byte-identical to a pack of the extracted folders. Each item is
 ``pread``. Its source path names the member: ``ILSVRC2012_img_train.tar/n01440764.tar/
 n01440764_10026.JPEG``, relative to the source root (the folder holding the tars).
 
+The train tar may also come cut into parts (``ILSVRC2012_img_train.tar.001``, ``.002``, ...;
+layout ``split-tar``): the parts are read as one file (``members.ArchiveFile``), across part
+boundaries. Members are what extraction leaves (``resolve_links``): a repeated name keeps its
+last member, hard links and symbolic links inside the archive read as their targets.
+
 Python's ``tarfile`` stops quietly at a header it cannot parse after the first one, which
 is how a truncated download looks; the listing therefore also requires the end-of-archive
 zero block and every member's data inside the file, and names the tar and the member where

@@ -271,3 +271,47 @@ def test_synth_layout_command_writes_once_and_lists_every_layout(tmp_path: Path)
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "wds").iterdir()} == stamps
     helped = imgpipe("synth", "--help")
     assert all(layout in helped.stdout for layout in LAYOUTS)
+
+
+def test_zip_members_named_outside_are_left_out_and_listed(datasets: Path, tmp_path: Path) -> None:
+    src = copy_layout(datasets, "kaggle-zip", tmp_path / "src")
+    archive = src / "imagenet-object-localization-challenge.zip"
+    image = next((datasets / "tree" / "val").iterdir()).read_bytes()
+    with zipfile.ZipFile(archive, "a") as z:
+        z.writestr("ILSVRC/Data/CLS-LOC/val/../../../escaped.JPEG", image)
+        z.writestr("ILSVRC/Data/CLS-LOC/val/.hidden.JPEG", image)
+    report = pack(src, tmp_path / "out", workers=1, progress=False)
+    escaped = [s for s in report.skipped if "escaped" in s.path]
+    assert [(s.split, s.path) for s in escaped] == [("val", "imagenet-object-localization-challenge.zip/ILSVRC/Data/CLS-LOC/val/../../../escaped.JPEG")]
+    assert "climbs out" in escaped[0].reason and not [s for s in report.skipped if "hidden" in s.path]
+    assert report.records == {"train": 38 - 3, "val": 12}
+
+
+def test_parquet_null_images_are_empty_and_hf_names_must_carry_the_wnid(datasets: Path, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from imgpipe.packing.streams import image_bytes
+
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    rows = [{"bytes": b"abc", "path": "a_n00000001.JPEG"}, None, {"bytes": None, "path": "c_n00000001.JPEG"}, {"bytes": b"de", "path": "d_n00000001.JPEG"}]
+    column = pa.array(rows, type=image)
+    starts, ends, data = image_bytes(column)
+    assert [bytes(data[a:b]) for a, b in zip(starts, ends)] == [b"abc", b"", b"", b"de"]
+    src = tmp_path / "parquet"
+    (src / "data").mkdir(parents=True)
+    photo = next((datasets / "tree" / "val").iterdir()).read_bytes()
+    table = pa.table({"image": pa.array([{"bytes": photo, "path": "photo.JPEG"}, None], type=image), "label": [3, 3]})
+    pq.write_table(table, src / "data" / "train-00000-of-00001.parquet")
+    report = pack(src, tmp_path / "out", workers=1, progress=False)  # no wnid in the name: classes named by label
+    assert load_manifest(tmp_path / "out").classes == ["3"] and report.records == {"train": 1}
+    assert [s.reason for s in report.skipped] == ["empty file"]
+    hf_tar = tmp_path / "hf"
+    (hf_tar / "data").mkdir(parents=True)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        info = tarfile.TarInfo("photo.JPEG")
+        info.size = 1
+        archive.addfile(info, io.BytesIO(b"x"))
+    (hf_tar / "data" / "train_images_0.tar.gz").write_bytes(buffer.getvalue())
+    assert_one_line_error(imgpipe("pack", hf_tar, tmp_path / "hf-out"), "train_images_0.tar.gz", "member photo.JPEG", "<image>_<wnid>.JPEG")
