@@ -22,15 +22,11 @@ import torch
 
 from imgpipe._sys.atomic import atomic_write
 from imgpipe.errors import ConfigError
+from imgpipe.train.rundir import CHECKPOINT_NAME, checkpoint_path  # noqa: F401  (re-exported: where checkpoints live)
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
-
-
-def checkpoint_path(folder: str | os.PathLike) -> Path:
-    return Path(folder) / CHECKPOINT_NAME
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:

@@ -7,6 +7,7 @@ the type it needs. ``default_yaml()`` is what ``imgpipe train --print-config`` p
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import types
@@ -84,6 +85,7 @@ class OutputConfig:
     checkpoint_every_steps: int = 0  # 0 = only at epoch ends (see checkpoint_every_epochs)
     checkpoint_every_epochs: int = 1
     resume: str = "no"  # no | auto (resume when a checkpoint exists) | yes (must exist)
+    overwrite: bool = False  # start afresh in a dir that holds a checkpoint (no: refused, so that a rerun never destroys a run)
     tensorboard: bool = True
 
 
@@ -231,6 +233,11 @@ def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str,
         raise ConfigError(f"{blame('train.max_steps')}: train.max_steps must be > 0 or null, got {config.train.max_steps}")
     if not 0.0 <= config.optim.label_smoothing < 1.0:
         raise ConfigError(f"{blame('optim.label_smoothing')}: optim.label_smoothing must be in [0, 1), got {config.optim.label_smoothing}")
+    if config.output.overwrite and config.output.resume != "no":
+        raise ConfigError(
+            f"{blame('output.overwrite')}: output.overwrite starts the run afresh but output.resume is {config.output.resume!r}: "
+            "give --resume to continue the run in output.dir, or --overwrite to start it again, not both"
+        )
     if config.model.num_classes is not None and config.model.num_classes < 2:
         raise ConfigError(f"{blame('model.num_classes')}: model.num_classes must be >= 2 or null (taken from the manifest)")
 
@@ -250,10 +257,15 @@ def make_output_dir(config: TrainConfig) -> Path:
 
 
 def save_config(config: TrainConfig, folder: str | os.PathLike) -> Path:
-    """Write the resolved config as ``folder/config.yaml`` (atomically)."""
+    """Write the resolved config as ``folder/config.yaml`` (atomically).
+
+    ``output.overwrite`` is saved false: it was an action on the folder, and the saved config
+    must still resume the run (``--config <dir>/config.yaml --resume``).
+    """
     path = Path(folder) / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, config.to_yaml().encode("utf-8"))
+    saved = dataclasses.replace(config, output=dataclasses.replace(config.output, overwrite=False))
+    atomic_write_bytes(path, saved.to_yaml().encode("utf-8"))
     return path
 
 

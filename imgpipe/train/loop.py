@@ -32,6 +32,7 @@ from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gat
 from imgpipe.train.precision import describe, resolve_auto
 from imgpipe.train.process_state import run_scope
 from imgpipe.train.resume import checkpoint_to_resume, resolve_batch, resume_line
+from imgpipe.train.rundir import METRICS_NAME, TENSORBOARD_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -163,8 +164,8 @@ class _Run:
         self.topk = min(5, num_classes)
         self.state = _State()
         self.timer = StepTimer(self.device)
-        self.jsonl = JsonlWriter(self.out / "metrics.jsonl", enabled=ctx.is_main)
-        self.tb = _tensorboard(self.out / "tensorboard") if ctx.is_main and config.output.tensorboard else None
+        self.jsonl = JsonlWriter(self.out / METRICS_NAME, enabled=ctx.is_main)
+        self.tb = _tensorboard(self.out / TENSORBOARD_DIR) if ctx.is_main and config.output.tensorboard else None
         self.result = TrainResult(output_dir=str(self.out), epochs_completed=0, step=0, topk=self.topk)
         self._resume_loader: dict[str, Any] | None = None
         self._saved_step = -1
