@@ -101,3 +101,10 @@ def test_negative_list_limits_are_refused(packed_dir: Path) -> None:
     result = imgpipe("verify", packed_dir, "--max-problems", "-1", "--no-progress")
     assert result.returncode == 2 and "Traceback" not in result.stderr and "'--max-problems': -1" in result.stderr
     assert "more problem" not in result.stdout
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("seed", ["-1", "4294967296"])
+def test_an_out_of_range_seed_is_one_line(synth_tree: Path, tmp_path: Path, seed: str) -> None:
+    assert_one_line_error(imgpipe("pack", synth_tree, tmp_path / "out", "--seed", seed), f"--seed {seed}", "from 0 to 4294967295")
+    assert not list((tmp_path / "out").glob("*.rec"))

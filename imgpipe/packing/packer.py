@@ -41,6 +41,7 @@ from imgpipe.format.layout import (
     SIDECAR_SUFFIXES, checksums_bytes, checksums_name, is_shard_file, labels_bytes, labels_name, sources_bytes, sources_name, write_sidecar,
 )
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped, SplitInfo, load_manifest, write_manifest
+from imgpipe.loaders.seeding import MAX_SEED
 from imgpipe.packing.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size, published_names
 from imgpipe.packing.shardwriter import ShardJob, init_worker, tmp_names, write_shard, write_shard_in_worker
 
@@ -125,7 +126,7 @@ def pack(
     started = time.monotonic()
     sources = [src] if isinstance(src, (str, os.PathLike)) else list(src)
     src_paths, dst_path = [Path(os.path.abspath(p)) for p in sources], Path(os.path.abspath(dst))
-    _check_arguments(src_paths, dst_path, workers, resize, quality, num_nodes, node_rank, overwrite)
+    _check_arguments(src_paths, dst_path, workers, resize, quality, seed, num_nodes, node_rank, overwrite)
     if shard_size is not None and shards is not None:
         raise PackError("give --shards or --shard-size, not both")
     size = parse_size(shard_size if shard_size is not None else DEFAULT_SHARD_SIZE)
@@ -179,7 +180,8 @@ def pack(
 
 
 def _check_arguments(
-    srcs: Sequence[Path], dst: Path, workers: int | None, resize: int | None, quality: int, num_nodes: int, node_rank: int, overwrite: bool
+    srcs: Sequence[Path], dst: Path, workers: int | None, resize: int | None, quality: int, seed: int, num_nodes: int, node_rank: int,
+    overwrite: bool,
 ) -> None:
     for src in srcs:
         if not src.exists() or (not src.is_dir() and len(srcs) == 1 and not src.name.endswith(".tar")):
@@ -199,6 +201,8 @@ def _check_arguments(
         raise PackError(f"--resize {resize}: the shorter side must be at least 1 pixel")
     if not 1 <= quality <= 100:
         raise PackError(f"--quality {quality}: use a JPEG quality from 1 to 100")
+    if not 0 <= seed <= MAX_SEED:
+        raise PackError(f"--seed {seed}: use a seed from 0 to {MAX_SEED}")
     if num_nodes < 1:
         raise PackError(f"--num-nodes {num_nodes}: need at least 1 machine")
     if not 0 <= node_rank < num_nodes:

@@ -20,6 +20,7 @@ import yaml
 
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe.errors import ConfigError
+from imgpipe.loaders.seeding import MAX_SEED
 
 
 @dataclass
@@ -238,6 +239,8 @@ def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str,
             f"{blame('output.overwrite')}: output.overwrite starts the run afresh but output.resume is {config.output.resume!r}: "
             "give --resume to continue the run in output.dir, or --overwrite to start it again, not both"
         )
+    if not 0 <= config.train.seed <= MAX_SEED:
+        raise ConfigError(f"{blame('train.seed')}: train.seed must be from 0 to {MAX_SEED}, got {config.train.seed}")
     if config.model.num_classes is not None and config.model.num_classes < 2:
         raise ConfigError(f"{blame('model.num_classes')}: model.num_classes must be >= 2 or null (taken from the manifest)")
 

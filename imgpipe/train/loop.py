@@ -582,7 +582,7 @@ def _broadcast_buffers(module: torch.nn.Module, ctx: RankContext) -> None:
 def _seed_everything(seed: int, rank: int) -> None:
     """Same model init on every rank (torch seed), distinct python/numpy streams per rank."""
     random.seed(seed * 1000 + rank)
-    np.random.seed(seed * 1000 + rank)
+    np.random.seed([seed, rank])  # any train.seed (seed * 1000 + rank passed 2**32, numpy's limit, from seed 4294968 on)
     torch.manual_seed(seed)
 
 

@@ -83,3 +83,13 @@ def test_models_with_their_own_needs_train_or_say_why_not(packed: Path, tmp_path
     done = imgpipe_train(config, *SYNTHETIC, "--set", "model.name=googlenet", "--set", "data.image_size=64")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "done: 0 epoch(s), 1 steps" in done.stdout
+
+
+@pytest.mark.timeout(240)
+def test_an_out_of_range_seed_is_one_line_and_the_largest_one_trains(packed: Path, tmp_path: Path) -> None:
+    config = write_config(tmp_path, packed, max_steps=1)
+    one_line_error(imgpipe_train(config, *SYNTHETIC, "--set", "train.seed=4294967296"), "--set train.seed=4294967296", "from 0 to 4294967295")
+    one_line_error(imgpipe_train(config, *SYNTHETIC, "--set", "train.seed=-1"), "train.seed must be from 0 to 4294967295, got -1")
+    done = imgpipe_train(config, *SYNTHETIC, "--set", "train.seed=4294967295")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "done: 0 epoch(s), 1 steps" in done.stdout
