@@ -27,6 +27,7 @@ class TrainData:
     train: Loader
     val: Loader | None
     classes: list[str]
+    train_records: int
     val_records: int
 
 
@@ -54,7 +55,8 @@ def build_data(config: TrainConfig, ctx: RankContext) -> TrainData:
         make = _loader_factory(backend)
         train = make(config.data.path, config.data.train_split, batch_size=config.train.batch_size, train=True, **kwargs)
         val = make(config.data.path, val_split, batch_size=config.train.batch_size, train=False, **kwargs) if val_split else None
-    return TrainData(train, val, list(manifest.classes), manifest.splits[val_split].records if val_split else 0)
+    val_records = manifest.splits[val_split].records if val_split else 0
+    return TrainData(train, val, list(manifest.classes), manifest.splits[config.data.train_split].records, val_records)
 
 
 def loader_kwargs(config: TrainConfig, ctx: RankContext) -> dict[str, Any]:
