@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,3 +112,27 @@ def test_negative_list_limits_are_refused(packed_dir: Path) -> None:
 def test_an_out_of_range_seed_is_one_line(synth_tree: Path, tmp_path: Path, seed: str) -> None:
     assert_one_line_error(imgpipe("pack", synth_tree, tmp_path / "out", "--seed", seed), f"--seed {seed}", "from 0 to 4294967295")
     assert not list((tmp_path / "out").glob("*.rec"))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_pack_says_a_rerun_resumes_and_it_does(tmp_path: Path, signum: int) -> None:
+    """Stopped after its first shard (SIGTERM: a preemption; SIGINT to the group: Ctrl-C): one line, 143/130, a rerun finishes."""
+    src, dst = tmp_path / "src", tmp_path / "out"
+    make_synthetic(src, classes=4, per_class=40, val_per_class=0, min_side=300, max_side=400, progress=False)
+    cmd = [sys.executable, "-m", "imgpipe", "pack", str(src), str(dst), "--workers", "1", "--shards", "40", "--resize", "64"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list((dst / ".imgpipe-pack").glob("train-*.json")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signum) if signum == signal.SIGINT else proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"imgpipe: stopped by {signal.Signals(signum).name}: rerun the same command to resume; the shards finished in {dst} are kept"
+    )
+    assert list(dst.glob(".*.tmp")) == []
+    rerun = imgpipe(*cmd[3:])
+    assert rerun.returncode == 0, rerun.stderr
+    assert re.search(r"shards: \d+ written, [1-9]\d* already done, 40 in the plan", rerun.stdout), rerun.stdout
