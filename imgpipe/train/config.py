@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from imgpipe._sys.atomic import atomic_write_bytes
+from imgpipe._sys.oserrors import describe, write_probe
 from imgpipe.errors import ConfigError
 from imgpipe.loaders.seeding import MAX_SEED
 
@@ -254,8 +255,9 @@ def make_output_dir(config: TrainConfig) -> Path:
         raise ConfigError(f"output.dir {folder}: is a file, not a folder; choose another output.dir") from None
     except OSError as e:
         raise ConfigError(f"output.dir {folder}: cannot create it ({e.strerror}); choose another output.dir") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ConfigError(f"output.dir {folder}: not writable; choose another output.dir")
+    refused = write_probe(folder)
+    if refused is not None:
+        raise ConfigError(f"output.dir {folder}: cannot write there: {describe(refused, writing=True)}; or choose another output.dir")
     return folder
 
 
