@@ -205,15 +205,15 @@ class _Run:
     def _train_epoch(self) -> tuple[bool, torch.Tensor]:
         """Run (the rest of) one epoch; (stop now? (signal or max_steps), this rank's [loss sum, top-1, top-k, samples])."""
         state = self.state
-        batches = self._epoch_batches()
-        self.model.train()
-        self.timer.reset()
         totals = torch.zeros(4, dtype=torch.float64, device=self.device)
         micro_total = self.steps_per_epoch * self.accum
         micro = state.epoch_step * self.accum
         if micro == micro_total:  # resumed with fewer, larger steps per epoch, at the end of one: nothing left to read
             self._resume_loader = None
-            return False, torch.zeros(4, dtype=torch.float64, device=self.device)
+            return False, totals
+        batches = self._epoch_batches()
+        self.model.train()
+        self.timer.reset()
         bar = tqdm(total=self.steps_per_epoch, initial=state.epoch_step, desc=f"epoch {state.epoch}", disable=not self.ctx.is_main, leave=False)
         try:
             for images, labels in self.timer.iterate(batches):

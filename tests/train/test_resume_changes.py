@@ -101,3 +101,15 @@ def test_resume_applies_a_new_base_lr_and_says_so(packed: Path, tmp_path: Path) 
     assert [lrs[s] for s in range(4, 11)] == pytest.approx([0.05 * 16 / 256 * schedule(s) for s in range(4, 11)])
     groups = saved(tmp_path / "run")["optimizer"]["param_groups"]
     assert [g["weight_decay"] for g in groups] == [0.0, 0.0] and groups[0]["initial_lr"] == pytest.approx(0.05 * 16 / 256)
+
+
+@pytest.mark.timeout(300)
+def test_resumed_where_the_new_steps_already_end_the_epoch_it_reads_nothing_more_and_goes_on(packed: Path, tmp_path: Path) -> None:
+    """After 8 of 10 batches of 16 (128 records), steps of 32 x 2 = 64 records: epoch 0 has 2 such steps, both done."""
+    config = write_config(tmp_path, packed, epochs=2, validate=False)
+    first = imgpipe_train(config, *SYNTHETIC, "--set", "train.max_steps=8")
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = imgpipe_train(config, *SYNTHETIC, "--resume", "--set", "train.batch_size=32", "--set", "train.grad_accum=2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "at epoch 0, step 2" in resumed.stderr and "done: 2 epoch(s), 4 steps" in resumed.stdout
+    assert [(e["epoch"], e["train_samples"]) for e in epochs_of(tmp_path / "run")] == [(0, 0), (1, 4 * 32)]
