@@ -29,6 +29,7 @@ import numpy as np
 from imgpipe._sys.procs import map_in_processes
 from imgpipe.packing.codec import decode_failure
 from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.oserrors import describe
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError
 from imgpipe.format.layout import SidecarError, parse_checksums, parse_labels, parse_sources
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, sha256_file, stays_inside_source_root, unfinished_pack
@@ -188,6 +189,9 @@ def _read_sidecar(path: Path, sha: str, problems: list[Problem], what: str = "si
     except FileNotFoundError:
         problems.append(Problem(path.name, f"missing {what}"))
         return None
+    except OSError as e:
+        problems.append(Problem(path.name, f"cannot read the {what}: {describe(e, writing=False)}"))
+        return None
     if hashlib.sha256(data).hexdigest() != sha:
         problems.append(Problem(path.name, "sha256 differs from the manifest"))
     return data
@@ -225,7 +229,15 @@ def _run(checks: list[ShardCheck], workers: int | None, progress: bool) -> list[
 
 
 def check_shard(check: ShardCheck) -> ShardOutcome:
-    """Every check of one .rec/.idx pair; never raises for a broken file."""
+    """Every check of one .rec/.idx pair; never raises for a broken or unreadable file."""
+    try:
+        return _check_shard(check)
+    except OSError as e:  # a permission, a folder where the file should be, an I/O error: a finding like any other
+        where = Path(e.filename).name if e.filename else check.rec.name
+        return ShardOutcome([Problem(where, f"cannot read it: {describe(e, writing=False)}")], 0, 0)
+
+
+def _check_shard(check: ShardCheck) -> ShardOutcome:
     name = check.rec.name
     problems: list[Problem] = []
     expected = check.expected

@@ -148,6 +148,28 @@ class EpochSampler:
         self._consumed = 0
         self._active = False
 
+    def moved(self, rank: int, world_size: int) -> EpochSampler:
+        """This sampler for rank ``rank`` of ``world_size``, at the same position in the global stream:
+        the epoch the next ``iter()`` runs, and the records a resume would skip (a ``ConfigError``
+        when they are not a whole number of the new global batches, or when they are an evaluation
+        pass's). A pass under way ends with the move, as an abandoned pass does: the next is the next epoch."""
+        moved = EpochSampler(
+            self.n, batch_size=self.batch_size, train=self.train, shuffle=self.shuffle, seed=self.seed, rank=rank,
+            world_size=world_size, remainder=self.remainder, block_size=self.block_size, window=self.window,
+        )
+        epoch, batches = self._next_epoch, 0 if self._active else self._resume_batches
+        records = batches * self.global_batch
+        if records % moved.global_batch or (records and not self.train):
+            raise ConfigError(
+                f"cannot move the loader to rank {rank} of {world_size} in the middle of epoch {epoch} "
+                f"({batches} global batches of {self.global_batch} done): give rank= and world_size= when "
+                "building it, or build it once the process group exists"
+            )
+        moved.epoch = self.epoch
+        moved.load_state_dict({**self.state_dict(), "epoch": epoch, "batches": records // moved.global_batch,
+                               "global_batch": moved.global_batch, "world_size": world_size})
+        return moved
+
     def __len__(self) -> int:
         return batch_count(
             self.n, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size, train=self.train, remainder=self.remainder
@@ -229,9 +251,16 @@ class EpochSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next ``iter()`` yields the batches after ``state['batches']`` global batches of ``state['epoch']``."""
-        for key, mine in (("seed", self.seed), ("records", self.n)):
-            if key in state and state[key] != mine:
-                raise ConfigError(f"cannot resume: the saved loader state has {key}={state[key]} but this loader has {mine}")
+        if "seed" in state and state["seed"] != self.seed:
+            raise ConfigError(
+                f"cannot resume: the saved loader state is a position in the record order of seed={state['seed']}, but this loader "
+                f"has seed={self.seed}; make the loader with seed={state['seed']} to resume (another seed is another order)"
+            )
+        if "records" in state and state["records"] != self.n:
+            raise ConfigError(
+                f"cannot resume: the saved loader state is a position in a split of {state['records']} records, but this loader "
+                f"reads {self.n}; load it into a loader over the split it was saved from"
+            )
         saved_world = state.get("world_size", self.world_size)
         saved_global = state.get("global_batch", state.get("batch_size", self.batch_size) * saved_world)
         if saved_global != self.global_batch:

@@ -37,6 +37,7 @@ import numpy as np
 
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.oserrors import advice, describe
 from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
@@ -280,7 +281,11 @@ def open_parquet(path: Path) -> Iterator[Any]:
     pq = _pyarrow_parquet()
     try:
         parquet = pq.ParquetFile(path)
-    except Exception as e:  # pyarrow's ArrowInvalid, OSError, ...
+    except OSError as e:
+        if advice(e, writing=False):
+            raise DatasetError(f"{path}: cannot read it: {describe(e, writing=False)}") from None
+        raise DatasetError(f"{path}: not a readable Parquet file ({e}); download it again and rerun") from None
+    except Exception as e:  # pyarrow's ArrowInvalid, ...
         raise DatasetError(f"{path}: not a readable Parquet file ({e}); download it again and rerun") from None
     try:
         yield parquet

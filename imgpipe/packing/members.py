@@ -22,6 +22,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from imgpipe._sys.oserrors import describe
 from imgpipe.errors import DatasetError
 
 SPAN, ZIP_STORED, ZIP_DEFLATED, DANGLING_LINK, OUTSIDE_LINK = range(5)
@@ -69,7 +70,7 @@ class OpenArchive:
                 self.fds.append(os.open(part, os.O_RDONLY))
         except OSError as e:
             self.close()
-            raise DatasetError(f"{e.filename}: cannot open ({e.strerror}); was it moved or deleted?") from None
+            raise DatasetError(f"{e.filename}: cannot open it: {describe(e, writing=False)}") from None
         sizes = [os.fstat(fd).st_size for fd in self.fds]
         self.starts = np.cumsum([0, *sizes]).tolist()
         self.size = self.starts[-1]

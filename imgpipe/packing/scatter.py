@@ -22,6 +22,7 @@ that are done.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -42,6 +43,7 @@ import numpy as np
 
 from imgpipe._sys.atomic import atomic_write_bytes, fsync_dir
 from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.oserrors import NO_SPACE, describe
 from imgpipe._sys.procs import die_with_parent, pool_context
 from imgpipe.errors import ImgpipeError, PackError
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, IndexedRecordWriter, IRHeader, format_index_line, frame_parts, pack_header
@@ -188,8 +190,11 @@ class StreamPack:
     # ------------------------------------------------------------------------- run
 
     def run(self, workers: int) -> None:
-        self._prepare_slots()
-        self.side = os.open(self.side_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self._prepare_slots()
+            self.side = os.open(self.side_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise self._failure("laying out the shards", e) from e
         try:
             self.side_bytes = self._resume()
             for g, reason in self.layout.no_bytes.items():
@@ -198,21 +203,30 @@ class StreamPack:
             self._finish_ready()
             jobs = self._jobs()
             workers = min(workers, len(jobs))
-            try:
-                if workers <= 1:
-                    for job in jobs:
-                        read_unit(job, self._record)
-                        self._maybe_checkpoint()
-                else:
-                    self._run_pool(jobs, workers)
-            except BaseException:
-                if self.recorded:
-                    self._checkpoint()
-                raise
+            if workers <= 1:
+                for job in jobs:
+                    read_unit(job, self._record)
+                    self._maybe_checkpoint()
+            else:
+                self._run_pool(jobs, workers)
             self._finish_ready()
+        except BaseException as e:
+            self._last_checkpoint()
+            if isinstance(e, OSError):  # writing slots, the side file, a checkpoint or a shard
+                raise self._failure("writing records", e) from e
+            raise
         finally:
             os.close(self.side)
         self._clean_up()
+
+    def _last_checkpoint(self) -> None:
+        """On the way out of a failed run: keep what was written for the rerun, if the disk still lets us."""
+        if not self.recorded:
+            return
+        try:
+            self._checkpoint()
+        except OSError as e:
+            logger.warning("%s: could not write the checkpoint (%s); the rerun reads those units again", self.checkpoint_path, e)
 
     def _run_pool(self, jobs: list[_UnitJob], workers: int) -> None:
         """Read the units in ``workers`` processes; once every unit has a reader, idle workers help:
@@ -246,7 +260,7 @@ class StreamPack:
                     except ImgpipeError:
                         raise
                     except Exception as e:
-                        raise PackError(f"{f'reading {job.unit}' if job else 'writing records'} failed: {type(e).__name__}: {e}") from e
+                        raise self._failure(f"reading {job.unit}" if job else "writing records", e) from e
                 pending -= done
                 helpers -= done
                 self._maybe_checkpoint()
@@ -262,6 +276,15 @@ class StreamPack:
         finally:
             results.close()
             members.close()
+
+    def _failure(self, doing: str, error: Exception) -> PackError:
+        """One line: a full or read-only DST says what to do and that a rerun resumes; anything else names what failed."""
+        if isinstance(error, OSError) and (error.errno in NO_SPACE or error.errno == errno.EROFS):
+            return PackError(
+                f"DST {self.dst}: {doing} failed: {describe(error, writing=True)}; then rerun the same command to resume "
+                "(the records written are kept)"
+            )
+        return PackError(f"{doing} failed: {type(error).__name__}: {error}")
 
     def _drain(self, results: Any) -> None:
         """Take the results that have arrived (for at most half a second)."""

@@ -293,10 +293,7 @@ def _find_val_csv(root: Path, val: Path) -> Path:
 def read_val_csv(path: Path, data: bytes | None = None) -> dict[str, tuple[str, int]]:
     """ImageId -> (wnid, line number) from a Kaggle ``LOC_val_solution.csv`` (its ``data`` when given, e.g. read from a zip)."""
     if data is None:
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise DatasetError(f"{path}: cannot read the val labels ({e.strerror})") from None
+        data = path.read_bytes()  # an OSError names the file (pack turns it into one line)
     rows: dict[str, tuple[str, int]] = {}
     reader = csv.reader(io.StringIO(_csv_text(path, data), newline=""))
     try:

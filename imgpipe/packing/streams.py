@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from imgpipe._sys.oserrors import advice, describe
 from imgpipe.errors import DatasetError
 from imgpipe.packing.members import NO_BYTES_REASON
 from imgpipe.packing.tarsource import TarEntry
@@ -76,6 +77,9 @@ def open_tar_gz(path: Path) -> tuple[io.BufferedReader, tarfile.TarFile]:
 
 
 def broken_tar_gz(path: Path, error: BaseException, last: str) -> DatasetError:
+    """A file the OS will not read says why; a damaged one, to download it again."""
+    if isinstance(error, OSError) and advice(error, writing=False):
+        return DatasetError(f"{path}: cannot read it: {describe(error, writing=False)}")
     return DatasetError(f"{path}: truncated or corrupt .tar.gz ({error or type(error).__name__}) after {last}; download it again and rerun")
 
 

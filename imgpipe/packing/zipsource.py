@@ -23,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
+from imgpipe._sys.oserrors import advice, describe
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.packing.members import SPAN, ZIP_DEFLATED, ZIP_STORED, ArchiveFile, MemberSpans, member_reader
@@ -92,7 +93,11 @@ def _central_directory(path: Path) -> list[zipfile.ZipInfo]:
     try:
         with zipfile.ZipFile(path) as archive:
             return archive.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError) as e:
+    except OSError as e:
+        if advice(e, writing=False):
+            raise DatasetError(f"{path}: cannot read it: {describe(e, writing=False)}") from None
+        raise DatasetError(f"{path}: not a readable zip ({e}); download it again") from None
+    except (zipfile.BadZipFile, ValueError) as e:
         raise DatasetError(f"{path}: not a readable zip ({e}); download it again") from None
 
 
