@@ -39,7 +39,7 @@ METHODS = {zipfile.ZIP_STORED: ZIP_STORED, zipfile.ZIP_DEFLATED: ZIP_DEFLATED}
 
 
 def find_zip(src: str | os.PathLike | Sequence[str | os.PathLike]) -> Path | None:
-    """The zip SRC names: a ``.zip`` file, or a folder whose only zip it is (and no extracted folders)."""
+    """The zip SRC names: a ``.zip`` file, or a folder holding Kaggle's zip by its name, or one zip and no folders."""
     if not isinstance(src, (str, os.PathLike)):
         paths = [Path(os.path.abspath(p)) for p in src]
         return paths[0] if len(paths) == 1 and paths[0].suffix.lower() == ".zip" else None
@@ -48,8 +48,13 @@ def find_zip(src: str | os.PathLike | Sequence[str | os.PathLike]) -> Path | Non
         return path if path.suffix.lower() == ".zip" else None
     if not path.is_dir() or (path / "train").is_dir() or (path / "ILSVRC").is_dir():
         return None
-    zips = sorted(p for p in path.iterdir() if p.suffix.lower() == ".zip" and p.is_file())
-    return zips[0] if len(zips) == 1 else None
+    if (path / KAGGLE_ZIP).is_file():
+        return path / KAGGLE_ZIP
+    entries = [p for p in path.iterdir() if not p.name.startswith(".")]
+    zips = [p for p in entries if p.suffix.lower() == ".zip" and p.is_file()]
+    if len(zips) != 1 or any(p.is_dir() for p in entries):  # a zip among class folders is just a file there
+        return None
+    return zips[0]
 
 
 def scan_zip(path: Path, splits: Sequence[str] | None) -> SourceTree:
