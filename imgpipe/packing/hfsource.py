@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from concurrent.futures import ThreadPoolExecutor
 import hashlib
 import io
 import json
@@ -194,14 +195,19 @@ def _check_labels(units: list[StreamUnit], rows: list[_Row]) -> None:
 
 
 def _list_split(files: HfFiles, split: str, workers: int | None, cache: Path | None) -> tuple[list[StreamUnit], list[_Row]]:
-    """The split's units and rows in file order, listing each file once (in parallel) or taking it from ``cache``."""
+    """The split's units and rows in file order, listing each file once (``workers`` at a time) or taking it from ``cache``."""
     paths = files.splits[split]
     lister = _list_parquet if files.layout == "hf-parquet" else _list_tar_gz
     tasks = [(lister, path, cache) for path in paths]
-    processes = min(workers or available_cpus(), len(tasks))
+    parallel = min(workers or available_cpus(), len(tasks))
     units: list[StreamUnit] = []
     rows: list[_Row] = []
-    for path, listing in zip(paths, map_in_processes(_listed, tasks, workers=processes)):
+    if files.layout == "hf-parquet":  # pyarrow reads without the GIL: threads, with no process to start
+        with ThreadPoolExecutor(parallel) as pool:
+            listings = list(pool.map(_listed, tasks))
+    else:  # tarfile's stream reading holds the GIL between small reads: processes
+        listings = list(map_in_processes(_listed, tasks, workers=parallel))
+    for path, listing in zip(paths, listings):
         file_units, file_rows = _load_listing(path, listing)
         for row in file_rows:
             row.unit += len(units)
