@@ -1,7 +1,8 @@
 """Pass-through ``imgpipe pack`` from each download layout vs from the extracted tree, same images, same options.
 
 Layouts: image-net.org's train tar in parts (split-tar), timm's WebDataset shards (wds),
-Kaggle's zip (kaggle-zip, deflated members), Hugging Face's Parquet (hf-parquet) and
+Kaggle's zip (kaggle-zip, deflated members as ``zip`` makes them; kaggle-zip-stored, the same
+zip with its members stored), Hugging Face's Parquet (hf-parquet) and
 tar.gz (hf-tar); each is written once from the ImageNet-shaped tree (``_data``) by
 ``imgpipe.synthlayouts``. Every run is a whole ``imgpipe pack SRC DST --splits train`` in a
 fresh process into a fresh DST (so the Parquet and tar.gz listings are made each time), with
@@ -28,13 +29,16 @@ import statistics
 import sys
 import tempfile
 import time
+import zipfile
 import zlib
 from pathlib import Path
 
 from _data import describe_tree, make_imagenet_shaped  # benchmarks/ is on sys.path when run as a script
 from pack_vs_im2rec import children_cpu, records_in, run_timed, tree_stats
 
-LAYOUTS = ("split-tar", "wds", "kaggle-zip", "hf-parquet", "hf-tar")
+from imgpipe.packing.zipsource import KAGGLE_ZIP
+
+LAYOUTS = ("split-tar", "wds", "kaggle-zip", "kaggle-zip-stored", "hf-parquet", "hf-tar")
 
 
 def layout_copy(tree: Path, work: Path, layout: str) -> Path:
@@ -46,7 +50,13 @@ def layout_copy(tree: Path, work: Path, layout: str) -> Path:
     if not done.exists():
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
-        write_layout(tree, out, layout, sorted(p.name for p in (tree / "train").iterdir()), seed=0)
+        if layout == "kaggle-zip-stored":  # the same zip with its members stored, not deflated
+            deflated = layout_copy(tree, work, "kaggle-zip") / KAGGLE_ZIP
+            with zipfile.ZipFile(deflated) as source, zipfile.ZipFile(out / KAGGLE_ZIP, "w", zipfile.ZIP_STORED) as target:
+                for info in source.infolist():
+                    target.writestr(info.filename, source.read(info), compress_type=zipfile.ZIP_STORED)
+        else:
+            write_layout(tree, out, layout, sorted(p.name for p in (tree / "train").iterdir()), seed=0)
         done.touch()
     return out
 
