@@ -315,3 +315,21 @@ def test_parquet_null_images_are_empty_and_hf_names_must_carry_the_wnid(datasets
         archive.addfile(info, io.BytesIO(b"x"))
     (hf_tar / "data" / "train_images_0.tar.gz").write_bytes(buffer.getvalue())
     assert_one_line_error(imgpipe("pack", hf_tar, tmp_path / "hf-out"), "train_images_0.tar.gz", "member photo.JPEG", "<image>_<wnid>.JPEG")
+
+
+@pytest.mark.parametrize("layout", STREAMS)
+def test_clean_jpegs_from_a_stream_are_written_once_in_their_slots(layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every record fills the slot laid out for it, so the slot files are the shards: no compaction copies them."""
+    from imgpipe.packing import scatter
+
+    options = dict(classes=6, per_class=4, val_per_class=2, seed=2, min_side=32, max_side=64, progress=False)
+    make_synthetic(tmp_path / "tree", **options)  # type: ignore[arg-type]
+    make_synthetic(tmp_path / layout, layout=layout, **options)  # type: ignore[arg-type]
+    pack(tmp_path / "tree", tmp_path / "from-tree", shards="train=3,val=2", workers=1, progress=False)
+
+    def no_copy(*args: object) -> None:
+        raise AssertionError("a shard was compacted")
+
+    monkeypatch.setattr(scatter, "IndexedRecordWriter", no_copy)
+    pack(tmp_path / layout, tmp_path / "from-stream", shards="train=3,val=2", workers=1, progress=False)
+    assert shard_files(tmp_path / "from-stream") == shard_files(tmp_path / "from-tree")
