@@ -1,8 +1,8 @@
 """SIGTERM or Ctrl-C at any moment of `imgpipe train`'s start-up exits 143 or 130, as a stop, not 1 as a failure.
 
 A preemption wrapper (SLURM requeue, a spot-instance script) tells a stopped job from a failed
-one by that code. Real runs, signalled while the launcher spawns its ranks, while the ranks import
-torch and build the model, and just after they built it.
+one by that code. Real runs, signalled while the launcher spawns its ranks, while their interpreters
+still import site, while the ranks import torch and build the model, and just after they built it.
 """
 
 from __future__ import annotations
