@@ -16,7 +16,6 @@ client after the fork, on its first read.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import threading
@@ -69,14 +68,20 @@ def _client_for(owner: int, budget_s: float) -> Any:
     return client
 
 
+def _gave_up(tries: int, start: float) -> str:
+    return f"gave up after {tries} {'try' if tries == 1 else 'tries'} in {time.monotonic() - start:.1f} s"
+
+
 class ObjectStoreSource(ByteSource):
     """The files under a URL; see the module docstring."""
 
     remote = True
 
     def __init__(self, url: str) -> None:
-        if importlib.util.find_spec("obstore") is None:
-            raise ConfigError(f"{url}: reading from a URL needs obstore: {INSTALL_HINT}")
+        try:
+            import obstore  # noqa: F401  (imported, never called here: see _client_for)
+        except ImportError:
+            raise ConfigError(f"{url}: reading from a URL needs obstore: {INSTALL_HINT}") from None
         self.location = url.rstrip("/")
         self.scheme = url_scheme(url)
         self.budget_s = retry_seconds()
@@ -132,7 +137,7 @@ class ObjectStoreSource(ByteSource):
             todo = [k for k, _ in failed]
             if failed and not self._pause(tries, deadline):
                 k, error = failed[0]
-                raise RemoteError(f"{self.where(names[k]) if names[k] else self.location}: {error}; gave up after {tries} tries in {time.monotonic() - start:.0f} s")
+                raise RemoteError(f"{self.where(names[k]) if names[k] else self.location}: {error}; {_gave_up(tries, start)}")
         return results
 
     # ------------------------------------------------------------------ ranges
@@ -188,7 +193,7 @@ class ObjectStoreSource(ByteSource):
             todo = sorted(retry)
             if todo and not self._pause(tries, deadline):
                 for k in todo:
-                    out[k] = self._range_error(ranges[k], f"{reasons[k]}; gave up after {tries} tries in {time.monotonic() - start:.0f} s")
+                    out[k] = self._range_error(ranges[k], f"{reasons[k]}; {_gave_up(tries, start)}")
                 break
         return out  # type: ignore[return-value]  (every item is set)
 

@@ -39,17 +39,18 @@ class HelperClient:
         env = dict(os.environ)
         package_root = str(Path(__file__).resolve().parents[2])  # the helper imports this very imgpipe
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-        with ours, theirs:
+        with theirs:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "imgpipe.format.store_helper", str(theirs.fileno()), str(os.getpid()), repr(budget_s)],
                 pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL, close_fds=True,
             )
-            self._conn = Connection(os.dup(ours.fileno()))
+        self._socket = ours
+        self._conn = Connection(os.dup(ours.fileno()))
         self._numbers = itertools.count()
         self._waiting: dict[int, Future] = {}
         self._send_lock = threading.Lock()
         threading.Thread(target=self._receive, name="imgpipe-store-helper", daemon=True).start()
-        weakref.finalize(self, _stop, self._pid, self._conn, self._process)
+        weakref.finalize(self, _stop, self._pid, self._socket, self._conn, self._process)
 
     @classmethod
     def shared(cls, budget_s: float) -> HelperClient:
@@ -119,11 +120,16 @@ def _all(op: str, args: tuple[Any, ...], error: StoreError) -> Any:
     return [error] * len(args[1]) if op in ("get", "get_ranges") else error
 
 
-def _stop(pid: int, conn: Connection, process: subprocess.Popen) -> None:
+def _stop(pid: int, sock: socket.socket, conn: Connection, process: subprocess.Popen) -> None:
     """Close the helper of process ``pid`` (a forked child leaves its parent's helper alone)."""
     if os.getpid() != pid:
         return
-    conn.close()  # the helper sees EOF and exits
+    try:
+        sock.shutdown(socket.SHUT_RDWR)  # EOF for the helper, and for our receiver thread blocked in recv (a close alone wakes neither)
+    except OSError:
+        pass
+    sock.close()
+    conn.close()
     try:
         process.wait(timeout=5)
     except subprocess.TimeoutExpired:

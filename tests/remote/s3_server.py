@@ -56,6 +56,13 @@ SLOWDOWN_BODY = (
 )
 
 
+def free_port() -> int:
+    """A port of 127.0.0.1 that nothing listens on now (an endpoint that refuses connections)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class S3Server:
     """moto's S3 server in a subprocess; ``start()`` / ``stop()`` or a ``with`` block."""
 
@@ -148,7 +155,9 @@ class S3Server:
             self._reset_auth("inf")
 
     def _reset_auth(self, count: str) -> None:
-        request = urllib.request.Request(f"{self.endpoint}/moto-api/reset-auth", data=count.encode(), method="POST")
+        request = urllib.request.Request(
+            f"{self.endpoint}/moto-api/reset-auth", data=count.encode(), method="POST", headers={"Content-Type": "text/plain"}
+        )
         with urllib.request.urlopen(request, timeout=30) as reply:
             reply.read()
 
