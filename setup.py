@@ -1,10 +1,11 @@
 """The optional C extensions over libjpeg-turbo: the loaders' region decoder and pack's JPEG shrinker
-(everything else is in pyproject.toml).
+and scan check (everything else is in pyproject.toml).
 
 It builds where a C compiler and libjpeg-turbo's headers are found (``libjpeg-turbo8-dev`` or
 ``libjpeg62-turbo-dev`` on Debian/Ubuntu, ``libjpeg-turbo-devel`` on RHEL, ``libjpeg-turbo``
 from conda-forge); elsewhere the install goes on without them: the torch loader decodes whole
-JPEGs with torchvision, and ``pack --resize`` resizes with Pillow.
+JPEGs with torchvision, ``pack --resize`` resizes with Pillow, and pack checks the JPEGs it keeps
+with Pillow's whole decode.
 """
 
 from setuptools import Extension, setup

@@ -1,7 +1,9 @@
 /*
- * imgpipe.packing._jpeg_shrink: a JPEG shrunk to a given size and re-encoded, in one call into libjpeg-turbo.
+ * imgpipe.packing._jpeg_shrink: a JPEG shrunk to a given size and re-encoded, in one call into libjpeg-turbo;
+ * and a JPEG's entropy-coded data checked without decoding pixels.
  *
  * shrink(data, scale_num, width, height, quality) -> bytes
+ * scan_problem(data) -> str | None
  * LIBJPEG_TURBO_VERSION: the version it was built against, e.g. "2.1.5"
  *
  * The source is decoded at scale_num/8 of its size in the DCT domain (libjpeg's scaled IDCT, itself
@@ -33,6 +35,7 @@
 #include <string.h>
 
 #include <jpeglib.h>
+#include <jerror.h>
 
 #if !defined(LIBJPEG_TURBO_VERSION_NUMBER) || LIBJPEG_TURBO_VERSION_NUMBER < 1005000
 #error "imgpipe's JPEG shrinker needs libjpeg-turbo >= 1.5 (jpeg_mem_src, jpeg_mem_dest)"
@@ -437,16 +440,125 @@ static PyObject *shrink(PyObject *module, PyObject *args) {
     return out;
 }
 
+/* scan_problem: what a full decode (Pillow's) does with the input, without making pixels. Pillow
+ * ignores libjpeg's warnings (libjpeg papers over corrupt entropy-coded data with grey) and fails
+ * on its errors, and on data that ends early ("image file is truncated"); so does this check.
+ *
+ * libjpeg reads the headers and sets up a whole decode (jpeg_start_decompress: the same checks of
+ * tables, sampling factors and colour spaces). What is left would be decoding the entropy-coded
+ * data, and in a sequential Huffman scan that cannot fail: libjpeg's Huffman decoder only warns
+ * (bad codes, data cut short by a marker), and it stops at the first marker; the marker reader
+ * then ignores a restart marker (or resynchronizes on it, at worst to the next marker, with a
+ * warning) and stops at EOI. So when the scan holds no marker but RST0-RST7 before its EOI, the
+ * decode would succeed and the Huffman data is not decoded here. Any other JPEG (progressive,
+ * arithmetic-coded, or another marker before the EOI: the rest of a broken scan, which libjpeg
+ * parses as a segment) is read whole: jpeg_consume_input in buffered-image mode decodes every
+ * scan's entropy-coded data into the coefficient buffer, with no inverse DCT, upsampling or colour
+ * conversion, and reads every marker as a full decode does. */
+typedef struct {
+    ShrinkError err;
+    int ran_out;       /* jpeg_mem_src ran out of data (it then warns and inserts an EOI) */
+    int reading_scans; /* past the headers and jpeg_start_decompress */
+} CheckError;
+
+static void on_check_message(j_common_ptr info, int level) {
+    if (level < 0 && info->err->msg_code == JWRN_JPEG_EOF) {
+        ((CheckError *)info->err)->ran_out = 1;
+        escape(info);
+    }
+}
+
+/* Whether Pillow's decoder has every row when the data ends here: a one-scan JPEG whose scan is read.
+ * It then stops reading without an error (the rest would only be markers up to the EOI); any other
+ * JPEG it reports as truncated. */
+static int rows_complete(const struct jpeg_decompress_struct *d, const CheckError *check) {
+    return check->ran_out && check->reading_scans && !d->progressive_mode && d->comps_in_scan == d->num_components &&
+           d->Se == DCTSIZE2 - 1 && d->input_iMCU_row >= d->total_iMCU_rows;
+}
+
+/* Whether the entropy-coded data in [p, end) holds no marker but RST0-RST7 before an EOI. As libjpeg
+ * reads it, 0xFF 0x00 is a data byte, and any run of 0xFF is one (fill bytes before a marker). */
+static int only_restarts_before_eoi(const JOCTET *p, const JOCTET *end) {
+    while ((p = memchr(p, 0xFF, (size_t)(end - p))) != NULL) {
+        do {
+            p++;
+        } while (p < end && *p == 0xFF);
+        if (p == end) {
+            return 0;
+        }
+        JOCTET marker = *p++;
+        if (marker != 0x00 && (marker < 0xD0 || marker > 0xD7)) {
+            return marker == 0xD9;
+        }
+    }
+    return 0;
+}
+
+/* 0 when Pillow's decoder would decode it whole, else -1 with err->message set. No Python calls: runs without the GIL. */
+static int check_scans(struct jpeg_decompress_struct *d, CheckError *check, const unsigned char *data, size_t size) {
+    if (setjmp(check->err.escape)) {
+        return rows_complete(d, check) ? 0 : -1;
+    }
+    jpeg_mem_src(d, data, (unsigned long)size);
+    jpeg_read_header(d, TRUE);
+    const JOCTET *scan = d->src->next_input_byte;
+    int sequential = !d->progressive_mode && !d->arith_code && d->Ss == 0 && d->Se == DCTSIZE2 - 1;
+    int decoded = sequential && only_restarts_before_eoi(scan, scan + d->src->bytes_in_buffer);
+    d->buffered_image = !decoded; /* buffered: the input can be consumed without producing output */
+    jpeg_start_decompress(d);
+    if (decoded) {
+        return 0;
+    }
+    check->reading_scans = 1;
+    for (;;) {
+        int status = jpeg_consume_input(d);
+        if (status == JPEG_REACHED_EOI) {
+            return 0;
+        }
+        if (status == JPEG_SUSPENDED) { /* jpeg_mem_src never suspends: it warns and inserts an EOI */
+            strcpy(check->err.message, "ran out of data");
+            return -1;
+        }
+    }
+}
+
+static PyObject *scan_problem(PyObject *module, PyObject *arg) {
+    (void)module;
+    Py_buffer data;
+    if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    struct jpeg_decompress_struct d;
+    CheckError check = {.ran_out = 0, .reading_scans = 0};
+    d.err = jpeg_std_error(&check.err.pub);
+    check.err.pub.error_exit = escape;
+    check.err.pub.emit_message = on_check_message;
+    jpeg_create_decompress(&d);
+    int status;
+    Py_BEGIN_ALLOW_THREADS;
+    status = check_scans(&d, &check, data.buf, (size_t)data.len);
+    Py_END_ALLOW_THREADS;
+    jpeg_destroy_decompress(&d);
+    PyBuffer_Release(&data);
+    if (status == 0) {
+        Py_RETURN_NONE;
+    }
+    return PyUnicode_FromString(check.err.message);
+}
+
 static PyMethodDef methods[] = {
     {"shrink", shrink, METH_VARARGS,
      "shrink(data, scale_num, width, height, quality) -> bytes: the JPEG decoded at scale_num/8 (1..8), resized to "
      "width x height with an antialiased bilinear filter and encoded as a baseline 4:2:0 JPEG at quality (1..100)."},
+    {"scan_problem", scan_problem, METH_O,
+     "scan_problem(data) -> str | None: None when libjpeg would decode the JPEG whole, ignoring its warnings as Pillow "
+     "does (checked without making pixels), else libjpeg's message. The caller checks the pixel count first."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "imgpipe.packing._jpeg_shrink",
-    "A JPEG shrunk to a given size and re-encoded, in one pass of libjpeg-turbo.", -1, methods, NULL, NULL, NULL, NULL,
+    "A JPEG shrunk to a given size and re-encoded, in one pass of libjpeg-turbo; a JPEG's scans checked without decoding pixels.", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 #define STRINGIFY(x) #x

@@ -2,15 +2,15 @@
 
 ``prepare_image`` decides from the JPEG headers whether the bytes can be stored as they
 are: a baseline (SOF0/SOF1) or progressive (SOF2), 8-bit, 3-component YCbCr JPEG without
-an EXIF rotation that ends with its EOI marker is kept byte-exact, once Pillow has decoded
-it whole as ``imgpipe verify --decode`` will, so pack never stores what its own verify or
-the loaders reject (re-encoded output is Pillow's own). Anything that DALI, MXNet (OpenCV)
-and Pillow would read differently is decoded with Pillow and re-encoded as a baseline RGB
-JPEG ("repaired"): CMYK/YCCK, grayscale, RGB-coded or 12-bit or arithmetic-coded JPEGs,
-other formats (PNG, GIF, BMP, WebP, ...) whatever their name, and an EXIF orientation other
-than 1 (applied, then the EXIF block is dropped: OpenCV and DALI's decoder
-(``adjust_orientation=True`` by default) turn the picture, while Pillow and so torchvision
-do not).
+an EXIF rotation that ends with its EOI marker is kept byte-exact, once it is known that
+Pillow decodes it whole as ``imgpipe verify --decode`` will (``keep_failure``, mostly without
+decoding), so pack never stores what its own verify or the loaders reject (re-encoded output
+is Pillow's own). Anything that DALI, MXNet (OpenCV) and Pillow would read differently is
+decoded with Pillow and re-encoded as a baseline RGB JPEG ("repaired"): CMYK/YCCK,
+grayscale, RGB-coded or 12-bit or arithmetic-coded JPEGs, other formats (PNG, GIF, BMP,
+WebP, ...) whatever their name, and an EXIF orientation other than 1 (applied, then the
+EXIF block is dropped: OpenCV and DALI's decoder (``adjust_orientation=True`` by default)
+turn the picture, while Pillow and so torchvision do not).
 
 Truncated beyond repair: a JPEG whose data stops before its EOI marker is skipped without
 decoding ("truncated JPEG"); Pillow refuses such a file too unless ``LOAD_TRUNCATED_IMAGES``
@@ -38,6 +38,11 @@ from PIL import Image, ImageOps
 
 from imgpipe.format.jpeg import KEEPABLE_SOF, LOSSLESS_SOF, RGB_COMPONENT_IDS, JpegInfo, inspect_jpeg
 from imgpipe.packing.shrink import draft_size, shrink_jpeg
+
+try:
+    from imgpipe.packing._jpeg_shrink import scan_problem as _scan_problem
+except ImportError:  # no compiler or no libjpeg-turbo headers at install time: Pillow decodes instead
+    _scan_problem = None
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +106,7 @@ def prepare_image(data: bytes, *, resize: int | None = None, quality: int = 95) 
                 return Prepared(None, "skipped", "truncated JPEG (no EOI marker)")
             # Bytes after the EOI: cut them off (lossless) if what remains decodes.
             trimmed = data[: info.eoi_end]
-            failure = decode_failure(trimmed)
+            failure = keep_failure(trimmed)
             if failure is not None:
                 return Prepared(None, "skipped", failure)
             cut = len(data) - len(trimmed)
@@ -113,7 +118,7 @@ def prepare_image(data: bytes, *, resize: int | None = None, quality: int = 95) 
         repairs = _repair_reasons(info)
         needs_resize = resize is not None and min(info.width, info.height) > resize
         if not repairs and not needs_resize:
-            failure = None if reasons else decode_failure(data)  # trimmed bytes were decoded above
+            failure = None if reasons else keep_failure(data)  # trimmed bytes were checked above
             if failure is not None:  # a clean header over a broken scan: verify --decode and the loaders would fail on it
                 return Prepared(None, "skipped", failure)
             return Prepared(data, "repaired" if reasons else "kept", "; ".join(reasons) or None)
@@ -170,6 +175,33 @@ def _too_large(width: int, height: int) -> str | None:
     if limit is None or width * height <= limit:
         return None
     return f"image too large to decode safely ({width}x{height} = {width * height:,} pixels, over Pillow's limit of {limit:,})"
+
+
+def keep_failure(data: bytes) -> str | None:
+    """``decode_failure(data)`` for a JPEG within the pixel limit, mostly without decoding it.
+
+    With the C extension, Pillow parses the headers (``Image.open``: the checks of its own JPEG
+    parser) and libjpeg-turbo reads the rest as Pillow's decoder would, without making pixels
+    (``scan_problem``; most JPEGs need no Huffman decoding at all). Together they pass only what
+    Pillow decodes whole; what they do not pass is decoded by Pillow, whose verdict and reason
+    stand, so the outcome and the reason are ``decode_failure``'s, at a fraction of the cost.
+    """
+    if _scan_problem is not None and _opens(data) and _scan_problem(data) is None:
+        return None
+    return decode_failure(data)
+
+
+def _opens(data: bytes) -> bool:
+    """Whether Pillow opens ``data`` (headers only; no decode)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            Image.open(io.BytesIO(data)).close()
+    except MemoryError:
+        raise
+    except Exception:  # any Pillow failure: decode_failure names it
+        return False
+    return True
 
 
 def decode_failure(data: bytes | memoryview) -> str | None:

@@ -410,7 +410,9 @@ def test_a_read_only_dst_is_refused_with_one_line(synth_tree: Path, tmp_path: Pa
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("resize", [None, 32])
-def test_an_image_over_the_decoders_pixel_limit_is_skipped_in_both_modes(tmp_path: Path, resize: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_image_over_the_decoders_pixel_limit_is_skipped_in_both_modes(
+    tmp_path: Path, resize: int | None, monkeypatch: pytest.MonkeyPatch, scan_check: str
+) -> None:
     """Pillow's decompression-bomb limit, lowered so that a 300x200 image stands for a 15000x15000 one."""
     src = tmp_path / "src"
     (src / "A").mkdir(parents=True)
@@ -474,7 +476,7 @@ def _jpeg_with_a_broken_scan() -> bytes:
 
 
 @pytest.mark.timeout(60)
-def test_a_clean_header_over_a_broken_scan_is_skipped_so_verify_decode_passes(tmp_path: Path) -> None:
+def test_a_clean_header_over_a_broken_scan_is_skipped_so_verify_decode_passes(tmp_path: Path, scan_check: str) -> None:
     src = tmp_path / "src"
     (src / "A").mkdir(parents=True)
     Image.new("RGB", (60, 40), (200, 10, 10)).save(src / "A" / "good.jpg", quality=90)
