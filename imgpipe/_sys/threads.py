@@ -23,16 +23,16 @@ class DaemonPool:
         self.name = name
         self._queue: queue.SimpleQueue[tuple[Future, Callable[..., Any], tuple[Any, ...]]] = queue.SimpleQueue()
         self._started = 0
-        self._idle = 0
+        self._waiting = 0  # threads blocked waiting for work
+        self._queued = 0  # calls submitted and not yet taken
         self._lock = threading.Lock()
 
     def submit(self, fn: Callable[..., R], *args: Any) -> Future[R]:
         """Run ``fn(*args)`` in a pool thread; its Future holds the result or the exception."""
         future: Future[R] = Future()
         with self._lock:
-            if self._idle:  # a waiting thread takes it
-                self._idle -= 1
-            elif self._started < self.threads:
+            self._queued += 1
+            if self._queued > self._waiting and self._started < self.threads:
                 self._started += 1
                 threading.Thread(target=self._work, name=f"{self.name}-{self._started}", daemon=True).start()
         self._queue.put((future, fn, args))
@@ -40,11 +40,14 @@ class DaemonPool:
 
     def _work(self) -> None:
         while True:
+            with self._lock:
+                self._waiting += 1
             future, fn, args = self._queue.get()
+            with self._lock:
+                self._waiting -= 1
+                self._queued -= 1
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(fn(*args))
                 except BaseException as e:  # handed to the caller through the Future
                     future.set_exception(e)
-            with self._lock:
-                self._idle += 1

@@ -1,7 +1,7 @@
 """A folder at a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``) as a ``ByteSource``, through obstore.
 
-A batch of ranges is grouped by file: one ``get_ranges`` per file (neighbours coalesced into one
-request), the files concurrently. Every range is checked by its length and by the caller's check
+A batch of ranges is grouped by file, and a file's into spans of at most ``MAX_REQUEST_BYTES``: one
+``get_ranges`` per group (neighbours coalesced into one request), the groups concurrently. Every range is checked by its length and by the caller's check
 (the ShardSet's: the record's framing and crc32). A range that fails, and a transient store error
 (obstore has already retried 5xx, ``SlowDown``, timeouts and resets itself), is fetched again after
 a backoff with full jitter until the retry time runs out (``IMGPIPE_REMOTE_TIMEOUT`` seconds,
@@ -35,6 +35,7 @@ DEFAULT_TIMEOUT_S = 30.0
 INSTALL_HINT = "pip install 'imgpipe[remote]'"
 _BACKOFF_S = 0.1  # the first retry waits up to this long, doubling up to _MAX_BACKOFF_S
 _MAX_BACKOFF_S = 2.0
+MAX_REQUEST_BYTES = 2 << 20  # neighbouring ranges are merged into requests of at most this span, fetched in parallel
 
 _direct: dict[tuple[Any, ...], DirectClient] = {}
 _direct_lock = threading.Lock()
@@ -66,6 +67,25 @@ def _client_for(owner: int, budget_s: float) -> Any:
         if client is None:
             client = _direct[key] = DirectClient(budget_s)
     return client
+
+
+def _request_groups(ranges: Sequence[ByteRange], todo: list[int]) -> list[list[int]]:
+    """The ranges ``todo`` in groups of one file spanning at most ``MAX_REQUEST_BYTES`` each: one
+    ``get_ranges`` call per group, the groups fetched concurrently (obstore merges a group's
+    neighbours into one request, with no size limit of its own)."""
+    by_file: dict[str, list[int]] = defaultdict(list)
+    for k in sorted(todo, key=lambda k: (ranges[k].name, ranges[k].start)):
+        by_file[ranges[k].name].append(k)
+    groups: list[list[int]] = []
+    for ks in by_file.values():
+        group = [ks[0]]
+        for k in ks[1:]:
+            if ranges[k].end - ranges[group[0]].start > MAX_REQUEST_BYTES:
+                groups.append(group)
+                group = []
+            group.append(k)
+        groups.append(group)
+    return groups
 
 
 def _gave_up(tries: int, start: float) -> str:
@@ -158,13 +178,11 @@ class ObjectStoreSource(ByteSource):
         tries = 0
         while todo:
             tries += 1
-            by_file: dict[str, list[int]] = defaultdict(list)
-            for k in todo:
-                by_file[ranges[k].name].append(k)
-            requests = [(name, [ranges[k].start for k in ks], [ranges[k].end for k in ks]) for name, ks in by_file.items()]
+            groups = _request_groups(ranges, todo)
+            requests = [(ranges[ks[0]].name, [ranges[k].start for k in ks], [ranges[k].end for k in ks]) for ks in groups]
             answers = self._io().get_ranges(self.location, requests, max(0.1, deadline - time.monotonic()))
             retry: list[int] = []
-            for ks, answer in zip(by_file.values(), answers):
+            for ks, answer in zip(groups, answers):
                 if isinstance(answer, StoreError):
                     for k in ks:
                         if answer.kind == TRANSIENT:

@@ -194,8 +194,7 @@ class FaultProxy:
         class Handler(_ProxyHandler):
             owner = proxy
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
 
     @property
@@ -244,6 +243,15 @@ class FaultProxy:
             return self._fault
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # socketserver's 5 drops the connections of a loader's concurrent requests
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that went away is no error of the proxy
+            super().handle_error(request, client_address)
+
+
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "trailer", "upgrade"}
 
 
@@ -270,6 +278,12 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self._forward()
 
     def _forward(self) -> None:
+        try:
+            self._serve()
+        except (BrokenPipeError, ConnectionResetError):  # the client went away (a loader closed mid-request)
+            self.close_connection = True
+
+    def _serve(self) -> None:
         owner = self.owner
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         fault = owner._choose(self.command, self.path)

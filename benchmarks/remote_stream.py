@@ -1,0 +1,168 @@
+"""Streaming from an S3-API bucket, no cache: time to the first batch and images/s, against the local folder.
+
+Runs a real S3-API server on this machine (moto, ``tests/remote/s3_server.py``) behind a proxy
+that adds ``--latency-ms`` to every request, as the issue's setup does, and counts the requests.
+
+* **Time to the first batch** from a bucket holding an ImageNet-sized index (``--records`` tiny
+  JPEG records in ``--shards`` shards, built by ``open_index.build``): in a fresh interpreter,
+  ``make_torch_loader(url, ...)`` and its first batch (2 workers, batch 256 at 64 px), against the
+  same from the local folder. The GETs the opening made are counted.
+* **Streaming**: ImageNet-shaped pictures (``_data.make_imagenet_shaped``) packed in shards of
+  4 MB (stock moto spools bigger objects to disk and reads a whole object per range GET), one
+  epoch of uint8 224 px train batches of 64 with 2 workers, from the local folder, from the bucket
+  and from the bucket with ``block_shuffle`` (neighbours in one batch: fewer, coalesced requests).
+  Prints images/s and its ratio to the local folder, GETs per record, and the requests/s the
+  server sustained (moto is one Python process: a few hundred small GETs/s on 2 cores).
+
+Medians over ``--rounds`` rounds, each round running every case in turn. Wall-clock figures on a
+shared machine: read the ratios.
+
+    python benchmarks/remote_stream.py [--records 1281167] [--shards 1000] [--images 1500] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "remote"))
+from s3_server import FaultProxy, S3Server  # noqa: E402  (benchmarks/ and tests/remote/ on sys.path)
+
+from _data import make_imagenet_shaped  # noqa: E402
+from open_index import build  # noqa: E402
+
+BUCKET = "imgpipe-bench"
+
+FIRST_BATCH = """
+import json, sys, time
+t0 = time.perf_counter()
+from imgpipe.loaders.torch import make_torch_loader
+t1 = time.perf_counter()
+loader = make_torch_loader(sys.argv[1], batch_size=256, image_size=64, workers=2, device=None, normalize=False, rank=0, world_size=1)
+t2 = time.perf_counter()
+images, labels = next(iter(loader))
+t3 = time.perf_counter()
+assert images.shape == (256, 3, 64, 64)
+print(json.dumps({"open_s": t2 - t1, "first_batch_s": t3 - t1, "imports_s": t1 - t0}))
+loader.close()
+"""
+
+EPOCH = """
+import json, sys, time
+from imgpipe.loaders.torch import make_torch_loader
+kwargs = json.loads(sys.argv[2])
+loader = make_torch_loader(sys.argv[1], batch_size=64, image_size=224, workers=2, device=None, normalize=False, rank=0, world_size=1, **kwargs)
+images, t0 = 0, None
+for x, y in loader:
+    if t0 is None:  # from the first batch on: worker start-up and the open are not streaming
+        t0, first = time.perf_counter(), len(y)
+        continue
+    images += len(y)
+print(json.dumps({"images": images, "records": images + first, "seconds": time.perf_counter() - t0}))
+loader.close()
+"""
+
+
+def run(code: str, *args: str, env: dict[str, str]) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=1800, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def tiny_jpeg() -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def upload(server: S3Server, folder: Path, prefix: str) -> str:
+    """Every file of ``folder`` to the bucket, 16 at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    s3 = server.client()
+    try:
+        s3.create_bucket(Bucket=BUCKET)
+    except (s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
+        pass
+    files = [p for p in sorted(folder.iterdir()) if p.is_file()]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda p: s3.put_object(Bucket=BUCKET, Key=f"{prefix}/{p.name}", Body=p.read_bytes()), files))
+    return f"s3://{BUCKET}/{prefix}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_281_167)
+    parser.add_argument("--shards", type=int, default=1000)
+    parser.add_argument("--images", type=int, default=1500)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dir", type=Path, help="keep the datasets here (default: a temporary folder)")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="remote_stream.") as tmp, S3Server(lifetime_s=7200) as server:
+        work = args.dir or Path(tmp)
+        index = work / "index"
+        if not (index / "manifest.json").is_file():
+            build(index, args.records, args.shards, payload=tiny_jpeg())
+        images = work / "images"
+        if not (images / "manifest.json").is_file():
+            from imgpipe.packing.packer import pack
+
+            tree = make_imagenet_shaped(work / "tree", args.images, classes=10, workers=2)
+            pack(tree, images, shard_size="4MB", workers=2, progress=False)
+        t0 = time.perf_counter()
+        index_url, images_url = upload(server, index, "index"), upload(server, images, "images")
+        print(f"uploaded in {time.perf_counter() - t0:.0f} s; {args.latency_ms:.0f} ms added per request; {args.rounds} round(s)")
+
+        with FaultProxy(server.port, latency_s=args.latency_ms / 1000) as proxy:
+            env = {**os.environ, **server.env(proxy.endpoint), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+            first: dict[str, list[dict]] = {"local": [], "bucket": []}
+            streams: dict[str, list[dict]] = {}
+            cases = {
+                "local folder": (str(images), {}),
+                "bucket": (images_url, {}),
+                "bucket, block_shuffle=64": (images_url, {"block_shuffle": 64}),
+            }
+            for _ in range(args.rounds):
+                first["local"].append(run(FIRST_BATCH, str(index), env=env))
+                gets = proxy.counts.gets
+                first["bucket"].append({**run(FIRST_BATCH, index_url, env=env), "gets": proxy.counts.gets - gets})
+                for name, (data, kwargs) in cases.items():
+                    before = proxy.counts.matching_gets
+                    result = run(EPOCH, data, json.dumps(kwargs), env=env)
+                    result["gets"] = proxy.counts.matching_gets - before
+                    streams.setdefault(name, []).append(result)
+
+        print(f"\ntime to the first batch, {args.records:,} records in {args.shards} shards (fresh interpreter, 2 workers, batch 256):")
+        for name, runs in first.items():
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            extra = f", {med['gets']:.0f} GETs" if "gets" in med else ""
+            print(f"  {name:8s} open {med['open_s']:6.2f} s, first batch {med['first_batch_s']:6.2f} s after the imports{extra}")
+        print(f"\nstreaming one epoch of {args.images} ImageNet-shaped images (uint8 224 px, batch 64, 2 workers):")
+        base = statistics.median(r["images"] / r["seconds"] for r in streams["local folder"])
+        for name, runs in streams.items():
+            rate = statistics.median(r["images"] / r["seconds"] for r in runs)
+            line = f"  {name:26s} {rate:7.1f} images/s  {rate / base:5.2f}x local"
+            if name != "local folder":
+                per_record = statistics.median(r["gets"] / r["records"] for r in runs)
+                per_s = statistics.median(r["gets"] * r["images"] / r["records"] / r["seconds"] for r in runs)
+                line += f"  {per_record:5.3f} GETs/record  {per_s:6.1f} requests/s at the server"
+            print(line)
+
+
+if __name__ == "__main__":
+    main()
