@@ -23,7 +23,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from imgpipe.errors import DatasetError, ImgpipeError, RemoteError
 
-URL_SCHEMES = ("s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "http", "https")
+URL_SCHEMES = ("s3", "s3a", "gs", "az", "azure", "adl", "abfs", "abfss", "http", "https")
 _SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://")
 
 RangeCheck = Callable[[int, memoryview], "str | None"]  # (position in the batch, bytes) -> why they are wrong, or None

@@ -1,13 +1,14 @@
 """A folder at a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``) as a ``ByteSource``, through obstore.
 
-A batch of ranges is grouped by file, and a file's into spans of at most ``MAX_REQUEST_BYTES``: one
-``get_ranges`` per group (neighbours coalesced into one request), the groups concurrently. Every range is checked by its length and by the caller's check
-(the ShardSet's: the record's framing and crc32). A range that fails, and a transient store error
-(obstore has already retried 5xx, ``SlowDown``, timeouts and resets itself), is fetched again after
-a backoff with full jitter until the retry time runs out (``IMGPIPE_REMOTE_TIMEOUT`` seconds,
-default 30); then it is an error naming the URL and the offset. Bytes that fail the check twice
-alike are what the store holds, and are not fetched again. A missing bucket, refused credentials
-and a missing file fail at once.
+A batch of ranges is grouped by file, and a file's into spans of at most ``MAX_REQUEST_BYTES``:
+one ``get_ranges`` per group (neighbours coalesced into one request), the groups concurrently.
+Every range is checked by its length and by the caller's check (the ShardSet's: the record's
+framing and crc32). A range that fails, and a transient store error (obstore has already retried
+5xx, ``SlowDown``, timeouts and resets itself), is fetched again after a backoff with full jitter
+until the retry time runs out (``IMGPIPE_REMOTE_TIMEOUT`` seconds, default 30); then it is an
+error naming the URL and the offset. Bytes that fail twice alike (a body as short, or as wrong)
+are what the store holds, and are not fetched again. A missing bucket, refused credentials and a
+missing file fail at once.
 
 obstore is not fork-safe (``store_client``): the process that opened the source asks a helper
 process (``store_helper``); a process forked from it, such as a loader worker, makes its own
@@ -174,7 +175,7 @@ class ObjectStoreSource(ByteSource):
         out: list[memoryview | ImgpipeError | None] = [None] * len(ranges)
         todo = list(range(len(ranges)))
         reasons: dict[int, str] = {}
-        wrong: dict[int, int] = {}  # the crc32 of bytes that failed the check, to tell damage in the store from damage in transit
+        wrong: dict[int, tuple[int, int]] = {}  # length and crc32 of bytes that failed, to tell damage in the store from damage in transit
         tries = 0
         while todo:
             tries += 1
@@ -195,18 +196,17 @@ class ObjectStoreSource(ByteSource):
                     view = memoryview(data)
                     name, first, end = ranges[k]
                     if len(view) != end - first:
-                        reasons[k] = f"short body: {len(view)} of {end - first} bytes"
-                        retry.append(k)
-                        continue
-                    reason = check(k, view) if check is not None else None
+                        reason: str | None = f"short body: {len(view)} of {end - first} bytes"
+                    else:
+                        reason = check(k, view) if check is not None else None
                     if reason is None:
                         out[k] = view
                         continue
-                    crc = zlib.crc32(view)
-                    if wrong.get(k) == crc:
-                        out[k] = self._range_error(ranges[k], f"{reason}, twice alike: the stored bytes are damaged; run 'imgpipe verify {self.location}'")
+                    seen = (len(view), zlib.crc32(view))
+                    if wrong.get(k) == seen:  # in transit, damage differs from try to try
+                        out[k] = self._range_error(ranges[k], f"{reason}, twice alike: the stored file is damaged; run 'imgpipe verify {self.location}'")
                     else:
-                        wrong[k], reasons[k] = crc, reason
+                        wrong[k], reasons[k] = seen, reason
                         retry.append(k)
             todo = sorted(retry)
             if todo and not self._pause(tries, deadline):
@@ -229,7 +229,7 @@ class ObjectStoreSource(ByteSource):
         pid = os.getpid()
         if self._pid != pid:
             self._client = _client_for(self._owner, self.budget_s)
-            self._runner = DaemonPool(2, "imgpipe-fetch")  # batches fetched ahead of their use
+            self._runner = DaemonPool(4, "imgpipe-fetch")  # a batch being read and those fetched ahead of their use
             self._random = random.Random()
             self._pid = pid
         return self._client

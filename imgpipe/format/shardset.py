@@ -128,14 +128,14 @@ class ShardSet:
         if not self.byte_source.remote:
             return LocalRecords(self, indices)
         pending = self._pending_fetches()
-        future = pending.pop(indices.tobytes(), None) or self._submit(indices)
-        if ahead is not None and len(ahead):
+        buffers = (pending.pop(indices.tobytes(), None) or self._submit(indices)).result()
+        if ahead is not None and len(ahead):  # started once this batch is in: it never competes with it
             upcoming = np.asarray(ahead, dtype=np.int64)
             if upcoming.tobytes() not in pending:
                 while len(pending) >= MAX_FETCHES_AHEAD:
                     pending.pop(next(iter(pending)))
                 pending[upcoming.tobytes()] = self._submit(upcoming)
-        return FetchedRecords(self, indices, future.result())
+        return FetchedRecords(self, indices, buffers)
 
     def source(self, i: int) -> str | None:
         """The source path of record ``i`` (relative to the pack's source root), if a sidecar exists."""

@@ -2,7 +2,9 @@
 
 Per epoch the ``EpochSampler`` gives this rank's batches; each request sent to a worker is a
 ``BatchRequest`` (epoch, record indices, ring slot), and one worker reads, decodes and
-augments the whole batch into one NCHW tensor (one IPC round trip per batch). With
+augments the whole batch into one NCHW tensor (one IPC round trip per batch). From a URL the
+worker fetches the batch's records in one batched request, and the records of the next batch
+it will build meanwhile (``ShardSet.fetch``). With
 persistent workers (the default) that tensor is a slot of a ``BatchRing``, shared memory
 allocated once, and the worker returns only the slot's number and the labels; the caller
 gets a view of the slot, no copy, and the slot is reused once the caller drops it. Every random

@@ -77,7 +77,7 @@ def test_bytes_damaged_in_the_bucket_fail_that_record_only_in_one_line(s3_env: S
         records.read_view(1)
     message = str(info.value)
     assert message.startswith(f"{url}/{local.rec_names[shard]} record 7 (id ") and "crc32 differs from the checksum sidecar" in message
-    assert "stored bytes are damaged" in message and "\n" not in message
+    assert "stored file is damaged" in message and "\n" not in message
 
 
 def test_a_record_still_failing_when_the_time_is_up_is_named(fault_proxy: FaultProxy, remote_packed: str, monkeypatch: pytest.MonkeyPatch) -> None:
