@@ -57,10 +57,12 @@ def one_epoch(loader: Any, dtype: Any) -> int:
     return images
 
 
-def run_epochs(build: Callable[[], Any], epochs: int, dtype: Any) -> dict[str, Any]:
+def run_epochs(build: Callable[[], Any], epochs: int, dtype: Any, counters: Callable[[], dict[str, int]] | None = None) -> dict[str, Any]:
     """Build a loader and run ``epochs`` epochs of it; the first epoch's time includes ``build()``
-    (constructing the loader, starting its workers or threads)."""
-    began, cpu_began = time.perf_counter(), cpu_seconds()
+    (constructing the loader, starting its workers or threads). With ``counters`` (say, a storage
+    server's request counts), each epoch also reports how much each counter grew during it."""
+    read = counters or dict
+    began, cpu_began, counted = time.perf_counter(), cpu_seconds(), read()
     loader = build()
     results = []
     for _ in range(epochs):
@@ -73,6 +75,10 @@ def run_epochs(build: Callable[[], Any], epochs: int, dtype: Any) -> dict[str, A
             "worker_rss_mb": max((r for r, _ in workers), default=0.0), "worker_private_mb": max((p for _, p in workers), default=0.0),
             "main_rss_mb": main_rss, "main_private_mb": main_private,
         })  # fmt: skip
+        if counters is not None:
+            now_counted = read()
+            results[-1]["counters"] = {k: now_counted.get(k, 0) - counted.get(k, 0) for k in sorted(set(now_counted) | set(counted))}
+            counted = now_counted
         began, cpu_began = time.perf_counter(), cpu_seconds()
     getattr(loader, "close", lambda: None)()
     return {"epochs": results}

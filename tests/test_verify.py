@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import struct
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +19,8 @@ from imgpipe.format.manifest import load_manifest
 from imgpipe.format.shardset import open_shards
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, IndexedRecordWriter, IRHeader, pack_header, read_index
 from imgpipe.verifier import verify
+from tests._tiny_shards import make_tiny_pack
+from tests.train.proctree import descendants, wait_gone
 
 
 @pytest.fixture
@@ -247,3 +252,22 @@ def test_float_labels_are_reported_like_open_shards_reports_them(dataset: Path) 
     assert "train.labels.npy: must be a 1-D integer array, got float32 (48,)" in problem_lines(dataset)
     with pytest.raises(DatasetError, match="must be a 1-D integer array, got float32"):
         open_shards(dataset, "train")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_killed_verify_leaves_no_worker_behind(tmp_path: Path) -> None:
+    """kill -9 of ``imgpipe verify --decode`` mid-run: its pool workers are gone within seconds, not orphaned."""
+    dst = make_tiny_pack(tmp_path / "packed", records=1200, shards=12, min_side=100, max_side=300)
+    verify_run = subprocess.Popen([sys.executable, "-m", "imgpipe", "verify", "--decode", "--workers", "2", "--no-progress", str(dst)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(workers := descendants(verify_run.pid)) < 2 and time.monotonic() < deadline and verify_run.poll() is None:
+        time.sleep(0.01)
+    verify_run.kill()
+    assert verify_run.wait(timeout=30) == -signal.SIGKILL, "verify finished before it was killed: give it more to check"
+    assert len(workers) == 2
+    left = wait_gone(workers, 10)
+    for pid in left:  # do not leave them running if the check fails
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"verify workers {left} outlived their killed parent"

@@ -1,27 +1,24 @@
 """Process helpers, one copy each: the start method, dying with the parent, a pool with a progress bar.
 
 Fork where the platform has it (workers inherit the parent's imports and open nothing twice),
-spawn elsewhere. Workers ask Linux to SIGKILL them when their parent dies, so a killed run
-leaves no orphan writing files.
+spawn elsewhere. Every process imgpipe starts calls ``die_with_parent``, so a killed run leaves
+no orphan writing files or holding memory.
 """
 
 from __future__ import annotations
 
-import ctypes
-import logging
 import multiprocessing as mp
 import os
 import signal
-import sys
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.context import BaseContext
 from typing import Callable, Iterable, Iterator, TypeVar
 
 from tqdm import tqdm
 
-logger = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PARENT_CHECK_S = 0.2  # how often a child looks whether its parent is still there
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -33,14 +30,23 @@ def pool_context() -> BaseContext:
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Have Linux SIGKILL this process when its parent dies; exit now if ``parent_pid`` is already gone."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
-            logger.debug("prctl(PR_SET_PDEATHSIG) unavailable")
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+    """SIGKILL this process within ``PARENT_CHECK_S`` of its parent process ``parent_pid`` ending,
+    and only then; exit now if that parent is already gone.
+
+    A daemon thread watches ``getppid()``, which changes only when the whole parent process is
+    gone (the child is then re-parented to init or a subreaper). Linux's ``PR_SET_PDEATHSIG``
+    is not used: it fires when the parent *thread* that forked the child exits, so workers
+    forked from a short-lived thread (a prefetching wrapper) would die with it.
+    """
+    if os.getppid() != parent_pid:
         os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), name="imgpipe-parent-watch", daemon=True).start()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_CHECK_S)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def map_in_processes(
@@ -59,7 +65,7 @@ def map_in_processes(
                 yield fn(task)
                 bar.update(1)
             return
-        with ProcessPoolExecutor(workers, mp_context=pool_context()) as pool:
+        with ProcessPoolExecutor(workers, mp_context=pool_context(), initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
             for result in pool.map(fn, tasks, chunksize=chunksize):
                 yield result
                 bar.update(1)

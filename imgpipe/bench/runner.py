@@ -296,9 +296,7 @@ def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, compute:
         origin = time.perf_counter()
         stats.steps = [_step(iterator, compute, clock, timer, origin) for _ in range(config.steps)]
     finally:
-        close = getattr(loader, "close", None)  # the DALI loader has none
-        if close is not None:
-            close()
+        loader.close()
     return stats
 
 

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import torch
 
 ON_CORRUPT = ("raise", "skip")  # what a loader does with a record it cannot decode
+FULL_BATCH_FIX = "lower batch_size or use remainder='pad'"
 
 
 class _CurrentDevice:
@@ -229,7 +230,7 @@ def open_rank_stream(
         window=shuffle_window,
     )
     if args.train and len(sampler) == 0:
-        raise no_full_batch(path, args.split, len(shards), env.world_size, args.batch_size, "lower batch_size or use remainder='pad'")
+        raise no_full_batch(path, args.split, len(shards), env.world_size, args.batch_size, FULL_BATCH_FIX)
     geometry = TrainGeometry(image_size=args.image_size) if args.train else EvalGeometry(image_size=args.image_size)
     shards.labels  # noqa: B018  (bare .rec files: read header labels once here, not in every worker)
     return RankStream(env, shards, sampler, geometry)

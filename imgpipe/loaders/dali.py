@@ -21,12 +21,13 @@ Users who drive ``fn.readers.mxnet`` themselves keep ``imgpipe.format.dali_index
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
+from imgpipe._sys.distenv import DistEnv
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.loaders.base import SampledLoader
 from imgpipe.loaders.common import (
@@ -82,49 +83,53 @@ class _Spec:
 class DaliLoader(SampledLoader):
     """Iterable of ``(images, labels)`` batches for this rank; each ``iter()`` is the next epoch."""
 
-    def __init__(self, spec: _Spec, shards: ShardSet, sampler: EpochSampler, feed: DaliFeed) -> None:
+    def __init__(
+        self, spec: _Spec, shards: ShardSet, sampler: EpochSampler, feed: DaliFeed, *, env: DistEnv, follow_world: bool, workers: int | None
+    ) -> None:
+        super().__init__(sampler, env, follow_world=follow_world)
+        self._workers = workers  # None: default_workers() for this rank's node
         self._spec = spec
         self.shards = shards
-        self.sampler = sampler
         self._feed = feed
         self._pipe: Any = None
-        self._reusable = False  # the pipeline ran its last epoch to the end
+        self._reusable = False  # the pipeline handed over every batch of its last epoch
         self.skipped = 0  # DALI never replaces a record: a corrupt one stops the epoch with a DatasetError
         self.device = torch.device("cpu") if spec.device_id is None else torch.device("cuda", spec.device_id)
 
-    def close(self) -> None:
-        """Drop the DALI pipeline kept for the next epoch and stop the feed's read-ahead thread."""
+    def _shut_down(self) -> None:
+        """Drop the DALI pipeline (its threads end with it) and stop the feed's read-ahead thread."""
         self._pipe = None
         self._feed.close()
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        # a generator, as the torch loader's: the epoch begins at the first next(), so an iter()
-        # that is never read (Lightning's iterability check) does not use up an epoch
-        yield from self._run(*self.sampler.begin_epoch())
+    def _moved(self, env: DistEnv) -> None:
+        spec = replace(self._spec, workers=dali_threads(self._workers, env))
+        if spec != self._spec:
+            self._spec, self._pipe = spec, None
 
-    def _run(self, epoch: int, batches: list[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _batches(self, epoch: int, batches: list[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if not batches:
             return
         feed = self._feed
         feed.start(epoch, batches)
         pipe = self._pipeline()
         self._reusable = False
-        while True:
+        for remaining in range(len(batches) - 1, -1, -1):
             try:
                 images, = pipe.run()
-            except StopIteration:
-                break
             except RuntimeError as e:
                 self._pipe = None  # DALI's pipeline is unusable after an error
                 raise self._decode_error(e) from None
             indices = feed.fed.popleft()
             labels = torch.from_numpy(self.shards.labels[indices].astype(np.int64)).to(self.device, non_blocking=True)
             self.sampler.mark_consumed()
+            # the last batch is out: the pipeline holds no work of this pass, so the next one resets
+            # and reuses it, whether or not the consumer asks for more (a loop that stops after
+            # len(loader) batches, as the trainer's does, consumed every batch)
+            self._reusable = remaining == 0
             yield self._to_torch(images), labels
-        self._reusable = True
 
     def _pipeline(self) -> Any:
-        """The pipeline, reset for a new epoch; a new one when the last epoch did not run to its end."""
+        """The pipeline, reset for a new epoch; a new one when the last epoch was left before its last batch."""
         if self._pipe is not None and self._reusable:
             self._pipe.reset()
         else:
@@ -300,10 +305,15 @@ def make_dali_loader(
     spec = _Spec(
         batch_size=args.batch_size,
         image_size=args.image_size,
-        workers=max(1, args.workers if args.workers is not None else default_workers(env.local_world_size)),
+        workers=dali_threads(args.workers, env),
         device_id=args.device.index if args.device.type == "cuda" else None,
         normalize=args.normalize,
         channels_last=args.channels_last,
         prefetch=prefetch,
     )
-    return DaliLoader(spec, shards, sampler, DaliFeed(shards, geometry, args.seed))
+    return DaliLoader(spec, shards, sampler, DaliFeed(shards, geometry, args.seed), env=env, follow_world=args.rank is None, workers=args.workers)
+
+
+def dali_threads(workers: int | None, env: DistEnv) -> int:
+    """DALI's CPU thread count: ``workers``, else ``default_workers()`` for ``env``'s node; at least 1."""
+    return max(1, default_workers(env.local_world_size) if workers is None else workers)

@@ -11,23 +11,26 @@ the worker builds its batch in that slot and returns the slot's number, and the 
 view of the slot: no copy, no new page.
 
 When a slot may be built in again: once its batch has come back (it is no longer "in flight")
-and the caller holds no tensor on it any more (``storage_in_use``: the slot's storage has no
-other reference than the ring's). A caller that keeps batches (a list of them, a prefetcher)
-keeps their slots; a request that finds its slot still held goes without one, and its worker
-allocates a new shared tensor, as without the ring. So a batch never changes while the caller
-holds it, and a loop that drops each batch before the next (``for x, y in loader``) reuses the
-slots forever: the ring has the DataLoader's ``workers * prefetch_factor`` requests in flight,
-plus the batch being handed over and the one the caller still holds.
+and the caller holds nothing on it any more: no tensor, view, numpy array or DLPack capsule on
+its memory (``storage_use_count``), and not its storage object (``batch.untyped_storage()``,
+``batch.storage()``: the Python object torch keeps for a storage, whose reference count the ring
+reads). A caller that keeps batches (a list of them, a prefetcher) keeps their slots; a request
+that finds its slot still held goes without one, and its worker allocates a new shared tensor,
+as without the ring. So a batch never changes while the caller holds it, and a loop that drops
+each batch before the next (``for x, y in loader``) reuses the slots forever: the ring has the
+DataLoader's ``workers * prefetch_factor`` requests in flight, plus the batch being handed over
+and the one the caller still holds.
 
-One way around the check: a batch sent to another process (``torch.multiprocessing``) is shared
-memory already, so the other process maps the slot itself and holds no reference here; clone a
-batch before sending it.
+What does not keep a slot: a raw address (``data_ptr()``), a weak reference, and a batch sent to
+another process (``torch.multiprocessing``): it is shared memory already, so the other process
+maps the slot itself and holds no reference here. Clone a batch before any of those.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import Iterator
 
 import torch
@@ -54,7 +57,9 @@ class BatchRing:
                 self.slots = [torch.zeros(shape, dtype=dtype).contiguous(memory_format=memory_format).share_memory_() for _ in range(slots)]
             except RuntimeError as e:  # something other than a ring took the room after the check
                 raise shared_memory_error(size, slots, f"{SHARED_MEMORY_DIR} ran out ({str(e).splitlines()[0]})") from None
-        self._unused = storage_use_count(self.slots[0])  # the ring's own references to a slot
+        self._storages = [slot.untyped_storage() for slot in self.slots]  # the Python objects torch returns for them
+        self._unused = storage_use_count(self.slots[0])  # the ring's own references to a slot's memory
+        self._unused_storage_refs = sys.getrefcount(self._storages[0])  # and to its storage object
         self._in_flight: set[int] = set()  # slots claimed by a request whose batch has not come back
         self._next = 0  # where the search for a free slot starts: slots are used in turn
 
@@ -71,11 +76,15 @@ class BatchRing:
         count = len(self.slots)
         for step in range(count):
             slot = (self._next + step) % count
-            if slot not in self._in_flight and storage_use_count(self.slots[slot]) == self._unused:
+            if slot not in self._in_flight and not self._held(slot):
                 self._in_flight.add(slot)
                 self._next = (slot + 1) % count
                 return slot
         return None
+
+    def _held(self, slot: int) -> bool:
+        """Whether anything outside the ring holds ``slot``: a tensor or array on it, or its storage object."""
+        return storage_use_count(self.slots[slot]) != self._unused or sys.getrefcount(self._storages[slot]) != self._unused_storage_refs
 
     def receive(self, slot: int, count: int) -> torch.Tensor:
         """The first ``count`` images of the batch a worker built in ``slot``: a view the caller holds

@@ -148,6 +148,28 @@ class EpochSampler:
         self._consumed = 0
         self._active = False
 
+    def moved(self, rank: int, world_size: int) -> EpochSampler:
+        """This sampler for rank ``rank`` of ``world_size``, at the same position in the global stream:
+        the epoch the next ``iter()`` runs, and the records a resume would skip (a ``ConfigError``
+        when they are not a whole number of the new global batches, or when they are an evaluation
+        pass's). A pass under way ends with the move, as an abandoned pass does: the next is the next epoch."""
+        moved = EpochSampler(
+            self.n, batch_size=self.batch_size, train=self.train, shuffle=self.shuffle, seed=self.seed, rank=rank,
+            world_size=world_size, remainder=self.remainder, block_size=self.block_size, window=self.window,
+        )
+        epoch, batches = self._next_epoch, 0 if self._active else self._resume_batches
+        records = batches * self.global_batch
+        if records % moved.global_batch or (records and not self.train):
+            raise ConfigError(
+                f"cannot move the loader to rank {rank} of {world_size} in the middle of epoch {epoch} "
+                f"({batches} global batches of {self.global_batch} done): give rank= and world_size= when "
+                "building it, or build it once the process group exists"
+            )
+        moved.epoch = self.epoch
+        moved.load_state_dict({**self.state_dict(), "epoch": epoch, "batches": records // moved.global_batch,
+                               "global_batch": moved.global_batch, "world_size": world_size})
+        return moved
+
     def __len__(self) -> int:
         return batch_count(
             self.n, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size, train=self.train, remainder=self.remainder

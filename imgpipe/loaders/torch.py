@@ -54,6 +54,7 @@ from torch.multiprocessing import reductions
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from imgpipe.loaders import seeding
+from imgpipe._sys.distenv import DistEnv
 from imgpipe._sys.procs import die_with_parent
 from imgpipe._sys.torch_private import shutdown_persistent_workers
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError, RemoteError
@@ -86,11 +87,17 @@ _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.Decompressio
 # spawn its workers too and pay seconds of imports per worker and epoch start.
 WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
 DEFAULT_PREFETCH_FACTOR = 2  # batches requested ahead per worker
+PIN_MEMORY_IGNORED = (
+    "pin_memory=True has no effect on this CPU loader: with persistent workers its batches are views of shared-memory "
+    "slots, which are not pinned; pin a batch yourself (batch.pin_memory() copies it), set persistent_workers=False "
+    "(the DataLoader then copies each batch into pinned memory), or load onto the GPU with device='cuda'"
+)
 
 
 def die_with_the_loader(worker_id: int) -> None:
-    """The DataLoader workers' ``worker_init_fn``: SIGKILL a worker as soon as the process it serves
-    dies (torch's own watchdog notices only within 5 s, and not a worker stuck in a read)."""
+    """The DataLoader workers' ``worker_init_fn``: SIGKILL a worker soon after the process it serves
+    dies, whichever thread forked it (torch's own watchdog notices only within 5 s, and not a
+    worker stuck in a read)."""
     die_with_parent(os.getppid())
 
 
@@ -145,7 +152,6 @@ class BatchDataset(Dataset):
         sample_transform: SampleTransform | None = None,
         channels_last: bool = False,
         normalize: bool = False,
-        ring: BatchRing | None = None,
         stage_timer: StageTimer | None = None,
     ) -> None:
         if on_corrupt not in ON_CORRUPT:
@@ -158,7 +164,7 @@ class BatchDataset(Dataset):
         self.sample_transform = sample_transform
         self.channels_last = channels_last
         self.normalize = normalize
-        self.ring = ring
+        self.ring: BatchRing | None = None  # the loader's, set up with its workers
         self.stage_timer = stage_timer
         self._scale, self._bias = normalization(torch.device("cpu"))
         self._read_s = 0.0  # this batch's read seconds, with a stage_timer
@@ -190,7 +196,7 @@ class BatchDataset(Dataset):
         else:
             size = self.geometry.image_size
             dtype = torch.float32 if self.normalize else torch.uint8
-            images = sent = torch.empty((len(indices), 3, size, size), dtype=dtype, memory_format=self._memory_format)
+            images = sent = torch.empty((len(indices), 3, size, size), dtype=dtype, memory_format=self.memory_format)
             if in_worker:  # built in shared memory: sending it copies nothing and leaves no hole in the heap
                 images.share_memory_()
         labels = torch.empty(len(indices), dtype=torch.int64)
@@ -203,7 +209,8 @@ class BatchDataset(Dataset):
                 reason = "not a decodable image" if isinstance(e, UnidentifiedImageError) else str(e)
                 message = str(e) if isinstance(e, RemoteError) else f"cannot decode {self.shards.describe(index)}: {reason}"
                 if self.on_corrupt == "raise":
-                    return sent, labels, np.zeros(0, np.int64), message + "; run 'imgpipe verify' or use on_corrupt='skip'"
+                    fix = "on_corrupt='skip' replaces such a record" if isinstance(e, RemoteError) else "run 'imgpipe verify' or use on_corrupt='skip'"
+                    return sent, labels, np.zeros(0, np.int64), f"{message}; {fix}"
                 bad.append(slot)
                 continue
             labels[slot] = int(self.shards.labels[index])
@@ -270,7 +277,7 @@ class BatchDataset(Dataset):
         return result, None
 
     @property
-    def _memory_format(self) -> torch.memory_format:
+    def memory_format(self) -> torch.memory_format:
         return torch.channels_last if self.channels_last else torch.contiguous_format
 
     def _seed_globals(self, epoch: int) -> bool:
@@ -335,49 +342,74 @@ class TorchLoader(SampledLoader):
         shards: ShardSet,
         *,
         sampler: EpochSampler,
+        env: DistEnv,
+        follow_world: bool,
         dataset: BatchDataset,
-        workers: int,
+        workers: int | None,
         device: torch.device,
         normalize: bool,
         channels_last: bool,
         persistent_workers: bool,
-        prefetch_factor: int | None,
+        prefetch_factor: int,
         pin_memory: bool,
         multiprocessing_context: str | None,
-        ring: BatchRing | None,
         stage_timer: StageTimer | None = None,
     ) -> None:
+        super().__init__(sampler, env, follow_world=follow_world)
         self.shards = shards
-        self.sampler = sampler
         self.dataset = dataset
         self.device = device
         self.normalize = normalize
         self.channels_last = channels_last
         self.skipped = 0
+        self._workers = workers  # None: default_workers() for this rank's node
+        self._persistent_workers = persistent_workers
+        self._prefetch_factor = prefetch_factor
         self._pin_memory = pin_memory
-        self._ring = ring
+        self._multiprocessing_context = multiprocessing_context
         self._stage_timer = stage_timer
-        self._requests = RingRequests(ring, max(1, workers) if shards.byte_source.remote else None)
+        self._set_up_workers()
+        self._scale, self._bias = normalization(device)
+
+    def _worker_count(self) -> int:
+        return default_workers(self.env.local_world_size) if self._workers is None else self._workers
+
+    def _set_up_workers(self) -> None:
+        """The DataLoader for this rank's worker count, and with persistent workers the ring they build batches in."""
+        self._ring = self.dataset.ring = None  # the old ring's memory goes before the new one is allocated
+        workers, dataset = self._worker_count(), self.dataset
+        if workers > 0 and self._persistent_workers:
+            self._ring = dataset.ring = BatchRing.for_dataloader(
+                workers, self._prefetch_factor, batch_size=self.sampler.batch_size, image_size=dataset.geometry.image_size,
+                memory_format=dataset.memory_format, dtype=torch.float32 if dataset.normalize else torch.uint8,
+            )
+        self._requests = RingRequests(self._ring, max(1, workers) if self.shards.byte_source.remote else None)
         self._loader = DataLoader(
             dataset,
             sampler=self._requests,
             batch_size=None,
             collate_fn=collate_whole_batch,
             num_workers=workers,
-            persistent_workers=persistent_workers and workers > 0,
-            prefetch_factor=prefetch_factor if workers > 0 else None,
-            pin_memory=pin_memory and ring is None,  # a ring slot is copied into pinned memory by upload()
-            multiprocessing_context=(multiprocessing_context or WORKER_START) if workers > 0 else None,
+            persistent_workers=self._persistent_workers and workers > 0,
+            prefetch_factor=self._prefetch_factor if workers > 0 else None,
+            pin_memory=self._pin_memory and self._ring is None,  # a ring slot is copied into pinned memory by upload()
+            multiprocessing_context=(self._multiprocessing_context or WORKER_START) if workers > 0 else None,
             worker_init_fn=die_with_the_loader,
         )
-        self._scale, self._bias = normalization(device)
 
-    def close(self) -> None:
+    def _moved(self, env: DistEnv) -> None:
+        shutdown_persistent_workers(self._loader)  # forked for the old rank, which seeds their global generators
+        self.dataset.rank = env.rank
+        if self._worker_count() != self._loader.num_workers:
+            del self._loader, self._requests  # and the ring they hold: its memory goes before a new ring is allocated
+            self._set_up_workers()
+
+    def _shut_down(self) -> None:
         """Stop the worker processes now (persistent workers otherwise live until the loader is collected)."""
         shutdown_persistent_workers(self._loader)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self._requests.start_pass(*self.sampler.begin_epoch())
+    def _batches(self, epoch: int, batches: list[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self._requests.start_pass(epoch, batches)
         results = iter(self._loader)
         if self.device.type == "cuda":
             yield from self._cuda_batches(results)
@@ -498,9 +530,11 @@ def make_torch_loader(
     ``persistent_workers`` (default True) keeps the workers from epoch to epoch and lets them
     build batches in a ring of ``workers * prefetch_factor + 2`` batches in shared memory,
     allocated once (``ConfigError`` when /dev/shm has less room free); a batch is a view of its
-    slot, which is reused once the caller holds no tensor on it (clone a batch before sending it
-    to another process). ``pin_memory`` (default:
-    on CUDA) stages batches in pinned memory for the copy to the GPU.
+    slot, which is reused once the caller holds nothing on it (``imgpipe.loaders.ring`` says what
+    holds a slot; clone a batch before sending it to another process). ``pin_memory`` (default:
+    on CUDA) stages batches in pinned memory for the copy to the GPU; on the CPU it applies only
+    without the ring (``persistent_workers=False`` or ``workers=0``): ring slots are not pinned,
+    and one warning says so.
     ``stage_timer``: for tools (``imgpipe bench``): a :class:`StageTimer` that gets every
     batch's read, decode and collate seconds (see :mod:`imgpipe.loaders.stage_timer`).
     ``loader.close()`` stops persistent workers.
@@ -517,17 +551,13 @@ def make_torch_loader(
     pin_memory = check_optional_bool("pin_memory", pin_memory)
     if multiprocessing_context is not None:
         check_choice("multiprocessing_context", multiprocessing_context, multiprocessing.get_all_start_methods())
-    batch_size, image_size, device, channels_last = args.batch_size, args.image_size, args.device, args.channels_last
+    device = args.device
+    if pin_memory and device.type == "cpu" and persistent_workers and args.workers != 0:
+        logger.warning(PIN_MEMORY_IGNORED)
     env, shards, sampler, geometry = open_rank_stream(
         path, args, remainder=remainder, shuffle=shuffle, block_shuffle=block_shuffle, shuffle_window=shuffle_window
     )
-    workers = default_workers(env.local_world_size) if args.workers is None else args.workers
-    layout = torch.channels_last if channels_last or device.type == "cuda" else torch.contiguous_format  # HWC slots: one memcpy per image
-    normalize_in_workers = args.normalize and device.type == "cpu"  # a GPU gets uint8, a quarter of the bytes, and normalizes
-    ring = None
-    if workers > 0 and persistent_workers:
-        dtype = torch.float32 if normalize_in_workers else torch.uint8
-        ring = BatchRing.for_dataloader(workers, prefetch_factor, batch_size=batch_size, image_size=image_size, memory_format=layout, dtype=dtype)
+    layout = torch.channels_last if args.channels_last or device.type == "cuda" else torch.contiguous_format  # HWC slots: one memcpy per image
     dataset = BatchDataset(
         shards,
         geometry=geometry,
@@ -536,22 +566,22 @@ def make_torch_loader(
         on_corrupt=on_corrupt,
         sample_transform=sample_transform,
         channels_last=layout == torch.channels_last,
-        normalize=normalize_in_workers,
-        ring=ring,
+        normalize=args.normalize and device.type == "cpu",  # a GPU gets uint8, a quarter of the bytes, and normalizes
         stage_timer=stage_timer,
     )
     return TorchLoader(
         shards,
         sampler=sampler,
+        env=env,
+        follow_world=args.rank is None,
         dataset=dataset,
-        workers=workers,
+        workers=args.workers,
         device=device,
         normalize=args.normalize,
-        channels_last=channels_last,
+        channels_last=args.channels_last,
         persistent_workers=persistent_workers,
         prefetch_factor=prefetch_factor,
         pin_memory=device.type == "cuda" if pin_memory is None else pin_memory,
         multiprocessing_context=multiprocessing_context,
-        ring=ring,
         stage_timer=stage_timer,
     )

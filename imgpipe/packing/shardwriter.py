@@ -144,8 +144,8 @@ _progress_queue = None
 
 
 def init_worker(queue: object, parent_pid: int) -> None:
-    """Pool initializer: report progress on ``queue``; die with the parent (Linux) so a killed
-    pack leaves no orphan writing shards."""
+    """Pool initializer: report progress on ``queue``; die with the parent so a killed pack leaves
+    no orphan writing shards."""
     global _progress_queue
     _progress_queue = queue
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool

@@ -7,7 +7,7 @@
   MASTER_ADDR=127.0.0.1, a free port, RANK/WORLD_SIZE/LOCAL_RANK set, and watch them: when one
   exits non-zero the others are stopped (SIGTERM, then SIGKILL after a grace period) and a
   DistributedError names the rank; when the others timed out in a collective, it names the rank
-  that never reached it (still running, silent). Every rank dies with its parent (PR_SET_PDEATHSIG);
+  that never reached it (still running, silent). Every rank dies with its parent (``die_with_parent``);
 - otherwise: one process and no process group (works inside an IDE debugger).
 
 Each rank binds its CUDA device before anything else touches CUDA, then joins the process group

@@ -1,4 +1,5 @@
-"""The process helpers: the pool keeps task order inline and in processes, and workers die with their parent."""
+"""The process helpers: the pool keeps task order inline and in processes, and workers die with their parent
+process (not with the thread that forked them)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import subprocess
 import sys
 import time
 
-from imgpipe._sys.procs import map_in_processes, pool_context
+import pytest
+
+from imgpipe._sys.procs import PARENT_CHECK_S, map_in_processes, pool_context
+from tests.train.proctree import alive, wait_gone
 
 
 def _square(x: int) -> int:
@@ -46,17 +50,53 @@ time.sleep(60)
 def test_a_worker_dies_when_its_parent_is_killed() -> None:
     child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
     grandchild = int(child.stdout.readline())
-    time.sleep(0.5)  # let it set PR_SET_PDEATHSIG
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=10)
-    for _ in range(100):
-        try:
-            os.kill(grandchild, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    os.kill(grandchild, signal.SIGKILL)
-    raise AssertionError("the worker outlived its killed parent")
+    left = wait_gone([grandchild], 10)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "the worker outlived its killed parent"
+
+
+CHILD_OF_A_THREAD = """
+import os, threading, time
+from imgpipe._sys.procs import die_with_parent
+parent = os.getpid()
+
+def fork_a_worker():
+    ready, tell = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        die_with_parent(parent)
+        os.write(tell, b"x")
+        time.sleep(60)
+        os._exit(0)
+    os.read(ready, 1)  # the worker is set up while the thread that forked it still runs
+    print(pid, flush=True)
+
+thread = threading.Thread(target=fork_a_worker)
+thread.start()
+thread.join()  # the thread that forked the worker is gone; the process is not
+print("thread gone", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_outlives_the_thread_that_forked_it_and_dies_with_the_process() -> None:
+    child = subprocess.Popen([sys.executable, "-c", CHILD_OF_A_THREAD], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(child.stdout.readline())
+        assert child.stdout.readline().strip() == "thread gone"
+        time.sleep(10 * PARENT_CHECK_S)
+        assert alive(worker), "the worker died with the thread that forked it"
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+    left = wait_gone([worker], 10)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "the worker outlived its killed parent"
 
 
 def test_exits_at_once_when_the_parent_is_already_gone() -> None:

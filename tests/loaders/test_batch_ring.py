@@ -4,6 +4,8 @@ is built in again only once the caller holds no tensor on it, so a batch kept ne
 from __future__ import annotations
 
 import threading
+import warnings
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +64,41 @@ def test_a_slot_is_claimed_again_only_once_back_and_no_longer_held() -> None:
     assert ring.claim() is None  # 0 and 1 claimed again, 2 still in flight
     ring.begin_pass()  # a new pass: nothing claimed before is in flight any more
     assert [ring.claim(), ring.claim(), ring.claim(), ring.claim()] == [2, 0, 1, None]
+
+
+def test_a_storage_object_keeps_its_slot_and_a_raw_address_or_weak_reference_does_not() -> None:
+    ring = BatchRing(2, batch_size=2, image_size=4, memory_format=torch.contiguous_format)
+    assert [ring.claim(), ring.claim()] == [0, 1]
+    batch = ring.receive(0, 2)
+    storage = batch.untyped_storage()
+    del batch
+    assert ring.claim() is None  # the storage alone holds slot 0 (and 1 is in flight)
+    del storage
+    assert ring.claim() == 0
+    batch = ring.receive(1, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated, and still what .storage() gives
+        typed = batch.storage()
+    address, weak = batch.data_ptr(), weakref.ref(batch)
+    del batch
+    assert ring.claim() is None  # so does the typed storage
+    del typed
+    assert weak() is None and address == ring.slots[1].data_ptr()
+    assert ring.claim() == 1  # an address and a weak reference do not: copy a batch you keep that way
+
+
+@pytest.mark.timeout(120)
+def test_a_caller_keeping_only_storages_keeps_the_batches_pixels(tiny: Path) -> None:
+    """More batches than slots, each dropped but for its storage: no batch is built over a storage still held."""
+    kept = []
+    for x, y in _loader(tiny, workers=1, prefetch_factor=1, normalize=False):  # a ring of 3 slots, 12 batches
+        kept.append((x.untyped_storage(), x.storage_offset(), x.shape, x.stride(), y))
+        del x
+    reference = list(_loader(tiny, workers=0, normalize=False))
+    assert len(kept) == len(reference) == 12
+    for (storage, offset, shape, stride, y), (x0, y0) in zip(kept, reference):
+        x = torch.empty(0, dtype=torch.uint8).set_(storage, offset, shape, stride)
+        assert torch.equal(x, x0) and torch.equal(y, y0)
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])

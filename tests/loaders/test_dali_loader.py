@@ -331,3 +331,26 @@ def test_raw_readers_mxnet_reads_every_record_through_the_cumulative_index(index
         (out,) = pipe.run()
         seen += [int(np.asarray(t).reshape(-1)[0]) for t in out]
     assert seen[:RECORDS] == list(range(RECORDS))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("prefetch", [1, 2, 3])
+def test_the_pipeline_is_built_once_when_each_epoch_stops_after_its_last_batch(indexed: Path, prefetch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Driven as ``imgpipe train`` drives it (leave the loop right after batch len(loader)), the loader
+    reuses its pipeline every epoch; an epoch left before its last batch costs one new pipeline."""
+    import imgpipe.loaders.dali as dali
+
+    builds = []
+    real_build = dali._build_pipeline
+    monkeypatch.setattr(dali, "_build_pipeline", lambda *args: builds.append(1) or real_build(*args))
+    dl = loader(indexed, batch_size=4, prefetch=prefetch, seed=5)
+    reference = loader(indexed, batch_size=4, prefetch=prefetch, seed=5)
+    for epoch in range(4):
+        want = epoch_labels(reference)
+        got = []
+        for step, (_, labels) in enumerate(dl):
+            got.append(labels.tolist())
+            if step + 1 == (2 if epoch == 2 else len(dl)):  # epoch 2 is left after 2 batches
+                break
+        assert got == (want[:2] if epoch == 2 else want), f"epoch {epoch}"
+    assert len(builds) == 1 + 1 + 1  # the reference's, dl's first, and dl's after the epoch left early

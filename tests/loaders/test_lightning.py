@@ -63,6 +63,22 @@ def test_lightning_ddp_trains_two_epochs_and_validates_every_sample_once(tmp_pat
     assert seen(out, "train-0") != seen(out, "train-1")  # Lightning's set_epoch and ours agree: epoch 1 is a new order
 
 
+@pytest.mark.timeout(180)
+def test_loaders_built_in_main_before_the_process_group_split_the_stream_over_the_ranks(tmp_path: Path, backend: str) -> None:
+    """``trainer.fit(model, train_dataloaders=loader, val_dataloaders=...)`` with the loaders built in ``__main__``:
+    each rank trains on its own part of the global stream, and validation sees every sample once."""
+    data = make_tiny_pack(tmp_path / "tiny", records=RECORDS, shards=2, classes=RECORDS, min_side=20, max_side=40)
+    out = tmp_path / "out"
+    launch(data, out, backend, "main")
+    for rank in range(2):
+        assert json.loads((out / f"start-rank{rank}.json").read_text())["num_training_batches"] == STEPS
+    for epoch in (0, 1):
+        val = seen(out, f"val-{epoch}")
+        assert sorted(val[0] + val[1]) == list(range(RECORDS))  # every sample exactly once across the ranks
+        for rank in range(2):
+            assert batches(seen(out, f"train-{epoch}")[rank]) == rank_batches(data, epoch, rank)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_lightning_ddp_resumes_a_mid_epoch_checkpoint_where_the_stream_stopped(tmp_path: Path, backend: str) -> None:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import io
+import logging
 import os
+import queue
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 import pytest
@@ -17,6 +21,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from _tiny_shards import make_tiny_pack  # noqa: E402
+from train.proctree import descendants, wait_gone  # noqa: E402
 
 from imgpipe.errors import DatasetError  # noqa: E402
 from imgpipe.loaders.pixels import decode_sample  # noqa: E402
@@ -645,26 +650,11 @@ def test_a_sample_transform_returning_another_dtype_or_shape_is_one_line(tiny: P
     loader.close()
 
 
-def _running(pid: int) -> bool:
-    try:
-        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-
-
 WORKERS_THEN_WAIT = """
-import ctypes, os, sys, time
+import sys, time
 from imgpipe.loaders.torch import make_torch_loader
 
-def report_pdeathsig(image):
-    signal = ctypes.c_int(-1)
-    ctypes.CDLL(None, use_errno=True).prctl(2, ctypes.byref(signal))  # PR_GET_PDEATHSIG
-    path = os.path.join(sys.argv[2], str(os.getpid()))
-    open(path + ".tmp", "w").write(str(signal.value))
-    os.replace(path + ".tmp", path)
-    return image
-
-loader = make_torch_loader(sys.argv[1], batch_size=4, image_size=16, workers=2, device=None, sample_transform=report_pdeathsig)
+loader = make_torch_loader(sys.argv[1], batch_size=4, image_size=16, workers=2, device=None)
 next(iter(loader))
 print("ready", flush=True)
 time.sleep(120)
@@ -672,26 +662,76 @@ time.sleep(120)
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_workers_die_at_once_with_a_killed_loader_process(tiny: Path, tmp_path: Path) -> None:
-    """A SIGKILLed training process leaves no loader workers behind: each asked Linux to kill it with its parent."""
-    import signal
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_die_at_once_with_a_killed_loader_process(tiny: Path) -> None:
+    """A SIGKILLed training process leaves no loader workers behind."""
     import time
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
-    child = subprocess.Popen([sys.executable, "-c", WORKERS_THEN_WAIT, str(tiny), str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    child = subprocess.Popen([sys.executable, "-c", WORKERS_THEN_WAIT, str(tiny)], stdout=subprocess.PIPE, text=True, env=env)
     assert child.stdout.readline().strip() == "ready"
-    for _ in range(300):  # the second worker may still be on its first batch
-        workers = {int(p.name): p.read_text() for p in tmp_path.iterdir() if p.name.isdigit()}
-        if len(workers) == 2:
-            break
-        time.sleep(0.1)
-    assert len(workers) == 2 and set(workers.values()) == {str(int(signal.SIGKILL))}
+    deadline = time.monotonic() + 60
+    while len(workers := descendants(child.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(workers) == 2
     child.kill()
     child.wait(timeout=30)
-    for _ in range(100):
-        alive = [pid for pid in workers if _running(pid)]
-        if not alive:
+    left = wait_gone(workers, 10)
+    assert not left, f"loader workers {left} outlived their killed process"
+
+
+def prefetched_in_a_thread(loader: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """A wrapper users write: one epoch of ``loader`` iterated in a new thread, two batches ahead."""
+    handed: queue.Queue = queue.Queue(2)
+
+    def run() -> None:
+        try:
+            for batch in loader:
+                handed.put(batch)
+        except BaseException as error:  # noqa: BLE001 - handed to the consumer, which raises it
+            handed.put(error)
             return
-        time.sleep(0.1)
-    raise AssertionError(f"loader workers {alive} outlived their killed process")
+        handed.put(None)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    while (item := handed.get(timeout=60)) is not None:
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+    thread.join()
+
+
+@pytest.mark.timeout(120)
+def test_persistent_workers_outlive_the_thread_that_started_them(tiny: Path) -> None:
+    """Each epoch iterated by a new thread (which forks the workers in epoch 0, then exits): the same
+    workers serve every epoch, and the batches are the loader's own."""
+    loader = _uint8(tiny, workers=2)
+    reference = _uint8(tiny)
+    workers = None
+    for epoch in range(3):
+        assert _equal(_run(prefetched_in_a_thread(loader)), _run(reference)), f"epoch {epoch}"
+        pids = {worker.pid for worker in loader._loader._iterator._workers}
+        assert workers in (None, pids)  # persistent: never restarted
+        workers = pids
+    loader.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "warned"),
+    [
+        ({"pin_memory": True}, True),
+        ({"pin_memory": True, "workers": 0}, False),
+        ({"pin_memory": True, "persistent_workers": False}, False),
+        ({}, False),
+        ({"pin_memory": False}, False),
+    ],
+)
+def test_pin_memory_on_a_cpu_loader_with_the_ring_is_one_warning(tiny: Path, caplog: pytest.LogCaptureFixture, kwargs: dict, warned: bool) -> None:
+    """The ring's slots are not pinned: ``pin_memory=True`` there says once that it has no effect."""
+    from imgpipe.loaders.torch import PIN_MEMORY_IGNORED
+
+    with caplog.at_level(logging.WARNING, logger="imgpipe.loaders.torch"):
+        loader = _uint8(tiny, device=None, **{"workers": 1, **kwargs})
+    loader.close()
+    assert [r.getMessage() for r in caplog.records if "pin_memory" in r.getMessage()] == ([PIN_MEMORY_IGNORED] if warned else [])

@@ -1,14 +1,14 @@
-"""A real S3-API server for the tests and benchmarks, and a proxy that adds latency and faults in front of it.
+"""A real S3-API server for the tests and benchmarks, and a proxy that adds faults in front of it.
 
-``S3Server``: moto's server mode in a subprocess on 127.0.0.1 (a free port), which exits by itself
-after ``lifetime_s`` or when the process that started it dies. Objects are kept in memory; keep
-them small (stock moto reads a whole object to answer a range GET, and spools objects over 5 MB
-to a temporary file).
+``S3Server``: ``benchmarks/_s3_server.py``'s server (moto's server mode with objects kept in
+memory, a subprocess on 127.0.0.1 at a free port that exits by itself after ``lifetime_s`` or
+when the process that started it dies), with what the tests do to it: upload a folder, put and
+get an object, require credentials, give the AWS variables that reach it.
 
 ``FaultProxy``: an HTTP proxy on 127.0.0.1, served by threads of this process, that forwards
 every request to the server, after ``latency_s``, and answers chosen GETs with a fault instead:
 a 503 ``SlowDown``, a body cut short, a reset connection or a flipped byte. It counts what it
-serves, so a benchmark can quote the request rate the server sustained.
+serves.
 
 Standard library, boto3 and moto only: ``benchmarks/`` imports this module too
 (``sys.path.insert(0, "tests/remote")``).
@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import importlib.util
 import json
 import os
-import select
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -34,26 +33,21 @@ from pathlib import Path
 from typing import Any, Iterator
 
 ACCESS_KEY, SECRET_KEY, REGION = "imgpipe-test-key", "imgpipe-test-secret", "us-east-1"
-
-_SERVER = r"""
-import ctypes, logging, os, sys, time
-ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL: die with the test process
-if os.getppid() != int(sys.argv[2]):
-    sys.exit(1)
-logging.disable(logging.CRITICAL)
-from moto.server import ThreadedMotoServer
-server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-server.start()
-print(server.get_host_and_port()[1], flush=True)
-time.sleep(float(sys.argv[1]))
-os._exit(0)
-"""
-
 FAULTS = ("slowdown", "truncate", "reset", "corrupt")
 SLOWDOWN_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message></Error>"
 )
+
+
+def _bench_server() -> Any:
+    """``benchmarks/_s3_server.py``, loaded by its path (benchmarks/ is not a package)."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "_s3_server.py"
+    spec = importlib.util.spec_from_file_location("_s3_server", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:
@@ -64,40 +58,32 @@ def free_port() -> int:
 
 
 class S3Server:
-    """moto's S3 server in a subprocess; ``start()`` / ``stop()`` or a ``with`` block."""
+    """The server in a subprocess; ``start()`` / ``stop()`` or a ``with`` block. ``latency_s`` is added to every request."""
 
-    def __init__(self, *, lifetime_s: float = 900.0, start_timeout_s: float = 60.0) -> None:
+    def __init__(self, *, lifetime_s: float = 900.0, latency_s: float = 0.0) -> None:
         self.lifetime_s = lifetime_s
-        self.start_timeout_s = start_timeout_s
-        self.port = 0
-        self._process: subprocess.Popen[str] | None = None
+        self.latency_s = latency_s
+        self._running: Any = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self._running.url
+
+    @property
+    def port(self) -> int:
+        return int(self.endpoint.rsplit(":", 1)[1])
 
     def start(self) -> S3Server:
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", _SERVER, str(self.lifetime_s), str(os.getpid())],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
-        )
-        assert self._process.stdout is not None
-        ready, _, _ = select.select([self._process.stdout], [], [], self.start_timeout_s)
-        line = self._process.stdout.readline() if ready else ""
-        if not line.strip().isdigit():
-            self.stop()
-            raise RuntimeError(f"moto server did not start within {self.start_timeout_s:.0f} s")
-        self.port = int(line)
+        self._running = _bench_server().start(latency_s=self.latency_s, lifetime_s=self.lifetime_s)
         return self
 
     def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.kill()
-            self._process.wait()
+        if self._running is not None:
+            self._running.stop()
 
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+    def counts(self) -> dict[str, int]:
+        """The requests the server answered so far: ``requests``, per method, ``range_GET``, ``bytes_out``."""
+        return self._running.counts()
 
     def __enter__(self) -> S3Server:
         return self.start()
@@ -298,9 +284,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.connection.close()
             return
         status, headers, data = self._upstream(body)
-        if fault == "corrupt" and data:
-            middle = len(data) // 2
-            data = data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1 :]
+        if fault == "corrupt" and data:  # a byte flipped where the request's number says: damage in transit differs every time
+            at = (owner.counts.matching_gets * 7919) % len(data)
+            data = data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
         if fault == "truncate" and len(data) > 1:
             self.send_response(status)
             for name, value in headers:

@@ -140,7 +140,7 @@ def test_of_three_ranks_the_hung_one_is_named_not_the_two_that_timed_out() -> No
 
 @pytest.mark.timeout(180)
 def test_ranks_die_with_a_killed_launcher() -> None:
-    """kill -9 of the launcher leaves no rank behind (PR_SET_PDEATHSIG), so no GPU stays held by an orphan."""
+    """kill -9 of the launcher leaves no rank behind (``die_with_parent``), so no GPU stays held by an orphan."""
     import signal
 
     from proctree import rank_processes
