@@ -35,6 +35,7 @@ import numpy as np
 from imgpipe._sys.procs import map_in_processes
 from imgpipe.packing.codec import decode_failure
 from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.oserrors import describe
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError
 from imgpipe.format.bytesource import ByteSource, LocalSource, is_url, open_source
 from imgpipe.format.layout import SidecarError, parse_checksums, parse_labels, parse_sources
@@ -216,6 +217,9 @@ def _read_sidecar(source: ByteSource, name: str, sha: str, problems: list[Proble
     except FileNotFoundError:
         problems.append(Problem(name, f"missing {what}"))
         return None
+    except OSError as e:
+        problems.append(Problem(name, f"cannot read the {what}: {describe(e, writing=False)}"))
+        return None
     if hashlib.sha256(data).hexdigest() != sha:
         problems.append(Problem(name, "sha256 differs from the manifest"))
     return data
@@ -253,9 +257,15 @@ def _run(checks: list[ShardCheck], workers: int | None, progress: bool) -> list[
 
 
 def check_shard(check: ShardCheck) -> ShardOutcome:
-    """Every check of one .rec/.idx pair; never raises for a broken file (a remote store that fails is a ``RemoteError``)."""
-    if check.remote is not None:
-        return _check_downloaded(check)
+    """Every check of one .rec/.idx pair; never raises for a broken or unreadable file (a remote store that fails is a ``RemoteError``)."""
+    try:
+        return _check_downloaded(check) if check.remote is not None else _check_shard(check)
+    except OSError as e:  # a permission, a folder where the file should be, an I/O error: a finding like any other
+        where = Path(e.filename).name if e.filename else check.rec.name
+        return ShardOutcome([Problem(where, f"cannot read it: {describe(e, writing=False)}")], 0, 0)
+
+
+def _check_shard(check: ShardCheck) -> ShardOutcome:
     name = check.rec.name
     problems: list[Problem] = []
     expected = check.expected
@@ -290,7 +300,7 @@ def _check_downloaded(check: ShardCheck) -> ShardOutcome:
                 source.download(name, dest)
             except FileNotFoundError:  # reported by the checks as a missing shard or index
                 pass
-        return check_shard(local)
+        return _check_shard(local)
 
 
 def _locate(check: ShardCheck, k: int) -> tuple[int, str | None]:

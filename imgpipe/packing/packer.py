@@ -14,6 +14,7 @@ completes the journal writes the manifest, or ``finalize=True`` does it afterwar
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import queue as queue_module
@@ -35,12 +36,14 @@ from imgpipe.packing import shrink, source
 from imgpipe._sys.atomic import fsync_dir
 from imgpipe._sys.diskinfo import check_free_space, warn_if_slow
 from imgpipe._sys.distenv import available_cpus
-from imgpipe.errors import ImgpipeError, PackError
+from imgpipe._sys.oserrors import NO_SPACE, describe, write_probe
+from imgpipe.errors import DatasetError, ImgpipeError, PackError
 from imgpipe.packing.journal import JOURNAL_DIR, Journal, ShardResult
 from imgpipe.format.layout import (
     SIDECAR_SUFFIXES, checksums_bytes, checksums_name, is_shard_file, labels_bytes, labels_name, sources_bytes, sources_name, write_sidecar,
 )
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped, SplitInfo, load_manifest, write_manifest
+from imgpipe.loaders.seeding import MAX_SEED
 from imgpipe.packing.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size, published_names
 from imgpipe.packing.shardwriter import ShardJob, init_worker, tmp_names, write_shard, write_shard_in_worker
 
@@ -125,17 +128,18 @@ def pack(
     started = time.monotonic()
     sources = [src] if isinstance(src, (str, os.PathLike)) else list(src)
     src_paths, dst_path = [Path(os.path.abspath(p)) for p in sources], Path(os.path.abspath(dst))
-    _check_arguments(src_paths, dst_path, workers, resize, quality, num_nodes, node_rank, overwrite)
+    _check_arguments(src_paths, dst_path, workers, resize, quality, seed, num_nodes, node_rank, overwrite)
     if shard_size is not None and shards is not None:
         raise PackError("give --shards or --shard-size, not both")
     size = parse_size(shard_size if shard_size is not None else DEFAULT_SHARD_SIZE)
     plan, src_path = _plan(src_paths[0] if len(src_paths) == 1 else src_paths, splits, size, shards, resize, quality, shuffle, seed, workers)
     try:
         dst_path.mkdir(parents=True, exist_ok=True)
-        if not os.access(dst_path, os.W_OK | os.X_OK):
-            raise PermissionError(13, "Permission denied")
     except OSError as e:
-        raise PackError(f"DST {dst_path}: cannot write there ({e.strerror}); choose a writable folder") from None
+        raise PackError(f"DST {dst_path}: cannot make it: {describe(e, writing=True)}; or choose another DST") from None
+    refused = write_probe(dst_path)
+    if refused is not None:
+        raise PackError(f"DST {dst_path}: cannot write there: {describe(refused, writing=True)}; or choose another DST")
     journal = Journal(dst_path)
     lock_fd = journal.lock(node_rank, whole_dst=overwrite)  # before anything in DST is read, written or deleted
     try:
@@ -165,7 +169,13 @@ def pack(
             if not pending:
                 if num_nodes > 1:  # every shard is journaled; what is left is a killed node's atomic-write temp file
                     _remove_stale_tmp(dst_path, plan.shards, everything=False, older_than_s=STALE_TMP_S)
-                _finalize(plan, journal, src_path, dst_path, report)
+                try:
+                    _finalize(plan, journal, src_path, dst_path, report)
+                except OSError as e:
+                    raise PackError(
+                        f"DST {dst_path}: writing the sidecars and {MANIFEST_NAME} failed: {describe(e, writing=True)}; "
+                        "then rerun the same command to finish (every shard is written)"
+                    ) from None
     finally:
         os.close(lock_fd)
     logger.debug("%s", report.summary())
@@ -179,7 +189,8 @@ def pack(
 
 
 def _check_arguments(
-    srcs: Sequence[Path], dst: Path, workers: int | None, resize: int | None, quality: int, num_nodes: int, node_rank: int, overwrite: bool
+    srcs: Sequence[Path], dst: Path, workers: int | None, resize: int | None, quality: int, seed: int, num_nodes: int, node_rank: int,
+    overwrite: bool,
 ) -> None:
     for src in srcs:
         if not src.exists() or (not src.is_dir() and len(srcs) == 1 and not src.name.endswith(".tar")):
@@ -199,6 +210,8 @@ def _check_arguments(
         raise PackError(f"--resize {resize}: the shorter side must be at least 1 pixel")
     if not 1 <= quality <= 100:
         raise PackError(f"--quality {quality}: use a JPEG quality from 1 to 100")
+    if not 0 <= seed <= MAX_SEED:
+        raise PackError(f"--seed {seed}: use a seed from 0 to {MAX_SEED}")
     if num_nodes < 1:
         raise PackError(f"--num-nodes {num_nodes}: need at least 1 machine")
     if not 0 <= node_rank < num_nodes:
@@ -212,7 +225,10 @@ def _plan(
     resize: int | None, quality: int, shuffle: bool, seed: int, workers: int | None,
 ) -> tuple[PackPlan, Path]:
     """The plan, and the source root its paths are relative to."""
-    tree = source.scan(src, splits, workers)
+    try:
+        tree = source.scan(src, splits, workers)
+    except OSError as e:  # a class folder, LOC_val_solution.csv or tar that cannot be read
+        raise DatasetError(f"SRC {e.filename or src}: cannot read it: {describe(e, writing=False)}; then rerun") from None
     items = {name: (s.paths, s.labels) for name, s in tree.splits.items() if len(s.paths)}
     for name in tree.splits.keys() - items.keys():
         logger.warning("split %s has no images in %s; it is left out", name, src)
@@ -401,7 +417,17 @@ def _run_inline(job: ShardJob, advance: Any) -> ShardResult:
     except ImgpipeError:
         raise
     except Exception as e:
-        raise PackError(f"writing shard {job.spec.name} failed: {type(e).__name__}: {e}") from e
+        raise _write_failure(job, e) from e
+
+
+def _write_failure(job: ShardJob, error: Exception) -> PackError:
+    """One line for a shard that could not be written: a full or read-only DST says what to do, and that a rerun resumes."""
+    if isinstance(error, OSError) and (error.errno in NO_SPACE or error.errno == errno.EROFS):
+        return PackError(
+            f"DST {job.dst}: writing shard {job.spec.name} failed: {describe(error, writing=True)}; "
+            "then rerun the same command to resume (the shards finished are kept)"
+        )
+    return PackError(f"writing shard {job.spec.name} failed: {type(error).__name__}: {error}")
 
 
 def _run_pool(jobs: Sequence[ShardJob], workers: int, advance: Any, report: PackReport) -> None:
@@ -437,7 +463,7 @@ def _run_pool(jobs: Sequence[ShardJob], workers: int, advance: Any, report: Pack
                 except ImgpipeError:
                     raise
                 except Exception as e:
-                    raise PackError(f"writing shard {job.spec.name} failed: {type(e).__name__}: {e}") from e
+                    raise _write_failure(job, e) from e
     except BaseException:
         for process in list(getattr(pool, "_processes", {}).values()):
             process.kill()

@@ -29,8 +29,9 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from imgpipe._sys.procs import map_in_processes
-from imgpipe.packing.devkit import DEVKIT_NAME, Devkit, read_devkit
+from imgpipe.packing.devkit import DEVKIT_NAME, META, Devkit, can_read_meta, read_devkit
 from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.oserrors import describe
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.packing.source import NEWLINE_REASON, VAL_CSV, SourceTree, SplitItems, is_image_name, label_flat_val, read_val_csv
@@ -151,7 +152,11 @@ def _holds_tars(path: Path) -> bool:
             for member in archive:
                 if member.isreg():
                     return member.name.endswith(".tar")
-    except (tarfile.TarError, OSError) as e:
+    except OSError as e:
+        if e.errno is None:
+            raise DatasetError(f"{path}: not a readable tar ({e}); download it again") from None
+        raise DatasetError(f"{path}: cannot read it: {describe(e, writing=False)}") from None
+    except tarfile.TarError as e:
         raise DatasetError(f"{path}: not a readable tar ({e}); download it again") from None
     return False
 
@@ -169,7 +174,10 @@ def scan_tars(tars: TarFiles, splits: Sequence[str] | None, workers: int | None 
             raise DatasetError(
                 f"{tars.val}: no val labels: put {DEVKIT_NAME} (or Kaggle's {VAL_CSV}) beside it, or pack only train (--splits train)"
             )
-        devkit = read_devkit(tars.devkit) if tars.devkit is not None else None
+        if tars.devkit is not None and tars.val_csv is not None and not can_read_meta():
+            logger.info("labelling val from %s: the devkit's %s needs scipy, which is not installed", tars.val_csv, META)
+        elif tars.devkit is not None:
+            devkit = read_devkit(tars.devkit)
     class_tars = _class_tars(tars.train) if tars.train is not None else None
     if class_tars is not None:
         classes = sorted(class_tars)
@@ -194,7 +202,7 @@ def _open(path: Path) -> Iterator[int]:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as e:
-        raise DatasetError(f"{path}: cannot open ({e.strerror})") from None
+        raise DatasetError(f"{path}: cannot open it: {describe(e, writing=False)}") from None
     try:
         yield fd
     finally:

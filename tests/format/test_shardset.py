@@ -149,6 +149,19 @@ def test_dali_index_offsets_run_on_across_files(tiny: Path) -> None:
     assert fresh != path and fresh.is_file() and not path.exists()  # the shards changed: a new index, the stale one gone
 
 
+def test_dali_index_of_a_folder_a_glob_or_rec_paths_is_that_of_their_shard_set(tiny: Path) -> None:
+    s = open_shards(tiny)
+    path = write_dali_index(s)
+    assert write_dali_index(tiny) == write_dali_index(str(tiny)) == path
+    for given in (f"{tiny}/*.rec", [str(p) for p in s.rec_paths], tuple(s.rec_paths)):  # bare files: the same offsets
+        assert read_index(write_dali_index(given))[1].tolist() == read_index(path)[1].tolist()
+    one = s.rec_paths[1]  # a single bare .rec: an index of its own, offsets from 0
+    keys, offsets = read_index(write_dali_index(one))
+    assert offsets[0] == 0 and len(keys) == len(open_shards(one))
+    with pytest.raises(DatasetError, match="a ShardSet, a packed folder, a .rec file, a glob or a list of .rec files, got int"):
+        write_dali_index(42)  # type: ignore[arg-type]
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
 def test_dali_index_falls_back_to_the_cache_when_read_only(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
