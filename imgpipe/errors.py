@@ -25,6 +25,11 @@ class DatasetError(ImgpipeError):
     """A dataset folder, manifest or shard set that cannot be used as asked."""
 
 
+class RemoteError(DatasetError):
+    """A URL that cannot be read: a missing bucket, refused credentials, an unreachable store, or a
+    file or record still unreadable when the retry time ran out; names the URL (and the record)."""
+
+
 class PackError(ImgpipeError):
     """`imgpipe pack` refuses to start or cannot finish."""
 

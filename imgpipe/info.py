@@ -1,4 +1,4 @@
-"""``imgpipe info``: what a packed dataset holds, from its manifest alone (no shard is read)."""
+"""``imgpipe info``: what a packed dataset holds, from its manifest alone (no shard is read); a folder or a URL."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from imgpipe._sys.diskinfo import format_bytes
+from imgpipe.format.bytesource import is_url
 from imgpipe.format.manifest import Skipped, load_manifest
 
 
@@ -23,7 +24,7 @@ class SplitSummary:
 class DatasetInfo:
     """A packed dataset in brief."""
 
-    path: Path
+    path: Path | str  # a local path, or a URL
     source: str
     classes: list[str]
     splits: list[SplitSummary]
@@ -34,11 +35,12 @@ class DatasetInfo:
 
 
 def describe(dst: str | os.PathLike) -> DatasetInfo:
-    """Read ``dst/manifest.json`` into a DatasetInfo (DatasetError if it is missing or malformed)."""
+    """Read ``dst/manifest.json`` (``dst`` may be a URL) into a DatasetInfo (DatasetError if it is missing or malformed)."""
     manifest = load_manifest(dst)
     splits = [SplitSummary(name, s.records, s.bytes, len(s.shards)) for name, s in manifest.splits.items()]
     return DatasetInfo(
-        Path(dst), manifest.source, manifest.classes, splits, manifest.options, manifest.skipped, manifest.version, manifest.layout
+        str(dst) if is_url(dst) else Path(dst), manifest.source, manifest.classes, splits, manifest.options, manifest.skipped,
+        manifest.version, manifest.layout,
     )
 
 

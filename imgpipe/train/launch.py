@@ -278,11 +278,32 @@ def _spawn(fn: Callable[[RankContext, Any], T], arg: Any, ranks: int, *, use_cud
             for proc in procs:
                 if forward.signum is not None:  # a rank started now would wait for the stopped ones in the rendezvous
                     raise Stopped(forward.signum, "while the ranks were starting")
-                proc.start()
+                with _sigint_ignored_by_children():
+                    proc.start()
             results = _watch(procs, conns, forward, timeout_s)
         finally:
             _stop(procs, grace_s)
     return results[0]
+
+
+@contextlib.contextmanager
+def _sigint_ignored_by_children() -> Iterator[None]:
+    """Start processes that ignore SIGINT until their own code takes it back (``_rank_main``).
+
+    A Ctrl-C in a terminal goes to the whole process group: a rank still starting its interpreter
+    would die of it with a traceback from the middle of its imports. An ignored signal stays ignored
+    across exec, so the rank never sees it; the launcher still does, and stops the ranks with
+    SIGTERM. The launcher's own SIGINT is blocked meanwhile, so one that arrives is delivered to
+    its handler afterwards instead of being lost (blocking also survives exec: ``_rank_main``
+    unblocks it).
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _rank_main(
@@ -290,6 +311,8 @@ def _rank_main(
     fn: Callable, arg: Any, use_cuda: bool, backend: str | None, timeout_s: float, conn: Any,
 ) -> None:
     """Entry point of a spawned rank: die with the parent, log like it, set the torchrun variables, run, report."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # started ignoring it: see _sigint_ignored_by_children
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     die_with_parent(parent_pid)
     # tqdm's default lock is a multiprocessing lock: under spawn a named semaphore, which the
     # os._exit below would leave to the resource tracker's "leaked semaphore" warning; one
