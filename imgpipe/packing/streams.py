@@ -12,7 +12,6 @@ from __future__ import annotations
 import gzip
 import io
 import tarfile
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -21,7 +20,9 @@ import numpy as np
 
 from imgpipe._sys.oserrors import advice, describe
 from imgpipe.errors import DatasetError
+from imgpipe.packing import fastzlib
 from imgpipe.packing.members import NO_BYTES_REASON
+from imgpipe.packing.parquetpages import ChunkReader, Images, Unsupported
 from imgpipe.packing.tarsource import TarEntry
 
 READ_BUFFER = 1 << 20
@@ -67,7 +68,7 @@ class StreamItems:
 def open_tar_gz(path: Path) -> tuple[io.BufferedReader, tarfile.TarFile]:
     """A stream-mode tar over the decompressed ``path`` (gzip's own checks: a truncated file or a bad crc32 raise)."""
     raw = open(path, "rb")
-    stream = io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), READ_BUFFER)  # type: ignore[arg-type]
+    stream = io.BufferedReader(fastzlib.open_gzip(raw), READ_BUFFER)  # type: ignore[arg-type]
     try:
         return stream, tarfile.open(fileobj=stream, mode="r|")
     except BaseException:
@@ -83,7 +84,7 @@ def broken_tar_gz(path: Path, error: BaseException, last: str) -> DatasetError:
     return DatasetError(f"{path}: truncated or corrupt .tar.gz ({error or type(error).__name__}) after {last}; download it again and rerun")
 
 
-GZIP_ERRORS = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, OSError)
+GZIP_ERRORS = (tarfile.TarError, EOFError, gzip.BadGzipFile, OSError, *fastzlib.ERRORS)
 
 
 def list_tar_gz(path: Path) -> list[TarEntry]:
@@ -146,15 +147,34 @@ def _parquet_rows(path: Path, wanted: np.ndarray) -> Iterator[tuple[int, bytes]]
     with open_parquet(path) as parquet:
         starts = np.cumsum([0] + [parquet.metadata.row_group(g).num_rows for g in range(parquet.metadata.num_row_groups)])
         groups = np.searchsorted(starts, wanted, side="right") - 1
+        pages = page_reader(path, parquet)
         for group in np.unique(groups).tolist():
-            try:
-                column = parquet.read_row_group(group, columns=[f"{IMAGE_COLUMN}.bytes"], use_threads=False).column(0).combine_chunks()
-            except Exception as e:  # pyarrow raises its own error types, OSError included
-                raise DatasetError(f"{path}: row group {group} is unreadable ({e}); download the file again and rerun") from None
-            begins, ends, data = image_bytes(column)
+            images = row_group_images(path, parquet, pages, group)
             for row in wanted[groups == group].tolist():
-                k = row - int(starts[group])
-                yield row, bytes(data[begins[k] : ends[k]])
+                yield row, images.image(row - int(starts[group]))
+
+
+def page_reader(path: Path, parquet: Any) -> ChunkReader | None:
+    """A reader of the file's ``image.bytes`` pages, or None when pyarrow must read them."""
+    try:
+        return ChunkReader(path, parquet.metadata, f"{IMAGE_COLUMN}.bytes")
+    except (Unsupported, OSError, ValueError):  # an empty or unmappable file: pyarrow says what is wrong with it
+        return None
+
+
+def row_group_images(path: Path, parquet: Any, pages: ChunkReader | None, group: int) -> Images:
+    """Where each image of row group ``group`` lies: from its pages, else (a layout they do not handle) read by pyarrow."""
+    if pages is not None:
+        try:
+            return pages.read(group)
+        except Unsupported:
+            pass
+    try:
+        column = parquet.read_row_group(group, columns=[f"{IMAGE_COLUMN}.bytes"], use_threads=False).column(0)
+    except Exception as e:  # pyarrow raises its own error types, OSError included
+        raise DatasetError(f"{path}: row group {group} is unreadable ({e}); download the file again and rerun") from None
+    begins, ends, data = image_bytes(column.chunk(0) if column.num_chunks == 1 else column.combine_chunks())
+    return Images([data], np.zeros(len(begins), np.int32), begins, ends)
 
 
 def image_bytes(column: Any) -> tuple[np.ndarray, np.ndarray, memoryview]:
