@@ -27,6 +27,7 @@ import hashlib
 import io
 import json
 import logging
+import mmap
 import os
 import queue as queue_module
 import signal
@@ -455,8 +456,9 @@ class StreamPack:
         if exact:
             digest = hashlib.sha256()
             with open(slot, "rb") as f:
-                while block := f.read(1 << 22):
-                    digest.update(block)
+                if os.fstat(f.fileno()).st_size:
+                    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:  # hashed in place: no copy to read it
+                        digest.update(mapped)
                 os.fsync(f.fileno())
             index = "".join(format_index_line(int(layout.positions[g]), int(layout.offsets[g])) for g in kept).encode("ascii")
             atomic_write_bytes(idx_tmp, index)

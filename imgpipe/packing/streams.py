@@ -14,7 +14,7 @@ import io
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
 
 import numpy as np
 
@@ -65,15 +65,55 @@ class StreamItems:
         return None if self.kinds is None else NO_BYTES_REASON.get(int(self.kinds[k]))
 
 
-def open_tar_gz(path: Path) -> tuple[io.BufferedReader, tarfile.TarFile]:
-    """A stream-mode tar over the decompressed ``path`` (gzip's own checks: a truncated file or a bad crc32 raise)."""
+class ForwardFile(io.RawIOBase):
+    """A stream read front to back as a seekable file: a seek forward skips (read into a scratch buffer), one
+    backward fails. tarfile's normal mode reads a tar with seeks forward only, and copies less than its stream mode."""
+
+    def __init__(self, stream: io.BufferedReader, raw: IO[bytes]) -> None:
+        self.stream, self.raw, self.position = stream, raw, 0
+        self.scratch = memoryview(bytearray(READ_BUFFER))
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self.stream.read(size)
+        self.position += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        count = self.stream.readinto(buffer)
+        self.position += count
+        return count
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        target = offset + (self.position if whence == io.SEEK_CUR else 0)
+        if whence == io.SEEK_END or target < self.position:
+            raise io.UnsupportedOperation(f"seek back to byte {target} of a gzip stream at byte {self.position}")
+        while self.position < target and (count := self.stream.readinto(self.scratch[: min(len(self.scratch), target - self.position)])):
+            self.position += count
+        return self.position
+
+    def close(self) -> None:
+        self.stream.close()
+        self.raw.close()
+        super().close()
+
+
+def open_tar_gz(path: Path) -> tuple[ForwardFile, tarfile.TarFile]:
+    """A tar over the decompressed ``path``, read front to back (gzip's own checks: a truncated file or a bad crc32 raise)."""
     raw = open(path, "rb")
-    stream = io.BufferedReader(fastzlib.open_gzip(raw), READ_BUFFER)  # type: ignore[arg-type]
+    stream = ForwardFile(io.BufferedReader(fastzlib.open_gzip(raw), READ_BUFFER), raw)  # type: ignore[arg-type]
     try:
-        return stream, tarfile.open(fileobj=stream, mode="r|")
+        return stream, tarfile.TarFile(fileobj=stream, mode="r")  # type: ignore[arg-type]
     except BaseException:
         stream.close()
-        raw.close()
         raise
 
 
@@ -107,7 +147,7 @@ def list_tar_gz(path: Path) -> list[TarEntry]:
                 entries.append(TarEntry(name, offset, member.size, member.type, member.linkname))
                 last = f"member {name}"
                 tar.members.clear()
-            while stream.read(READ_BUFFER):  # the gzip trailer: its crc32 and length are checked at the end
+            while stream.readinto(stream.scratch):  # the gzip trailer: its crc32 and length are checked at the end
                 pass
     except GZIP_ERRORS as e:
         raise broken_tar_gz(path, e, last) from None
