@@ -78,7 +78,7 @@ class ChunkReader:
             raise Unsupported("column chunk outside the file")
         try:
             return _walk(self.file[start:end], chunk.num_values, self.max_def, codec, chunk.total_uncompressed_size)
-        except (IndexError, ValueError, struct.error, OSError) as e:  # a damaged page (pyarrow's ArrowInvalid is a ValueError)
+        except (IndexError, KeyError, TypeError, ValueError, struct.error, OSError) as e:  # a damaged page (ArrowInvalid is a ValueError)
             raise Unsupported(f"unreadable page ({e})") from None
 
 
