@@ -26,7 +26,6 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 import hashlib
 import io
-import json
 import logging
 import os
 import re
