@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 $(VENV)/.installed: pyproject.toml setup.py imgpipe/loaders/_jpeg_region.c imgpipe/packing/_jpeg_shrink.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
-	$(PY) -m pip install --quiet $(TORCH_PINS) -e '.[dev,dali]'
+	$(PY) -m pip install --quiet $(TORCH_PINS) -e '.[dev,dali,remote]'
 	touch $@
 
 # The stamp is written only once the interpreter really imports mxnet.

@@ -1,7 +1,7 @@
 """How long, and how much memory, opening a 1.28 M-record dataset takes: imgpipe vs MXNet.
 
 Builds an ImageNet-sized index from tiny records (8-byte payloads) as N shards with the
-labels/sources sidecars and a manifest, then, each time in a fresh interpreter:
+labels, sources and crc32 sidecars and a manifest, then, each time in a fresh interpreter:
 
 * ``imgpipe.open_shards(DIR)``: manifest, every .idx, the labels sidecar (what a loader does);
 * ``recordio.read_index`` of every .idx alone;
@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -71,20 +72,26 @@ CASES = {
 }
 
 
-def build(folder: Path, records: int, shards: int, classes: int = 1000) -> None:
-    """Write ``records`` tiny records as ``shards`` shards of split train, with sidecars and manifest."""
+def build(folder: Path, records: int, shards: int, classes: int = 1000, payload: bytes | None = None) -> None:
+    """Write ``records`` tiny records as ``shards`` shards of split train, with sidecars and manifest.
+
+    Record k's payload is k as 8 bytes, or ``payload`` (e.g. a tiny JPEG, so that loaders decode it).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     labels = (np.arange(records, dtype=np.int64) * classes // records).astype(np.int32)
     wnids = [f"n{c:08d}" for c in range(classes)]
     bounds = np.linspace(0, records, shards + 1).astype(int)
     infos = []
+    crcs = np.empty(records, dtype=np.uint32)
     for i in range(shards):
         name = f"train-{i:05d}-of-{shards:05d}"
         rec, idx = folder / f"{name}.rec", folder / f"{name}.idx"
         with recordio.IndexedRecordWriter(rec, idx) as writer:
             for k in range(bounds[i], bounds[i + 1]):
                 header = recordio.IRHeader(0, float(labels[k]), k, 0)
-                writer.write(k, recordio.pack_header(header, k.to_bytes(8, "little")))
+                record = recordio.pack_header(header, k.to_bytes(8, "little") if payload is None else payload)
+                crcs[k] = zlib.crc32(record)
+                writer.write(k, record)
         infos.append(
             ShardInfo(
                 name=rec.name,
@@ -99,12 +106,15 @@ def build(folder: Path, records: int, shards: int, classes: int = 1000) -> None:
     sources = "".join(f"train/{wnids[c]}/{wnids[c]}_{k}.JPEG\n" for k, c in enumerate(labels.tolist())).encode()
     (folder / "train.sources.txt").write_bytes(sources)
     np.save(folder / "train.labels.npy", labels, allow_pickle=False)
+    np.save(folder / "train.crc32.npy", crcs, allow_pickle=False)
     split = SplitInfo(
         shards=infos,
         sources="train.sources.txt",
         sources_sha256=hashlib.sha256(sources).hexdigest(),
         labels="train.labels.npy",
         labels_sha256=sha256_file(folder / "train.labels.npy"),
+        checksums="train.crc32.npy",
+        checksums_sha256=sha256_file(folder / "train.crc32.npy"),
     )
     options = {"benchmark": "open_index", "records": records, "shards": shards}
     write_manifest(folder, Manifest(classes=wnids, splits={"train": split}, options=options, source="synthetic"))

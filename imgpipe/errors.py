@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 
 class ImgpipeError(Exception):
     """A problem the user can act on; the CLI prints it as one line and exits non-zero."""
@@ -23,6 +25,11 @@ class DatasetError(ImgpipeError):
     """A dataset folder, manifest or shard set that cannot be used as asked."""
 
 
+class RemoteError(DatasetError):
+    """A URL that cannot be read: a missing bucket, refused credentials, an unreachable store, or a
+    file or record still unreadable when the retry time ran out; names the URL (and the record)."""
+
+
 class PackError(ImgpipeError):
     """`imgpipe pack` refuses to start or cannot finish."""
 
@@ -37,3 +44,18 @@ class DistributedError(ImgpipeError):
 
 class TrainError(ImgpipeError):
     """Training stopped for a reason the user can fix (out of memory, a DDP misuse), with the fix."""
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGINT stopped the work. Like KeyboardInterrupt it is no ``Exception``, so no
+    ``except Exception`` turns it into another error on its way up; the CLI prints it as one line
+    and exits 128 + the signal's number (143, 130), as a process killed by it would."""
+
+    def __init__(self, signum: int, detail: str = "") -> None:
+        self.signum = int(signum)
+        self.detail = detail
+        super().__init__(f"stopped by {signal.Signals(self.signum).name}" + (f": {detail}" if detail else ""))
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum

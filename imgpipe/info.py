@@ -1,4 +1,4 @@
-"""``imgpipe info``: what a packed dataset holds, from its manifest alone (no shard is read)."""
+"""``imgpipe info``: what a packed dataset holds, from its manifest alone (no shard is read); a folder or a URL."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from imgpipe._sys.diskinfo import format_bytes
+from imgpipe.format.bytesource import is_url
 from imgpipe.format.manifest import Skipped, load_manifest
 
 
@@ -23,25 +24,30 @@ class SplitSummary:
 class DatasetInfo:
     """A packed dataset in brief."""
 
-    path: Path
+    path: Path | str  # a local path, or a URL
     source: str
     classes: list[str]
     splits: list[SplitSummary]
     options: dict[str, Any]
     skipped: list[Skipped]
     format_version: int
+    layout: str = ""
 
 
 def describe(dst: str | os.PathLike) -> DatasetInfo:
-    """Read ``dst/manifest.json`` into a DatasetInfo (DatasetError if it is missing or malformed)."""
+    """Read ``dst/manifest.json`` (``dst`` may be a URL) into a DatasetInfo (DatasetError if it is missing or malformed)."""
     manifest = load_manifest(dst)
     splits = [SplitSummary(name, s.records, s.bytes, len(s.shards)) for name, s in manifest.splits.items()]
-    return DatasetInfo(Path(dst), manifest.source, manifest.classes, splits, manifest.options, manifest.skipped, manifest.version)
+    return DatasetInfo(
+        str(dst) if is_url(dst) else Path(dst), manifest.source, manifest.classes, splits, manifest.options, manifest.skipped,
+        manifest.version, manifest.layout,
+    )
 
 
 def format_info(info: DatasetInfo, *, show_classes: int = 10, show_skipped: int = 20) -> str:
     """Human-readable lines for ``imgpipe info``."""
-    lines = [f"{info.path}  (imgpipe-recordio v{info.format_version}, packed from {info.source})"]
+    layout = f", {info.layout} layout" if info.layout else ""
+    lines = [f"{info.path}  (imgpipe-recordio v{info.format_version}, packed from {info.source}{layout})"]
     lines.append("splits:")
     for s in info.splits:
         avg = format_bytes(s.bytes // s.records) if s.records else "-"

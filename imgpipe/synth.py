@@ -7,8 +7,9 @@ Layout written to ``out``::
     out/LOC_val_solution.csv                  Kaggle format: ImageId,PredictionString
     out/.imgpipe-synth.json                   the arguments and summary, written last
 
-or, with ``tars=True``, the same images as ``ILSVRC2012_img_train.tar``,
-``ILSVRC2012_img_val.tar`` and ``ILSVRC2012_devkit_t12.tar.gz`` (see ``synthtars``).
+or the same images in another ``layout``: image-net.org's ``ILSVRC2012_img_train.tar``,
+``ILSVRC2012_img_val.tar`` and ``ILSVRC2012_devkit_t12.tar.gz`` (``tarballs``, or ``tars=True``;
+see ``synthtars``), or as Hugging Face, timm and Kaggle publish it (see ``synthlayouts``).
 
 Each image is drawn from its own generator seeded by (seed, split, class, k), so the bytes
 depend only on the arguments, never on the order or the number of workers. Pictures look
@@ -42,7 +43,7 @@ from imgpipe.errors import DatasetError
 logger = logging.getLogger(__name__)
 
 MARKER = ".imgpipe-synth.json"
-TAR_TREE = ".imgpipe-synth-tree"  # where --tars writes the tree before packing it into tars
+TAR_TREE = ".imgpipe-synth-tree"  # where another layout is written as a tree before it is archived
 JPEG_QUALITY = 90
 LARGE_EVERY = 33  # one image in 33 (~3%) is large
 LARGE_LONG_SIDE = (2.0, 4.8)  # times max_side: 1000-2400 px at the default 500
@@ -102,12 +103,19 @@ def make_synthetic(
     workers: int = 1,
     progress: bool = True,
     tars: bool = False,
+    layout: str = "tree",
 ) -> SynthSummary:
     """Write the synthetic tree into ``out`` (new or empty); rerunning with the same arguments is a no-op.
 
-    ``tars=True`` writes the same images as image-net.org ships them instead (``synthtars``):
-    the train and val tars and the devkit, and no folders.
+    ``layout`` other than ``tree`` writes the same images as a publisher ships them instead,
+    and no folders (``synthlayouts.LAYOUTS``); ``tars=True`` is ``layout="tarballs"``:
+    image-net.org's train and val tars and the devkit.
     """
+    from imgpipe.synthlayouts import LAYOUTS
+
+    layout = "tarballs" if tars else layout
+    if layout not in LAYOUTS:
+        raise DatasetError(f"synth: layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     if classes < 1 or per_class < 0 or val_per_class < 0:
         raise DatasetError(f"synth: need classes >= 1 and non-negative counts, got {classes}, {per_class}, {val_per_class}")
     if not 8 <= min_side <= max_side:
@@ -115,12 +123,12 @@ def make_synthetic(
     out = Path(out)
     args = dict(classes=classes, per_class=per_class, val_per_class=val_per_class, seed=seed, quirks=quirks,
                 min_side=min_side, max_side=max_side)  # fmt: skip
-    existing = _existing_summary(out, {**args, "tars": True} if tars else args)
+    existing = _existing_summary(out, _recorded_args(args, layout))
     if existing is not None:
         logger.info("%s already holds this synthetic dataset; nothing to do", out)
         return existing
-    if tars:
-        return _make_tars(out, args, workers, progress)
+    if layout != "tree":
+        return _make_layout(out, args, layout, workers, progress)
     wnids = make_wnids(classes, seed)
     jobs = list(_plan(wnids, per_class, val_per_class, seed, quirks))
     folders = {*(f"train/{wnid}" for wnid in wnids), *(str(Path(j.path).parent) for j in jobs)}
@@ -151,17 +159,28 @@ def make_synthetic(
     return summary
 
 
-def _make_tars(out: Path, args: dict, workers: int, progress: bool) -> SynthSummary:
-    """Write the tree into a hidden folder of ``out``, pack it into the image-net.org files, remove it."""
+def _recorded_args(args: dict, layout: str) -> dict:
+    """The arguments the marker records: a tree's as given, others with their layout (the tarballs' as ``tars``)."""
+    if layout == "tree":
+        return args
+    return {**args, "tars": True} if layout == "tarballs" else {**args, "layout": layout}
+
+
+def _make_layout(out: Path, args: dict, layout: str, workers: int, progress: bool) -> SynthSummary:
+    """Write the tree into a hidden folder of ``out``, write it out in ``layout``, remove it."""
+    from imgpipe.synthlayouts import write_layout
     from imgpipe.synthtars import write_imagenet_tars
 
     tree = out / TAR_TREE
     summary = make_synthetic(tree, **args, workers=workers, progress=progress)
-    total = write_imagenet_tars(tree, out, summary.classes, args["seed"])
+    if layout == "tarballs":
+        total = write_imagenet_tars(tree, out, summary.classes, args["seed"])
+    else:
+        total = write_layout(tree, out, layout, summary.classes, args["seed"])
     shutil.rmtree(tree)
     summary = SynthSummary(str(out), summary.classes, summary.train_images, summary.val_images, total, summary.quirk_files)
     recorded = {k: v for k, v in asdict(summary).items() if k != "root"}
-    atomic_write_bytes(out / MARKER, json.dumps({"args": {**args, "tars": True}, "summary": recorded}, indent=1).encode())
+    atomic_write_bytes(out / MARKER, json.dumps({"args": _recorded_args(args, layout), "summary": recorded}, indent=1).encode())
     return summary
 
 

@@ -1,5 +1,9 @@
 """``imgpipe verify``: is a packed folder complete and intact? Every problem is located.
 
+``dst`` may be a URL of a packed folder (``s3://``, ``gs://``, ``az://``, ``http(s)://``): each
+shard is downloaded to a temporary file by the process that checks it, then checked as a local
+one, so problems name the same files.
+
 With a manifest, each shard is checked against it: size and sha256 of the .rec and .idx,
 the framing of every record, that the .idx lists exactly the record starts in order with
 keys equal to the IRHeader ids, record counts, labels (integral, in range, equal to the
@@ -16,9 +20,11 @@ index in its split (for a bare pair: in its file).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
+import tempfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +35,13 @@ import numpy as np
 from imgpipe._sys.procs import map_in_processes
 from imgpipe.packing.codec import decode_failure
 from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.oserrors import describe
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError
+from imgpipe.format.bytesource import ByteSource, LocalSource, is_url, open_source
 from imgpipe.format.layout import SidecarError, parse_checksums, parse_labels, parse_sources
-from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, sha256_file, stays_inside_source_root, unfinished_pack
+from imgpipe.format.manifest import (
+    MANIFEST_NAME, Manifest, ShardInfo, load_manifest, read_manifest, sha256_file, stays_inside_source_root, unfinished_pack,
+)
 from imgpipe.format.recordio import IRHeader, iter_frames, read_index, unpack_header
 
 logger = logging.getLogger(__name__)
@@ -68,7 +78,7 @@ class Problem:
 class VerifyReport:
     """The result of a verify run; ``ok`` only when the dataset is complete and intact."""
 
-    path: Path
+    path: Path | str  # a local path, or a URL
     problems: list[Problem] = field(default_factory=list)
     shards: int = 0
     records: int = 0
@@ -98,6 +108,7 @@ class ShardCheck:
     sources: Sequence[str] | None = None
     num_classes: int | None = None
     decode: bool = False
+    remote: str | None = None  # the folder's URL: ``rec`` and ``idx`` are names in it
 
 
 @dataclass
@@ -111,14 +122,16 @@ def verify(dst: str | os.PathLike, *, decode: bool = False, workers: int | None 
     """Check a packed folder, or a bare .rec (or a folder of them); see the module docstring."""
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers {workers}: need at least 1")
+    if is_url(dst):
+        return _verify_remote(str(dst).rstrip("/"), decode, workers, progress)
     path = Path(dst)
     if path.name == MANIFEST_NAME and path.is_file():
         path = path.parent
     report = VerifyReport(path=path, decoded=decode)
     if path.is_dir() and (path / MANIFEST_NAME).exists():
         manifest = load_manifest(path)
-        checks = _manifest_checks(path, manifest, decode, report.problems)
-        report.problems += _stray_shards(path, manifest)
+        checks = _manifest_checks(LocalSource(path), manifest, decode, report.problems)
+        report.problems += _stray_shards(LocalSource(path).list_names() or [], manifest)
     elif path.is_file() and path.suffix == ".rec":
         checks = [ShardCheck(path, path.with_suffix(".idx"), decode=decode)]
     elif path.is_dir() and (unfinished := unfinished_pack(path)) is not None:
@@ -132,6 +145,21 @@ def verify(dst: str | os.PathLike, *, decode: bool = False, workers: int | None 
     else:
         what = "not a .rec file" if path.exists() else "not found"
         raise DatasetError(f"{path}: {what}; give a folder made by 'imgpipe pack', or a .rec file")
+    return _check_all(report, checks, workers, progress)
+
+
+def _verify_remote(url: str, decode: bool, workers: int | None, progress: bool) -> VerifyReport:
+    """A packed folder at a URL: its sidecars fetched here, each shard downloaded by the worker that checks it."""
+    source = open_source(url)
+    report = VerifyReport(path=url, decoded=decode)
+    manifest = read_manifest(source)
+    checks = [dataclasses.replace(check, remote=url) for check in _manifest_checks(source, manifest, decode, report.problems)]
+    names = source.list_names()  # None where the store cannot list (plain HTTP): strays go unseen
+    report.problems += _stray_shards(names or [], manifest)
+    return _check_all(report, checks, workers, progress)
+
+
+def _check_all(report: VerifyReport, checks: list[ShardCheck], workers: int | None, progress: bool) -> VerifyReport:
     for outcome in _run(checks, workers, progress):
         report.problems += outcome.problems
         report.records += outcome.records
@@ -140,17 +168,18 @@ def verify(dst: str | os.PathLike, *, decode: bool = False, workers: int | None 
     return report
 
 
-def _manifest_checks(folder: Path, manifest: Manifest, decode: bool, problems: list[Problem]) -> list[ShardCheck]:
-    """Check the sidecars of every split; return the shard checks."""
+def _manifest_checks(source: ByteSource, manifest: Manifest, decode: bool, problems: list[Problem]) -> list[ShardCheck]:
+    """Check the sidecars of every split; return the shard checks (``rec`` and ``idx`` as the source names them)."""
     checks = []
     classes = len(manifest.classes)
+    folder = source.root if isinstance(source, LocalSource) and source.root is not None else Path()
     for name, split in manifest.splits.items():
         total = split.records
-        sources = _load_sources(folder / split.sources, split.sources_sha256, total, problems)
-        labels = _load_sidecar(folder / split.labels, split.labels_sha256, problems, lambda data: parse_labels(data, total, classes))
+        sources = _load_sources(source, split.sources, split.sources_sha256, total, problems)
+        labels = _load_sidecar(source, split.labels, split.labels_sha256, problems, lambda data: parse_labels(data, total, classes))
         crcs = None
         if split.checksums:
-            crcs = _load_sidecar(folder / split.checksums, split.checksums_sha256, problems, lambda data: parse_checksums(data, total))
+            crcs = _load_sidecar(source, split.checksums, split.checksums_sha256, problems, lambda data: parse_checksums(data, total))
         first = 0
         for shard in split.shards:
             stop = first + shard.records
@@ -171,45 +200,48 @@ def _manifest_checks(folder: Path, manifest: Manifest, decode: bool, problems: l
     return checks
 
 
-def _stray_shards(folder: Path, manifest: Manifest) -> list[Problem]:
-    """A .rec/.idx in a packed folder that the manifest does not list: left from another pack."""
+def _stray_shards(names: list[str], manifest: Manifest) -> list[Problem]:
+    """A .rec/.idx in a packed folder (its file ``names``) that the manifest does not list: left from another pack."""
     listed = {name for split in manifest.splits.values() for shard in split.shards for name in (shard.name, shard.index)}
-    strays = sorted(p.name for p in folder.iterdir() if p.suffix in (".rec", ".idx") and p.name not in listed)
+    strays = sorted(name for name in names if name.endswith((".rec", ".idx")) and name not in listed)
     return [
         Problem(name, f"not listed in {MANIFEST_NAME} (left from another pack?); remove it, or repack with --overwrite")
         for name in strays
     ]
 
 
-def _read_sidecar(path: Path, sha: str, problems: list[Problem], what: str = "sidecar") -> bytes | None:
+def _read_sidecar(source: ByteSource, name: str, sha: str, problems: list[Problem], what: str = "sidecar") -> bytes | None:
     """A sidecar's bytes, its checksum compared with the manifest's; None when it is missing."""
     try:
-        data = path.read_bytes()
+        data = source.read_file(name)
     except FileNotFoundError:
-        problems.append(Problem(path.name, f"missing {what}"))
+        problems.append(Problem(name, f"missing {what}"))
+        return None
+    except OSError as e:
+        problems.append(Problem(name, f"cannot read the {what}: {describe(e, writing=False)}"))
         return None
     if hashlib.sha256(data).hexdigest() != sha:
-        problems.append(Problem(path.name, "sha256 differs from the manifest"))
+        problems.append(Problem(name, "sha256 differs from the manifest"))
     return data
 
 
-def _load_sources(path: Path, sha: str, count: int, problems: list[Problem]) -> list[str] | None:
-    lines = _load_sidecar(path, sha, problems, lambda data: list(parse_sources(data, count)), "sidecar of source paths")
+def _load_sources(source: ByteSource, name: str, sha: str, count: int, problems: list[Problem]) -> list[str] | None:
+    lines = _load_sidecar(source, name, sha, problems, lambda data: list(parse_sources(data, count)), "sidecar of source paths")
     for number, line in enumerate(lines or [], start=1):
         if not stays_inside_source_root(line):
-            problems.append(Problem(path.name, f"line {number}: source path {line!r} escapes the source folder"))
+            problems.append(Problem(name, f"line {number}: source path {line!r} escapes the source folder"))
     return lines
 
 
-def _load_sidecar(path: Path, sha: str, problems: list[Problem], parse: Callable[[bytes], T], what: str = "sidecar") -> T | None:
+def _load_sidecar(source: ByteSource, name: str, sha: str, problems: list[Problem], parse: Callable[[bytes], T], what: str = "sidecar") -> T | None:
     """A sidecar parsed by its ``layout`` reader; None (and a problem) when it is missing or malformed."""
-    data = _read_sidecar(path, sha, problems, what)
+    data = _read_sidecar(source, name, sha, problems, what)
     if data is None:
         return None
     try:
         return parse(data)
     except SidecarError as e:
-        problems.append(Problem(path.name, str(e), record=e.record))
+        problems.append(Problem(name, str(e), record=e.record))
         return None
 
 
@@ -225,7 +257,15 @@ def _run(checks: list[ShardCheck], workers: int | None, progress: bool) -> list[
 
 
 def check_shard(check: ShardCheck) -> ShardOutcome:
-    """Every check of one .rec/.idx pair; never raises for a broken file."""
+    """Every check of one .rec/.idx pair; never raises for a broken or unreadable file (a remote store that fails is a ``RemoteError``)."""
+    try:
+        return _check_downloaded(check) if check.remote is not None else _check_shard(check)
+    except OSError as e:  # a permission, a folder where the file should be, an I/O error: a finding like any other
+        where = Path(e.filename).name if e.filename else check.rec.name
+        return ShardOutcome([Problem(where, f"cannot read it: {describe(e, writing=False)}")], 0, 0)
+
+
+def _check_shard(check: ShardCheck) -> ShardOutcome:
     name = check.rec.name
     problems: list[Problem] = []
     expected = check.expected
@@ -248,6 +288,19 @@ def check_shard(check: ShardCheck) -> ShardOutcome:
         more = len(problems) - MAX_PROBLEMS_PER_SHARD
         problems = problems[:MAX_PROBLEMS_PER_SHARD] + [Problem(name, f"... and {more} more problem(s) in this shard")]
     return ShardOutcome(problems, len(starts), size)
+
+
+def _check_downloaded(check: ShardCheck) -> ShardOutcome:
+    """A remote shard and its index downloaded to a temporary folder, then checked as local files of the same names."""
+    source = open_source(check.remote)  # type: ignore[arg-type]
+    with tempfile.TemporaryDirectory(prefix="imgpipe-verify-") as tmp:
+        local = dataclasses.replace(check, rec=Path(tmp) / check.rec.name, idx=Path(tmp) / check.idx.name, remote=None)
+        for name, dest in ((check.rec.name, local.rec), (check.idx.name, local.idx)):
+            try:
+                source.download(name, dest)
+            except FileNotFoundError:  # reported by the checks as a missing shard or index
+                pass
+        return _check_shard(local)
 
 
 def _locate(check: ShardCheck, k: int) -> tuple[int, str | None]:

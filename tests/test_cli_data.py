@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from _cli import assert_one_line_error
+from _fs import as_plain_user, fill, tmpfs
 from imgpipe.format.manifest import load_manifest
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, read_index
 from imgpipe.synth import make_synthetic
@@ -101,3 +106,105 @@ def test_negative_list_limits_are_refused(packed_dir: Path) -> None:
     result = imgpipe("verify", packed_dir, "--max-problems", "-1", "--no-progress")
     assert result.returncode == 2 and "Traceback" not in result.stderr and "'--max-problems': -1" in result.stderr
     assert "more problem" not in result.stdout
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("seed", ["-1", "4294967296"])
+def test_an_out_of_range_seed_is_one_line(synth_tree: Path, tmp_path: Path, seed: str) -> None:
+    assert_one_line_error(imgpipe("pack", synth_tree, tmp_path / "out", "--seed", seed), f"--seed {seed}", "from 0 to 4294967295")
+    assert not list((tmp_path / "out").glob("*.rec"))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_pack_says_a_rerun_resumes_and_it_does(tmp_path: Path, signum: int) -> None:
+    """Stopped after its first shard (SIGTERM: a preemption; SIGINT to the group: Ctrl-C): one line, 143/130, a rerun finishes."""
+    src, dst = tmp_path / "src", tmp_path / "out"
+    make_synthetic(src, classes=4, per_class=40, val_per_class=0, min_side=300, max_side=400, progress=False)
+    cmd = [sys.executable, "-m", "imgpipe", "pack", str(src), str(dst), "--workers", "1", "--shards", "40", "--resize", "64"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list((dst / ".imgpipe-pack").glob("train-*.json")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signum) if signum == signal.SIGINT else proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"imgpipe: stopped by {signal.Signals(signum).name}: rerun the same command to resume; the shards finished in {dst} are kept"
+    )
+    assert list(dst.glob(".*.tmp")) == []
+    rerun = imgpipe(*cmd[3:])
+    assert rerun.returncode == 0, rerun.stderr
+    assert re.search(r"shards: \d+ written, [1-9]\d* already done, 40 in the plan", rerun.stdout), rerun.stdout
+
+
+def imgpipe_as_user(*args: object) -> subprocess.CompletedProcess[str]:
+    """``imgpipe`` as a plain user meets file permissions, root included (tests/_fs.py)."""
+    return subprocess.run([sys.executable, "-m", "imgpipe", *map(str, args)], capture_output=True, text=True, timeout=120, preexec_fn=as_plain_user)
+
+
+@pytest.mark.timeout(120)
+def test_an_unreadable_class_folder_or_val_csv_is_one_line_naming_it(synth_tree: Path, tmp_path: Path) -> None:
+    src = Path(shutil.copytree(synth_tree, tmp_path / "src"))
+    csv, folder = src / "LOC_val_solution.csv", sorted((src / "train").iterdir())[0]
+    for path in (csv, folder):
+        path.chmod(0)
+        try:
+            result = imgpipe_as_user("pack", src, tmp_path / "out", "--workers", "1")
+        finally:
+            path.chmod(0o755)
+        assert_one_line_error(result, f"SRC {path}: cannot read it: Permission denied (EACCES)", "read access")
+
+
+@pytest.mark.timeout(120)
+def test_a_read_only_dst_is_named_as_such_and_a_forbidden_one_as_permission_denied(synth_tree: Path, tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "ro", "1m", read_only=True) as ro:
+        for dst in (ro, ro / "sub"):
+            result = imgpipe("pack", synth_tree, dst)
+            assert_one_line_error(result, f"DST {dst}: cannot ", "Read-only file system (EROFS)", "remount it read-write")
+            assert "Permission denied" not in result.stderr
+    (tmp_path / "locked").mkdir(mode=0o555)
+    result = imgpipe_as_user("pack", synth_tree, tmp_path / "locked")
+    assert_one_line_error(result, f"DST {tmp_path / 'locked'}: cannot write there: Permission denied (EACCES)", "write access")
+
+
+@pytest.mark.timeout(180)
+def test_a_disk_that_fills_up_mid_pack_names_dst_and_the_rerun_resumes(tmp_path: Path) -> None:
+    """The free-space check passes; then another writer fills the disk after the first shard (a real ENOSPC on a tmpfs)."""
+    src = tmp_path / "src"
+    make_synthetic(src, classes=4, per_class=40, val_per_class=0, min_side=300, max_side=400, progress=False)
+    size_mb = sum(p.stat().st_size for p in src.rglob("*") if p.is_file()) // 2**20 + 2
+    with tmpfs(tmp_path / "disk", f"{size_mb}m") as disk:
+        dst = disk / "out"
+        cmd = [sys.executable, "-m", "imgpipe", "pack", str(src), str(dst), "--workers", "1", "--shards", "40", "--resize", "64"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not list((dst / ".imgpipe-pack").glob("train-*.json")) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.01)
+        filler = fill(disk)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert_one_line_error(
+            subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr),
+            f"DST {dst}: writing shard", "No space left on device (ENOSPC)", "free space there", "rerun the same command to resume",
+        )
+        assert list(dst.glob(".*.tmp")) == []
+        filler.unlink()
+        rerun = imgpipe(*cmd[3:])
+        assert rerun.returncode == 0, rerun.stderr
+        assert re.search(r"shards: \d+ written, [1-9]\d* already done, 40 in the plan", rerun.stdout), rerun.stdout
+
+
+@pytest.mark.timeout(120)
+def test_an_unreadable_shard_or_index_is_a_finding_not_a_crash(packed_dir: Path, tmp_path: Path) -> None:
+    dst = Path(shutil.copytree(packed_dir, tmp_path / "copy"))
+    manifest = load_manifest(dst)
+    rec, idx = dst / manifest.splits["train"].shards[0].name, dst / manifest.splits["val"].shards[0].index
+    idx.unlink()
+    idx.mkdir()  # a folder where the index should be: met by any user
+    rec.chmod(0)  # met as a plain user
+    result = imgpipe_as_user("verify", dst, "--workers", "2")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"{rec.name}: cannot read it: Permission denied (EACCES); give the user running imgpipe read access" in result.stdout
+    assert f"{idx.name}: cannot read it: Is a directory (EISDIR)" in result.stdout
+    assert f"{dst}: 2 problem(s)" in result.stdout

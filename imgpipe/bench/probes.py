@@ -7,7 +7,7 @@ side stream, normalization on the device) is the loader users run.
 ============ =================================================== ===============
 stage        what                                                timed in
 ============ =================================================== ===============
-read         ``pread`` of the batch's records from their shards  loader worker
+read         the batch's records, from their shards or a URL     loader worker
 decode       decode + crop + flip + writing into the batch       loader worker
 collate      the loader's own work on the batch: copy out of     rank (loader)
              the ring + normalize (CPU); pin + queue the copy
@@ -60,8 +60,8 @@ class SlowReads(StageTimer):
         super().__init__()
         self.delay_s = delay_s
 
-    def read(self, shards: Any, index: int) -> tuple[Any, memoryview]:
-        item = shards.read_view(index)
+    def read(self, records: Any, k: int) -> tuple[Any, memoryview]:
+        item = records.read_view(k)
         if self.delay_s:
             time.sleep(self.delay_s)
         return item

@@ -29,6 +29,7 @@ from imgpipe.bench.system import SystemSampler, SystemSummary, diskstats_name, s
 from imgpipe._sys.diskinfo import DiskInfo, device_for_path
 from imgpipe._sys.distenv import available_cpus
 from imgpipe.errors import ConfigError
+from imgpipe.format.bytesource import is_url, url_scheme
 from imgpipe.loaders.pixels import region_decoder
 from imgpipe.loaders.stage_timer import BatchTimes, StageTimer
 from imgpipe.format.shardset import ShardSet, open_shards
@@ -89,6 +90,8 @@ class BenchConfig:
         for option, value, least in (("--steps", self.steps, 1), ("--warmup", self.warmup, 0), ("--batch-size", self.batch_size, 1), ("--image-size", self.train_size, 8)):
             if value < least:
                 raise ConfigError(f"{option} must be >= {least} (got {value})")
+        if self.cold and is_url(self.data):
+            raise ConfigError(f"--cold evicts DATA from this machine's page cache; {self.data} is a URL, read over the network every time")
         if self.model and self.compute_ms:
             raise ConfigError("give --model NAME or --compute-ms T, not both")
         if self.model:
@@ -189,8 +192,18 @@ def resolve_backends(choice: str) -> tuple[str, ...]:
 
 
 def shard_files(shards: ShardSet) -> list[Path]:
-    """The .rec and .idx files the bench reads (what --cold evicts)."""
+    """The local .rec and .idx files the bench reads (what --cold evicts); none for a URL."""
+    if shards.byte_source.remote:
+        return []
     return [p for rec in shards.rec_paths for p in (rec, rec.with_suffix(".idx")) if p.is_file()]
+
+
+def data_disk(data: str) -> DiskInfo:
+    """Where DATA lives: its disk, or for a URL its store, as a network filesystem named by the scheme."""
+    scheme = url_scheme(data)
+    if scheme is not None:
+        return DiskInfo(device="", mountpoint=data, fstype=scheme, rotational=None, network=True)
+    return device_for_path(data)
 
 
 def run_bench(config: BenchConfig) -> BenchResult | None:
@@ -208,12 +221,12 @@ def run_bench(config: BenchConfig) -> BenchResult | None:
             f"{config.data}: split {config.split!r} has {len(shards)} records, not one batch of {config.batch_size} "
             f"for each of {config.ranks} rank(s); lower --batch-size"
         )
-    disk = device_for_path(config.data)
+    disk = data_disk(config.data)
     result = BenchResult(
         config=config,
         disk=disk,
         records=len(shards),
-        data_bytes=sum(p.stat().st_size for p in shards.rec_paths),
+        data_bytes=shards.data_bytes,
         cpus=available_cpus(),
         device="cuda" if config.gpus else "cpu",
         region_decoder=region_decoder() is not None,

@@ -19,7 +19,7 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 @cli.command("bench")
-@click.argument("data", type=click.Path(exists=True, file_okay=False))
+@click.argument("data")
 @click.option("--split", default="train", show_default=True, help="Split of DATA to read.")
 @click.option("--gpus", type=int, default=None, help="GPU ranks to start (one per GPU). Default: every GPU torch sees, or 0 without CUDA.")
 @click.option("--nproc", type=int, default=1, show_default=True, help="CPU ranks to start with --gpus 0.")
@@ -43,7 +43,7 @@ def bench_command(
     image_size: int | None, model: str | None, compute_ms: float, cold: bool, seed: int, config_path: str | None, recipe: str | None,
     overrides: tuple[str, ...], json_path: str | None, plot_path: str | None,
 ) -> None:
-    """Find the bottleneck of loading DATA (a folder made by `imgpipe pack`), rank by rank, and say what to change.
+    """Find the bottleneck of loading DATA (a folder made by `imgpipe pack`, or its URL), rank by rank, and say what to change.
 
     Diagnostic hook: IMGPIPE_BENCH_READ_DELAY_MS_RANK<r>=MS makes rank r sleep MS ms per record
     read, as a slow disk would (see what one slow rank does to the job).

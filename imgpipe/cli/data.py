@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from typing import Mapping
 
 import click
 
 from imgpipe.cli import cli
-from imgpipe.errors import PackError
+from imgpipe.errors import PackError, Stopped
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +52,14 @@ def pack_command(
     if split_list == []:
         raise PackError(f"--splits {splits!r} names no split; give e.g. --splits train,val or leave it out for every split")
     nodes, rank = node_identity(num_nodes, node_rank, os.environ)
-    report = pack(
-        src[0] if len(src) == 1 else src, dst, splits=split_list, num_nodes=nodes, node_rank=rank,
-        progress=not no_progress and sys.stderr.isatty(), **options,  # type: ignore[arg-type]
-    )
+    try:
+        report = pack(
+            src[0] if len(src) == 1 else src, dst, splits=split_list, num_nodes=nodes, node_rank=rank,
+            progress=not no_progress and sys.stderr.isatty(), **options,  # type: ignore[arg-type]
+        )
+    except (KeyboardInterrupt, Stopped) as e:
+        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+        raise Stopped(signum, f"rerun the same command to resume; the shards finished in {dst} are kept") from None
     click.echo(report.summary())
 
 

@@ -19,13 +19,18 @@ from imgpipe.cli import cli
 @click.option("--min-side", default=300, show_default=True, type=click.IntRange(min=8), help="Smallest side of ordinary images (px).")
 @click.option("--max-side", default=500, show_default=True, type=click.IntRange(min=8), help="Largest side of ordinary images (px).")
 @click.option("--tars", is_flag=True, help="Write image-net.org's three files (train tar, val tar, devkit) instead of folders.")
+@click.option(
+    "--layout", type=click.Choice(["tree", "tarballs", "split-tar", "hf-parquet", "hf-tar", "wds", "kaggle-zip"]), default="tree",
+    show_default=True, help="Write the same images as a publisher ships them: image-net.org's tars (whole or split), "
+    "Hugging Face's Parquet or tar.gz, timm's WebDataset shards, Kaggle's zip.",
+)
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1), help="Processes generating images.")
 def synth_command(
     out: Path, classes: int, per_class: int, val_per_class: int, seed: int, quirks: bool, min_side: int, max_side: int, tars: bool,
-    workers: int,
+    layout: str, workers: int,
 ) -> None:
     """Write a synthetic ImageNet-shaped tree (train/<wnid>/, flat val/ + LOC_val_solution.csv) into OUT,
-    or with --tars the same images as ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar and the devkit."""
+    or the same images in another --layout (--tars: ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar and the devkit)."""
     from imgpipe.synth import make_synthetic
 
     summary = make_synthetic(
@@ -39,5 +44,6 @@ def synth_command(
         max_side=max_side,
         workers=workers,
         tars=tars,
+        layout=layout,
     )
     click.echo(summary.describe())

@@ -17,11 +17,15 @@ from imgpipe.cli import cli
 @click.option("--gpus", type=int, default=None, help="GPUs to use: N>1 starts N ranks here; 0 = CPU only. Default: all of CUDA if present, one rank.")
 @click.option("--nproc", type=int, default=None, help="CPU ranks to start here (with --gpus 0).")
 @click.option("--resume", is_flag=True, help="Continue from <output.dir>/checkpoint.pt (same as --set output.resume=yes).")
+@click.option(
+    "--overwrite", is_flag=True,
+    help="Start afresh in an output.dir that holds a run: delete its checkpoint, metrics and TensorBoard events (same as --set output.overwrite=true).",
+)
 @click.option("--print-config", is_flag=True, help="Print the resolved config (the defaults without --config) as YAML and exit.")
 @click.option("--list-recipes", is_flag=True, help="Name the shipped recipes and exit.")
 def train_command(
     config_path: str | None, recipe: str | None, overrides: tuple[str, ...], gpus: int | None, nproc: int | None, resume: bool,
-    print_config: bool, list_recipes: bool,
+    overwrite: bool, print_config: bool, list_recipes: bool,
 ) -> None:
     """Train a torchvision (or timm:NAME) model on packed shards with DDP (however it is launched)."""
     from imgpipe.train import load_config, run
@@ -31,7 +35,7 @@ def train_command(
 
         click.echo("\n".join(describe_recipes()))
         return
-    items = list(overrides) + (["output.resume=yes"] if resume else [])
+    items = list(overrides) + (["output.resume=yes"] if resume else []) + (["output.overwrite=true"] if overwrite else [])
     config = load_config(config_path, items, recipe=recipe)
     if print_config:
         click.echo(config.to_yaml(), nl=False)

@@ -21,6 +21,7 @@ from typing import Any
 
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe.errors import DatasetError
+from imgpipe.format.bytesource import ByteSource, is_url, open_source
 from imgpipe.format.layout import SHARD_FILE
 
 FORMAT = "imgpipe-recordio"
@@ -88,6 +89,7 @@ class Manifest:
     source: str
     skipped: list[Skipped] = field(default_factory=list)
     fingerprint: str = ""  # the pack plan's: lets a rerun recognise a finished pack whose journal is gone ("" if unknown)
+    layout: str = ""  # the source layout pack read: imagenet, kaggle, tarballs, hf-parquet, wds, ... ("" if unknown)
     format: str = FORMAT
     version: int = FORMAT_VERSION
 
@@ -128,6 +130,7 @@ class Manifest:
                 source=str(data["source"]),
                 skipped=[Skipped(**s) for s in data.get("skipped", [])],
                 fingerprint=str(data.get("fingerprint", "")),
+                layout=str(data.get("layout", "")),
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise DatasetError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
@@ -165,17 +168,38 @@ def manifest_path(folder: str | os.PathLike) -> Path:
 
 
 def load_manifest(folder: str | os.PathLike) -> Manifest:
-    """Read and validate ``folder/manifest.json``."""
+    """Read and validate ``folder/manifest.json`` (``folder`` may be a URL)."""
+    if is_url(folder):
+        return read_manifest(open_source(folder))
     path = manifest_path(folder)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_bytes()
     except (FileNotFoundError, NotADirectoryError):
         raise DatasetError(unfinished_pack(folder) or f"{path}: no manifest; is {folder} a folder made by 'imgpipe pack'?") from None
     except OSError as e:
         raise DatasetError(f"{path}: cannot read the manifest ({e.strerror})") from None
+    return parse_manifest(text, path)
+
+
+def read_manifest(source: ByteSource) -> Manifest:
+    """Read and validate the manifest of the folder ``source`` serves."""
+    where = source.where(MANIFEST_NAME)
+    try:
+        text = source.read_file(MANIFEST_NAME)
+    except FileNotFoundError:
+        raise DatasetError(f"{where}: no manifest; is {source.location} a folder made by 'imgpipe pack'?") from None
+    except OSError as e:
+        raise DatasetError(f"{where}: cannot read the manifest ({e.strerror or e})") from None
+    return parse_manifest(text, where)
+
+
+def parse_manifest(text: bytes, where: object) -> Manifest:
+    """A manifest from its bytes; ``where`` names it in errors."""
+    try:
+        data = json.loads(text.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DatasetError(f"{path}: manifest is not valid JSON ({e}); rerun 'imgpipe pack' to rewrite it") from None
-    return Manifest.from_dict(data, path)
+        raise DatasetError(f"{where}: manifest is not valid JSON ({e}); rerun 'imgpipe pack' to rewrite it") from None
+    return Manifest.from_dict(data, where)
 
 
 def write_manifest(folder: str | os.PathLike, manifest: Manifest) -> Path:

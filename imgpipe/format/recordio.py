@@ -259,6 +259,14 @@ def read_index(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     return parsed
 
 
+def parse_index(blob: bytes, path: object) -> tuple[np.ndarray, np.ndarray]:
+    """``read_index`` of an index already in memory (fetched from a URL); ``path`` names it in errors."""
+    values = _parse_canonical_index(blob)
+    if values is None:
+        values = _parse_index_lines(path, blob)
+    return values[0::2].copy(), values[1::2].copy()
+
+
 _INT64 = np.iinfo(np.int64)
 _INDEX_CHARS = b"0123456789-\t\n"
 _INDEX_CHUNK = 1 << 20
@@ -313,7 +321,7 @@ def _parse_canonical_index(text: bytes) -> np.ndarray | None:
     return values
 
 
-def _parse_index_lines(path: Path, text: bytes) -> np.ndarray:
+def _parse_index_lines(path: object, text: bytes) -> np.ndarray:
     """Parse any whitespace-separated ``key offset`` lines; blank lines are ignored."""
     values: list[int] = []
     offset = 0
@@ -369,11 +377,23 @@ class IndexedRecordWriter:
             self._rec.write(part)
             self._rec_hash.update(part)
             self.position += len(part)
+        self._index(key, offset)
+        return offset
+
+    def write_framed(self, key: int, framed: bytes | memoryview) -> int:
+        """Append one record already framed (``b"".join(frame_parts(record))``) under ``key``; return its offset."""
+        offset = self.position
+        self._rec.write(framed)
+        self._rec_hash.update(framed)
+        self.position += len(framed)
+        self._index(key, offset)
+        return offset
+
+    def _index(self, key: int, offset: int) -> None:
         line = format_index_line(key, offset).encode("ascii")
         self._idx.write(line)
         self._idx_hash.update(line)
         self.idx_bytes += len(line)
-        return offset
 
     @property
     def rec_sha256(self) -> str:

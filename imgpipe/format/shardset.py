@@ -1,9 +1,11 @@
-"""ShardSet: the records of one split, from a packed folder or bare .rec/.idx files, as one indexed sequence.
+"""ShardSet: the records of one split, from a packed folder, a URL or bare .rec/.idx files, as one indexed sequence.
 
 The whole index lives in a few numpy arrays (shard number, start and end offset, key per
 record: about 28 bytes a record), so workers never hold per-record Python objects and a
-forked worker's memory stays flat. Files are opened lazily in each process: the set
-remembers the pid that opened them, reopens after a fork, and pickles without them.
+forked worker's memory stays flat. The index says which bytes a record is; a ``ByteSource``
+(``bytesource.py``) fetches them: ``pread`` from a local folder, concurrent range GETs from a
+URL, where every record is also checked against the crc32 sidecar. Sources open files and
+clients lazily in each process: they reopen after a fork and pickle without them.
 """
 
 from __future__ import annotations
@@ -11,27 +13,32 @@ from __future__ import annotations
 import glob as globlib
 import logging
 import os
+import zlib
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from imgpipe.format import recordio
-from imgpipe.errors import DatasetError, RecordIOError
-from imgpipe.format.layout import SHARD_FILE, SidecarError, SourceLines, parse_labels, parse_sources
-from imgpipe.format.manifest import Manifest, load_manifest, manifest_path, unfinished_pack
+from imgpipe.errors import DatasetError, ImgpipeError, RecordIOError, RemoteError
+from imgpipe.format.bytesource import ByteRange, ByteSource, LocalSource, RangeError, is_url, open_source
+from imgpipe.format.layout import SHARD_FILE, SidecarError, SourceLines, parse_checksums, parse_labels, parse_sources
+from imgpipe.format.manifest import MANIFEST_NAME, Manifest, SplitInfo, load_manifest, manifest_path, read_manifest, unfinished_pack
 
 logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
+MAX_FETCHES_AHEAD = 2  # batches a process fetches ahead of their use (remote sources)
 
 
 class ShardSet:
-    """The records of one split in record order: ``len()``, ``labels``, ``classes``, ``read(i)``."""
+    """The records of one split in record order: ``len()``, ``labels``, ``classes``, ``read(i)``, ``fetch(indices)``."""
 
     def __init__(
         self,
-        rec_paths: Sequence[Path],
+        source: ByteSource,
+        rec_names: Sequence[str],
         shard: np.ndarray,
         offsets: np.ndarray,
         ends: np.ndarray,
@@ -40,17 +47,24 @@ class ShardSet:
         split: str,
         labels: np.ndarray | None = None,
         classes: list[str] | None = None,
-        sources_path: Path | None = None,
+        sources_name: str | None = None,
+        checksums: np.ndarray | None = None,
+        shard_bytes: Sequence[int] = (),
     ) -> None:
-        self.rec_paths = [Path(p) for p in rec_paths]
+        self.byte_source = source
+        self.rec_names = list(rec_names)
         self.split = split
         self.classes = classes
         self._shard, self._offsets, self._ends, self._keys = shard, offsets, ends, keys
         self._labels = labels
-        self._sources_path = sources_path
-        self._sources: tuple[bytes, np.ndarray] | None = None
-        self._fds: dict[int, int] = {}
-        self._pid = os.getpid()
+        self._sources_name = sources_name
+        self._sources: SourceLines | None = None
+        self._checksums = checksums  # checked on every remote read
+        self._shard_bytes = list(shard_bytes)
+        self._where = [source.where(name) for name in self.rec_names]  # in errors about the bytes
+        self._shown = self._where if source.remote else [Path(name).name for name in self.rec_names]  # in a record's description
+        self._ahead: dict[bytes, Future] = {}  # remote batches being fetched ahead, by their record indices
+        self._ahead_pid = os.getpid()
 
     # ------------------------------------------------------------------ sequence
 
@@ -58,7 +72,8 @@ class ShardSet:
         return int(self._offsets.size)
 
     def __repr__(self) -> str:
-        return f"ShardSet({self.split!r}, {len(self)} records in {len(self.rec_paths)} .rec files)"
+        where = f" at {self.byte_source.location}" if self.byte_source.remote else ""
+        return f"ShardSet({self.split!r}, {len(self)} records in {len(self.rec_names)} .rec files{where})"
 
     @property
     def labels(self) -> np.ndarray:
@@ -72,48 +87,81 @@ class ShardSet:
         """The .idx key (IRHeader id) of every record, in record order (int64)."""
         return self._keys
 
+    @property
+    def rec_paths(self) -> list[Path]:
+        """The local paths of the .rec files (a ``DatasetError`` for a split read from a URL)."""
+        if not isinstance(self.byte_source, LocalSource):
+            raise DatasetError(f"{self.byte_source.location}: the shards are not on a local disk; copy them to a local folder first")
+        return [self.byte_source.path(name) for name in self.rec_names]
+
+    @property
+    def data_bytes(self) -> int:
+        """The total size of the .rec files."""
+        return sum(self._shard_bytes) if self._shard_bytes else sum(self.byte_source.size(name) for name in self.rec_names)
+
     def location(self, i: int) -> tuple[int, int, int]:
         """(shard number, start offset, end offset) of record ``i``."""
         i = self._check_index(i)
         return int(self._shard[i]), int(self._offsets[i]), int(self._ends[i])
 
     def read(self, i: int) -> tuple[recordio.IRHeader, bytes]:
-        """The IRHeader and payload of record ``i``: one ``pread`` of its bytes, then parsing."""
+        """The IRHeader and payload of record ``i``: one read of its bytes, then parsing."""
         header, payload = self.read_view(i)
         return header, bytes(payload)
 
     def read_view(self, i: int) -> tuple[recordio.IRHeader, memoryview]:
-        """``read`` without copying the payload: a read-only view of the one ``pread`` buffer (the loaders' path)."""
+        """``read`` without copying the payload: a read-only view of the one read buffer (the loaders' path)."""
+        if self.byte_source.remote:
+            return self.fetch([i]).read_view(0)
         shard, start, end = self.location(i)
-        path = self.rec_paths[shard]
-        buf = os.pread(self._fd(shard), end - start, start)
-        record, _ = recordio.parse_record(buf, 0, len(buf), path, base=start)
-        header, payload = recordio.unpack_header(record, path, start)
-        return header, memoryview(payload)
+        return _parse(self.byte_source.read_range(self.rec_names[shard], start, end), self._where[shard], start)
+
+    def fetch(self, indices: Sequence[int] | np.ndarray, ahead: Sequence[int] | np.ndarray | None = None) -> Records:
+        """The records ``indices``, read together: ``fetch(...).read_view(k)`` is ``read_view(indices[k])``.
+
+        From a URL they arrive in one batched request (see ``objectstore``), each checked against its
+        crc32; a record that stays unreadable raises a ``RemoteError`` from its ``read_view`` only.
+        ``ahead``: the records this process will likely ask for next, fetched meanwhile (at most
+        ``MAX_FETCHES_AHEAD`` batches). A local folder reads each record when it is asked for.
+        """
+        indices = np.asarray(indices, dtype=np.int64)
+        if not self.byte_source.remote:
+            return LocalRecords(self, indices)
+        pending = self._pending_fetches()
+        buffers = (pending.pop(indices.tobytes(), None) or self._submit(indices)).result()
+        if ahead is not None and len(ahead):  # started once this batch is in: it never competes with it
+            upcoming = np.asarray(ahead, dtype=np.int64)
+            if upcoming.tobytes() not in pending:
+                while len(pending) >= MAX_FETCHES_AHEAD:
+                    pending.pop(next(iter(pending)))
+                pending[upcoming.tobytes()] = self._submit(upcoming)
+        return FetchedRecords(self, indices, buffers)
 
     def source(self, i: int) -> str | None:
         """The source path of record ``i`` (relative to the pack's source root), if a sidecar exists."""
         i = self._check_index(i)
-        if self._sources_path is None:
+        if self._sources_name is None:
             return None
         if self._sources is None:
-            self._sources = _read_sources(self._sources_path, len(self))
+            self._sources = _read_sources(self.byte_source, self._sources_name, len(self))
         return self._sources.raw(i).rstrip(b"\r\n").decode("utf-8", "replace")
 
     def describe(self, i: int) -> str:
-        """Where record ``i`` lives, for error messages."""
+        """Where record ``i`` lives, for error messages (a remote sources sidecar is named only once it was read)."""
         shard, start, _ = self.location(i)
-        where = f"{self.rec_paths[shard].name} record {int(i)} (id {int(self._keys[i])}, offset {start}"
-        try:
-            source = self.source(i)
-        except (OSError, DatasetError):
-            source = None
+        where = f"{self._shown[shard]} record {int(i)} (id {int(self._keys[i])}, offset {start}"
+        source = None
+        if not self.byte_source.remote or self._sources is not None:
+            try:
+                source = self.source(i)
+            except (OSError, DatasetError):
+                pass
         return where + (f", source {source})" if source else ")")
 
     @property
     def packed(self) -> bool:
         """True for a split of a packed folder (with a manifest), False for bare .rec files."""
-        return self._sources_path is not None
+        return self._sources_name is not None
 
     def record_locations(self) -> tuple[np.ndarray, np.ndarray]:
         """The shard number and start offset of every record, in record order (read-only arrays)."""
@@ -121,44 +169,43 @@ class ShardSet:
         shard.flags.writeable = offsets.flags.writeable = False
         return shard, offsets
 
-    # ------------------------------------------------------------------ process safety
+    # ------------------------------------------------------------------ remote reads
 
-    def _fd(self, shard: int) -> int:
-        pid = os.getpid()
-        if pid != self._pid:  # forked: the inherited descriptors share file offsets with the parent
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds, self._pid = {}, pid
-        fd = self._fds.get(shard)
-        if fd is None:
+    def _submit(self, indices: np.ndarray) -> Future:
+        shards, starts, ends = self._shard[indices], self._offsets[indices], self._ends[indices]
+        ranges = [ByteRange(self.rec_names[s], int(a), int(b)) for s, a, b in zip(shards.tolist(), starts.tolist(), ends.tolist())]
+        crcs = None if self._checksums is None else self._checksums[indices]
+
+        def check(k: int, data: memoryview) -> str | None:
             try:
-                fd = os.open(self.rec_paths[shard], os.O_RDONLY)
-            except OSError as e:
-                raise DatasetError(f"{self.rec_paths[shard]}: cannot open shard ({e.strerror})") from None
-            self._fds[shard] = fd
-        return fd
+                record, _ = recordio.parse_record(data, 0, len(data), ranges[k].name, base=ranges[k].start)
+            except RecordIOError as e:
+                return e.problem
+            if crcs is not None and zlib.crc32(record) != int(crcs[k]):
+                return "crc32 differs from the checksum sidecar"
+            return None
+
+        return self.byte_source.submit_ranges(ranges, check)
+
+    def _pending_fetches(self) -> dict[bytes, Future]:
+        if self._ahead_pid != os.getpid():  # forked: the parent's fetches are not this process's
+            self._ahead, self._ahead_pid = {}, os.getpid()
+        return self._ahead
+
+    # ------------------------------------------------------------------ process safety
 
     def close(self) -> None:
         """Close the files this process opened (they reopen on the next read)."""
-        if self._pid == os.getpid():
-            for fd in self._fds.values():
-                os.close(fd)
-        self._fds = {}
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown
-            pass
+        self.byte_source.close()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_fds"], state["_sources"] = {}, None
+        state["_sources"], state["_ahead"] = None, {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._pid = os.getpid()
+        self._ahead_pid = os.getpid()
 
     # ------------------------------------------------------------------ helpers
 
@@ -176,12 +223,57 @@ class ShardSet:
 
     def _label_of(self, i: int) -> int:
         shard, start, end = self.location(i)
-        label = recordio.peek_scalar_label(os.pread(self._fd(shard), min(recordio.LABEL_PROBE_BYTES, end - start), start))
+        label = recordio.peek_scalar_label(self.byte_source.read_range(self.rec_names[shard], start, min(start + recordio.LABEL_PROBE_BYTES, end)))
         if label is not None:
             return _integral_label(label, self, i)
         header, _ = self.read(i)
         label = header.label if header.flag == 0 else (header.label[0] if len(header.label) else float("nan"))
         return _integral_label(float(label), self, i)
+
+
+class LocalRecords:
+    """The records of a batch in a local folder: each read when asked for (no copy: the pread buffer)."""
+
+    def __init__(self, shards: ShardSet, indices: np.ndarray) -> None:
+        self.shards = shards
+        self.indices = indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def read_view(self, k: int) -> tuple[recordio.IRHeader, memoryview]:
+        return self.shards.read_view(int(self.indices[k]))
+
+
+class FetchedRecords:
+    """The records of a batch fetched from a URL: each one's checked bytes, or why it stayed unreadable."""
+
+    def __init__(self, shards: ShardSet, indices: np.ndarray, buffers: list[memoryview | ImgpipeError]) -> None:
+        self.shards = shards
+        self.indices = indices
+        self._buffers = buffers
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def read_view(self, k: int) -> tuple[recordio.IRHeader, memoryview]:
+        """Record ``indices[k]``; a ``RemoteError`` naming the URL, the shard and the record if it stayed unreadable."""
+        data = self._buffers[k]
+        i = int(self.indices[k])
+        if isinstance(data, ImgpipeError):
+            reason = data.reason if isinstance(data, RangeError) else str(data)
+            raise RemoteError(f"{self.shards.describe(i)}: {reason}")
+        shard, start, _ = self.shards.location(i)
+        return _parse(data, self.shards._where[shard], start)
+
+
+Records = LocalRecords | FetchedRecords
+
+
+def _parse(buf: bytes | memoryview, where: str, start: int) -> tuple[recordio.IRHeader, memoryview]:
+    record, _ = recordio.parse_record(buf, 0, len(buf), where, base=start)
+    header, payload = recordio.unpack_header(record, where, start)
+    return header, memoryview(payload)
 
 
 def _integral_label(label: float, shards: ShardSet, i: int) -> int:
@@ -190,27 +282,31 @@ def _integral_label(label: float, shards: ShardSet, i: int) -> int:
     return int(label)
 
 
-def _read_sources(path: Path, count: int) -> SourceLines:
+def _read_sources(source: ByteSource, name: str, count: int) -> SourceLines:
     try:
-        blob = path.read_bytes()
+        blob = source.read_file(name)
     except OSError as e:
-        raise DatasetError(f"{path}: cannot read the sources sidecar ({e.strerror})") from None
+        raise DatasetError(f"{source.where(name)}: cannot read the sources sidecar ({e.strerror or e})") from None
     try:
         return parse_sources(blob, count)
     except SidecarError as e:
-        raise DatasetError(f"{path}: {e}; rerun 'imgpipe pack'") from None
+        raise DatasetError(f"{source.where(name)}: {e}; rerun 'imgpipe pack'") from None
 
 
 # ---------------------------------------------------------------------- opening
 
 
 def open_shards(path: PathLike | Sequence[PathLike], split: str = "train") -> ShardSet:
-    """Open a packed folder (with manifest.json), or bare .rec files with their .idx (path, list or glob).
+    """Open a packed folder (with manifest.json) at a path or a URL, or bare .rec files with their .idx (path, list or glob).
 
-    In a folder without a manifest only file names decide the split: ``{split}-NNNNN-of-NNNNN.rec``
-    or ``{split}.rec`` (im2rec's prefix). Given files or a glob, every file given is read as
+    A URL (``s3://bucket/prefix``, ``gs://``, ``az://``, ``http(s)://``) must hold a packed folder;
+    its index and sidecars are read once, here (the .idx files concurrently). In a local folder
+    without a manifest only file names decide the split: ``{split}-NNNNN-of-NNNNN.rec`` or
+    ``{split}.rec`` (im2rec's prefix). Given files or a glob, every file given is read as
     ``split``, and a shard named for another split is an error (a ``*.rec`` glob would mix them).
     """
+    if is_url(path):
+        return _open_remote(open_source(path), split)  # type: ignore[arg-type]
     if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
         if manifest_path(path).is_file():
             return _open_packed(Path(path), split)
@@ -251,6 +347,8 @@ def _expand(path: PathLike | Sequence[PathLike]) -> list[Path]:
     items = [path] if isinstance(path, (str, os.PathLike)) else list(path)
     if not items:
         raise DatasetError("no .rec files given")
+    if any(is_url(item) for item in items):
+        raise DatasetError(f"{next(item for item in items if is_url(item))}: a URL is read as a packed folder; give the folder's URL alone")
     recs: list[Path] = []
     for item in items:
         text = os.fspath(item)
@@ -271,31 +369,60 @@ def _expand(path: PathLike | Sequence[PathLike]) -> list[Path]:
 
 def _open_packed(folder: Path, split: str) -> ShardSet:
     manifest: Manifest = load_manifest(folder)
-    if split not in manifest.splits:
-        raise DatasetError(f"{manifest_path(folder)}: no split {split!r} (it has {', '.join(sorted(manifest.splits)) or 'none'})")
-    info = manifest.splits[split]
+    info = _split_info(manifest, split, manifest_path(folder))
     recs = [folder / s.name for s in info.shards]
-    shard, offsets, ends, keys = _index_arrays(recs, [folder / s.index for s in info.shards], [s.records for s in info.shards])
-    labels = _read_labels(folder / info.labels, len(offsets), len(manifest.classes))
-    return ShardSet(recs, shard, offsets, ends, keys, split=split, labels=labels, classes=list(manifest.classes), sources_path=folder / info.sources)
+    indexes = _local_indexes(recs, [folder / s.index for s in info.shards])
+    shard, offsets, ends, keys = _index_arrays(indexes, [s.records for s in info.shards])
+    labels = _labels(_read_local(folder / info.labels, "labels sidecar"), folder / info.labels, len(offsets), len(manifest.classes))
+    return ShardSet(
+        LocalSource(folder), [s.name for s in info.shards], shard, offsets, ends, keys,
+        split=split, labels=labels, classes=list(manifest.classes), sources_name=info.sources,
+    )
 
 
 def _open_bare(recs: list[Path], split: str) -> ShardSet:
-    idxs = [rec.with_suffix(".idx") for rec in recs]
-    shard, offsets, ends, keys = _index_arrays(recs, idxs, None)
-    return ShardSet(recs, shard, offsets, ends, keys, split=split)
+    shard, offsets, ends, keys = _index_arrays(_local_indexes(recs, [rec.with_suffix(".idx") for rec in recs]), None)
+    return ShardSet(LocalSource(None), [str(rec) for rec in recs], shard, offsets, ends, keys, split=split)
 
 
-def _index_arrays(
-    recs: list[Path], idxs: list[Path], expected: list[int] | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Read every .idx into (shard number, offset, end, key) arrays, one entry per record.
+def _open_remote(source: ByteSource, split: str) -> ShardSet:
+    """A packed folder at a URL: the manifest, then every .idx, the labels and the crc32 sidecar in one concurrent fetch."""
+    manifest = read_manifest(source)
+    info = _split_info(manifest, split, source.where(MANIFEST_NAME))
+    names = [s.index for s in info.shards] + [info.labels] + ([info.checksums] if info.checksums else [])
+    try:
+        blobs = source.read_files(names)
+    except FileNotFoundError as e:
+        raise DatasetError(f"{e}: the manifest lists it; run 'imgpipe verify {source.location}'") from None
+    count = info.records
+    labels = _labels(blobs[len(info.shards)], source.where(info.labels), count, len(manifest.classes))
+    checksums = None
+    if info.checksums:
+        try:
+            checksums = parse_checksums(blobs[-1], count)
+        except SidecarError as e:
+            raise DatasetError(f"{source.where(info.checksums)}: {e}; rerun 'imgpipe pack'") from None
+    del blobs[len(info.shards):]
+    indexes = _remote_indexes(source, blobs, info)
+    shard, offsets, ends, keys = _index_arrays(indexes, [s.records for s in info.shards])
+    return ShardSet(
+        source, [s.name for s in info.shards], shard, offsets, ends, keys, split=split, labels=labels,
+        classes=list(manifest.classes), sources_name=info.sources, checksums=checksums, shard_bytes=[s.bytes for s in info.shards],
+    )
 
-    Each shard's arrays are copied into the outputs as soon as it is read, so the peak is the
-    outputs plus one shard's index, not twice the whole index.
-    """
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    for number, (rec, idx) in enumerate(zip(recs, idxs)):
+
+def _split_info(manifest: Manifest, split: str, where: object) -> SplitInfo:
+    if split not in manifest.splits:
+        raise DatasetError(f"{where}: no split {split!r} (it has {', '.join(sorted(manifest.splits)) or 'none'})")
+    return manifest.splits[split]
+
+
+IndexPart = tuple[np.ndarray, np.ndarray, int, str, str]  # keys, offsets, .rec size, .idx and .rec as shown
+
+
+def _local_indexes(recs: list[Path], idxs: list[Path]) -> Iterator[IndexPart]:
+    """Each local .idx parsed, one at a time, with its shard's size."""
+    for rec, idx in zip(recs, idxs):
         if not rec.is_file():
             raise DatasetError(f"{rec}: shard is missing; run 'imgpipe verify' on its folder")
         if not idx.is_file():
@@ -304,11 +431,32 @@ def _index_arrays(
             key, offset = recordio.read_index(idx)
         except RecordIOError as e:
             raise DatasetError(str(e)) from None
+        yield key, offset, rec.stat().st_size, str(idx), rec.name
+
+
+def _remote_indexes(source: ByteSource, blobs: list[bytes], info: SplitInfo) -> Iterator[IndexPart]:
+    """Each fetched .idx parsed, one at a time (its text dropped once parsed), with the manifest's shard size."""
+    blobs.reverse()
+    for shard in info.shards:
+        try:
+            key, offset = recordio.parse_index(blobs.pop(), source.where(shard.index))
+        except RecordIOError as e:
+            raise DatasetError(str(e)) from None
+        yield key, offset, shard.bytes, source.where(shard.index), shard.name
+
+
+def _index_arrays(indexes: Iterable[IndexPart], expected: list[int] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every shard's index as (shard number, offset, end, key) arrays, one entry per record.
+
+    Each shard's arrays are copied into the outputs as soon as it is read, so the peak is the
+    outputs plus one shard's index, not twice the whole index.
+    """
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for number, (key, offset, size, idx, rec) in enumerate(indexes):
         if expected is not None and key.size != expected[number]:
             raise DatasetError(f"{idx}: {key.size} records, the manifest says {expected[number]}; run 'imgpipe verify'")
-        size = rec.stat().st_size
         if offset.size and offset.max() >= size:
-            raise DatasetError(f"{idx}: offset {int(offset.max())} is past the end of {rec.name} ({size} bytes); rebuild the index")
+            raise DatasetError(f"{idx}: offset {int(offset.max())} is past the end of {rec} ({size} bytes); rebuild the index")
         parts.append((key, offset, _record_ends(offset, size)))
     counts = [key.size for key, _, _ in parts]
     shard = np.repeat(np.arange(len(parts), dtype=np.int32), counts)
@@ -333,15 +481,18 @@ def _record_ends(offsets: np.ndarray, size: int) -> np.ndarray:
     return ends
 
 
-def _read_labels(path: Path, count: int, classes: int) -> np.ndarray:
+def _read_local(path: Path, what: str) -> bytes:
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
-        raise DatasetError(f"{path}: labels sidecar is missing; rerun 'imgpipe pack'") from None
+        raise DatasetError(f"{path}: {what} is missing; rerun 'imgpipe pack'") from None
     except OSError as e:
-        raise DatasetError(f"{path}: unreadable labels sidecar ({e}); rerun 'imgpipe pack'") from None
+        raise DatasetError(f"{path}: unreadable {what} ({e}); rerun 'imgpipe pack'") from None
+
+
+def _labels(data: bytes, where: object, count: int, classes: int) -> np.ndarray:
     try:
         return parse_labels(data, count, classes)
     except SidecarError as e:
-        where = "" if e.record is None else f"record {e.record}: "
-        raise DatasetError(f"{path}: {where}{e}; rerun 'imgpipe pack'") from None
+        record = "" if e.record is None else f"record {e.record}: "
+        raise DatasetError(f"{where}: {record}{e}; rerun 'imgpipe pack'") from None

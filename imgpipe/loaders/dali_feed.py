@@ -130,16 +130,21 @@ class DaliFeed:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="imgpipe-dali-feed")
         while self.queue and len(self._ahead) < READ_AHEAD:
             epoch, indices = self.queue.popleft()
-            self._ahead.append((indices, self._thread.submit(self.batch, epoch, indices, self.size)))
+            following = self.queue[0][1] if self.queue else None
+            self._ahead.append((indices, self._thread.submit(self.batch, epoch, indices, following, self.size)))
 
-    def batch(self, epoch: int, indices: np.ndarray, size: int | None = None) -> tuple[Any, ...]:
+    def batch(self, epoch: int, indices: np.ndarray, following: np.ndarray | None = None, size: int | None = None) -> tuple[Any, ...]:
         """The inputs of one batch: the records' bytes (a list), then one array per window field and the
-        output size (first axis: samples)."""
+        output size (first axis: samples).
+
+        The records are fetched together (one batched request from a URL, with ``following``, the
+        next batch's records, fetched meanwhile)."""
         geometry = self.geometry if size is None else self.geometry.at(size)
         payloads: list[np.ndarray] = []
         windows: list[Window] = []
-        for index in indices.tolist():
-            _, payload = self.shards.read_view(index)
+        records = self.shards.fetch(indices, following)
+        for k, index in enumerate(indices.tolist()):
+            _, payload = records.read_view(k)
             stored = stored_size(payload)
             if stored is None:
                 reason = decode_failure(payload) or "no readable image header"

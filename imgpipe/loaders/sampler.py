@@ -284,9 +284,16 @@ class EpochSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next ``iter()`` yields the batches after ``state['batches']`` global batches of ``state['epoch']``."""
-        for key, mine in (("seed", self.seed), ("records", self.n)):
-            if key in state and state[key] != mine:
-                raise ConfigError(f"cannot resume: the saved loader state has {key}={state[key]} but this loader has {mine}")
+        if "seed" in state and state["seed"] != self.seed:
+            raise ConfigError(
+                f"cannot resume: the saved loader state is a position in the record order of seed={state['seed']}, but this loader "
+                f"has seed={self.seed}; make the loader with seed={state['seed']} to resume (another seed is another order)"
+            )
+        if "records" in state and state["records"] != self.n:
+            raise ConfigError(
+                f"cannot resume: the saved loader state is a position in a split of {state['records']} records, but this loader "
+                f"reads {self.n}; load it into a loader over the split it was saved from"
+            )
         saved_world = state.get("world_size", self.world_size)
         saved_global = state.get("global_batch", state.get("batch_size", self.batch_size) * saved_world)
         if saved_global != self.global_batch:

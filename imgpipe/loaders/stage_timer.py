@@ -19,7 +19,7 @@ from typing import Any
 class BatchTimes:
     """Seconds one batch spent in each loader stage."""
 
-    read: float = 0.0  # worker: the reads of the batch's records
+    read: float = 0.0  # worker: fetching the batch's records and reading each
     decode: float = 0.0  # worker: everything else it did for the batch (decode, crop, flip, write)
     collate: float = 0.0  # main process: from the worker's reply to the batch handed out (or queued for the GPU)
 
@@ -35,9 +35,9 @@ class StageTimer:
     def __init__(self) -> None:
         self._times: collections.deque[BatchTimes] = collections.deque()
 
-    def read(self, shards: Any, index: int) -> tuple[Any, memoryview]:
-        """Read record ``index`` of ``shards`` (in a loader worker), as ``ShardSet.read_view`` does."""
-        return shards.read_view(index)
+    def read(self, records: Any, k: int) -> tuple[Any, memoryview]:
+        """Read the ``k``-th record of a batch's ``records`` (``ShardSet.fetch``), in a loader worker."""
+        return records.read_view(k)
 
     def record(self, times: BatchTimes) -> None:
         """The loader reports one more batch (in the main process)."""

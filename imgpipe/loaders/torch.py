@@ -3,7 +3,9 @@
 Per epoch the ``EpochSampler`` gives this rank's batches; each request sent to a worker is a
 ``BatchRequest`` (epoch, record indices, ring slot, output size), and one worker reads, decodes and
 augments the whole batch into one NCHW tensor (one IPC round trip per batch). The size travels
-with each request, so ``set_resolution`` needs no new workers unless it outgrows the ring. With
+with each request, so ``set_resolution`` needs no new workers unless it outgrows the ring. From a
+URL the worker fetches the batch's records in one batched request, and the records of the next
+batch it will build meanwhile (``ShardSet.fetch``). With
 persistent workers (the default) that tensor is a slot of a ``BatchRing``, shared memory
 allocated once, and the worker returns only the slot's number and the labels; the caller
 gets a view of the slot, no copy, and the slot is reused once the caller drops it. Every random
@@ -56,7 +58,7 @@ from imgpipe.loaders import seeding
 from imgpipe._sys.distenv import DistEnv
 from imgpipe._sys.procs import die_with_parent
 from imgpipe._sys.torch_private import shutdown_persistent_workers
-from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
+from imgpipe.errors import ConfigError, DatasetError, ImgpipeError, RemoteError
 from imgpipe.loaders.base import SampledLoader
 from imgpipe.loaders.common import (
     CURRENT_DEVICE,
@@ -72,7 +74,7 @@ from imgpipe.loaders.common import (
 )
 from imgpipe.loaders.pixels import decode_sample, load_decoders
 from imgpipe.loaders.ring import BatchRing
-from imgpipe.format.shardset import PathLike, ShardSet
+from imgpipe.format.shardset import PathLike, Records, ShardSet
 from imgpipe.loaders.geometry import EVAL_CROP_FRACTION, IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry, sample_crop
 from imgpipe.loaders.sampler import EpochSampler
 from imgpipe.loaders.stage_timer import BatchTimes, StageTimer
@@ -120,11 +122,13 @@ def release_dead_shared_storages() -> None:
 
 class BatchRequest(NamedTuple):
     """One batch to build: the records ``indices`` of ``epoch`` at ``size`` (default: the dataset's
-    geometry's), into the ring's ``slot`` if one is given."""
+    geometry's), into the ring's ``slot`` if one is given; ``ahead``: the records of the batch the same
+    worker builds next, fetched meanwhile (remote shards)."""
 
     epoch: int
     indices: np.ndarray
     slot: int | None = None
+    ahead: np.ndarray | None = None
     size: int | None = None
 
 
@@ -186,7 +190,7 @@ class BatchDataset(Dataset):
         return (*built, BatchTimes(read=self._read_s, decode=elapsed - self._read_s))
 
     def _build(self, request: BatchRequest | tuple[int, np.ndarray]) -> tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None]:
-        epoch, indices, ring_slot, size = BatchRequest(*request)
+        epoch, indices, ring_slot, ahead, size = BatchRequest(*request)
         geometry = self.geometry if size is None else self.geometry.at(size)
         size = geometry.image_size
         in_worker = self._seed_globals(epoch)
@@ -201,15 +205,17 @@ class BatchDataset(Dataset):
             if in_worker:  # built in shared memory: sending it copies nothing and leaves no hole in the heap
                 images.share_memory_()
         labels = torch.empty(len(indices), dtype=torch.int64)
+        records = self._fetch(indices, ahead)
         bad: list[int] = []
         for slot, index in enumerate(indices.tolist()):
             try:
-                sample = self._decode(geometry, epoch, index)
+                sample = self._decode(geometry, epoch, index, records, slot)
             except _DECODE_ERRORS as e:
                 reason = "not a decodable image" if isinstance(e, UnidentifiedImageError) else str(e)
-                message = f"cannot decode {self.shards.describe(index)}: {reason}"
+                message = str(e) if isinstance(e, RemoteError) else f"cannot decode {self.shards.describe(index)}: {reason}"
                 if self.on_corrupt == "raise":
-                    return sent, labels, np.zeros(0, np.int64), message + "; run 'imgpipe verify' or use on_corrupt='skip'"
+                    fix = "on_corrupt='skip' replaces such a record" if isinstance(e, RemoteError) else "run 'imgpipe verify' or use on_corrupt='skip'"
+                    return sent, labels, np.zeros(0, np.int64), f"{message}; {fix}"
                 bad.append(slot)
                 continue
             labels[slot] = int(self.shards.labels[index])
@@ -228,9 +234,9 @@ class BatchDataset(Dataset):
                 labels[slot] = labels[donor]
         return sent, labels, indices[bad].astype(np.int64), None
 
-    def _decode(self, geometry: TrainGeometry | EvalGeometry, epoch: int, index: int) -> torch.Tensor:
-        """Record ``index`` of ``epoch`` cropped, resized and flipped: a uint8 CHW tensor (maybe a view)."""
-        _, payload = self._read(index)
+    def _decode(self, geometry: TrainGeometry | EvalGeometry, epoch: int, index: int, records: Records, slot: int) -> torch.Tensor:
+        """Record ``index`` of ``epoch`` (``records``' ``slot``-th) cropped, resized and flipped: a uint8 CHW tensor (maybe a view)."""
+        _, payload = self._read(records, slot)
         crop_for: Callable[[int, int], Crop] = lambda w, h: sample_crop(geometry, w, h, seed=self.seed, epoch=epoch, index=index)  # noqa: E731
         return decode_sample(payload, crop_for, geometry.image_size)
 
@@ -241,12 +247,22 @@ class BatchDataset(Dataset):
         else:
             out.copy_(sample)
 
-    def _read(self, index: int) -> tuple[Any, memoryview]:
+    def _fetch(self, indices: np.ndarray, ahead: np.ndarray | None) -> Records:
+        """The batch's records: one batched, checked request for remote shards (the next batch's started too)."""
         if self.stage_timer is None:
-            return self.shards.read_view(index)
+            return self.shards.fetch(indices, ahead)
         start = time.perf_counter()
         try:
-            return self.stage_timer.read(self.shards, index)
+            return self.shards.fetch(indices, ahead)
+        finally:
+            self._read_s += time.perf_counter() - start
+
+    def _read(self, records: Records, slot: int) -> tuple[Any, memoryview]:
+        if self.stage_timer is None:
+            return records.read_view(slot)
+        start = time.perf_counter()
+        try:
+            return self.stage_timer.read(records, slot)
         finally:
             self._read_s += time.perf_counter() - start
 
@@ -281,10 +297,16 @@ class BatchDataset(Dataset):
 
 class RingRequests(Sampler):
     """A DataLoader sampler over the ``queued`` (epoch, indices) batches of a pass at one output size:
-    yields them as ``BatchRequest``s, each with a ring slot claimed as the DataLoader takes it."""
+    yields them as ``BatchRequest``s, each with a ring slot claimed as the DataLoader takes it.
 
-    def __init__(self, ring: BatchRing | None) -> None:
+    ``lookahead`` (remote shards): request j names as ``ahead`` the records of request j + lookahead,
+    the next one its worker builds (the DataLoader deals requests to its workers in turn), so the
+    worker fetches them while it decodes.
+    """
+
+    def __init__(self, ring: BatchRing | None, lookahead: int | None = None) -> None:
         self.ring = ring
+        self.lookahead = lookahead
         self.queued: list[tuple[int, np.ndarray]] = []
         self.size: int | None = None
 
@@ -299,8 +321,10 @@ class RingRequests(Sampler):
             self.ring.begin_pass()
 
     def __iter__(self) -> Iterator[BatchRequest]:
-        for epoch, indices in self.queued:
-            yield BatchRequest(epoch, indices, None if self.ring is None else self.ring.claim(), self.size)
+        queued, step = self.queued, self.lookahead
+        for j, (epoch, indices) in enumerate(queued):
+            ahead = queued[j + step][1] if step is not None and j + step < len(queued) else None
+            yield BatchRequest(epoch, indices, None if self.ring is None else self.ring.claim(), ahead, self.size)
 
 
 def batch_images(ring: BatchRing | None, sent: torch.Tensor | int, count: int, size: int | None = None) -> torch.Tensor:
@@ -367,7 +391,7 @@ class TorchLoader(SampledLoader):
                 workers, self._prefetch_factor, batch_size=self.sampler.batch_size, image_size=self._ring_size,
                 memory_format=dataset.memory_format, dtype=torch.float32 if dataset.normalize else torch.uint8,
             )
-        self._requests = RingRequests(self._ring)
+        self._requests = RingRequests(self._ring, max(1, workers) if self.shards.byte_source.remote else None)
         self._loader = DataLoader(
             dataset,
             sampler=self._requests,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import re
+import struct
 import tarfile
 import zlib
 from dataclasses import dataclass
@@ -19,7 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from imgpipe._sys.oserrors import describe
 from imgpipe.errors import DatasetError
+from imgpipe.packing.source import VAL_CSV
 
 DEVKIT_NAME = "ILSVRC2012_devkit_t12.tar.gz"
 META = "data/meta.mat"
@@ -73,7 +76,11 @@ def _read_members(path: Path, wanted: tuple[str, ...]) -> dict[str, bytes]:
                     found[name] = archive.extractfile(member).read()  # type: ignore[union-attr]
     except FileNotFoundError:
         raise DatasetError(f"{path}: devkit not found") from None
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
+    except OSError as e:
+        if e.errno is None:  # gzip's BadGzipFile: the bytes, not the file system
+            raise DatasetError(f"{path}: unreadable devkit archive ({e}); download {DEVKIT_NAME} again") from None
+        raise DatasetError(f"{path}: cannot read it: {describe(e, writing=False)}") from None
+    except (tarfile.TarError, EOFError, zlib.error) as e:
         raise DatasetError(f"{path}: unreadable devkit archive ({e}); download {DEVKIT_NAME} again") from None
     missing = [w for w in wanted if w not in found]
     if missing:
@@ -81,19 +88,29 @@ def _read_members(path: Path, wanted: tuple[str, ...]) -> dict[str, bytes]:
     return found
 
 
-def _leaf_synsets(path: Path, data: bytes) -> dict[int, str]:
+def can_read_meta() -> bool:
+    """Is scipy (the ``devkit`` extra) importable? The devkit's meta.mat is a MATLAB file."""
     try:
-        from scipy.io import loadmat
+        import scipy.io  # noqa: F401
     except ImportError:
-        raise DatasetError(f"{path}: reading the devkit's {META} needs scipy: {INSTALL_HINT}") from None
+        return False
+    return True
+
+
+def _leaf_synsets(path: Path, data: bytes) -> dict[int, str]:
+    if not can_read_meta():
+        raise DatasetError(f"{path}: reading the devkit's {META} needs scipy: {INSTALL_HINT} (or put Kaggle's {VAL_CSV} beside the val tar)")
+    from scipy.io import loadmat
+    from scipy.io.matlab import MatReadError
+
     where = f"{path}: {META}"
     try:
         synsets = loadmat(io.BytesIO(data), squeeze_me=True)["synsets"]
         ids, wnids, children = (np.atleast_1d(synsets[field]) for field in ("ILSVRC2012_ID", "WNID", "num_children"))
     except KeyError as e:
         raise DatasetError(f"{where}: no {e} field; download {DEVKIT_NAME} again") from None
-    except (ValueError, TypeError, IndexError, OSError, NotImplementedError) as e:
-        raise DatasetError(f"{where}: unreadable ({e}); download {DEVKIT_NAME} again") from None
+    except (MatReadError, ValueError, TypeError, IndexError, OSError, NotImplementedError, struct.error, zlib.error) as e:  # bytes that are no MATLAB file
+        raise DatasetError(f"{where}: unreadable, not a MATLAB file scipy can read ({type(e).__name__}: {e}); download {DEVKIT_NAME} again") from None
     leaves: dict[int, str] = {}
     for ident, wnid, count in zip(ids.tolist(), wnids.tolist(), children.tolist()):
         if int(count) == 0:

@@ -14,6 +14,7 @@ completes the journal writes the manifest, or ``finalize=True`` does it afterwar
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import queue as queue_module
@@ -35,18 +36,22 @@ from imgpipe.packing import shrink, source
 from imgpipe._sys.atomic import fsync_dir
 from imgpipe._sys.diskinfo import check_free_space, warn_if_slow
 from imgpipe._sys.distenv import available_cpus
-from imgpipe.errors import ImgpipeError, PackError
+from imgpipe._sys.oserrors import NO_SPACE, describe, write_probe
+from imgpipe.errors import DatasetError, ImgpipeError, PackError
 from imgpipe.packing.journal import JOURNAL_DIR, Journal, ShardResult
 from imgpipe.format.layout import (
     SIDECAR_SUFFIXES, checksums_bytes, checksums_name, is_shard_file, labels_bytes, labels_name, sources_bytes, sources_name, write_sidecar,
 )
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped, SplitInfo, load_manifest, write_manifest
+from imgpipe.loaders.seeding import MAX_SEED
 from imgpipe.packing.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size, published_names
 from imgpipe.packing.shardwriter import ShardJob, init_worker, tmp_names, write_shard, write_shard_in_worker
 
 logger = logging.getLogger(__name__)
 
 STALE_TMP_S = 600.0  # an atomic write takes milliseconds: a temp file this old belongs to a killed process
+LISTINGS_DIR = "listings"
+ARCHIVE_SUFFIXES = (".tar", ".zip", ".parquet", ".gz", ".tgz")
 
 
 @dataclass
@@ -125,17 +130,21 @@ def pack(
     started = time.monotonic()
     sources = [src] if isinstance(src, (str, os.PathLike)) else list(src)
     src_paths, dst_path = [Path(os.path.abspath(p)) for p in sources], Path(os.path.abspath(dst))
-    _check_arguments(src_paths, dst_path, workers, resize, quality, num_nodes, node_rank, overwrite)
+    _check_arguments(src_paths, dst_path, workers, resize, quality, seed, num_nodes, node_rank, overwrite)
     if shard_size is not None and shards is not None:
         raise PackError("give --shards or --shard-size, not both")
     size = parse_size(shard_size if shard_size is not None else DEFAULT_SHARD_SIZE)
-    plan, src_path = _plan(src_paths[0] if len(src_paths) == 1 else src_paths, splits, size, shards, resize, quality, shuffle, seed, workers)
+    cache = dst_path / JOURNAL_DIR / LISTINGS_DIR  # listings that cost a full read (.tar.gz, Parquet) are kept for reruns
+    plan, src_path = _plan(
+        src_paths[0] if len(src_paths) == 1 else src_paths, splits, size, shards, resize, quality, shuffle, seed, workers, cache
+    )
     try:
         dst_path.mkdir(parents=True, exist_ok=True)
-        if not os.access(dst_path, os.W_OK | os.X_OK):
-            raise PermissionError(13, "Permission denied")
     except OSError as e:
-        raise PackError(f"DST {dst_path}: cannot write there ({e.strerror}); choose a writable folder") from None
+        raise PackError(f"DST {dst_path}: cannot make it: {describe(e, writing=True)}; or choose another DST") from None
+    refused = write_probe(dst_path)
+    if refused is not None:
+        raise PackError(f"DST {dst_path}: cannot write there: {describe(refused, writing=True)}; or choose another DST")
     journal = Journal(dst_path)
     lock_fd = journal.lock(node_rank, whole_dst=overwrite)  # before anything in DST is read, written or deleted
     try:
@@ -153,7 +162,7 @@ def pack(
                 needed = sum(int(plan.splits[s.split].sizes[s.start : s.stop].sum()) for s in todo)
                 check_free_space(dst_path, needed, what=f"{len(todo)} shard(s) to write")
                 warn_if_slow(dst_path)
-                _write_shards(plan, todo, src_path, dst_path, resize, quality, workers, progress, report)
+                _write_shards(plan, todo, src_path, dst_path, resize, quality, workers, progress, report, node_rank)
             report.seconds = time.monotonic() - started
             pending = [s.name for s in plan.shards if journal.read_entry(s.name) is None]
             report.shards_pending = pending
@@ -165,7 +174,13 @@ def pack(
             if not pending:
                 if num_nodes > 1:  # every shard is journaled; what is left is a killed node's atomic-write temp file
                     _remove_stale_tmp(dst_path, plan.shards, everything=False, older_than_s=STALE_TMP_S)
-                _finalize(plan, journal, src_path, dst_path, report)
+                try:
+                    _finalize(plan, journal, src_path, dst_path, report)
+                except OSError as e:
+                    raise PackError(
+                        f"DST {dst_path}: writing the sidecars and {MANIFEST_NAME} failed: {describe(e, writing=True)}; "
+                        "then rerun the same command to finish (every shard is written)"
+                    ) from None
     finally:
         os.close(lock_fd)
     logger.debug("%s", report.summary())
@@ -179,13 +194,16 @@ def pack(
 
 
 def _check_arguments(
-    srcs: Sequence[Path], dst: Path, workers: int | None, resize: int | None, quality: int, num_nodes: int, node_rank: int, overwrite: bool
+    srcs: Sequence[Path], dst: Path, workers: int | None, resize: int | None, quality: int, seed: int, num_nodes: int, node_rank: int,
+    overwrite: bool,
 ) -> None:
     for src in srcs:
-        if not src.exists() or (not src.is_dir() and len(srcs) == 1 and not src.name.endswith(".tar")):
-            what = "is a file, not a folder or a .tar" if src.exists() else "no such folder or file"
+        archive = src.name.lower().endswith(ARCHIVE_SUFFIXES) or src.suffix[1:].isdigit()
+        if not src.exists() or (not src.is_dir() and len(srcs) == 1 and not archive):
+            what = "is a file, not a folder or an archive" if src.exists() else "no such folder or file"
             raise PackError(
-                f"SRC {src}: {what}; give the ImageNet root, the Kaggle download, a folder of class folders or image-net.org's tars"
+                f"SRC {src}: {what}; give the ImageNet root, the Kaggle download or its zip, a folder of class folders, "
+                "image-net.org's tars, Hugging Face's Parquet files or tarballs, or WebDataset shards"
             )
         real_src, real_dst = Path(os.path.realpath(src)), Path(os.path.realpath(dst))
         if src.is_dir() and (real_dst == real_src or real_src in real_dst.parents):
@@ -199,6 +217,8 @@ def _check_arguments(
         raise PackError(f"--resize {resize}: the shorter side must be at least 1 pixel")
     if not 1 <= quality <= 100:
         raise PackError(f"--quality {quality}: use a JPEG quality from 1 to 100")
+    if not 0 <= seed <= MAX_SEED:
+        raise PackError(f"--seed {seed}: use a seed from 0 to {MAX_SEED}")
     if num_nodes < 1:
         raise PackError(f"--num-nodes {num_nodes}: need at least 1 machine")
     if not 0 <= node_rank < num_nodes:
@@ -209,10 +229,13 @@ def _check_arguments(
 
 def _plan(
     src: str | os.PathLike | Sequence[Path], splits: Sequence[str] | None, shard_size: int, shards: str | int | None,
-    resize: int | None, quality: int, shuffle: bool, seed: int, workers: int | None,
+    resize: int | None, quality: int, shuffle: bool, seed: int, workers: int | None, cache: Path | None = None,
 ) -> tuple[PackPlan, Path]:
     """The plan, and the source root its paths are relative to."""
-    tree = source.scan(src, splits, workers)
+    try:
+        tree = source.scan(src, splits, workers, cache)
+    except OSError as e:  # a class folder, LOC_val_solution.csv or tar that cannot be read
+        raise DatasetError(f"SRC {e.filename or src}: cannot read it: {describe(e, writing=False)}; then rerun") from None
     items = {name: (s.paths, s.labels) for name, s in tree.splits.items() if len(s.paths)}
     for name in tree.splits.keys() - items.keys():
         logger.warning("split %s has no images in %s; it is left out", name, src)
@@ -237,6 +260,7 @@ def _plan(
         spans=spans,
     )
     plan.rejected = {name: s.rejected for name, s in tree.splits.items() if s.rejected}
+    plan.layout = tree.layout
     return plan, tree.root
 
 
@@ -257,7 +281,8 @@ def _check_journal(journal: Journal, plan: PackPlan, num_nodes: int) -> PackRepo
         source = f" (from its {MANIFEST_NAME}; the journal {JOURNAL_DIR}/ is gone)"
     elif stored is None:
         leftovers = [p.name for p in journal.dst.iterdir() if _is_pack_output(p.name) and p.name != JOURNAL_DIR]
-        leftovers += [f"{JOURNAL_DIR}/{p.name}" for p in journal.folder.iterdir() if not p.name.endswith((".lock", ".tmp"))]
+        leftovers += [f"{JOURNAL_DIR}/{p.name}" for p in journal.folder.iterdir() if not p.name.endswith((".lock", ".tmp"))
+                      and p.name != LISTINGS_DIR]  # fmt: skip
         if leftovers:
             raise PackError(f"DST {journal.dst} already holds packed files ({leftovers[0]}) from an unknown pack: {restart}")
         journal.write_plan(plan.options, plan.fingerprint, len(plan.shards))
@@ -363,10 +388,14 @@ def _jobs(plan: PackPlan, todo: Sequence[ShardSpec], src: Path, dst: Path, resiz
 
 def _write_shards(
     plan: PackPlan, todo: Sequence[ShardSpec], src: Path, dst: Path, resize: int | None, quality: int,
-    workers: int | None, progress: bool, report: PackReport,
+    workers: int | None, progress: bool, report: PackReport, node_rank: int = 0,
 ) -> None:
-    jobs = _jobs(plan, todo, src, dst, resize, quality)
-    workers = min(workers or available_cpus(), len(jobs))
+    """Write ``todo``: shard by shard from files and in-place archives, unit by unit from streams (``scatter``)."""
+    from imgpipe.packing.streams import StreamItems
+
+    streamed = [spec for spec in todo if isinstance(plan.splits[spec.split].spans, StreamItems)]
+    jobs = _jobs(plan, [spec for spec in todo if spec not in streamed], src, dst, resize, quality)
+    workers = workers or available_cpus()
     total_bytes = sum(int(plan.splits[s.split].sizes[s.start : s.stop].sum()) for s in todo)
     bar = tqdm(total=sum(s.items for s in todo), unit="img", desc="pack", disable=not progress, dynamic_ncols=True, smoothing=0.1)
     started = time.monotonic()
@@ -378,13 +407,17 @@ def _write_shards(
         bar.set_postfix_str(f"{done_bytes[0] / 1e6 / elapsed:.1f} MB/s of {total_bytes / 1e6:,.0f} MB", refresh=False)
         bar.update(images)
 
-    logger.info("writing %d shard(s) of %d with %d worker(s) into %s", len(jobs), report.shards_total, workers, dst)
+    logger.info("writing %d shard(s) of %d with %d worker(s) into %s", len(todo), report.shards_total, workers, dst)
     try:
-        if workers == 1:
+        if jobs and min(workers, len(jobs)) == 1:
             for job in jobs:
                 _collect(_run_inline(job, advance), report)
-        else:
-            _run_pool(jobs, workers, advance, report)
+        elif jobs:
+            _run_pool(jobs, min(workers, len(jobs)), advance, report)
+        if streamed:
+            from imgpipe.packing.scatter import StreamPack
+
+            StreamPack(plan, streamed, dst, resize, quality, node_rank, advance, lambda result: _collect(result, report)).run(workers)
     except BaseException:
         for spec in todo:
             if Journal(dst).read_entry(spec.name) is None:
@@ -401,7 +434,17 @@ def _run_inline(job: ShardJob, advance: Any) -> ShardResult:
     except ImgpipeError:
         raise
     except Exception as e:
-        raise PackError(f"writing shard {job.spec.name} failed: {type(e).__name__}: {e}") from e
+        raise _write_failure(job, e) from e
+
+
+def _write_failure(job: ShardJob, error: Exception) -> PackError:
+    """One line for a shard that could not be written: a full or read-only DST says what to do, and that a rerun resumes."""
+    if isinstance(error, OSError) and (error.errno in NO_SPACE or error.errno == errno.EROFS):
+        return PackError(
+            f"DST {job.dst}: writing shard {job.spec.name} failed: {describe(error, writing=True)}; "
+            "then rerun the same command to resume (the shards finished are kept)"
+        )
+    return PackError(f"writing shard {job.spec.name} failed: {type(error).__name__}: {error}")
 
 
 def _run_pool(jobs: Sequence[ShardJob], workers: int, advance: Any, report: PackReport) -> None:
@@ -437,7 +480,7 @@ def _run_pool(jobs: Sequence[ShardJob], workers: int, advance: Any, report: Pack
                 except ImgpipeError:
                     raise
                 except Exception as e:
-                    raise PackError(f"writing shard {job.spec.name} failed: {type(e).__name__}: {e}") from e
+                    raise _write_failure(job, e) from e
     except BaseException:
         for process in list(getattr(pool, "_processes", {}).values()):
             process.kill()
@@ -514,7 +557,8 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
     if not splits:
         raise PackError(f"every source image was skipped (first: {skipped[0]}); nothing to pack")
     manifest = Manifest(
-        classes=plan.classes, splits=splits, options=plan.options, source=str(src), skipped=skipped, fingerprint=plan.fingerprint
+        classes=plan.classes, splits=splits, options=plan.options, source=str(src), skipped=skipped, fingerprint=plan.fingerprint,
+        layout=plan.layout,
     )
     report.manifest = write_manifest(dst, manifest)
     report.skipped = skipped

@@ -35,7 +35,8 @@ from imgpipe.format.layout import shard_stem
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE
 
 if TYPE_CHECKING:
-    from imgpipe.packing.tarsource import MemberSpans
+    from imgpipe.packing.members import MemberSpans
+    from imgpipe.packing.streams import StreamItems
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ class SplitPlan:
     labels: np.ndarray
     sizes: np.ndarray
     shards: list[ShardSpec]
-    spans: MemberSpans | None = None  # tarball sources: where each planned item lies in its tar
+    spans: MemberSpans | StreamItems | None = None  # archive sources: where each planned item lies
 
 
 @dataclass
@@ -131,6 +132,7 @@ class PackPlan:
     options: dict[str, Any]
     fingerprint: str
     rejected: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # split -> (path, reason) left out by the scan
+    layout: str = ""  # the source layout the scan read (source.SourceTree.layout)
 
     @property
     def shards(self) -> list[ShardSpec]:
@@ -161,11 +163,11 @@ def make_plan(
     shard_counts: Mapping[str, int] | None,
     shuffle: bool,
     seed: int,
-    spans: Mapping[str, MemberSpans] | None = None,
+    spans: Mapping[str, MemberSpans | StreamItems] | None = None,
 ) -> PackPlan:
     """Order, shuffle and cut every split into shards; fingerprint the result.
 
-    A split in ``spans`` lies inside a tar: its sizes are the members' (no stat), and its
+    A split in ``spans`` lies inside archives: its sizes are the members' (no stat), and its
     spans are planned with it. The fingerprint does not depend on where the bytes lie.
     """
     splits: dict[str, SplitPlan] = {}

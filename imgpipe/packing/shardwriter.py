@@ -12,22 +12,20 @@ import contextlib
 import os
 import signal
 import time
-import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from imgpipe._sys.procs import die_with_parent
-from imgpipe.packing import codec
+from imgpipe.packing import codec, fastzlib
 from imgpipe._sys.atomic import fsync_dir
-from imgpipe.errors import PackError
 from imgpipe.packing.journal import Journal, ShardResult
 from imgpipe.packing.plan import ShardSpec
 from imgpipe.format.recordio import IndexedRecordWriter, IRHeader, pack_header
 
 if TYPE_CHECKING:
-    from imgpipe.packing.tarsource import MemberSpans
+    from imgpipe.packing.members import MemberSpans
 
 ProgressFn = Callable[[int, int], None]  # (images done, source bytes read) since the last call
 
@@ -45,7 +43,7 @@ class ShardJob:
     labels: Sequence[int]
     resize: int | None
     quality: int
-    spans: MemberSpans | None = None  # tarball sources: read item k from this span of the tar, not from a file
+    spans: MemberSpans | None = None  # archive sources: read item k from its span of an archive, not from a file
 
 
 def tmp_names(dst: Path, spec: ShardSpec) -> tuple[Path, Path]:
@@ -64,19 +62,14 @@ def _read_source(path: Path) -> bytes | str:
 
 @contextlib.contextmanager
 def _source_reader(job: ShardJob) -> Iterator[Callable[[int, str], bytes | str]]:
-    """A reader of the job's item k (source path ``rel``): from its tar span, or from its file."""
-    spans = job.spans
-    if spans is None:
+    """A reader of the job's item k (source path ``rel``): from its archive span, or from its file."""
+    if job.spans is None:
         yield lambda k, rel: _read_source(job.src / rel)
         return
-    try:
-        fd = os.open(spans.archive, os.O_RDONLY)
-    except OSError as e:
-        raise PackError(f"{spans.archive}: cannot open ({e.strerror}); was it moved since the scan?") from None
-    try:
-        yield lambda k, rel: spans.read(fd, k, rel)
-    finally:
-        os.close(fd)
+    from imgpipe.packing.members import member_reader
+
+    with member_reader(job.spans) as read:
+        yield read
 
 
 def write_shard(job: ShardJob, progress: ProgressFn | None = None) -> ShardResult:
@@ -108,7 +101,7 @@ def write_shard(job: ShardJob, progress: ProgressFn | None = None) -> ShardResul
                         repairs[prepared.reason] += 1
                     record = pack_header(IRHeader(0, float(label), position, 0), prepared.data)
                     writer.write(position, record)
-                    crcs.append(zlib.crc32(record))
+                    crcs.append(fastzlib.crc32(record))
             pending_images += 1
             if progress is not None and time.monotonic() - last_report >= REPORT_EVERY_S:
                 progress(pending_images, pending_bytes)

@@ -7,8 +7,9 @@ Accepted layouts (``SourceTree.layout``):
   top of the Kaggle download when SRC is its ``ILSVRC/Data/CLS-LOC``);
 - ``kaggle``: ``SRC/ILSVRC/Data/CLS-LOC/{train,val}`` with ``SRC/LOC_val_solution.csv``;
 - ``class-folders``: ``SRC/<class>/*``, any folders of images, scanned as split ``train``;
-- ``tarballs``: image-net.org's ``ILSVRC2012_img_{train,val}.tar`` and devkit, read in place
-  (``tarsource``; only when SRC has no ``train/`` or Kaggle folders).
+- archives read in place, only when SRC has no ``train/`` or Kaggle folders (``layouts``):
+  image-net.org's tars (``tarballs``, or ``split-tar`` with the train tar in parts), Kaggle's
+  zip, Hugging Face's Parquet files or tarballs, WebDataset shards.
 
 Classes are the train folder names sorted as torchvision's ImageFolder sorts them (plain
 ``sorted()``); val uses the same label index. Only files with an image extension
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import io
 import logging
 import os
 from dataclasses import dataclass, field
@@ -40,7 +42,8 @@ import numpy as np
 from imgpipe.errors import DatasetError
 
 if TYPE_CHECKING:
-    from imgpipe.packing.tarsource import MemberSpans
+    from imgpipe.packing.members import MemberSpans
+    from imgpipe.packing.streams import StreamItems
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +68,7 @@ class SplitItems:
     paths: list[str]
     labels: np.ndarray  # int32, one per path
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (path, reason) of files left out
-    spans: MemberSpans | None = None  # where each item lies inside a tar (tarball sources); None: files
+    spans: MemberSpans | StreamItems | None = None  # where each item lies in an archive (archive layouts); None: files
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -82,18 +85,20 @@ class SourceTree:
 
 
 def scan(
-    src: str | os.PathLike | Sequence[str | os.PathLike], splits: Sequence[str] | None = None, workers: int | None = None
+    src: str | os.PathLike | Sequence[str | os.PathLike], splits: Sequence[str] | None = None, workers: int | None = None,
+    cache: Path | None = None,
 ) -> SourceTree:
     """Scan ``src`` for the requested splits (all found when None); a DatasetError says what is wrong.
 
-    ``src`` may also be image-net.org's tarballs (a folder holding them, one tar, or the files
-    named one by one): ``tarsource`` lists them in place, with ``workers`` processes.
+    ``src`` may also be archives (a folder holding them, one archive, or the files named one by
+    one): ``layouts`` lists them in place, with ``workers`` processes, keeping listings that
+    cost a full read (``.tar.gz``, Parquet) in ``cache``.
     """
-    from imgpipe.packing import tarsource
+    from imgpipe.packing.layouts import scan_archives
 
-    tars = tarsource.find_tars(src)
-    if tars is not None:
-        return tarsource.scan_tars(tars, splits, workers)
+    tree = scan_archives(src, splits, workers, cache)
+    if tree is not None:
+        return tree
     assert isinstance(src, (str, os.PathLike))
     root = Path(os.path.abspath(src))
     if not root.is_dir():
@@ -285,46 +290,42 @@ def _find_val_csv(root: Path, val: Path) -> Path:
     )
 
 
-def read_val_csv(path: Path) -> dict[str, tuple[str, int]]:
-    """ImageId -> (wnid, line number) from a Kaggle ``LOC_val_solution.csv``."""
+def read_val_csv(path: Path, data: bytes | None = None) -> dict[str, tuple[str, int]]:
+    """ImageId -> (wnid, line number) from a Kaggle ``LOC_val_solution.csv`` (its ``data`` when given, e.g. read from a zip)."""
+    if data is None:
+        data = path.read_bytes()  # an OSError names the file (pack turns it into one line)
     rows: dict[str, tuple[str, int]] = {}
-    with open(path, newline="", encoding=_csv_encoding(path)) as f:
-        reader = csv.reader(f)
-        try:
-            header = next(reader, None)
-            if header is None or [h.strip() for h in header[:2]] != ["ImageId", "PredictionString"]:
-                raise DatasetError(f"{path}: line 1 must be the header 'ImageId,PredictionString', got {header!r}")
-            for row in reader:
-                if not row or not any(cell.strip() for cell in row):
-                    continue
-                words = row[1].split() if len(row) >= 2 else []
-                if not row[0].strip() or not words:
-                    raise DatasetError(f"{path}: line {reader.line_num}: expected 'ImageId,<wnid> x y x y ...', got {','.join(row)!r}")
-                image_id = row[0].strip()
-                earlier = rows.setdefault(image_id, (words[0], reader.line_num))
-                if earlier[0] != words[0]:
-                    raise DatasetError(
-                        f"{path}: line {reader.line_num}: {image_id} is {words[0]}, but line {earlier[1]} says {earlier[0]}; keep one row"
-                    )
-        except csv.Error as e:
-            raise DatasetError(f"{path}: line {reader.line_num}: not readable as CSV ({e})") from None
+    reader = csv.reader(io.StringIO(_csv_text(path, data), newline=""))
+    try:
+        header = next(reader, None)
+        if header is None or [h.strip() for h in header[:2]] != ["ImageId", "PredictionString"]:
+            raise DatasetError(f"{path}: line 1 must be the header 'ImageId,PredictionString', got {header!r}")
+        for row in reader:
+            if not row or not any(cell.strip() for cell in row):
+                continue
+            words = row[1].split() if len(row) >= 2 else []
+            if not row[0].strip() or not words:
+                raise DatasetError(f"{path}: line {reader.line_num}: expected 'ImageId,<wnid> x y x y ...', got {','.join(row)!r}")
+            image_id = row[0].strip()
+            earlier = rows.setdefault(image_id, (words[0], reader.line_num))
+            if earlier[0] != words[0]:
+                raise DatasetError(
+                    f"{path}: line {reader.line_num}: {image_id} is {words[0]}, but line {earlier[1]} says {earlier[0]}; keep one row"
+                )
+    except csv.Error as e:
+        raise DatasetError(f"{path}: line {reader.line_num}: not readable as CSV ({e})") from None
     return rows
 
 
-def _csv_encoding(path: Path) -> str:
+def _csv_text(path: Path, data: bytes) -> str:
     """UTF-8, with or without a byte-order mark (Excel's "CSV UTF-8"), or UTF-16 with its BOM; else a DatasetError."""
-    data = path.read_bytes()
-    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        encoding = "utf-16"
-    else:
-        encoding = "utf-8-sig"
+    encoding = "utf-16" if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) else "utf-8-sig"
     try:
-        data.decode(encoding)
+        return data.decode(encoding)
     except UnicodeDecodeError as e:
         raise DatasetError(
             f"{path}: not {'UTF-16' if encoding == 'utf-16' else 'UTF-8'} text (byte {data[e.start]:#04x} at offset {e.start}); save it as CSV UTF-8"
         ) from None
-    return encoding
 
 
 def _scan_flat_val(root: Path, folder: Path, index: dict[str, int]) -> SplitItems:
@@ -338,9 +339,10 @@ def _scan_flat_val(root: Path, folder: Path, index: dict[str, int]) -> SplitItem
     return SplitItems(names, label_flat_val(root, names, _find_val_csv(root, folder), index), rejected)
 
 
-def label_flat_val(root: Path, names: list[str], csv_path: Path, index: dict[str, int]) -> np.ndarray:
-    """The label of each flat val image (``.../<ImageId>.<ext>``, relative to ``root``) from a LOC_val_solution.csv."""
-    rows = read_val_csv(csv_path)
+def label_flat_val(root: Path, names: list[str], csv_path: Path, index: dict[str, int], csv_data: bytes | None = None) -> np.ndarray:
+    """The label of each flat val image (``.../<ImageId>.<ext>``, relative to ``root``) from a LOC_val_solution.csv
+    (``csv_data``: its bytes, when it is not a file of its own)."""
+    rows = read_val_csv(csv_path, csv_data)
     labels = np.empty(len(names), dtype=np.int32)
     for i, path in enumerate(names):
         image_id = os.path.splitext(path.rsplit("/", 1)[-1])[0]

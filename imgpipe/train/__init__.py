@@ -17,10 +17,14 @@ __all__ = ["TrainConfig", "TrainResult", "default_yaml", "demo_config_path", "lo
 
 def run(config: TrainConfig, *, gpus: int | None = None, nproc: int | None = None, backend: str | None = None) -> Any:
     """Train with ``config`` on the ranks that gpus/nproc or the launcher's environment give; returns a TrainResult."""
-    from imgpipe.train.config import make_output_dir
-    from imgpipe.train.launch import launch
+    import os
 
-    make_output_dir(config)
+    from imgpipe._sys.distenv import DistEnv
+    from imgpipe.train.launch import check_launcher_env, launch
+    from imgpipe.train.rundir import claim_output_dir
+
+    check_launcher_env(os.environ)
+    claim_output_dir(config, is_main=DistEnv.detect().is_main)  # under torchrun/SLURM every rank checks, rank 0 clears
     return launch(_train_rank, config, gpus=gpus, nproc=nproc, backend=backend, timeout_s=config.train.timeout_s)
 
 

@@ -15,29 +15,58 @@ import os
 import random
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
 from imgpipe._sys.atomic import atomic_write
-from imgpipe.errors import ConfigError
+from imgpipe._sys.oserrors import describe
+from imgpipe.errors import ConfigError, TrainError
+from imgpipe.train.rundir import CHECKPOINT_NAME, checkpoint_path  # noqa: F401  (re-exported: where checkpoints live)
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
 
 
-def checkpoint_path(folder: str | os.PathLike) -> Path:
-    return Path(folder) / CHECKPOINT_NAME
-
-
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
-    """Write ``state`` so that readers see the previous checkpoint or the whole new one."""
+    """Write ``state`` so that readers see the previous checkpoint or the whole new one.
+
+    A write that fails (a full disk, a quota, a read-only file system) is one TrainError naming
+    the file and what to do. torch's zip writer swallows the OSError of the file it writes to and
+    fails later with its own "unexpected pos" error, so the file is wrapped to keep that OSError.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write(path, lambda f: torch.save({"format_version": FORMAT_VERSION, **state}, f))
+    failed: list[OSError] = []
+    try:
+        return atomic_write(path, lambda f: torch.save({"format_version": FORMAT_VERSION, **state}, _KeepWriteError(f, failed)))
+    except (OSError, RuntimeError) as e:
+        error = failed[0] if failed else e if isinstance(e, OSError) else None
+        if error is None:
+            raise
+        raise TrainError(
+            f"{path}: cannot write the checkpoint: {describe(error, writing=True)}, or set output.dir to another file system; "
+            "the checkpoint written before, if any, is intact: continue from it with --resume"
+        ) from None
+
+
+class _KeepWriteError:
+    """A binary file whose ``write`` remembers the OSError it raises (see save_checkpoint)."""
+
+    def __init__(self, file: BinaryIO, failed: list[OSError]) -> None:
+        self.file, self.failed = file, failed
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.failed.append(e)
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

@@ -7,6 +7,7 @@ the type it needs. ``default_yaml()`` is what ``imgpipe train --print-config`` p
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import types
@@ -18,7 +19,9 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from imgpipe._sys.atomic import atomic_write_bytes
+from imgpipe._sys.oserrors import describe, write_probe
 from imgpipe.errors import ConfigError
+from imgpipe.loaders.seeding import MAX_SEED
 from imgpipe.train.resolution import parse_resolution
 
 
@@ -100,6 +103,7 @@ class OutputConfig:
     checkpoint_every_steps: int = 0  # 0 = only at epoch ends (see checkpoint_every_epochs)
     checkpoint_every_epochs: int = 1
     resume: str = "no"  # no | auto (resume when a checkpoint exists) | yes (must exist)
+    overwrite: bool = False  # start afresh in a dir that holds a checkpoint (no: refused, so that a rerun never destroys a run)
     tensorboard: bool = True
 
 
@@ -272,6 +276,13 @@ def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str,
         raise ConfigError(f"{blame('train.max_steps')}: train.max_steps must be > 0 or null, got {config.train.max_steps}")
     if not 0.0 <= config.optim.label_smoothing < 1.0:
         raise ConfigError(f"{blame('optim.label_smoothing')}: optim.label_smoothing must be in [0, 1), got {config.optim.label_smoothing}")
+    if config.output.overwrite and config.output.resume != "no":
+        raise ConfigError(
+            f"{blame('output.overwrite')}: output.overwrite starts the run afresh but output.resume is {config.output.resume!r}: "
+            "give --resume to continue the run in output.dir, or --overwrite to start it again, not both"
+        )
+    if not 0 <= config.train.seed <= MAX_SEED:
+        raise ConfigError(f"{blame('train.seed')}: train.seed must be from 0 to {MAX_SEED}, got {config.train.seed}")
     if config.model.num_classes is not None and config.model.num_classes < 2:
         raise ConfigError(f"{blame('model.num_classes')}: model.num_classes must be >= 2 or null (taken from the manifest)")
     _validate_time_to_accuracy(config, blame)
@@ -317,16 +328,22 @@ def make_output_dir(config: TrainConfig) -> Path:
         raise ConfigError(f"output.dir {folder}: is a file, not a folder; choose another output.dir") from None
     except OSError as e:
         raise ConfigError(f"output.dir {folder}: cannot create it ({e.strerror}); choose another output.dir") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ConfigError(f"output.dir {folder}: not writable; choose another output.dir")
+    refused = write_probe(folder)
+    if refused is not None:
+        raise ConfigError(f"output.dir {folder}: cannot write there: {describe(refused, writing=True)}; or choose another output.dir")
     return folder
 
 
 def save_config(config: TrainConfig, folder: str | os.PathLike) -> Path:
-    """Write the resolved config as ``folder/config.yaml`` (atomically)."""
+    """Write the resolved config as ``folder/config.yaml`` (atomically).
+
+    ``output.overwrite`` is saved false: it was an action on the folder, and the saved config
+    must still resume the run (``--config <dir>/config.yaml --resume``).
+    """
     path = Path(folder) / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, config.to_yaml().encode("utf-8"))
+    saved = dataclasses.replace(config, output=dataclasses.replace(config.output, overwrite=False))
+    atomic_write_bytes(path, saved.to_yaml().encode("utf-8"))
     return path
 
 

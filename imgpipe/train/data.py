@@ -29,6 +29,7 @@ class TrainData:
     train: Loader
     val: Loader | None
     classes: list[str]
+    train_records: int
     val_records: int
 
 
@@ -47,6 +48,7 @@ def build_data(config: TrainConfig, ctx: RankContext) -> TrainData:
             f"{config.data.path}: no split {val_split!r} to validate on (has {', '.join(sorted(manifest.splits))}); "
             "set data.val_split to one of them, or train.validate: false"
         )
+    _check_one_batch(config, manifest.splits[config.data.train_split].records, ctx.world_size)
     kwargs = loader_kwargs(config, ctx)
     backend = config.data.backend
     sizes = parse_resolution(config.data.resolution, config.data.image_size).distinct(config.train.epochs)
@@ -61,7 +63,20 @@ def build_data(config: TrainConfig, ctx: RankContext) -> TrainData:
             config.data.path, val_split, batch_size=config.train.batch_size, train=False,
             image_size=config.data.val_image_size or config.data.image_size, crop_ratio=config.data.val_crop_ratio, **kwargs,
         ) if val_split else None
-    return TrainData(train, val, list(manifest.classes), manifest.splits[val_split].records if val_split else 0)
+    val_records = manifest.splits[val_split].records if val_split else 0
+    return TrainData(train, val, list(manifest.classes), manifest.splits[config.data.train_split].records, val_records)
+
+
+def _check_one_batch(config: TrainConfig, records: int, world_size: int) -> None:
+    """The train split must fill one global batch: the trainer drops the remainder (the loaders' own message names their arguments)."""
+    global_batch = config.train.batch_size * world_size
+    if records >= global_batch:
+        return
+    fix = f"lower train.batch_size to {records // world_size} or less" if records >= world_size else f"run on at most {records} ranks"
+    raise DatasetError(
+        f"{config.data.path}: split {config.data.train_split!r} has {records} records, fewer than one global batch of {global_batch} "
+        f"(train.batch_size {config.train.batch_size} x {world_size} rank(s)); {fix} (with train.global_batch_size: that over the ranks)"
+    )
 
 
 def loader_kwargs(config: TrainConfig, ctx: RankContext) -> dict[str, Any]:
@@ -94,9 +109,7 @@ class SyntheticBatches:
 
     def __init__(self, manifest: Manifest, config: TrainConfig, ctx: RankContext) -> None:
         records = manifest.splits[config.data.train_split].records
-        self.batches = batch_count(records, rank=ctx.rank, world_size=ctx.world_size, batch_size=config.train.batch_size)
-        if self.batches == 0:
-            raise DatasetError(f"{config.data.path}: {records} records cannot fill one batch per rank; lower train.batch_size")
+        self.batches = batch_count(records, rank=ctx.rank, world_size=ctx.world_size, batch_size=config.train.batch_size)  # >= 1: build_data checked
         self._generator = torch.Generator().manual_seed(config.train.seed + ctx.rank)
         self._device, self._channels_last, self._n = ctx.device, bool(config.train.channels_last), config.train.batch_size
         self.labels = torch.randint(0, len(manifest.classes), (self._n,), generator=self._generator).to(ctx.device)

@@ -14,7 +14,8 @@ Each rank binds its CUDA device before anything else touches CUDA, then joins th
 (nccl on GPUs, gloo on the CPU) with an explicit timeout, and always leaves it again.
 ``fn(ctx, arg)`` receives a :class:`RankContext`. SIGTERM or Ctrl-C to the parent is forwarded
 to every rank; a loop run inside :func:`stop_handlers` turns it into a flag
-(:func:`stop_requested`) so it can checkpoint and stop; other code just dies of it.
+(:func:`stop_requested`) so it can checkpoint and stop; other code (a rank still starting) just
+dies of it, and ``launch`` raises ``Stopped`` (exit code 143 or 130), not a rank failure.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from tqdm import tqdm
 
 from imgpipe._sys.distenv import DistEnv
 from imgpipe._sys.procs import die_with_parent
-from imgpipe.errors import DistributedError, ImgpipeError
+from imgpipe.errors import DistributedError, ImgpipeError, Stopped
 
 logger = logging.getLogger(__name__)
 
@@ -273,13 +274,36 @@ def _spawn(fn: Callable[[RankContext, Any], T], arg: Any, ranks: int, *, use_cud
         procs.append(proc)
         conns.append(parent_end)
     with _ForwardStopSignals(procs, grace_s) as forward:
-        for proc in procs:
-            proc.start()
         try:
+            for proc in procs:
+                if forward.signum is not None:  # a rank started now would wait for the stopped ones in the rendezvous
+                    raise Stopped(forward.signum, "while the ranks were starting")
+                with _sigint_ignored_by_children():
+                    proc.start()
             results = _watch(procs, conns, forward, timeout_s)
         finally:
             _stop(procs, grace_s)
     return results[0]
+
+
+@contextlib.contextmanager
+def _sigint_ignored_by_children() -> Iterator[None]:
+    """Start processes that ignore SIGINT until their own code takes it back (``_rank_main``).
+
+    A Ctrl-C in a terminal goes to the whole process group: a rank still starting its interpreter
+    would die of it with a traceback from the middle of its imports. An ignored signal stays ignored
+    across exec, so the rank never sees it; the launcher still does, and stops the ranks with
+    SIGTERM. The launcher's own SIGINT is blocked meanwhile, so one that arrives is delivered to
+    its handler afterwards instead of being lost (blocking also survives exec: ``_rank_main``
+    unblocks it).
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _rank_main(
@@ -287,6 +311,8 @@ def _rank_main(
     fn: Callable, arg: Any, use_cuda: bool, backend: str | None, timeout_s: float, conn: Any,
 ) -> None:
     """Entry point of a spawned rank: die with the parent, log like it, set the torchrun variables, run, report."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # started ignoring it: see _sigint_ignored_by_children
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     die_with_parent(parent_pid)
     # tqdm's default lock is a multiprocessing lock: under spawn a named semaphore, which the
     # os._exit below would leave to the resource tracker's "leaked semaphore" warning; one
@@ -362,11 +388,14 @@ def _watch(procs: list, conns: list, forward: "_ForwardStopSignals", timeout_s: 
             rank = _first_failure(failed, procs, errors)
             still = sorted(r for r in pending if r != rank)
             _stop(procs, FAILURE_GRACE_S)  # a peer is gone: nothing left worth saving
-            raise DistributedError(_failure_message(rank, procs[rank].exitcode, errors.get(rank), still, forward.signum))
+            message = _failure_message(rank, procs[rank].exitcode, errors.get(rank), still)
+            if forward.signum is not None:  # asked to stop: ranks that had not set up their stop handling yet die of it
+                raise Stopped(forward.signum, message)
+            raise DistributedError(message)
         if forward.deadline is not None and time.monotonic() > forward.deadline:
             _stop(procs, 0)
     if forward.signum is not None and len(results) < len(procs):
-        raise DistributedError(f"stopped by {signal.Signals(forward.signum).name}")
+        raise Stopped(forward.signum)
     return [results.get(r) for r in range(len(procs))]
 
 
@@ -425,15 +454,13 @@ def is_peer_failure(text: str) -> bool:
     return any(w in lowered for w in PEER_FAILURE_WORDS)
 
 
-def _failure_message(rank: int, code: int | None, error: str | None, still_running: list[int], signum: int | None) -> str:
+def _failure_message(rank: int, code: int | None, error: str | None, still_running: list[int]) -> str:
     if error:
         what = f"rank {rank} failed: {error}"
     elif code is not None and code < 0:
         what = f"rank {rank} exited with code {code} (killed by {signal.Signals(-code).name})"
     else:
         what = f"rank {rank} exited with code {code}"
-    if signum is not None:
-        what += f" after {signal.Signals(signum).name}"
     if still_running:
         what += f"; stopped the other ranks ({', '.join(map(str, still_running))})"
     return what

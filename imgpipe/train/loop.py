@@ -38,7 +38,8 @@ from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gat
 from imgpipe.train.precision import describe, resolve_auto
 from imgpipe.train.process_state import run_scope
 from imgpipe.train.resolution import parse_resolution
-from imgpipe.train.resume import checkpoint_to_resume, resolve_batch, resume_line
+from imgpipe.train.resume import batch_request, changed_settings, checkpoint_to_resume, resolve_batch, resume_line, resume_position
+from imgpipe.train.rundir import METRICS_NAME, TENSORBOARD_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,8 @@ def _run_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
     check_model_name(config.model.name)
     _seed_everything(config.train.seed, ctx.rank)
     saved = checkpoint_to_resume(config)
-    config = resolve_batch(config, ctx.world_size, saved)  # the per-rank batch that keeps the global batch
+    request = batch_request(config)
+    config = resolve_batch(config, ctx.world_size, saved)  # the per-rank batch that keeps (or changes) the global batch
     data = build_data(config, ctx)
     num_classes = config.model.num_classes or len(data.classes)
     if num_classes < len(data.classes):  # a label >= classes: an IndexError on the CPU, a device-side assert on a GPU
@@ -101,7 +103,7 @@ def _run_rank(ctx: RankContext, config: TrainConfig) -> TrainResult | None:
         )
     run: _Run | None = None
     try:
-        run = _Run(ctx, config, data, num_classes, saved)
+        run = _Run(ctx, config, data, num_classes, saved, request)
         result = run.fit()
         return result if ctx.is_main else None
     except RuntimeError as e:  # torch.cuda.OutOfMemoryError is a RuntimeError too
@@ -153,9 +155,12 @@ def explain_failure(error: BaseException, ctx: RankContext, config: TrainConfig)
 class _Run:
     """The objects of one run and the steps of the loop."""
 
-    def __init__(self, ctx: RankContext, config: TrainConfig, data: TrainData, num_classes: int, saved: dict[str, Any] | None) -> None:
+    def __init__(
+        self, ctx: RankContext, config: TrainConfig, data: TrainData, num_classes: int, saved: dict[str, Any] | None, request: dict[str, Any]
+    ) -> None:
         self.ctx, self.config, self.data = ctx, config, data
         self._saved = saved  # the checkpoint to resume from
+        self._batch_request = request  # the batch the config asked for, kept in checkpoints (see resume.resolve_batch)
         self.device = ctx.device
         self.out = Path(config.output.dir)
         self.accum = config.train.grad_accum
@@ -175,7 +180,8 @@ class _Run:
         self.ema = EmaWeights(self.model, config.train.ema_decay) if config.train.ema else None
         self.forward = compile_forward(self.ddp) if config.train.compile else self.ddp
         self.optimizer = build_optimizer(self.model, config, self.global_batch)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(config, self.steps_per_epoch))
+        self.lr_factor = lr_schedule(config, self.steps_per_epoch)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.lr_factor)
         self.autocast_dtype, self.scaler = precision(config, self.device)
         if config.train.amp == "fp16":  # the scaler skips steps with inf gradients; the schedule still advances (filter scoped by run_scope)
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
@@ -183,8 +189,8 @@ class _Run:
         self.topk = min(5, num_classes)
         self.state = _State()
         self.timer = StepTimer(self.device)
-        self.jsonl = JsonlWriter(self.out / "metrics.jsonl", enabled=ctx.is_main)
-        self.tb = _tensorboard(self.out / "tensorboard") if ctx.is_main and config.output.tensorboard else None
+        self.jsonl = JsonlWriter(self.out / METRICS_NAME, enabled=ctx.is_main)
+        self.tb = _tensorboard(self.out / TENSORBOARD_DIR) if ctx.is_main and config.output.tensorboard else None
         self.result = TrainResult(output_dir=str(self.out), epochs_completed=0, step=0, topk=self.topk)
         self._resume_loader: dict[str, Any] | None = None
         self._saved_step = -1
@@ -228,12 +234,15 @@ class _Run:
     def _train_epoch(self) -> tuple[bool, torch.Tensor]:
         """Run (the rest of) one epoch; (stop now? (signal or max_steps), this rank's [loss sum, top-1, top-k, samples])."""
         state = self.state
-        batches = self._epoch_batches()
-        self.model.train()
-        self.timer.reset()
         totals = torch.zeros(4, dtype=torch.float64, device=self.device)
         micro_total = self.steps_per_epoch * self.accum
         micro = state.epoch_step * self.accum
+        if micro == micro_total:  # resumed with fewer, larger steps per epoch, at the end of one: nothing left to read
+            self._resume_loader = None
+            return False, totals
+        batches = self._epoch_batches()
+        self.model.train()
+        self.timer.reset()
         bar = tqdm(total=self.steps_per_epoch, initial=state.epoch_step, desc=f"epoch {state.epoch}", disable=not self.ctx.is_main, leave=False)
         try:
             for images, labels in self.timer.iterate(batches):
@@ -459,6 +468,7 @@ class _Run:
             "rng": rngs,
             "world_size": self.ctx.world_size,
             "global_batch": self.config.train.batch_size * self.ctx.world_size,  # G: the loader stream's step
+            "batch_request": self._batch_request,
             "num_classes": self.num_classes,
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "wall_s": self._wall_s(),
@@ -474,19 +484,23 @@ class _Run:
             return
         path = ckpt.checkpoint_path(self.out)
         ckpt.load_model_state(self.model, saved, path, self.config.model.name, self.num_classes)
+        position = resume_position(
+            saved, self.config, global_batch=self.config.train.batch_size * self.ctx.world_size, steps_per_epoch=self.steps_per_epoch,
+            records=self.data.train_records, path=path,
+        )
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
         self.scaler.load_state_dict(saved["scaler"])
         if self.ema is not None:
             self.ema.load_state_dict(saved["ema"] if saved.get("ema") is not None else self.model.state_dict())
         self._wall_before = float(saved.get("wall_s", 0.0))
-        self.state = _State(epoch=int(saved["epoch"]), epoch_step=int(saved["epoch_step"]), step=int(saved["step"]))
-        if saved["loader"] is not None:
-            self._resume_loader = saved["loader"]
+        self.state = _State(epoch=position.epoch, epoch_step=position.epoch_step, step=position.step)
+        self._resume_loader = position.loader
+        apply_optim_config(self.optimizer, self.scheduler, self.config, self.global_batch, self.lr_factor, position.step)
         rngs = saved["rng"]
         ckpt.set_rng_state(rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else rngs[0], self.device)
         logger.info("resumed from %s at epoch %d, step %d", path, self.state.epoch, self.state.step)
-        logger.info("%s", resume_line(saved, self.ctx.world_size, self.config.train.batch_size))
+        logger.info("%s", resume_line(saved, self.ctx.world_size, self.config.train.batch_size, position, changed_settings(saved, self.config)))
 
     def close(self) -> None:
         if self.tb is not None:
@@ -621,6 +635,24 @@ def build_optimizer(model: torch.nn.Module, config: TrainConfig, global_batch: i
     )
 
 
+def apply_optim_config(
+    optimizer: torch.optim.Optimizer, scheduler: Any, config: TrainConfig, global_batch: int, lr_factor: Any, step: int
+) -> None:
+    """After loading a checkpoint's optimizer and scheduler: the config's hyper-parameters, at ``step`` of its schedule.
+
+    Loading restores the saved lr, momentum and weight decay (and the scheduler its base lr), which
+    would silently ignore a changed ``optim`` section or global batch; the momentum buffers stay.
+    """
+    lr = config.optim.base_lr * global_batch / 256
+    decay, no_decay = optimizer.param_groups  # as build_optimizer makes them
+    for group, weight_decay in ((decay, config.optim.weight_decay), (no_decay, config.optim.bn_weight_decay)):
+        group.update(
+            initial_lr=lr, lr=lr * lr_factor(step), weight_decay=weight_decay,
+            momentum=config.optim.momentum, nesterov=config.optim.nesterov and config.optim.momentum > 0,
+        )
+    scheduler.load_state_dict({**scheduler.state_dict(), "base_lrs": [lr, lr], "last_epoch": step})
+
+
 def lr_schedule(config: TrainConfig, steps_per_epoch: int) -> Any:
     """Multiplier of the scaled lr at optimizer step s: linear warmup, then cosine to 0 or step decay; or
     linear_ramp, FFCV's cyclic schedule: from 1e-4 at step 0 linearly up to 1 at optim.lr_peak_epoch,
@@ -663,7 +695,7 @@ def _broadcast_buffers(module: torch.nn.Module, ctx: RankContext) -> None:
 def _seed_everything(seed: int, rank: int) -> None:
     """Same model init on every rank (torch seed), distinct python/numpy streams per rank."""
     random.seed(seed * 1000 + rank)
-    np.random.seed(seed * 1000 + rank)
+    np.random.seed([seed, rank])  # any train.seed (seed * 1000 + rank passed 2**32, numpy's limit, from seed 4294968 on)
     torch.manual_seed(seed)
 
 

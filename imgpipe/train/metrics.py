@@ -15,6 +15,7 @@ rank runs at half the speed of the fastest (and DDP makes everyone wait for it).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -25,6 +26,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
+
+from imgpipe._sys.oserrors import describe
+from imgpipe.errors import TrainError
 
 logger = logging.getLogger(__name__)
 
@@ -251,11 +255,15 @@ class JsonlWriter:
         if not self.enabled:
             return
         line = (json.dumps(record, sort_keys=True, default=_jsonable) + "\n").encode("utf-8")
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                if os.write(fd, line) != len(line):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a short append: the file system is full
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise TrainError(f"{self.path}: cannot write metrics: {describe(e, writing=True)}, or set output.dir to another file system") from None
 
 
 def _jsonable(value: Any) -> Any:

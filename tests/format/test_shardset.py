@@ -105,23 +105,26 @@ def test_one_big_rec_made_by_mxnet_im2rec(synth_tree: Path, tmp_path: Path, mxne
 
 
 def test_file_handles_are_per_process_and_not_pickled(tiny: Path) -> None:
+    """The local byte source opens shards lazily in each process, reopens after a fork and pickles without them."""
     s = open_shards(tiny)
     expected = s.read(3)[1]
-    assert s._fds  # opened lazily by the read
+    local = s.byte_source
+    assert local._fds  # opened lazily by the read
     clone = pickle.loads(pickle.dumps(s))
-    assert clone._fds == {} and clone.read(3)[1] == expected
-    parent_fd = s._fd(0)
+    assert clone.byte_source._fds == {} and clone.read(3)[1] == expected
+    first = s.rec_names[0]
+    parent_fd = local._fd(first)
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: must reopen, never reuse the parent's descriptor
-        ok = s.read(3)[1] == expected and s._pid == os.getpid()
+        ok = s.read(3)[1] == expected and local._pid == os.getpid()
         os.write(write_end, b"1" if ok else b"0")
         os._exit(0)
     os.close(write_end)
     _, status = os.waitpid(pid, 0)
     assert os.read(read_end, 1) == b"1" and status == 0
     os.close(read_end)
-    assert s._fd(0) == parent_fd  # the parent keeps its own handle
+    assert local._fd(first) == parent_fd  # the parent keeps its own handle
 
 
 def test_dali_index_offsets_run_on_across_files(tiny: Path) -> None:
@@ -144,6 +147,19 @@ def test_dali_index_offsets_run_on_across_files(tiny: Path) -> None:
         f.write(b"\0" * 4)
     fresh = write_dali_index(open_shards(tiny))
     assert fresh != path and fresh.is_file() and not path.exists()  # the shards changed: a new index, the stale one gone
+
+
+def test_dali_index_of_a_folder_a_glob_or_rec_paths_is_that_of_their_shard_set(tiny: Path) -> None:
+    s = open_shards(tiny)
+    path = write_dali_index(s)
+    assert write_dali_index(tiny) == write_dali_index(str(tiny)) == path
+    for given in (f"{tiny}/*.rec", [str(p) for p in s.rec_paths], tuple(s.rec_paths)):  # bare files: the same offsets
+        assert read_index(write_dali_index(given))[1].tolist() == read_index(path)[1].tolist()
+    one = s.rec_paths[1]  # a single bare .rec: an index of its own, offsets from 0
+    keys, offsets = read_index(write_dali_index(one))
+    assert offsets[0] == 0 and len(keys) == len(open_shards(one))
+    with pytest.raises(DatasetError, match="a ShardSet, a packed folder, a .rec file, a glob or a list of .rec files, got int"):
+        write_dali_index(42)  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")

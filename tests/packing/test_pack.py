@@ -22,6 +22,7 @@ from imgpipe.packing.journal import JOURNAL_DIR
 from imgpipe.format.manifest import load_manifest
 from imgpipe.packing.packer import pack
 from imgpipe.packing.plan import RECORD_OVERHEAD, parse_shard_counts, parse_size
+from _fs import tmpfs
 from _recordio_helpers import read_indexed
 from imgpipe.synth import make_synthetic
 
@@ -298,20 +299,11 @@ def test_free_space_is_checked_before_writing(synth_tree: Path, tmp_path: Path) 
     with pytest.raises(PackError, match=r"needs about 1000000.0 TB but only \d+\.\d [KMGT]B is free there"):
         check_free_space(tmp_path, 10**18)
     check_free_space(tmp_path, 1)
-    small = tmp_path / "small"
-    small.mkdir()
-    mounted = os.geteuid() == 0 and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], capture_output=True
-    ).returncode == 0
-    if not mounted:
-        pytest.skip("a real full disk needs root to mount a 64 KiB tmpfs; the check function was tested")
-    try:
+    with tmpfs(tmp_path / "small", "64k") as small:
         assert device_for_path(small).fstype == "tmpfs"
         with pytest.raises(PackError, match=r"needs about \d+\.\d KB but only \d+\.\d KB is free"):  # not "0.00 GB ... 0.00 GB"
             pack(synth_tree, small / "out", workers=1, progress=False)
         assert not list((small / "out").glob("*.rec"))
-    finally:
-        subprocess.run(["umount", str(small)], check=True)
 
 
 def test_device_for_path_reads_mounts(tmp_path: Path) -> None:

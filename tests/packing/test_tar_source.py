@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from _cli import assert_one_line_error
+from _fs import as_plain_user
 from imgpipe.cli.data import node_identity
 from imgpipe.packing.devkit import DEVKIT_NAME, GROUND_TRUTH, META, read_devkit
 from imgpipe.packing.journal import JOURNAL_DIR
@@ -305,3 +306,52 @@ def test_synth_tars_command_writes_the_three_files_once(tmp_path: Path) -> None:
     again = imgpipe(*args)
     assert again.returncode == 0 and again.stdout == first.stdout
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "tars").iterdir()} == stamps
+
+
+@pytest.mark.timeout(120)
+def test_a_tar_or_devkit_the_user_may_not_read_says_so_without_download_advice(twins: tuple[Path, Path], tmp_path: Path) -> None:
+    """chmod 000, met as a plain user (tests/_fs.py); the bytes are fine, so downloading again would not help."""
+    _, tars = twins
+    src = Path(shutil.copytree(tars, tmp_path / "src"))  # a copy: copy_with's hard links share the originals' modes
+    named = (src / TRAIN_TAR, src / VAL_TAR)
+    for name, given in ((TRAIN_TAR, (src,)), (VAL_TAR, (src,)), (DEVKIT_NAME, (src,)), (TRAIN_TAR, named)):
+        (src / name).chmod(0)
+        try:
+            result = subprocess.run(
+                [sys.executable, "-m", "imgpipe", "pack", *map(str, given), str(tmp_path / "out")],
+                capture_output=True, text=True, timeout=120, preexec_fn=as_plain_user,
+            )
+        finally:
+            (src / name).chmod(0o644)
+        assert_one_line_error(result, f"{src / name}: cannot ", "Permission denied (EACCES)", "read access")
+        assert "download" not in result.stderr, result.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("meta", [b"", b"\0" * 200, b"<html><body>404 Not Found</body></html>\n"])
+def test_a_devkit_whose_meta_mat_is_not_a_matlab_file_is_one_line(twins: tuple[Path, Path], tmp_path: Path, meta: bytes) -> None:
+    _, tars = twins
+    devkit = io.BytesIO()
+    with tarfile.open(fileobj=devkit, mode="w:gz") as archive:
+        for member, data in ((META, meta), (GROUND_TRUTH, b"1\n")):
+            info = tarfile.TarInfo(f"ILSVRC2012_devkit_t12/{member}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    src = copy_with(tars, tmp_path / "src", **{DEVKIT_NAME: devkit.getvalue()})
+    result = imgpipe("pack", src, tmp_path / "out", "--workers", "1")
+    assert_one_line_error(result, f"{DEVKIT_NAME}: {META}: unreadable, not a MATLAB file", f"download {DEVKIT_NAME} again")
+
+
+@pytest.mark.timeout(120)
+def test_without_scipy_the_val_csv_beside_the_tars_labels_val(twins: tuple[Path, Path], tmp_path: Path) -> None:
+    """The devkit's meta.mat needs scipy; Kaggle's LOC_val_solution.csv beside the val tar gives the same labels without it."""
+    tree, tars = twins
+    src = copy_with(tars, tmp_path / "src")
+    shutil.copy(tree / "LOC_val_solution.csv", src)
+    no_scipy = "import sys; sys.modules['scipy'] = None; from imgpipe.cli import main; main()"
+    args = [str(src), "--shards", "train=2,val=1", "--workers", "1", "--no-progress"]
+    without = subprocess.run([sys.executable, "-c", no_scipy, "pack", *args[:1], str(tmp_path / "csv"), *args[1:]], capture_output=True, text=True, timeout=120)
+    assert without.returncode == 0, without.stderr
+    assert imgpipe("pack", *args[:1], tmp_path / "devkit", *args[1:]).returncode == 0
+    assert (tmp_path / "csv" / "val.labels.npy").read_bytes() == (tmp_path / "devkit" / "val.labels.npy").read_bytes()
+    assert load_manifest(tmp_path / "csv").splits["val"].records == load_manifest(tmp_path / "devkit").splits["val"].records > 0

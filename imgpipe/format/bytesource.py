@@ -1,0 +1,211 @@
+"""Where a packed folder's bytes come from: a local (or mounted) folder, or a URL.
+
+A ``ByteSource`` serves the files of one folder by name: the whole bytes of a small file
+(manifest, ``.idx``, sidecars), a file's size, a whole file copied to a local path, and a
+batch of ``(file, start, end)`` ranges at once. It knows nothing of records: which bytes a
+record is stays the ShardSet's index, how to fetch them is the source's. ``open_source`` picks
+the source for a location: ``LocalSource`` (pread, files opened lazily in each process) or
+``imgpipe.format.objectstore.ObjectStoreSource`` (concurrent range GETs, retried, checked).
+
+Range reads take an optional ``check(k, bytes) -> reason | None``: a range whose bytes fail it
+is an error item of the result, never raised, so one bad record does not fail its batch; a
+remote source fetches it again first.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Sequence
+
+from imgpipe.errors import DatasetError, ImgpipeError, RemoteError
+
+URL_SCHEMES = ("s3", "s3a", "gs", "az", "azure", "adl", "abfs", "abfss", "http", "https")
+_SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://")
+
+RangeCheck = Callable[[int, memoryview], "str | None"]  # (position in the batch, bytes) -> why they are wrong, or None
+
+
+class ByteRange(NamedTuple):
+    """Bytes ``[start, end)`` of file ``name`` of a source."""
+
+    name: str
+    start: int
+    end: int
+
+
+class RangeError(RemoteError):
+    """A range that could not be read as asked; ``reason`` says why, without the location."""
+
+    def __init__(self, where: str, start: int, reason: str) -> None:
+        super().__init__(f"{where}: offset {start}: {reason}")
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _range_error, (str(self), self.reason)
+
+
+def _range_error(message: str, reason: str) -> RangeError:
+    error = RangeError.__new__(RangeError)
+    Exception.__init__(error, message)
+    error.reason = reason
+    return error
+
+
+def url_scheme(location: object) -> str | None:
+    """The scheme of a URL (``s3``, ``https``, ...), or None for a local path."""
+    if not isinstance(location, str):
+        return None
+    match = _SCHEME.match(location)
+    return match["scheme"].lower() if match else None
+
+
+def is_url(location: object) -> bool:
+    """True for ``scheme://...`` (a location ``open_source`` reads remotely), False for a path."""
+    return url_scheme(location) is not None
+
+
+class ByteSource:
+    """The files of one folder, by name. Subclasses: ``LocalSource``, ``ObjectStoreSource``."""
+
+    location: str  # the folder, as messages show it
+    remote: bool = False
+
+    def where(self, name: str) -> str:
+        """File ``name`` as messages show it: a path or a URL."""
+        raise NotImplementedError
+
+    def read_file(self, name: str) -> bytes:
+        """The whole file; ``FileNotFoundError`` when it does not exist."""
+        raise NotImplementedError
+
+    def read_files(self, names: Sequence[str]) -> list[bytes]:
+        """Several whole files (a remote source fetches them concurrently)."""
+        return [self.read_file(name) for name in names]
+
+    def size(self, name: str) -> int:
+        """The file's size in bytes; ``FileNotFoundError`` when it does not exist."""
+        raise NotImplementedError
+
+    def read_range(self, name: str, start: int, end: int) -> bytes | memoryview:
+        """Bytes ``[start, end)`` of one file (fewer at its end)."""
+        raise NotImplementedError
+
+    def read_ranges(self, ranges: Sequence[ByteRange], check: RangeCheck | None = None) -> list[memoryview | ImgpipeError]:
+        """Each range's bytes, in order, or the error that stopped it (an item, not raised)."""
+        raise NotImplementedError
+
+    def submit_ranges(self, ranges: Sequence[ByteRange], check: RangeCheck | None = None) -> Future[list[memoryview | ImgpipeError]]:
+        """``read_ranges`` started now; the Future holds its result (read at once by a local source)."""
+        future: Future[list[memoryview | ImgpipeError]] = Future()
+        future.set_result(self.read_ranges(ranges, check))
+        return future
+
+    def download(self, name: str, dest: str | os.PathLike) -> int:
+        """Copy file ``name`` to the local path ``dest`` (overwritten); return its size."""
+        raise NotImplementedError
+
+    def list_names(self) -> list[str] | None:
+        """The names of the files directly in the folder, or None where the store cannot list (plain HTTP)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what this process holds open (it reopens on the next read)."""
+
+
+class LocalSource(ByteSource):
+    """A local or mounted folder (or, with ``root=None``, files named by their paths): ``pread`` on
+    descriptors opened lazily in each process, reopened after a fork, never pickled."""
+
+    def __init__(self, root: str | os.PathLike | None) -> None:
+        self.root = None if root is None else Path(root)
+        self.location = "" if root is None else str(root)
+        self._fds: dict[str, int] = {}
+        self._pid = os.getpid()
+
+    def path(self, name: str) -> Path:
+        return Path(name) if self.root is None else self.root / name
+
+    def where(self, name: str) -> str:
+        return str(self.path(name))
+
+    def read_file(self, name: str) -> bytes:
+        return self.path(name).read_bytes()
+
+    def size(self, name: str) -> int:
+        return self.path(name).stat().st_size
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        return os.pread(self._fd(name), end - start, start)
+
+    def read_ranges(self, ranges: Sequence[ByteRange], check: RangeCheck | None = None) -> list[memoryview | ImgpipeError]:
+        out: list[memoryview | ImgpipeError] = []
+        for k, (name, start, end) in enumerate(ranges):
+            try:
+                data = memoryview(self.read_range(name, start, end))
+            except (OSError, DatasetError) as e:
+                out.append(RangeError(self.where(name), start, str(e)))
+                continue
+            reason = f"short read: {len(data)} of {end - start} bytes" if len(data) != end - start else check(k, data) if check else None
+            out.append(data if reason is None else RangeError(self.where(name), start, reason))
+        return out
+
+    def download(self, name: str, dest: str | os.PathLike) -> int:
+        shutil.copyfile(self.path(name), dest)
+        return os.path.getsize(dest)
+
+    def list_names(self) -> list[str] | None:
+        if self.root is None:
+            return None
+        return sorted(p.name for p in self.root.iterdir() if p.is_file())
+
+    def _fd(self, name: str) -> int:
+        pid = os.getpid()
+        if pid != self._pid:  # forked: the inherited descriptors share file offsets with the parent
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds, self._pid = {}, pid
+        fd = self._fds.get(name)
+        if fd is None:
+            try:
+                fd = os.open(self.path(name), os.O_RDONLY)
+            except OSError as e:
+                raise DatasetError(f"{self.path(name)}: cannot open ({e.strerror})") from None
+            self._fds[name] = fd
+        return fd
+
+    def close(self) -> None:
+        if self._pid == os.getpid():
+            for fd in self._fds.values():
+                os.close(fd)
+        self._fds = {}
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_fds"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pid = os.getpid()
+
+
+def open_source(location: str | os.PathLike) -> ByteSource:
+    """The byte source of a folder: a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``) or a local path."""
+    scheme = url_scheme(location)
+    if scheme is None:
+        return LocalSource(location)
+    if scheme not in URL_SCHEMES:
+        raise DatasetError(f"{location}: unsupported URL scheme {scheme!r}; imgpipe reads {', '.join(s + '://' for s in URL_SCHEMES)} or a local path")
+    from imgpipe.format.objectstore import ObjectStoreSource
+
+    return ObjectStoreSource(str(location))

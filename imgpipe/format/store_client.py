@@ -1,0 +1,200 @@
+"""obstore calls for one process: a store per URL, concurrency across files, errors as values.
+
+obstore (Rust ``object_store``: S3, GCS, Azure, HTTP) keeps one tokio runtime per process, and
+a process forked after it has made a request hangs on its next one (tokio cannot be forked).
+So a ``DirectClient`` runs only in a process whose parent never used obstore itself (a loader
+worker forked from a process that let a helper do its requests, see ``store_helper``), and
+``direct_allowed`` says whether this process is one.
+
+Every method takes a time limit and returns a ``StoreError`` instead of raising, so a batch can
+keep the ranges that arrived and retry the rest. obstore itself retries 5xx, ``SlowDown``,
+timeouts and dropped connections with backoff and jitter within that limit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from datetime import timedelta
+from typing import Any, Callable, Sequence
+
+from imgpipe._sys.threads import DaemonPool
+
+IO_THREADS = 32  # concurrent requests of one process, across files (each get_ranges adds up to 10 of its own)
+COALESCE_BYTES = 256 * 1024  # ranges of one file closer than this are fetched by one request
+CONNECT_TIMEOUT_S = 5
+
+# Environment variables that configure a store: a client made under other values is not reused.
+_CONFIG_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "OBJECT_STORE_")
+
+MISSING, NO_BUCKET, DENIED, TRANSIENT, FAILED = "missing", "no bucket", "denied", "transient", "failed"
+
+_direct_pid: int | None = None  # the process whose obstore runtime exists (None: none has run here)
+
+
+class StoreError(Exception):
+    """A failed store call: ``kind`` (MISSING, NO_BUCKET, DENIED: final; TRANSIENT: worth another try;
+    FAILED: final) and a one-line ``message``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(kind, message)
+        self.kind = kind
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def config_fingerprint(environ: dict[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+    """The store-configuring environment variables and their values."""
+    env = os.environ if environ is None else environ
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(_CONFIG_PREFIXES)))
+
+
+def direct_allowed() -> bool:
+    """True when obstore can run in this process: no runtime exists, or it is this process's own."""
+    return _direct_pid in (None, os.getpid())
+
+
+def make_store(url: str, budget_s: float) -> Any:
+    """The obstore store of ``url``, configured from the store's standard environment variables.
+
+    ``allow_http`` lets an ``http://`` endpoint (``AWS_ENDPOINT_URL``, an HTTP folder) work as
+    given. Without ``AWS_ACCESS_KEY_ID``, an AWS profile (``AWS_PROFILE`` or ~/.aws) is read
+    through boto3 when it is installed, as the AWS tools read it (obstore reads no profiles).
+    """
+    from obstore.store import from_url
+
+    request_s = max(1.0, min(budget_s, 30.0))
+    client = {"allow_http": True, "connect_timeout": timedelta(seconds=CONNECT_TIMEOUT_S), "timeout": timedelta(seconds=request_s)}
+    retry = {
+        "max_retries": 10,
+        "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=2), "base": 2},
+        "retry_timeout": timedelta(seconds=budget_s),
+    }
+    extra: dict[str, Any] = {}
+    if url.split("://", 1)[0].lower() in ("s3", "s3a"):
+        provider = _aws_profile_credentials()
+        if provider is not None:
+            extra["credential_provider"] = provider
+    return from_url(url, client_options=client, retry_config=retry, **extra)
+
+
+def _aws_profile_credentials() -> Any:
+    """boto3's credential chain (profiles, SSO, ~/.aws) when the environment has no keys and names a profile or has ~/.aws files."""
+    if os.environ.get("AWS_ACCESS_KEY_ID"):
+        return None
+    files = [os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"), os.environ.get("AWS_CONFIG_FILE", "~/.aws/config")]
+    if not os.environ.get("AWS_PROFILE") and not any(os.path.isfile(os.path.expanduser(f)) for f in files):
+        return None
+    try:
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError:
+        return None
+    try:
+        return Boto3CredentialProvider(boto3.Session())
+    except Exception:  # no credentials in the profile chain (ValueError), a broken profile file: obstore's own chain decides
+        return None
+
+
+def store_error(error: BaseException, url: str, name: str = "") -> StoreError:
+    """An obstore exception as a StoreError: its kind and one short line."""
+    from obstore import exceptions as ox
+
+    text = " ".join(str(error).split())
+    code = re.search(r"<Code>([^<]+)</Code>", str(error))
+    status = re.search(r"status code: (\d{3})", text)
+    detail = re.sub(r"\s*(<\?xml|Debug source:).*", "", text)[:300]
+    if code is not None and code[1] == "NoSuchBucket":
+        return StoreError(NO_BUCKET, f"{url}: the bucket does not exist")
+    if isinstance(error, (ox.NotFoundError, FileNotFoundError)):
+        return StoreError(MISSING, f"{url}/{name}: not found" if name else f"{url}: not found")
+    if isinstance(error, (ox.PermissionDeniedError, ox.UnauthenticatedError)) or (status and status[1] in ("401", "403")):
+        why = code[1] if code else f"HTTP {status[1]}" if status else type(error).__name__
+        return StoreError(DENIED, f"{url}: access denied ({why}); check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the store's own variables)")
+    if status and status[1].startswith("4") and status[1] not in ("408", "429"):
+        return StoreError(FAILED, f"{url}/{name}: {detail}")
+    if isinstance(error, (ox.InvalidPathError, ox.NotSupportedError, ox.UnknownConfigurationKeyError)):
+        return StoreError(FAILED, f"{url}: {detail}")
+    return StoreError(TRANSIENT, detail or type(error).__name__)
+
+
+class DirectClient:
+    """obstore in this process: one store per URL, ``IO_THREADS`` daemon threads for the requests."""
+
+    def __init__(self, budget_s: float) -> None:
+        global _direct_pid
+        _direct_pid = os.getpid()
+        self.budget_s = budget_s
+        self._stores: dict[str, Any] = {}
+        self._pool = DaemonPool(IO_THREADS, "imgpipe-io")
+
+    def get(self, url: str, names: Sequence[str], timeout: float) -> list[bytes | StoreError]:
+        """Whole files, concurrently."""
+        import obstore
+
+        return self._gather([(self._call, (url, name, lambda store, n=name: obstore.get(store, n).bytes())) for name in names], timeout)
+
+    def head(self, url: str, name: str, timeout: float) -> int | StoreError:
+        """The size of a file."""
+        import obstore
+
+        return self._gather([(self._call, (url, name, lambda store: int(obstore.head(store, name)["size"])))], timeout)[0]
+
+    def get_ranges(self, url: str, files: Sequence[tuple[str, Sequence[int], Sequence[int]]], timeout: float) -> list[list[Any] | StoreError]:
+        """For each (file, starts, ends): its ranges' bytes, one ``get_ranges`` per file (neighbours coalesced), files concurrently."""
+        import obstore
+
+        def ranges(name: str, starts: Sequence[int], ends: Sequence[int]) -> Callable[[Any], list[Any]]:
+            return lambda store: obstore.get_ranges(store, name, starts=list(starts), ends=list(ends), coalesce=COALESCE_BYTES)
+
+        return self._gather([(self._call, (url, name, ranges(name, starts, ends))) for name, starts, ends in files], timeout)
+
+    def download(self, url: str, name: str, dest: str, timeout: float) -> int | StoreError:
+        """Stream a whole file to the local path ``dest``."""
+        import obstore
+
+        def stream(store: Any) -> int:
+            size = 0
+            with open(dest, "wb") as f:
+                for chunk in obstore.get(store, name).stream(min_chunk_size=8 << 20):
+                    f.write(chunk)
+                    size += len(chunk)
+            return size
+
+        return self._gather([(self._call, (url, name, stream))], timeout)[0]
+
+    def list(self, url: str, timeout: float) -> list[str] | StoreError:
+        """The names of the objects directly under the URL."""
+        import obstore
+
+        def names(store: Any) -> list[str]:
+            listed = obstore.list_with_delimiter(store)
+            return sorted(meta["path"].rsplit("/", 1)[-1] for meta in listed["objects"])
+
+        return self._gather([(self._call, (url, "", names))], timeout)[0]
+
+    def _store(self, url: str) -> Any:
+        store = self._stores.get(url)
+        if store is None:
+            store = self._stores[url] = make_store(url, self.budget_s)
+        return store
+
+    def _call(self, url: str, name: str, request: Callable[[Any], Any]) -> Any:
+        try:
+            return request(self._store(url))
+        except Exception as e:  # every obstore failure becomes a value; the caller decides
+            return store_error(e, url, name)
+
+    def _gather(self, calls: list[tuple[Callable[..., Any], tuple[Any, ...]]], timeout: float) -> list[Any]:
+        deadline = time.monotonic() + timeout
+        futures = [self._pool.submit(fn, *args) for fn, args in calls]
+        out = []
+        for future in futures:
+            try:
+                out.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
+            except TimeoutError:
+                out.append(StoreError(TRANSIENT, f"no answer within {timeout:.0f} s"))
+        return out

@@ -1,0 +1,230 @@
+"""Sources read from the start, not at an offset: a ``.tar.gz`` (gzip has no random access) and a
+Parquet file (read a row group at a time: its pages are compressed together). Each is a
+``StreamUnit``; an item is the member at an *ordinal* of its unit: the k-th regular member of
+the tar in stream order, or row k of the file. ``StreamUnit.read`` yields the wanted
+ordinals' bytes in one pass and stops after the last one wanted (a Parquet file also skips
+the row groups it does not need), so resuming a unit re-reads it only up to where the work
+left off. ``scatter`` writes the shards from these reads.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+import numpy as np
+
+from imgpipe._sys.oserrors import advice, describe
+from imgpipe.errors import DatasetError
+from imgpipe.packing import fastzlib
+from imgpipe.packing.members import NO_BYTES_REASON
+from imgpipe.packing.parquetpages import ChunkReader, Images, Unsupported
+from imgpipe.packing.tarsource import TarEntry
+
+READ_BUFFER = 1 << 20
+IMAGE_COLUMN = "image"
+
+
+@dataclass(frozen=True)
+class StreamUnit:
+    """A ``.tar.gz`` read from its start, or a Parquet file read a row group at a time."""
+
+    path: Path
+    parquet: bool = False
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def read(self, wanted: np.ndarray) -> Iterator[tuple[int, bytes]]:
+        """(ordinal, bytes) of each of the sorted ``wanted`` ordinals, in order."""
+        if len(wanted) == 0:
+            return iter(())
+        return _parquet_rows(self.path, wanted) if self.parquet else _tar_gz_members(self.path, wanted)
+
+
+@dataclass(frozen=True)
+class StreamItems:
+    """Per item: its unit, its ordinal there, its size; ``kinds`` marks links with no bytes (``members``)."""
+
+    units: tuple[StreamUnit, ...]
+    unit: np.ndarray  # int32
+    ordinals: np.ndarray  # int64
+    sizes: np.ndarray  # int64
+    kinds: np.ndarray | None = None  # int8; None: every item has bytes
+
+    def take(self, index: np.ndarray | slice) -> "StreamItems":
+        return StreamItems(self.units, self.unit[index], self.ordinals[index], self.sizes[index],
+                           None if self.kinds is None else self.kinds[index])  # fmt: skip
+
+    def no_bytes_reason(self, k: int) -> str | None:
+        """Why item ``k`` has no bytes (a dangling link), or None."""
+        return None if self.kinds is None else NO_BYTES_REASON.get(int(self.kinds[k]))
+
+
+class ForwardFile(io.RawIOBase):
+    """A stream read front to back as a seekable file: a seek forward skips (read into a scratch buffer), one
+    backward fails. tarfile's normal mode reads a tar with seeks forward only, and copies less than its stream mode."""
+
+    def __init__(self, stream: io.BufferedReader, raw: IO[bytes]) -> None:
+        self.stream, self.raw, self.position = stream, raw, 0
+        self.scratch = memoryview(bytearray(READ_BUFFER))
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self.stream.read(size)
+        self.position += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        count = self.stream.readinto(buffer)
+        self.position += count
+        return count
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        target = offset + (self.position if whence == io.SEEK_CUR else 0)
+        if whence == io.SEEK_END or target < self.position:
+            raise io.UnsupportedOperation(f"seek back to byte {target} of a gzip stream at byte {self.position}")
+        while self.position < target and (count := self.stream.readinto(self.scratch[: min(len(self.scratch), target - self.position)])):
+            self.position += count
+        return self.position
+
+    def close(self) -> None:
+        self.stream.close()
+        self.raw.close()
+        super().close()
+
+
+def open_tar_gz(path: Path) -> tuple[ForwardFile, tarfile.TarFile]:
+    """A tar over the decompressed ``path``, read front to back (gzip's own checks: a truncated file or a bad crc32 raise)."""
+    raw = open(path, "rb")
+    stream = ForwardFile(io.BufferedReader(fastzlib.open_gzip(raw), READ_BUFFER), raw)  # type: ignore[arg-type]
+    try:
+        return stream, tarfile.TarFile(fileobj=stream, mode="r")  # type: ignore[arg-type]
+    except BaseException:
+        stream.close()
+        raise
+
+
+def broken_tar_gz(path: Path, error: BaseException, last: str) -> DatasetError:
+    """A file the OS will not read says why; a damaged one, to download it again."""
+    if isinstance(error, OSError) and advice(error, writing=False):
+        return DatasetError(f"{path}: cannot read it: {describe(error, writing=False)}")
+    return DatasetError(f"{path}: truncated or corrupt .tar.gz ({error or type(error).__name__}) after {last}; download it again and rerun")
+
+
+GZIP_ERRORS = (tarfile.TarError, EOFError, gzip.BadGzipFile, OSError, *fastzlib.ERRORS)
+
+
+def list_tar_gz(path: Path) -> list[TarEntry]:
+    """Every member of the ``.tar.gz`` in stream order; a regular member's ``offset`` is its ordinal.
+
+    Reads to the end of the gzip stream, so a truncated download or a bad crc32 is a
+    DatasetError naming the archive and the last member read.
+    """
+    entries: list[TarEntry] = []
+    last = "its first member"
+    ordinal = 0
+    try:
+        stream, tar = open_tar_gz(path)
+        with stream, tar:
+            for member in tar:
+                offset = -1
+                if member.type in tarfile.REGULAR_TYPES:
+                    offset, ordinal = ordinal, ordinal + 1
+                name = member.name[2:] if member.name.startswith("./") else member.name
+                entries.append(TarEntry(name, offset, member.size, member.type, member.linkname))
+                last = f"member {name}"
+                tar.members.clear()
+            while stream.readinto(stream.scratch):  # the gzip trailer: its crc32 and length are checked at the end
+                pass
+    except GZIP_ERRORS as e:
+        raise broken_tar_gz(path, e, last) from None
+    return entries
+
+
+def _tar_gz_members(path: Path, wanted: np.ndarray) -> Iterator[tuple[int, bytes]]:
+    last = "its first member"
+    targets = iter(wanted.tolist())
+    target = next(targets)
+    ordinal = 0
+    try:
+        stream, tar = open_tar_gz(path)
+        with stream, tar:
+            for member in tar:
+                if member.type not in tarfile.REGULAR_TYPES:
+                    continue
+                if ordinal == target:
+                    data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    if len(data) != member.size:
+                        raise EOFError(f"member {member.name} ends early")
+                    yield ordinal, data
+                    target = next(targets, None)
+                    if target is None:
+                        return
+                last = f"member {member.name}"
+                ordinal += 1
+                tar.members.clear()
+    except GZIP_ERRORS as e:
+        raise broken_tar_gz(path, e, last) from None
+    raise DatasetError(f"{path}: has {ordinal} files, fewer than when it was listed; it changed since: rerun to list it again")
+
+
+def _parquet_rows(path: Path, wanted: np.ndarray) -> Iterator[tuple[int, bytes]]:
+    from imgpipe.packing.hfsource import open_parquet
+
+    with open_parquet(path) as parquet:
+        starts = np.cumsum([0] + [parquet.metadata.row_group(g).num_rows for g in range(parquet.metadata.num_row_groups)])
+        groups = np.searchsorted(starts, wanted, side="right") - 1
+        pages = page_reader(path, parquet)
+        for group in np.unique(groups).tolist():
+            images = row_group_images(path, parquet, pages, group)
+            for row in wanted[groups == group].tolist():
+                yield row, images.image(row - int(starts[group]))
+
+
+def page_reader(path: Path, parquet: Any) -> ChunkReader | None:
+    """A reader of the file's ``image.bytes`` pages, or None when pyarrow must read them."""
+    try:
+        return ChunkReader(path, parquet.metadata, f"{IMAGE_COLUMN}.bytes")
+    except (Unsupported, OSError, ValueError):  # an empty or unmappable file: pyarrow says what is wrong with it
+        return None
+
+
+def row_group_images(path: Path, parquet: Any, pages: ChunkReader | None, group: int) -> Images:
+    """Where each image of row group ``group`` lies: from its pages, else (a layout they do not handle) read by pyarrow."""
+    if pages is not None:
+        try:
+            return pages.read(group)
+        except Unsupported:
+            pass
+    try:
+        column = parquet.read_row_group(group, columns=[f"{IMAGE_COLUMN}.bytes"], use_threads=False).column(0)
+    except Exception as e:  # pyarrow raises its own error types, OSError included
+        raise DatasetError(f"{path}: row group {group} is unreadable ({e}); download the file again and rerun") from None
+    begins, ends, data = image_bytes(column.chunk(0) if column.num_chunks == 1 else column.combine_chunks())
+    return Images([data], np.zeros(len(begins), np.int32), begins, ends)
+
+
+def image_bytes(column: Any) -> tuple[np.ndarray, np.ndarray, memoryview]:
+    """Where each image of an ``image`` struct column lies in its ``bytes`` buffer: image k is
+    ``data[starts[k]:ends[k]]``, empty where the image or its bytes are null. Slicing the buffer
+    costs less than a pyarrow scalar per row."""
+    values = column.field("bytes")
+    width = np.int64 if str(values.type).startswith("large_") else np.int32
+    offsets = np.frombuffer(values.buffers()[1], width)[values.offset : values.offset + len(values) + 1].astype(np.int64)
+    starts, ends = offsets[:-1].copy(), offsets[1:].copy()
+    null = ~(np.asarray(column.is_valid()) & np.asarray(values.is_valid()))
+    ends[null] = starts[null]
+    return starts, ends, memoryview(values.buffers()[2] or b"")

@@ -1,0 +1,52 @@
+"""A run's output folder: a new run never writes over another run's checkpoint and metrics by accident.
+
+A re-submitted job script without ``--resume`` would otherwise overwrite the run's checkpoint
+and append to its ``metrics.jsonl``. So a folder holding a checkpoint is refused unless the
+config continues it (``output.resume``) or asks to start afresh (``output.overwrite``), which
+first removes that run's checkpoint and TensorBoard events and empties its metrics. Torch-free:
+the launcher calls it before it starts any rank.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from imgpipe._sys.atomic import atomic_write_bytes
+from imgpipe.errors import ConfigError
+from imgpipe.train.config import TrainConfig, make_output_dir
+
+CHECKPOINT_NAME = "checkpoint.pt"
+METRICS_NAME = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def checkpoint_path(folder: str | os.PathLike) -> Path:
+    return Path(folder) / CHECKPOINT_NAME
+
+
+def claim_output_dir(config: TrainConfig, *, is_main: bool) -> Path:
+    """Create ``output.dir``; unless the run resumes, refuse one that holds a checkpoint, or (``is_main``) clear it for a fresh start."""
+    folder = make_output_dir(config)
+    checkpoint = checkpoint_path(folder)
+    resuming = config.output.resume == "yes" or (config.output.resume == "auto" and checkpoint.exists())
+    if resuming:
+        return folder
+    if checkpoint.exists() and not config.output.overwrite:
+        raise ConfigError(
+            f"output.dir {folder} already holds a run ({CHECKPOINT_NAME}); continue it with --resume (output.resume: yes), "
+            "start it again with --overwrite (output.overwrite: true; deletes its checkpoint, metrics and TensorBoard events), "
+            "or choose another output.dir"
+        )
+    if is_main:
+        start_afresh(folder)
+    return folder
+
+
+def start_afresh(folder: Path) -> None:
+    """Remove a previous run's checkpoint and TensorBoard events, and replace its metrics with an empty file (atomically)."""
+    checkpoint_path(folder).unlink(missing_ok=True)
+    if (folder / TENSORBOARD_DIR).is_dir():
+        shutil.rmtree(folder / TENSORBOARD_DIR)
+    atomic_write_bytes(folder / METRICS_NAME, b"")

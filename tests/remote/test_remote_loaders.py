@@ -1,0 +1,152 @@
+"""Whole epochs from a bucket equal those from the local folder: labels and pixels, both backends,
+forked workers, world sizes 1 and 2 (real gloo), with faults in the way; a record that stays
+unreadable is skipped or named; a server that stops mid-epoch is named in one line."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from remote_env import BUCKET, aws_env
+from s3_server import FaultProxy, S3Server
+
+from imgpipe.errors import DatasetError
+from imgpipe.format.shardset import open_shards
+from imgpipe.loaders.torch import make_torch_loader
+
+SIZE = 32
+
+
+def _epochs(loader, epochs: int = 2) -> list[tuple[np.ndarray, np.ndarray]]:
+    try:
+        return [(x.numpy().copy(), y.numpy().copy()) for _ in range(epochs) for x, y in loader]
+    finally:
+        close = getattr(loader, "close", None)
+        if close is not None:
+            close()
+
+
+def _torch(path: object, **kwargs):
+    kwargs.setdefault("workers", 2)
+    return make_torch_loader(path, batch_size=4, image_size=SIZE, normalize=False, device=None, seed=5, rank=0, world_size=1, **kwargs)
+
+
+def _assert_same(remote: list, local: list) -> None:
+    assert len(remote) == len(local) > 0
+    for (x1, y1), (x2, y2) in zip(remote, local):
+        assert np.array_equal(y1, y2) and np.array_equal(x1, x2)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fault", [None, "slowdown", "truncate", "reset", "corrupt"])
+def test_torch_epochs_from_a_bucket_equal_the_folder_with_forked_workers(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, fault: str | None) -> None:
+    """Forked workers each make their own obstore client (the process that opened the URL only used its helper)."""
+    fault_proxy.inject(fault, every=3)
+    remote = _epochs(_torch(remote_packed, block_shuffle=4))
+    _assert_same(remote, _epochs(_torch(packed_dir, block_shuffle=4)))
+    if fault is not None:
+        assert fault_proxy.counts.faults[fault] > 0
+
+
+@pytest.mark.timeout(240)
+def test_spawned_workers_and_no_workers_read_the_bucket_too(s3_env: S3Server, remote_packed: str, packed_dir: Path) -> None:
+    local = _epochs(_torch(packed_dir, workers=0), epochs=1)
+    _assert_same(_epochs(_torch(remote_packed, workers=0), epochs=1), local)
+    _assert_same(_epochs(_torch(remote_packed, workers=1, multiprocessing_context="spawn"), epochs=1), local)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fault", [None, "truncate"])
+def test_dali_epochs_from_a_bucket_equal_the_folder(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, fault: str | None, require_dali: None) -> None:
+    from imgpipe.loaders.dali import make_dali_loader
+
+    def dali(path: object) -> list:
+        return _epochs(make_dali_loader(path, batch_size=4, image_size=SIZE, normalize=False, device=None, workers=1, seed=5, rank=0, world_size=1))
+
+    fault_proxy.inject(fault, every=3)
+    _assert_same(dali(remote_packed), dali(packed_dir))
+
+
+RANK_SCRIPT = """
+import sys, numpy as np, torch.distributed as dist
+from imgpipe.loaders.torch import make_torch_loader
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+loader = make_torch_loader({url!r}, batch_size=4, image_size={size}, normalize=False, device=None, seed=5, workers=2)
+images, labels = [], []
+for epoch in range(2):
+    for x, y in loader:
+        images.append(x.numpy().copy()); labels.append(y.numpy().copy())
+np.savez(sys.argv[2], images=np.stack(images), labels=np.stack(labels))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_gloo_ranks_read_their_parts_of_the_bucket_through_faults(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT.format(port=port, url=remote_packed, size=SIZE))
+    fault_proxy.inject("slowdown", every=4)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / f"r{r}.npz")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=280) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    for rank in range(2):
+        local = _epochs(make_torch_loader(packed_dir, batch_size=4, image_size=SIZE, normalize=False, device=None, seed=5, workers=0, rank=rank, world_size=2))
+        got = np.load(tmp_path / f"r{rank}.npz")
+        _assert_same(list(zip(got["images"], got["labels"])), local)
+    assert fault_proxy.counts.faults["slowdown"] > 0
+
+
+@pytest.fixture
+def damaged(s3_env: S3Server, packed_dir: Path) -> tuple[str, int]:
+    """The packed folder uploaded with one byte of record 7's image flipped: (URL, 7)."""
+    local = open_shards(packed_dir)
+    shard, start, end = local.location(7)
+    data = bytearray((packed_dir / local.rec_names[shard]).read_bytes())
+    data[end - 16] ^= 0xFF
+    url = s3_env.upload(packed_dir, BUCKET, "damaged-loader")
+    s3_env.put(BUCKET, f"damaged-loader/{local.rec_names[shard]}", bytes(data))
+    return url, 7
+
+
+@pytest.mark.timeout(180)
+def test_a_record_damaged_in_the_bucket_is_skipped_or_named(damaged: tuple[str, int], packed_dir: Path) -> None:
+    url, bad = damaged
+    skip = _torch(url, workers=2, on_corrupt="skip", shuffle=False)
+    batches = _epochs(skip, epochs=1)
+    assert len(batches) == len(_epochs(_torch(packed_dir, workers=0, shuffle=False), epochs=1)) and skip.skipped == 1
+    with pytest.raises(DatasetError) as info:
+        _epochs(_torch(url, workers=2, shuffle=False), epochs=1)
+    message = str(info.value)
+    assert f"{url}/train-00000-of-00002.rec record {bad} (id " in message and "crc32 differs" in message and "\n" not in message
+
+
+@pytest.mark.timeout(180)
+def test_a_server_stopped_mid_epoch_is_named_in_one_line(packed_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    with S3Server(lifetime_s=300) as server:
+        url = server.upload(packed_dir, BUCKET, "stops")
+        aws_env(monkeypatch, {**server.env(), "IMGPIPE_REMOTE_TIMEOUT": "2"}, tmp_path)
+        loader = _torch(url, workers=2)
+        batches = iter(loader)
+        next(batches)
+        server.stop()
+        with pytest.raises(DatasetError) as info:
+            for _ in batches:
+                pass
+        loader.close()
+    message = str(info.value)
+    assert message.startswith(f"{url}/train-0000") and " record " in message and "gave up after" in message and "\n" not in message

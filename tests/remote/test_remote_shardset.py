@@ -1,0 +1,155 @@
+"""A packed folder read from a real S3-API server (and over plain HTTP) is the local folder: index,
+labels, bytes; the reads are batched, checked, retried, and fail in one line naming where."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from remote_env import BUCKET, aws_env
+from s3_server import FAULTS, FaultProxy, S3Server, free_port
+
+from imgpipe.errors import ConfigError, DatasetError, RemoteError
+from imgpipe.format.shardset import open_shards
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _same_records(local, remote) -> None:
+    assert len(remote) == len(local) and remote.classes == local.classes
+    assert np.array_equal(remote.labels, local.labels) and np.array_equal(remote.keys, local.keys)
+    records = remote.fetch(np.arange(len(remote)))
+    for i in range(len(local)):
+        assert records.read_view(i)[1] == local.read(i)[1], i
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_bucket_holds_the_same_records_as_the_folder(s3_env: S3Server, remote_packed: str, packed_dir: Path, split: str) -> None:
+    local, remote = open_shards(packed_dir, split), open_shards(remote_packed, split)
+    _same_records(local, remote)
+    assert remote.read(3)[1] == local.read(3)[1] and remote.source(3) == local.source(3)
+    assert remote.describe(3).startswith(f"{remote_packed}/{split}-00000-of-")
+    clone = pickle.loads(pickle.dumps(remote))  # as a spawned loader worker receives it
+    assert clone.read(len(clone) - 1)[1] == local.read(len(local) - 1)[1]
+
+
+def test_a_folder_served_over_http_reads_the_same(s3_env: S3Server, remote_packed: str, packed_dir: Path) -> None:
+    """moto serves public objects at http://host:port/bucket/key, with Range: a plain HTTP folder."""
+    url = f"{s3_env.endpoint}/{BUCKET}/packed"
+    _same_records(open_shards(packed_dir), open_shards(url))
+
+
+def test_the_index_is_fetched_once_and_a_batch_in_one_request_per_shard(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path) -> None:
+    remote = open_shards(remote_packed)
+    shards = len(remote.rec_names)
+    assert fault_proxy.counts.gets == 1 + shards + 2  # manifest, every .idx, labels and crc32 sidecars
+    before = fault_proxy.counts.matching_gets
+    neighbours = np.arange(10, 26)  # 16 neighbouring records, as block_shuffle puts them in one batch
+    records = remote.fetch(neighbours)
+    assert [records.read_view(k)[1] for k in range(16)] == [open_shards(packed_dir).read(int(i))[1] for i in neighbours]
+    assert fault_proxy.counts.matching_gets - before == len({remote.location(int(i))[0] for i in neighbours})
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_faults_on_every_other_request_are_survived(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, fault: str) -> None:
+    remote = open_shards(remote_packed)
+    fault_proxy.inject(fault, every=2)
+    _same_records(open_shards(packed_dir), remote)
+    assert fault_proxy.counts.faults[fault] > 0
+
+
+def test_bytes_damaged_in_the_bucket_fail_that_record_only_in_one_line(s3_env: S3Server, packed_dir: Path, tmp_path: Path) -> None:
+    local = open_shards(packed_dir)
+    shard, start, end = local.location(7)
+    damaged = bytearray((packed_dir / local.rec_names[shard]).read_bytes())
+    damaged[(start + end) // 2] ^= 0xFF
+    url = s3_env.upload(packed_dir, BUCKET, "damaged")
+    s3_env.put(BUCKET, f"damaged/{local.rec_names[shard]}", bytes(damaged))
+    records = open_shards(url).fetch([6, 7, 8])
+    assert records.read_view(0)[1] == local.read(6)[1] and records.read_view(2)[1] == local.read(8)[1]
+    with pytest.raises(RemoteError) as info:
+        records.read_view(1)
+    message = str(info.value)
+    assert message.startswith(f"{url}/{local.rec_names[shard]} record 7 (id ") and "crc32 differs from the checksum sidecar" in message
+    assert "stored file is damaged" in message and "\n" not in message
+
+
+def test_a_record_still_failing_when_the_time_is_up_is_named(fault_proxy: FaultProxy, remote_packed: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IMGPIPE_REMOTE_TIMEOUT", "1.5")
+    remote = open_shards(remote_packed)
+    fault_proxy.inject("slowdown")
+    with pytest.raises(RemoteError) as info:
+        remote.read(5)
+    message = str(info.value)
+    assert message.startswith(f"{remote_packed}/train-0000") and " record 5 (id " in message
+    assert "gave up after" in message and "\n" not in message
+
+
+def test_a_missing_bucket_file_or_split_is_one_line(s3_env: S3Server, remote_packed: str) -> None:
+    with pytest.raises(RemoteError, match="s3://no-such-bucket/x: the bucket does not exist"):
+        open_shards("s3://no-such-bucket/x")
+    with pytest.raises(DatasetError, match=f"{BUCKET}/nothing/manifest.json: no manifest"):
+        open_shards(f"s3://{BUCKET}/nothing")
+    with pytest.raises(DatasetError, match="no split 'test'"):
+        open_shards(remote_packed, "test")
+    with pytest.raises(DatasetError, match="unsupported URL scheme 'ftp'"):
+        open_shards("ftp://host/folder")
+    with pytest.raises(DatasetError, match="give the folder's URL alone"):
+        open_shards([remote_packed, remote_packed])
+
+
+def test_bad_credentials_are_refused_in_one_line(s3_env: S3Server, remote_packed: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with s3_env.auth_required() as (key, secret):
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+        assert len(open_shards(remote_packed)) == 48  # the server checks, and takes the right key
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+        with pytest.raises(RemoteError, match=f"{remote_packed}: access denied .*check the credentials"):
+            open_shards(remote_packed)
+
+
+def test_an_aws_profile_supplies_the_credentials(s3_env: S3Server, remote_packed: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without AWS_ACCESS_KEY_ID, the profile chain (AWS_PROFILE in a credentials file) is read as the AWS tools read it."""
+    with s3_env.auth_required() as (key, secret):
+        credentials = tmp_path / "credentials"
+        credentials.write_text(f"[imgpipe]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n[stale]\naws_access_key_id = {key}\naws_secret_access_key = old\n")
+        aws_env(monkeypatch, {"AWS_ENDPOINT_URL": s3_env.endpoint, "AWS_DEFAULT_REGION": "us-east-1", "AWS_PROFILE": "imgpipe"}, tmp_path)
+        monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+        monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+        assert len(open_shards(remote_packed)) == 48
+        monkeypatch.setenv("AWS_PROFILE", "stale")
+        with pytest.raises(RemoteError, match="access denied"):
+            open_shards(remote_packed)
+
+
+def test_an_unreachable_endpoint_is_one_line_once_the_retry_time_is_up(s3_env: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    closed = free_port()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed}")
+    monkeypatch.setenv("IMGPIPE_REMOTE_TIMEOUT", "2")
+    with pytest.raises(RemoteError, match=f"s3://{BUCKET}/packed/manifest.json: .*gave up after"):
+        open_shards(f"s3://{BUCKET}/packed")
+
+
+def test_a_bad_retry_time_is_a_config_error(s3_env: S3Server, remote_packed: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IMGPIPE_REMOTE_TIMEOUT", "soon")
+    with pytest.raises(ConfigError, match="IMGPIPE_REMOTE_TIMEOUT='soon'"):
+        open_shards(remote_packed)
+
+
+def test_without_obstore_a_url_names_the_extra_to_install(remote_packed: str) -> None:
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["obstore"] = None  # as if it were not installed
+        from imgpipe.format.shardset import open_shards
+        open_shards({remote_packed!r})
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=os.environ)
+    assert result.returncode != 0
+    assert f"ConfigError: {remote_packed}: reading from a URL needs obstore: pip install 'imgpipe[remote]'" in result.stderr
