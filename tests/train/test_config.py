@@ -162,6 +162,13 @@ def test_bn_weight_decay_is_the_decay_of_bn_and_bias_parameters() -> None:
     decay, bn = optimizer.param_groups
     assert decay["weight_decay"] == 0.0005 and bn["weight_decay"] == 0.0001
     assert {id(p) for p in bn["params"]} == {id(p) for p in model.parameters() if p.ndim == 1}
+    # a resume re-applies the config's optim section to the loaded optimizer: bn_weight_decay too
+    from imgpipe.train.loop import apply_optim_config
+
+    resumed = load_config(None, ["optim.weight_decay=0.0005", "optim.bn_weight_decay=0.0002"])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(resumed, steps_per_epoch=10))
+    apply_optim_config(optimizer, scheduler, resumed, 256, lr_schedule(resumed, steps_per_epoch=10), step=3)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.0005, 0.0002]
 
 
 def test_a_resolution_ramp_rounds_to_32_px_inside_as_ffcv_does() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,13 +31,13 @@ def test_plain_names_stay_torchvisions() -> None:
         check_model_name("resnet5")
 
 
-def test_without_timm_a_timm_name_is_one_line_saying_how_to_install_it() -> None:
+def test_without_timm_a_timm_name_is_one_line_saying_how_to_install_it(tmp_path: Path) -> None:
     script = textwrap.dedent(
-        """
+        f"""
         import sys
         sys.modules["timm"] = None  # as if timm were not installed
         from imgpipe.cli import main
-        main(["train", "--set", "model.name=timm:resnet50", "--set", "data.path=/nowhere", "--gpus", "0"])
+        main(["train", "--set", "model.name=timm:resnet50", "--set", "data.path=/nowhere", "--set", "output.dir={tmp_path / 'run'}", "--gpus", "0"])
         """
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
