@@ -28,6 +28,21 @@ def try_lock(path: str | os.PathLike) -> int | None:
     return fd
 
 
+def is_held(path: str | os.PathLike) -> bool:
+    """Whether a process holds the lock at ``path`` now (looked at without writing into it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing lets go of a lock it took
+    return False
+
+
 def release(fd: int) -> None:
     """Give the lock up (closing its descriptor)."""
     os.close(fd)

@@ -1,0 +1,6 @@
+"""``imgpipe stage SRC DST``: a packed folder copied whole between two locations, every file checked.
+
+``stager`` runs it (checks, the lock, resume, the commit), ``plan`` lists the files a manifest
+names, ``target`` is what a copy is written to (a local folder or a URL) with its journal, and
+``copier`` moves the bytes: several files and ranges at once, each file hashed as it lands.
+"""

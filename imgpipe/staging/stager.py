@@ -1,0 +1,330 @@
+"""``stage(SRC, DST)``: copy a packed folder whole between two locations, every file checked, manifest last.
+
+SRC and DST are each a local (or mounted) folder or a URL (``s3://``, ``gs://``, ``az://``; SRC
+may also be ``http(s)://``). Every file the manifest names (shards, indexes, sidecars) is copied
+and its sha256 compared with the manifest's, which holds one for each; the manifest is written
+last, byte for byte SRC's: a DST without it is an incomplete copy, which the loaders and
+``imgpipe verify`` refuse.
+
+Resume: each file verified in place is journaled (``target``), so a rerun after ``kill -9``
+copies only the rest, and redoes partial files. Several stagers of one local DST: the first to
+take ``DST/.imgpipe-stage/lock`` copies, the others wait for the manifest and return; one whose
+holder died takes the lock over and goes on from the journal. A stager that fails leaves a
+record of why, which ``wait_for_stage`` (the trainer's other local ranks) reports.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from imgpipe._sys.atomic import atomic_write_bytes
+from imgpipe._sys.diskinfo import check_free_space, format_bytes
+from imgpipe._sys.pidlock import describe_holder, holder_alive, is_held, lock_holder, release, try_lock
+from imgpipe._sys.procs import process_start_time
+from imgpipe.errors import ConfigError, DatasetError
+from imgpipe.format.bytesource import ByteSource, LocalSource, is_url, open_source
+from imgpipe.format.layout import SIDECAR_SUFFIXES, is_shard_file
+from imgpipe.format.manifest import JOURNAL_DIR, MANIFEST_NAME, parse_manifest, unfinished_pack
+from imgpipe.staging.copier import Copier
+from imgpipe.staging.plan import StagedFile, manifest_files
+from imgpipe.staging.target import STAGE_DIR, LocalTarget, StoreTarget, Target
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_JOBS = 16  # ranges (or files) copied at once
+POLL_S = 0.5  # how often a waiting stager looks at DST
+STALL_S = 900.0  # a wait fails when the stage it waits for shows no progress for this long
+FRESH_S = 10.0  # a failure record or lock up to this long older than the waiting process belongs to its launch
+
+
+@dataclass
+class StageReport:
+    """What a stage did: ``copied_bytes`` of ``total_bytes`` moved (the rest was in DST already, verified)."""
+
+    src: str
+    dst: str
+    files: int
+    total_bytes: int
+    copied_bytes: int
+    seconds: float
+    waited: bool = False  # another process made the copy; this one waited for it
+
+    def summary(self) -> str:
+        if self.waited:
+            how = "copied by another process; waited for it"
+        elif self.copied_bytes == 0:
+            how = "already there, nothing copied"
+        else:
+            rate = self.copied_bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
+            kept = self.total_bytes - self.copied_bytes
+            how = f"{format_bytes(self.copied_bytes)} copied in {self.seconds:.1f} s ({rate:,.0f} MB/s)" + (
+                f", {format_bytes(kept)} kept from an earlier run" if kept else ""
+            )
+        return f"{self.dst}: staged from {self.src}: {self.files} files, {format_bytes(self.total_bytes)}, each checked against its sha256; {how}"
+
+
+def stage(
+    src: str | os.PathLike, dst: str | os.PathLike, *, jobs: int = DEFAULT_JOBS, overwrite: bool = False, progress: bool = False,
+    stall_s: float = STALL_S,
+) -> StageReport:
+    """Copy the packed folder ``src`` to ``dst``; see the module docstring.
+
+    ``jobs``: ranges (or, to a store, files) copied at once. ``overwrite``: replace a DST that
+    holds another dataset (another manifest, or shards this one does not list). ``progress``: a
+    tqdm bar in bytes. ``stall_s``: how long to wait for another stager of DST that shows no progress.
+    """
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs}: need at least 1")
+    start = time.monotonic()
+    source, manifest_bytes = _open_src(src)
+    target = _target(dst)
+    _refuse_same_folder(source, target)
+    if target.manifest_bytes() == manifest_bytes:
+        return _report(source, target, manifest_bytes, start)
+    if isinstance(target, StoreTarget):
+        target.prepare()
+        return _copy(source, target, manifest_bytes, jobs=jobs, overwrite=overwrite, progress=progress, start=start)
+    target.prepare()
+    fd = _lock_or_wait(source, target, manifest_bytes, stall_s)
+    if fd is None:
+        return _report(source, target, manifest_bytes, start, waited=True)
+    try:
+        if target.manifest_bytes() == manifest_bytes:  # the holder we waited for finished just before it let go
+            return _report(source, target, manifest_bytes, start, waited=True)
+        target.failure_path.unlink(missing_ok=True)
+        try:
+            return _copy(source, target, manifest_bytes, jobs=jobs, overwrite=overwrite, progress=progress, start=start)
+        except Exception as e:
+            _record_failure(target, e)
+            raise
+    finally:
+        release(fd)
+
+
+def wait_for_stage(src: str | os.PathLike, dst: str | os.PathLike, *, stall_s: float = STALL_S) -> None:
+    """Wait until another process of this launch (the trainer's local rank 0) has staged ``src`` into
+    the local folder ``dst``; one line when it failed, died or stalls."""
+    _, manifest_bytes = _open_src(src)
+    target = LocalTarget(dst)
+    since = (process_start_time() or time.time()) - FRESH_S
+    progress = _Progress(target, stall_s)
+    while target.manifest_bytes() != manifest_bytes:
+        failure = _read_failure(target, since)
+        if failure is not None:
+            raise DatasetError(f"{dst}: local rank 0 could not stage {src} there: {failure}")
+        holder = lock_holder(target.lock_path)
+        if holder is not None and _modified_since(target.lock_path, since) and not holder_alive(*holder) and not is_held(target.lock_path):
+            raise DatasetError(f"{dst}: local rank 0 ({describe_holder(holder)}) stopped staging {src} there before it finished; rerun to resume the copy")
+        progress.check(f"{dst}: waited {stall_s:.0f} s for local rank 0 to stage {src} there, and saw no progress; is it running?")
+        time.sleep(POLL_S)
+
+
+def stage_on_node(src: str, dst: str, *, local_rank: int, progress: bool = False) -> None:
+    """The trainer's ``data.stage``: local rank 0 stages ``src`` into ``dst``, the node's other ranks wait for it."""
+    if local_rank == 0:
+        report = stage(src, dst, progress=progress)
+        logger.info("%s", report.summary())
+    else:
+        logger.debug("local rank %d: waiting for local rank 0 to stage %s into %s", local_rank, src, dst)
+        wait_for_stage(src, dst)
+
+
+# ----------------------------------------------------------------------------- the copy
+
+
+def _copy(source: ByteSource, target: Target, manifest_bytes: bytes, *, jobs: int, overwrite: bool, progress: bool, start: float) -> StageReport:
+    manifest_where = source.where(MANIFEST_NAME)
+    listed = manifest_files(parse_manifest(manifest_bytes, manifest_where), manifest_where)
+    files = _sized(source, listed)
+    present = target.sizes()
+    _clear_the_way(source, target, {f.name for f in files}, present, overwrite)
+    journal = target.entries()
+    todo = [f for f in files if (f.name, f.size, f.sha256) not in journal or present.get(f.name) != f.size]
+    rehash: list[StagedFile] = []
+    if isinstance(target, LocalTarget):
+        rehash = [f for f in todo if present.get(f.name) == f.size]  # in place but not journaled: hashing beats copying
+        todo = [f for f in todo if f not in rehash]
+        target.remove_parts()
+        check_free_space(target.folder, sum(f.size for f in todo), what="the copy", error=DatasetError)
+    total = sum(f.size for f in files)
+    logger.debug("stage %s -> %s: %d of %d files to copy, %d to check in place", source.location, target.location, len(todo), len(files), len(rehash))
+    scratch = None if isinstance(target, LocalTarget) or isinstance(source, LocalSource) else Path(tempfile.mkdtemp(prefix="imgpipe-stage-"))
+    bar = tqdm(total=sum(f.size for f in todo + rehash), unit="B", unit_scale=True, unit_divisor=1024, desc="stage", disable=not progress, dynamic_ncols=True)
+    try:
+        copier = Copier(source, target, jobs=jobs, bar=bar, scratch=scratch)
+        copier.run(todo, rehash)
+    finally:
+        bar.close()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    target.write_manifest(manifest_bytes)  # the commit point
+    target.clear_journal()
+    return StageReport(str(source.location), str(target.location), len(files), total, copier.copied_bytes, time.monotonic() - start)
+
+
+def _sized(source: ByteSource, listed: list[Any]) -> list[StagedFile]:
+    """Each listed file with its size at the source; one line for a missing one, or one whose size differs from the manifest's."""
+    sizes = source.list_sizes()
+    files = []
+    for item in listed:
+        where = source.where(item.name)
+        if sizes is not None:
+            size = sizes.get(item.name)
+        elif item.size is not None:  # no listing (plain HTTP): the manifest's size, checked by the copy
+            size = item.size
+        else:
+            try:
+                size = source.size(item.name)
+            except FileNotFoundError:
+                size = None
+        if size is None:
+            raise DatasetError(f"{where}: missing, though the manifest lists it; run 'imgpipe verify {source.location}'")
+        if item.size is not None and size != item.size:
+            raise DatasetError(f"{where}: {size} bytes, the manifest says {item.size}: the file at the source changed since packing; run 'imgpipe verify {source.location}'")
+        files.append(StagedFile(item.name, item.sha256, size, item.size))
+    return files
+
+
+def _clear_the_way(source: ByteSource, target: Target, names: set[str], present: dict[str, int], overwrite: bool) -> None:
+    """Refuse a DST holding another dataset (or an unfinished pack); with ``overwrite``, remove that dataset's files."""
+    if isinstance(target, LocalTarget) and (target.folder / JOURNAL_DIR).is_dir() and MANIFEST_NAME not in present:
+        raise DatasetError(f"{unfinished_pack(target.folder) or f'{target.folder}: holds a pack journal ({JOURNAL_DIR}/)'}; stage into another DST")
+    others = sorted(n for n in present if n not in names and (n == MANIFEST_NAME or is_shard_file(n) or n.endswith(SIDECAR_SUFFIXES)))
+    if not others:
+        return
+    if not overwrite:
+        what = f"{'its own ' + MANIFEST_NAME if MANIFEST_NAME in others else others[0]}" + (f" and {len(others) - 1} more file(s)" if len(others) > 1 else "")
+        raise DatasetError(
+            f"{target.location}: holds another dataset ({what} that {source.location}'s manifest does not match); "
+            "choose an empty DST, or pass --overwrite to replace it"
+        )
+    if MANIFEST_NAME in others:
+        target.remove_manifest()  # first: from here DST reads as an incomplete copy
+    target.remove([n for n in others if n != MANIFEST_NAME])
+
+
+# ----------------------------------------------------------------------------- opening
+
+
+def _open_src(src: str | os.PathLike) -> tuple[ByteSource, bytes]:
+    """SRC's byte source and its manifest's bytes; one line when SRC is not a packed folder."""
+    if not is_url(src):
+        folder = Path(src)
+        if not folder.is_dir():
+            raise DatasetError(f"{src}: {'not a folder' if folder.exists() else 'no such folder'}; give a folder made by 'imgpipe pack', or its URL")
+    source = open_source(str(src).rstrip("/") if is_url(src) else src)
+    try:
+        data = source.read_file(MANIFEST_NAME)
+    except FileNotFoundError:
+        unfinished = None if source.remote else unfinished_pack(src)
+        raise DatasetError(unfinished or f"{source.where(MANIFEST_NAME)}: no manifest; is {source.location} a folder made by 'imgpipe pack'?") from None
+    except OSError as e:
+        raise DatasetError(f"{source.where(MANIFEST_NAME)}: cannot read the manifest ({e.strerror or e})") from None
+    parse_manifest(data, source.where(MANIFEST_NAME))  # one line now for a manifest that is not one
+    return source, data
+
+
+def _target(dst: str | os.PathLike) -> Target:
+    return StoreTarget(str(dst).rstrip("/")) if is_url(dst) else LocalTarget(dst)
+
+
+def _refuse_same_folder(source: ByteSource, target: Target) -> None:
+    same = (
+        source.location == target.location
+        if source.remote or target.remote
+        else isinstance(target, LocalTarget) and target.folder.exists() and os.path.samefile(source.location, target.folder)
+    )
+    if same:
+        raise DatasetError(f"{target.location}: SRC and DST are the same folder; give another DST")
+
+
+def _report(source: ByteSource, target: Target, manifest_bytes: bytes, start: float, *, waited: bool = False) -> StageReport:
+    """The report of a DST found complete (or completed by another stager)."""
+    listed = manifest_files(parse_manifest(manifest_bytes, source.where(MANIFEST_NAME)))
+    present = target.sizes()
+    total = sum(present.get(item.name, 0) for item in listed)
+    return StageReport(str(source.location), str(target.location), len(listed), total, 0, time.monotonic() - start, waited)
+
+
+# ----------------------------------------------------------------------------- several stagers of one DST
+
+
+def _lock_or_wait(source: ByteSource, target: LocalTarget, manifest_bytes: bytes, stall_s: float) -> int | None:
+    """The lock of DST (its descriptor), or None once another stager has finished the copy."""
+    progress = _Progress(target, stall_s)
+    told = False
+    while True:
+        fd = try_lock(target.lock_path)
+        if fd is not None:
+            return fd
+        if target.manifest_bytes() == manifest_bytes:
+            return None
+        holder = lock_holder(target.lock_path)
+        if not told:
+            logger.info("%s: another imgpipe stage (%s) is copying there; waiting for it", target.location, describe_holder(holder))
+            told = True
+        progress.check(f"{target.location}: the imgpipe stage copying there ({describe_holder(holder)}) made no progress for {stall_s:.0f} s; stop it and rerun")
+        time.sleep(POLL_S)
+
+
+class _Progress:
+    """Fails a wait once DST's journal folder (parts written, files journaled) stops changing for ``stall_s``."""
+
+    def __init__(self, target: LocalTarget, stall_s: float) -> None:
+        self.target = target
+        self.stall_s = stall_s
+        self.seen = self._state()
+        self.since = time.monotonic()
+
+    def _state(self) -> tuple[int, int]:
+        try:
+            stats = [entry.stat() for entry in os.scandir(self.target.journal)]
+        except OSError:
+            return (0, 0)
+        return len(stats), max((s.st_mtime_ns for s in stats), default=0)
+
+    def check(self, message: str) -> None:
+        state = self._state()
+        if state != self.seen:
+            self.seen, self.since = state, time.monotonic()
+        elif time.monotonic() - self.since > self.stall_s:
+            raise DatasetError(message)
+
+
+def _record_failure(target: LocalTarget, error: BaseException) -> None:
+    """Leave why this stage failed where the processes waiting for it look."""
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), "error": str(error) or type(error).__name__}
+    try:
+        atomic_write_bytes(target.failure_path, json.dumps(record).encode("utf-8"))
+    except OSError:  # DST itself is what failed (full, read-only): the waiters time out instead
+        pass
+
+
+def _read_failure(target: LocalTarget, since: float) -> str | None:
+    """The error a stage of this launch recorded (written after ``since``), if any."""
+    try:
+        record = json.loads(target.failure_path.read_text(encoding="utf-8"))
+        return str(record["error"]) if float(record["time"]) >= since else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _modified_since(path: Path, since: float) -> bool:
+    try:
+        return path.stat().st_mtime >= since
+    except OSError:
+        return False
+
+
+__all__ = ["DEFAULT_JOBS", "STAGE_DIR", "StageReport", "stage", "stage_on_node", "wait_for_stage"]
