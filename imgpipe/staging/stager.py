@@ -38,7 +38,7 @@ from imgpipe.format.layout import SIDECAR_SUFFIXES, is_shard_file
 from imgpipe.format.manifest import JOURNAL_DIR, MANIFEST_NAME, parse_manifest, unfinished_pack
 from imgpipe.staging.copier import Copier
 from imgpipe.staging.plan import StagedFile, manifest_files
-from imgpipe.staging.target import STAGE_DIR, LocalTarget, StoreTarget, Target
+from imgpipe.staging.target import LocalTarget, StoreTarget, Target
 
 logger = logging.getLogger(__name__)
 
@@ -66,9 +66,9 @@ class StageReport:
         elif self.copied_bytes == 0:
             how = "already there, nothing copied"
         else:
-            rate = self.copied_bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
+            rate = format_bytes(self.copied_bytes / max(self.seconds, 1e-3))
             kept = self.total_bytes - self.copied_bytes
-            how = f"{format_bytes(self.copied_bytes)} copied in {self.seconds:.1f} s ({rate:,.0f} MB/s)" + (
+            how = f"{format_bytes(self.copied_bytes)} copied in {self.seconds:.1f} s ({rate}/s)" + (
                 f", {format_bytes(kept)} kept from an earlier run" if kept else ""
             )
         return f"{self.dst}: staged from {self.src}: {self.files} files, {format_bytes(self.total_bytes)}, each checked against its sha256; {how}"
@@ -325,6 +325,3 @@ def _modified_since(path: Path, since: float) -> bool:
         return path.stat().st_mtime >= since
     except OSError:
         return False
-
-
-__all__ = ["DEFAULT_JOBS", "STAGE_DIR", "StageReport", "stage", "stage_on_node", "wait_for_stage"]

@@ -15,11 +15,10 @@ from imgpipe._sys.atomic import atomic_write_bytes, fsync_dir
 from imgpipe._sys.oserrors import describe, write_probe
 from imgpipe.errors import DatasetError
 from imgpipe.format.bytesource import url_scheme
-from imgpipe.format.manifest import MANIFEST_NAME
+from imgpipe.format.manifest import MANIFEST_NAME, STAGE_DIR, STAGED_SUFFIX
 
-STAGE_DIR = ".imgpipe-stage"
 PART_SUFFIX = ".part"
-DONE_SUFFIX = ".done"
+DONE_SUFFIX = STAGED_SUFFIX
 LOCK_NAME = "lock"
 FAILED_NAME = "failed.json"
 
