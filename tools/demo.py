@@ -1,7 +1,8 @@
 """`make demo`: the main job end to end on the embedded synthetic dataset.
 
-synth -> pack -> the same pack from image-net.org-style tars -> verify -> info -> one pass over
-each loader -> a 2-process CPU training run, resumed on 1 process -> a bench with its verdict. Every step is the real CLI (or the public API for the loaders),
+synth -> pack -> the same pack from image-net.org-style tars -> verify -> stage it from a "shared
+mount" to a "node's disk" and verify the copy -> info -> one pass over each loader -> a 2-process
+CPU training run, resumed on 1 process -> a bench with its verdict. Every step is the real CLI (or the public API for the loaders),
 run the way a user would run it; the output lands in ./demo/.
 """
 
@@ -21,6 +22,7 @@ SRC = DEMO / "imagenet"
 REC = DEMO / "rec"
 TARS = DEMO / "ilsvrc-tars"
 REC_FROM_TARS = DEMO / "rec-from-tars"
+NODE_LOCAL = DEMO / "node-local" / "rec"  # stands for a training node's own disk; REC stands for the shared mount
 SYNTH_ARGS = ("--classes", "8", "--per-class", "40", "--val-per-class", "8", "--seed", "0", "--quirks", "--workers", "2")
 PACK_ARGS = ("--shard-size", "2MB", "--workers", "2")
 
@@ -87,6 +89,10 @@ def main() -> None:
 
     step("3. verify the shards are intact and complete")
     imgpipe("verify", str(REC), "--decode")
+
+    step("3b. copy it from the shared mount (here: rec/) to a node's local disk, every file checked, then verify the copy")
+    imgpipe("stage", str(REC), str(NODE_LOCAL))
+    imgpipe("verify", str(NODE_LOCAL))
 
     step("4. what the dataset holds")
     imgpipe("info", str(REC))
