@@ -47,6 +47,7 @@ class Copier:
         self.uploads = DaemonPool(UPLOAD_FILES, "imgpipe-upload")
         self.failure: BaseException | None = None
         self.copied_bytes = 0  # of the files copied (not those found right in place)
+        self.found_in_place = 0  # files not journaled but already right in a local target
         self._room = threading.Condition()
         self._in_flight = 0  # ranges submitted and not finished
 
@@ -110,6 +111,8 @@ class Copier:
             if right:
                 self.target.record(staged.name, staged.size, staged.sha256)  # type: ignore[union-attr]
                 self.progress(staged.size)
+                with self._room:
+                    self.found_in_place += 1
                 done.set_result(None)
                 return
             copy = self._start(staged)

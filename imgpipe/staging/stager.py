@@ -59,6 +59,7 @@ class StageReport:
     copied_bytes: int
     seconds: float
     waited: bool = False  # another process made the copy; this one waited for it
+    found_in_place: int = 0  # files in DST but not journaled (a copy made otherwise), kept once their sha256 matched
 
     def summary(self) -> str:
         if self.waited:
@@ -70,7 +71,7 @@ class StageReport:
             kept = self.total_bytes - self.copied_bytes
             how = f"{format_bytes(self.copied_bytes)} copied in {self.seconds:.1f} s ({rate}/s)" + (
                 f", {format_bytes(kept)} kept from an earlier run" if kept else ""
-            )
+            ) + (f" ({self.found_in_place} file(s) of it found in place and checked)" if self.found_in_place else "")
         return f"{self.dst}: staged from {self.src}: {self.files} files, {format_bytes(self.total_bytes)}, each checked against its sha256; {how}"
 
 
@@ -170,7 +171,9 @@ def _copy(source: ByteSource, target: Target, manifest_bytes: bytes, *, jobs: in
             shutil.rmtree(scratch, ignore_errors=True)
     target.write_manifest(manifest_bytes)  # the commit point
     target.clear_journal()
-    return StageReport(str(source.location), str(target.location), len(files), total, copier.copied_bytes, time.monotonic() - start)
+    return StageReport(
+        str(source.location), str(target.location), len(files), total, copier.copied_bytes, time.monotonic() - start, found_in_place=copier.found_in_place
+    )
 
 
 def _sized(source: ByteSource, listed: list[Any]) -> list[StagedFile]:

@@ -82,7 +82,7 @@ class LocalTarget:
 
     def entries(self) -> set[tuple[str, int, str]]:
         """The journal: (file, size, sha256) of each file verified in place."""
-        return _entries(os.listdir(self.journal)) if self.journal.is_dir() else {}
+        return _entries(os.listdir(self.journal)) if self.journal.is_dir() else set()
 
     def part(self, name: str) -> Path:
         """Where file ``name`` is written until it is verified."""
