@@ -55,21 +55,28 @@ class Copier:
         """Copy ``files``. ``rehash``: files already in a local target but not journaled (a stage killed
         between a rename and its journal entry, or a copy made otherwise): hashed there, journaled when
         right, copied again when not."""
-        started = [self._rehashed(staged) for staged in rehash or []]
-        for staged in files:
+        try:
+            started = [self._rehashed(staged) for staged in rehash or []]
+            for staged in files:
+                with self._room:
+                    while self._in_flight >= 2 * self.jobs and self.failure is None:
+                        self._room.wait()
+                if self.failure is not None:
+                    break
+                started.append(self._start(staged))
+            for future in started:
+                future.exception()  # wait for each; the first failure is kept in self.failure
             with self._room:
-                while self._in_flight >= 2 * self.jobs and self.failure is None:
+                while self._in_flight:
                     self._room.wait()
             if self.failure is not None:
-                break
-            started.append(self._start(staged))
-        for future in started:
-            future.exception()  # wait for each; the first failure is kept in self.failure
-        with self._room:
-            while self._in_flight:
-                self._room.wait()
-        if self.failure is not None:
-            raise self.failure
+                raise self.failure
+        except BaseException as e:  # an interrupt too: the copies not started yet stop at their start
+            self.fail(e)
+            raise
+        finally:
+            self.pool.close()
+            self.uploads.close()
 
     def _start(self, staged: StagedFile) -> Future:
         """Copy one file; the Future is done when it is verified and journaled (or failed)."""
