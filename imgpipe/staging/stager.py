@@ -7,45 +7,36 @@ last, byte for byte SRC's: a DST without it is an incomplete copy, which the loa
 ``imgpipe verify`` refuse.
 
 Resume: each file verified in place is journaled (``target``), so a rerun after ``kill -9``
-copies only the rest, and redoes partial files. Several stagers of one local DST: the first to
-take ``DST/.imgpipe-stage/lock`` copies, the others wait for the manifest and return; one whose
-holder died takes the lock over and goes on from the journal. A stager that fails leaves a
-record of why, which ``wait_for_stage`` (the trainer's other local ranks) reports.
+copies only the rest, and redoes partial files. Several stagers of one local DST, and the
+trainer's ranks waiting for their node's copy: see ``waiting``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tqdm import tqdm
 
-from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe._sys.diskinfo import check_free_space, format_bytes
-from imgpipe._sys.pidlock import describe_holder, holder_alive, is_held, lock_holder, release, try_lock
-from imgpipe._sys.procs import process_start_time
+from imgpipe._sys.pidlock import release
 from imgpipe.errors import ConfigError, DatasetError
 from imgpipe.format.bytesource import ByteSource, LocalSource, is_url, open_source
 from imgpipe.format.layout import SIDECAR_SUFFIXES, is_shard_file
 from imgpipe.format.manifest import JOURNAL_DIR, MANIFEST_NAME, parse_manifest, unfinished_pack
 from imgpipe.staging.copier import Copier
-from imgpipe.staging.plan import StagedFile, manifest_files
+from imgpipe.staging.plan import ListedFile, StagedFile, manifest_files
 from imgpipe.staging.target import LocalTarget, StoreTarget, Target
+from imgpipe.staging.waiting import STALL_S, lock_or_wait, record_failure, wait_for_copy
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_JOBS = 16  # ranges (or files) copied at once
-POLL_S = 0.5  # how often a waiting stager looks at DST
-STALL_S = 900.0  # a wait fails when the stage it waits for shows no progress for this long
-FRESH_S = 10.0  # a failure record or lock up to this long older than the waiting process belongs to its launch
 
 
 @dataclass
@@ -97,7 +88,7 @@ def stage(
         target.prepare()
         return _copy(source, target, manifest_bytes, jobs=jobs, overwrite=overwrite, progress=progress, start=start)
     target.prepare()
-    fd = _lock_or_wait(source, target, manifest_bytes, stall_s)
+    fd = lock_or_wait(target, manifest_bytes, stall_s)
     if fd is None:
         return _report(source, target, manifest_bytes, start, waited=True)
     try:
@@ -107,7 +98,7 @@ def stage(
         try:
             return _copy(source, target, manifest_bytes, jobs=jobs, overwrite=overwrite, progress=progress, start=start)
         except Exception as e:
-            _record_failure(target, e)
+            record_failure(target, e)
             raise
     finally:
         release(fd)
@@ -117,18 +108,7 @@ def wait_for_stage(src: str | os.PathLike, dst: str | os.PathLike, *, stall_s: f
     """Wait until another process of this launch (the trainer's local rank 0) has staged ``src`` into
     the local folder ``dst``; one line when it failed, died or stalls."""
     _, manifest_bytes = _open_src(src)
-    target = LocalTarget(dst)
-    since = (process_start_time() or time.time()) - FRESH_S
-    progress = _Progress(target, stall_s)
-    while target.manifest_bytes() != manifest_bytes:
-        failure = _read_failure(target, since)
-        if failure is not None:
-            raise DatasetError(f"{dst}: local rank 0 could not stage {src} there: {failure}")
-        holder = lock_holder(target.lock_path)
-        if holder is not None and _modified_since(target.lock_path, since) and not holder_alive(*holder) and not is_held(target.lock_path):
-            raise DatasetError(f"{dst}: local rank 0 ({describe_holder(holder)}) stopped staging {src} there before it finished; rerun to resume the copy")
-        progress.check(f"{dst}: waited {stall_s:.0f} s for local rank 0 to stage {src} there, and saw no progress; is it running?")
-        time.sleep(POLL_S)
+    wait_for_copy(LocalTarget(dst), manifest_bytes, str(src), stall_s)
 
 
 def stage_on_node(src: str, dst: str, *, local_rank: int, progress: bool = False) -> None:
@@ -176,7 +156,7 @@ def _copy(source: ByteSource, target: Target, manifest_bytes: bytes, *, jobs: in
     )
 
 
-def _sized(source: ByteSource, listed: list[Any]) -> list[StagedFile]:
+def _sized(source: ByteSource, listed: list[ListedFile]) -> list[StagedFile]:
     """Each listed file with its size at the source; one line for a missing one, or one whose size differs from the manifest's."""
     sizes = source.list_sizes()
     files = []
@@ -258,73 +238,3 @@ def _report(source: ByteSource, target: Target, manifest_bytes: bytes, start: fl
     present = target.sizes()
     total = sum(present.get(item.name, 0) for item in listed)
     return StageReport(str(source.location), str(target.location), len(listed), total, 0, time.monotonic() - start, waited)
-
-
-# ----------------------------------------------------------------------------- several stagers of one DST
-
-
-def _lock_or_wait(source: ByteSource, target: LocalTarget, manifest_bytes: bytes, stall_s: float) -> int | None:
-    """The lock of DST (its descriptor), or None once another stager has finished the copy."""
-    progress = _Progress(target, stall_s)
-    told = False
-    while True:
-        fd = try_lock(target.lock_path)
-        if fd is not None:
-            return fd
-        if target.manifest_bytes() == manifest_bytes:
-            return None
-        holder = lock_holder(target.lock_path)
-        if not told:
-            logger.info("%s: another imgpipe stage (%s) is copying there; waiting for it", target.location, describe_holder(holder))
-            told = True
-        progress.check(f"{target.location}: the imgpipe stage copying there ({describe_holder(holder)}) made no progress for {stall_s:.0f} s; stop it and rerun")
-        time.sleep(POLL_S)
-
-
-class _Progress:
-    """Fails a wait once DST's journal folder (parts written, files journaled) stops changing for ``stall_s``."""
-
-    def __init__(self, target: LocalTarget, stall_s: float) -> None:
-        self.target = target
-        self.stall_s = stall_s
-        self.seen = self._state()
-        self.since = time.monotonic()
-
-    def _state(self) -> tuple[int, int]:
-        try:
-            stats = [entry.stat() for entry in os.scandir(self.target.journal)]
-        except OSError:
-            return (0, 0)
-        return len(stats), max((s.st_mtime_ns for s in stats), default=0)
-
-    def check(self, message: str) -> None:
-        state = self._state()
-        if state != self.seen:
-            self.seen, self.since = state, time.monotonic()
-        elif time.monotonic() - self.since > self.stall_s:
-            raise DatasetError(message)
-
-
-def _record_failure(target: LocalTarget, error: BaseException) -> None:
-    """Leave why this stage failed where the processes waiting for it look."""
-    record = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), "error": str(error) or type(error).__name__}
-    try:
-        atomic_write_bytes(target.failure_path, json.dumps(record).encode("utf-8"))
-    except OSError:  # DST itself is what failed (full, read-only): the waiters time out instead
-        pass
-
-
-def _read_failure(target: LocalTarget, since: float) -> str | None:
-    """The error a stage of this launch recorded (written after ``since``), if any."""
-    try:
-        record = json.loads(target.failure_path.read_text(encoding="utf-8"))
-        return str(record["error"]) if float(record["time"]) >= since else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _modified_since(path: Path, since: float) -> bool:
-    try:
-        return path.stat().st_mtime >= since
-    except OSError:
-        return False
