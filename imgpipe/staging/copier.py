@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from imgpipe._sys.oserrors import describe
 from imgpipe._sys.threads import DaemonPool
-from imgpipe.errors import DatasetError, ImgpipeError
+from imgpipe.errors import DatasetError
 from imgpipe.format.bytesource import ByteSource, LocalSource
 from imgpipe.staging.plan import StagedFile
 from imgpipe.staging.target import LocalTarget, Target
@@ -115,15 +115,21 @@ class Copier:
                 right = _hash_file(path) == staged.sha256
             except OSError:
                 right = False
-            if right:
+            try:
+                if not right:
+                    copy = self._start(staged)
+                    copy.add_done_callback(lambda f: done.set_exception(f.exception()) if f.exception() else done.set_result(None))
+                    return
                 self.target.record(staged.name, staged.size, staged.sha256)  # type: ignore[union-attr]
-                self.progress(staged.size)
-                with self._room:
-                    self.found_in_place += 1
-                done.set_result(None)
+            except BaseException as e:  # handed to the caller through the Future
+                error = self.error(staged, e)
+                done.set_exception(error)
+                self.fail(error)
                 return
-            copy = self._start(staged)
-            copy.add_done_callback(lambda f: done.set_exception(f.exception()) if f.exception() else done.set_result(None))
+            self.progress(staged.size)
+            with self._room:
+                self.found_in_place += 1
+            done.set_result(None)
 
         self.submit(check)
         return done
@@ -157,7 +163,8 @@ class Copier:
     def error(self, staged: StagedFile, error: BaseException) -> BaseException:
         """An OSError of a copy as one line naming the file; imgpipe's own errors as they are."""
         if isinstance(error, OSError):
-            return DatasetError(f"copying {self.source.where(staged.name)} to {self.target.where(staged.name)}: {describe(error, writing=True)}")
+            detail = describe(error, writing=True) if error.errno else str(error)
+            return DatasetError(f"copying {self.source.where(staged.name)} to {self.target.where(staged.name)}: {detail}")
         return error
 
     def wrong_hash(self, staged: StagedFile, digest: str, wrong: set[str], tries: int) -> DatasetError | None:
@@ -221,7 +228,7 @@ class _Download:
         start, end = self.spans[k]
         try:
             self.copier.source.download_range(self.staged.name, self.dest, start, end)
-        except (ImgpipeError, OSError) as e:
+        except BaseException as e:  # handed to the caller through the Future
             self._fail(e)
             return
         if self.counted:
@@ -243,7 +250,7 @@ class _Download:
                 start, end = self.spans[self.next]
             try:
                 _hash_range(self.dest, start, end, self.digest)
-            except OSError as e:
+            except BaseException as e:  # handed to the caller through the Future
                 self._fail(e)
                 return
             with self._lock:
