@@ -14,7 +14,7 @@ from imgpipe.errors import Stopped
 @cli.command("stage")
 @click.argument("src")
 @click.argument("dst")
-@click.option("--jobs", type=int, default=None, help="Ranges (or, to a bucket, files) copied at once (default: 16).")
+@click.option("--jobs", type=int, default=None, help="16 MiB ranges copied at once, across files (default: 16). Uploads go 4 files at a time, each in parallel parts.")
 @click.option("--overwrite", is_flag=True, help="Replace a DST that holds another dataset.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def stage_command(src: str, dst: str, jobs: int | None, overwrite: bool, no_progress: bool) -> None:

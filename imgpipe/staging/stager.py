@@ -36,7 +36,7 @@ from imgpipe.staging.waiting import STALL_S, lock_or_wait, record_failure, wait_
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_JOBS = 16  # ranges (or files) copied at once
+DEFAULT_JOBS = 16  # ranges copied at once, across files
 
 
 @dataclass
@@ -72,7 +72,7 @@ def stage(
 ) -> StageReport:
     """Copy the packed folder ``src`` to ``dst``; see the module docstring.
 
-    ``jobs``: ranges (or, to a store, files) copied at once. ``overwrite``: replace a DST that
+    ``jobs``: ranges copied at once, across files (uploads go ``copier.UPLOAD_FILES`` files at a time). ``overwrite``: replace a DST that
     holds another dataset (another manifest, or shards this one does not list). ``progress``: a
     tqdm bar in bytes. ``stall_s``: how long to wait for another stager of DST that shows no progress.
     """
