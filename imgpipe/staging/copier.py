@@ -14,6 +14,7 @@ the same wrong hash twice is what the source holds, and is named in one line.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
 from concurrent.futures import Future
@@ -24,8 +25,11 @@ from imgpipe._sys.oserrors import describe
 from imgpipe._sys.threads import DaemonPool
 from imgpipe.errors import DatasetError
 from imgpipe.format.bytesource import ByteSource, LocalSource
+from imgpipe.format.layout import SidecarError
 from imgpipe.staging.plan import StagedFile
 from imgpipe.staging.target import LocalTarget, Target
+
+logger = logging.getLogger(__name__)
 
 PART_BYTES = 16 << 20  # one ranged copy
 HASH_BLOCK_BYTES = 4 << 20
@@ -167,6 +171,20 @@ class Copier:
             return DatasetError(f"copying {self.source.where(staged.name)} to {self.target.where(staged.name)}: {detail}")
         return error
 
+    def check_unhashed(self, staged: StagedFile, path: Path) -> DatasetError | None:
+        """A file whose sha256 the manifest lacks: its size, and for an index or a sidecar its parse; None when right."""
+        where = self.source.where(staged.name)
+        logger.warning("%s: the manifest holds no sha256 for it: checked by its size%s only", where, " and by parsing it" if staged.parse else "")
+        size = path.stat().st_size
+        if size != staged.size:
+            return DatasetError(f"{where}: {size} bytes copied of {staged.size}; rerun")
+        if staged.parse is not None:
+            try:
+                staged.parse(path.read_bytes())
+            except SidecarError as e:
+                return DatasetError(f"{where}: {e} (the manifest holds no sha256 for it); run 'imgpipe verify {self.source.location or where}'")
+        return None
+
     def wrong_hash(self, staged: StagedFile, digest: str, wrong: set[str], tries: int) -> DatasetError | None:
         """None when the file is worth another copy; else why not, in one line."""
         where = self.source.where(staged.name)
@@ -262,7 +280,12 @@ class _Download:
 
     def _verify(self) -> None:
         digest = self.digest.hexdigest()
-        if digest != self.staged.sha256:
+        if not self.staged.sha256:
+            why = self.copier.check_unhashed(self.staged, self.dest)
+            if why is not None:
+                self._fail(why)
+                return
+        elif digest != self.staged.sha256:
             why = self.copier.wrong_hash(self.staged, digest, self.wrong, self.tries)
             if why is not None:
                 self._fail(why)
@@ -316,8 +339,12 @@ class _Upload:
         tries = 0
         while True:
             tries += 1
+            if not staged.sha256:
+                unhashed = self.copier.check_unhashed(staged, self.path)
+                if unhashed is not None:
+                    raise unhashed
             size, digest = target.upload(staged.name, self.path)  # type: ignore[union-attr]
-            if digest == staged.sha256 and size == staged.size:
+            if (digest == staged.sha256 or not staged.sha256) and size == staged.size:
                 break
             why = self.copier.wrong_hash(staged, digest, wrong, tries)
             if why is not None:

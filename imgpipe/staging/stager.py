@@ -30,7 +30,7 @@ from imgpipe.format.bytesource import ByteSource, LocalSource, is_url, open_sour
 from imgpipe.format.layout import SIDECAR_SUFFIXES, is_shard_file
 from imgpipe.format.manifest import JOURNAL_DIR, MANIFEST_NAME, parse_manifest, unfinished_pack
 from imgpipe.staging.copier import Copier
-from imgpipe.staging.plan import ListedFile, StagedFile, manifest_files
+from imgpipe.staging.plan import ListedFile, StagedFile, manifest_files, staged
 from imgpipe.staging.target import LocalTarget, StoreTarget, Target
 from imgpipe.staging.waiting import STALL_S, lock_or_wait, record_failure, wait_for_copy
 
@@ -175,7 +175,7 @@ def _sized(source: ByteSource, listed: list[ListedFile]) -> list[StagedFile]:
             raise DatasetError(f"{where}: missing, though the manifest lists it; run 'imgpipe verify {source.location}'")
         if item.size is not None and size != item.size:
             raise DatasetError(f"{where}: {size} bytes, the manifest says {item.size}: the file at the source changed since packing; run 'imgpipe verify {source.location}'")
-        files.append(StagedFile(item.name, item.sha256, size, item.size))
+        files.append(staged(item, size))
     return files
 
 

@@ -163,3 +163,19 @@ def test_the_stage_report_counts_what_was_copied(packed_dir: Path, tmp_path: Pat
     again = stage(packed_dir, tmp_path / "a")
     assert (again.total_bytes, again.copied_bytes) == (total, 0)
     assert json.loads((tmp_path / "a" / "manifest.json").read_text()) == json.loads((packed_dir / "manifest.json").read_text())
+
+
+@pytest.mark.timeout(120)
+def test_a_file_whose_sha256_the_manifest_lacks_is_checked_by_size_and_parse_and_says_so(packed_dir: Path, tmp_path: Path) -> None:
+    src = tmp_path / "mount"
+    shutil.copytree(packed_dir, src)
+    manifest = json.loads((src / "manifest.json").read_text())
+    manifest["splits"]["train"]["sources_sha256"] = ""  # a manifest edited by hand
+    (src / "manifest.json").write_text(json.dumps(manifest))
+    done = imgpipe("stage", str(src), str(tmp_path / "a"))
+    assert done.returncode == 0, done.stderr
+    assert f"{src / 'train.sources.txt'}: the manifest holds no sha256 for it: checked by its size and by parsing it only" in done.stderr
+    assert_same_files(src, tmp_path / "a")
+    with open(src / "train.sources.txt", "ab") as f:
+        f.write(b"train/one/line/too/many.JPEG\n")
+    assert_one_line_error(imgpipe("stage", str(src), str(tmp_path / "b")), f"{src / 'train.sources.txt'}: ", "lines, the manifest counts 48 records")
