@@ -1,9 +1,10 @@
 """`make demo`: the main job end to end on the embedded synthetic dataset.
 
-synth -> pack -> the same pack from image-net.org-style tars -> verify -> info -> one pass over
-each loader -> a 2-process CPU training run with progressive resizing (48 px, then 64 px;
-validated at 80 px with flip TTA), resumed on 1 process for its 64 px epoch -> the shipped
-recipes -> a bench with its verdict. Every step is the real CLI (or the public API for the loaders),
+synth -> pack -> the same pack from image-net.org-style tars -> verify -> stage it from a "shared
+mount" to a "node's disk" and verify the copy -> info -> one pass over each loader -> a 2-process
+CPU training run with progressive resizing (48 px, then 64 px; validated at 80 px with flip TTA),
+resumed on 1 process for its 64 px epoch -> the shipped recipes -> a bench with its verdict.
+Every step is the real CLI (or the public API for the loaders),
 run the way a user would run it; the output lands in ./demo/.
 """
 
@@ -23,6 +24,7 @@ SRC = DEMO / "imagenet"
 REC = DEMO / "rec"
 TARS = DEMO / "ilsvrc-tars"
 REC_FROM_TARS = DEMO / "rec-from-tars"
+NODE_LOCAL = DEMO / "node-local" / "rec"  # stands for a training node's own disk; REC stands for the shared mount
 SYNTH_ARGS = ("--classes", "8", "--per-class", "40", "--val-per-class", "8", "--seed", "0", "--quirks", "--workers", "2")
 PACK_ARGS = ("--shard-size", "2MB", "--workers", "2")
 
@@ -89,6 +91,10 @@ def main() -> None:
 
     step("3. verify the shards are intact and complete")
     imgpipe("verify", str(REC), "--decode")
+
+    step("3b. copy it from the shared mount (here: rec/) to a node's local disk, every file checked, then verify the copy")
+    imgpipe("stage", str(REC), str(NODE_LOCAL))
+    imgpipe("verify", str(NODE_LOCAL))
 
     step("4. what the dataset holds")
     imgpipe("info", str(REC))

@@ -109,6 +109,7 @@ def _run_dict(run: RunResult) -> dict[str, Any]:
         "imbalance": run.imbalance,
         "page_cache_resident_before": run.resident_before,
         "system": run.system.to_dict() if run.system else None,
+        "store_io": run.store_io.to_dict() if run.store_io else None,
         "ranks": [_rank_dict(rank) for rank in run.ranks],
     }
 
@@ -170,6 +171,10 @@ def format_report(result: BenchResult, verdict: Verdict) -> str:
             f"{rank.rank:>4} {summary.images_per_s:>9.1f} {100 * summary.data_wait_frac:>6.1f} "
             f"{1000 * summary.step_p50_s:>7.1f} {1000 * summary.step_p95_s:>7.1f} " + " ".join(_num(stages[s], 7) for s in STAGES)
         )
+    io = judged.store_io
+    if io is not None:
+        lines += ["", f"remote store: {io.requests:,} requests in {io.seconds:.1f} s ({io.requests_per_s:.0f}/s), "
+                      f"{io.latency_ms:.0f} ms each on average, {io.fetched_bytes / 1e6:.1f} MB ({io.mb_per_s:.1f} MB/s)"]  # fmt: skip
     lines += ["", f"verdict: {verdict.message}"] + [f"note: {note}" for note in verdict.notes]
     return "\n".join(lines)
 

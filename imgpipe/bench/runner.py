@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from imgpipe.bench import cache
 from imgpipe.bench.clock import StageClock
 from imgpipe.bench.compute import Compute, trainer_cudnn
-from imgpipe.bench.stats import RankStats, StepTimes
+from imgpipe.bench.stats import RankStats, StepTimes, StoreIO, store_io
 from imgpipe.bench.system import SystemSampler, SystemSummary, diskstats_name, summarize
 from imgpipe._sys.diskinfo import DiskInfo, device_for_path
 from imgpipe._sys.distenv import available_cpus
@@ -146,6 +146,11 @@ class RunResult:
     def images_per_s(self) -> float:
         """All ranks together."""
         return sum(r.summary().images_per_s for r in self.ranks)
+
+    @property
+    def store_io(self) -> StoreIO | None:
+        """What the loaders asked of a remote store (DATA at a URL, torch backend), or None."""
+        return store_io(self.ranks)
 
     @property
     def imbalance(self) -> float:
@@ -334,7 +339,10 @@ def _step(iterator: Iterator[tuple[Any, Any]], compute: Compute, clock: StageClo
     compute.update()
     t5 = clock.now()
     wait = max(0.0, t1 - t0 - loader.collate)
-    return StepTimes(t0 - origin, wait, loader.read, loader.decode, loader.collate, t2 - t1, (t3 - t2) + (t5 - t4), t4 - t3)
+    return StepTimes(
+        t0 - origin, wait, loader.read, loader.decode, loader.collate, t2 - t1, (t3 - t2) + (t5 - t4), t4 - t3,
+        loader.requests, loader.request_calls, loader.request_s, loader.fetched_bytes,
+    )
 
 
 def _barrier(ctx: Any) -> None:

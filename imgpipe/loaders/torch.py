@@ -77,7 +77,7 @@ from imgpipe.loaders.ring import BatchRing
 from imgpipe.format.shardset import PathLike, Records, ShardSet
 from imgpipe.loaders.geometry import EVAL_CROP_FRACTION, IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry, sample_crop
 from imgpipe.loaders.sampler import EpochSampler
-from imgpipe.loaders.stage_timer import BatchTimes, StageTimer
+from imgpipe.loaders.stage_timer import BatchTimes, StageTimer, request_delta
 
 logger = logging.getLogger(__name__)
 
@@ -184,10 +184,13 @@ class BatchDataset(Dataset):
         if self.stage_timer is None:
             return (*self._build(request), None)
         self._read_s = 0.0
+        source = self.shards.byte_source
+        requested = source.request_stats()
         start = time.perf_counter()
         built = self._build(request)
         elapsed = time.perf_counter() - start
-        return (*built, BatchTimes(read=self._read_s, decode=elapsed - self._read_s))
+        store = request_delta(requested, source.request_stats())
+        return (*built, BatchTimes(read=self._read_s, decode=elapsed - self._read_s, **store))
 
     def _build(self, request: BatchRequest | tuple[int, np.ndarray]) -> tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None]:
         epoch, indices, ring_slot, ahead, size = BatchRequest(*request)

@@ -29,7 +29,8 @@ from imgpipe.train.resolution import parse_resolution
 class DataConfig:
     """Where the packed dataset is and how to load it."""
 
-    path: str = ""
+    path: str = ""  # a packed folder, or its URL
+    stage: str = ""  # a node-local folder: path is copied there once per node (imgpipe stage) and read from there
     backend: str = "torch"  # torch | dali | synthetic (in-memory batches: the compute ceiling)
     workers: int | None = None  # None: the loader's default, the CPUs per local rank (at most 8)
     image_size: int = 224  # the training size when data.resolution is absent
@@ -41,6 +42,11 @@ class DataConfig:
     val_flip_tta: bool = False  # validate on the mean logits of each image and its mirror
     train_split: str = "train"
     val_split: str = "val"
+
+    @property
+    def location(self) -> str:
+        """Where the loaders read: the staged copy when there is one, else ``path``."""
+        return self.stage or self.path
 
 
 @dataclass
@@ -283,6 +289,15 @@ def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str,
         )
     if not 0 <= config.train.seed <= MAX_SEED:
         raise ConfigError(f"{blame('train.seed')}: train.seed must be from 0 to {MAX_SEED}, got {config.train.seed}")
+    if config.data.stage:
+        from imgpipe.format.bytesource import is_url
+
+        if is_url(config.data.stage):
+            raise ConfigError(f"{blame('data.stage')}: data.stage must be a folder on each node's disk, not a URL ({config.data.stage}); the URL goes in data.path")
+        if not config.data.path:
+            raise ConfigError(f"{blame('data.stage')}: data.stage needs data.path, the dataset to copy there")
+        if os.path.abspath(config.data.stage) == (config.data.path if is_url(config.data.path) else os.path.abspath(config.data.path)):
+            raise ConfigError(f"{blame('data.stage')}: data.stage is data.path itself; give another folder, or leave data.stage empty to read data.path")
     if config.model.num_classes is not None and config.model.num_classes < 2:
         raise ConfigError(f"{blame('model.num_classes')}: model.num_classes must be >= 2 or null (taken from the manifest)")
     _validate_time_to_accuracy(config, blame)

@@ -37,15 +37,16 @@ def build_data(config: TrainConfig, ctx: RankContext) -> TrainData:
     """Open the manifest and build this rank's loaders as the config says."""
     if not config.data.path:
         raise ConfigError("data.path is not set: point it at a folder made by 'imgpipe pack' (--set data.path=DIR)")
-    manifest = load_manifest(config.data.path)
+    location = config.data.location
+    manifest = load_manifest(location)
     if config.data.train_split not in manifest.splits:
         raise DatasetError(
-            f"{config.data.path}: no split {config.data.train_split!r} (has {', '.join(sorted(manifest.splits))}); set data.train_split"
+            f"{location}: no split {config.data.train_split!r} (has {', '.join(sorted(manifest.splits))}); set data.train_split"
         )
     val_split = config.data.val_split if config.train.validate and config.data.backend != "synthetic" else ""
     if val_split and val_split not in manifest.splits:
         raise DatasetError(
-            f"{config.data.path}: no split {val_split!r} to validate on (has {', '.join(sorted(manifest.splits))}); "
+            f"{location}: no split {val_split!r} to validate on (has {', '.join(sorted(manifest.splits))}); "
             "set data.val_split to one of them, or train.validate: false"
         )
     _check_one_batch(config, manifest.splits[config.data.train_split].records, ctx.world_size)
@@ -58,9 +59,9 @@ def build_data(config: TrainConfig, ctx: RankContext) -> TrainData:
     else:
         make = _loader_factory(backend)
         ring = {"max_image_size": max(sizes)} if backend == "torch" else {}  # the ring holds the ramp's largest size from the start
-        train = make(config.data.path, config.data.train_split, batch_size=config.train.batch_size, train=True, image_size=sizes[0], **ring, **kwargs)
+        train = make(location, config.data.train_split, batch_size=config.train.batch_size, train=True, image_size=sizes[0], **ring, **kwargs)
         val = make(
-            config.data.path, val_split, batch_size=config.train.batch_size, train=False,
+            location, val_split, batch_size=config.train.batch_size, train=False,
             image_size=config.data.val_image_size or config.data.image_size, crop_ratio=config.data.val_crop_ratio, **kwargs,
         ) if val_split else None
     val_records = manifest.splits[val_split].records if val_split else 0
