@@ -78,6 +78,10 @@ class HelperClient:
     def list(self, url: str, timeout: float) -> list[str] | StoreError:
         return self._ask(timeout, "list", url, timeout)
 
+    def fill(self, url: str, folder: str, split: str) -> bool | StoreError:
+        """Have the helper fill the node-local cache ``folder`` of ``url`` in the background (``cachefill``)."""
+        return self._ask(self.budget_s, "fill", url, folder, split)
+
     def _ask(self, timeout: float, op: str, *args: Any) -> Any:
         number = next(self._numbers)
         future: Future = Future()
@@ -146,7 +150,12 @@ def serve(conn: Connection, budget_s: float) -> None:
     lock = threading.Lock()
 
     def answer(number: int, op: str, args: tuple[Any, ...]) -> None:
-        result = _plain(getattr(client, op)(*args))
+        if op == "fill":
+            from imgpipe.format import cachefill
+
+            result = cachefill.start(client, *args)
+        else:
+            result = _plain(getattr(client, op)(*args))
         with lock:
             try:
                 conn.send((number, result))
@@ -165,7 +174,7 @@ def _plain(result: Any) -> Any:
     """obstore's buffers as bytes, so the answer pickles."""
     if isinstance(result, list):
         return [_plain(item) for item in result]
-    if isinstance(result, (StoreError, bytes, int, str)) or result is None:
+    if isinstance(result, (StoreError, bytes, int, str, bool)) or result is None:
         return result
     return bytes(result)
 
