@@ -55,11 +55,16 @@ _fillers_lock = threading.Lock()
 
 def start(client: Any, url: str, folder: str, split: str) -> bool:
     """Start filling ``folder`` (a cache of ``url``) in this process, unless it is being filled here already."""
+    cache = NodeCache.attach(folder)
+    if cache is None:
+        return False
     with _fillers_lock:
         filler = _fillers.get(folder)
         if filler is not None and filler.thread.is_alive():
-            return False
-        filler = _fillers[folder] = Filler(client, url, folder, split)
+            if filler.cache.version == cache.version:
+                return False
+            filler.stop()  # the folder moved on to another version of the dataset
+        filler = _fillers[folder] = Filler(client, cache, url, split)
         filler.thread.start()
     return True
 
@@ -111,10 +116,15 @@ class _SpanWriter:
         self.fd, self.split, self.name, self.progress = fd, split, name, progress
         self.record, self.stop = first, stop
         self.parts: list[bytes] = []  # the head of a record that began in an earlier chunk
+        self.error: OSError | None = None  # a failed write: it ends the request and the filling
 
     def __call__(self, at: int, chunk: Any) -> None:
         view = memoryview(chunk)
-        os.pwrite(self.fd, view, at)
+        try:
+            os.pwrite(self.fd, view, at)
+        except OSError as e:
+            self.error = e
+            raise
         end = at + len(view)
         split, present = self.split, self.split.present.array
         while self.record < self.stop:
@@ -158,19 +168,23 @@ class _Progress:
 class Filler:
     """One cache folder being filled by this process; ``thread`` runs it."""
 
-    def __init__(self, client: Any, url: str, folder: str, split: str) -> None:
+    def __init__(self, client: Any, cache: NodeCache, url: str, split: str) -> None:
         from imgpipe.format.objectstore import ObjectStoreSource
 
         self.client = client
-        self.upstream = ObjectStoreSource(url, client=client)
-        self.url = url
-        self.folder = folder
+        self.cache = cache
+        self.url = url  # the opener's: the dataset may be reachable at another URL than the one that first filled the folder
+        self.upstream = ObjectStoreSource(self.url, client=client)
+        self.folder = str(cache.folder)
         self.first_split = split
         self.thread = threading.Thread(target=self.run, name="imgpipe-cache-fill", daemon=True)
         self.progress = _Progress()
         self._claimed: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
 
     def run(self) -> None:
         try:
@@ -181,10 +195,7 @@ class Filler:
             _stopped(self.folder, e)
 
     def _run(self) -> None:
-        cache = NodeCache.attach(self.folder)
-        if cache is None:
-            return
-        self.cache = cache
+        cache = self.cache
         self.by_sha = boot_id() == "unknown"
         order = sorted(cache.manifest.splits, key=lambda name: name != self.first_split)
         self.splits: dict[str, _Split] = {}
@@ -303,6 +314,8 @@ class Filler:
             writer = _SpanWriter(fd, split, name, first, stop, self.progress)
             start, end = int(split.offsets[first]), int(split.ends[stop - 1])
             done = self.client.stream(self.url, name, start, end, writer, max(0.1, deadline - time.monotonic()))
+            if writer.error is not None:
+                raise writer.error
             if not isinstance(done, StoreError):
                 return
             if done.kind != TRANSIENT or time.monotonic() >= deadline:

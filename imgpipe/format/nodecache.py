@@ -82,7 +82,7 @@ class NodeCache:
     """The cache folder of one dataset version; ``open`` checks it out for this process."""
 
     def __init__(self, folder: Path, url: str, manifest_bytes: bytes, manifest: Manifest) -> None:
-        self.folder = folder
+        self.folder = folder.absolute()
         self.url = url
         self.manifest_bytes = manifest_bytes
         self.manifest = manifest

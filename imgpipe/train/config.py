@@ -21,6 +21,7 @@ import yaml
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe._sys.oserrors import describe, write_probe
 from imgpipe.errors import ConfigError
+from imgpipe.format.bytesource import is_url
 from imgpipe.loaders.seeding import MAX_SEED
 
 
@@ -34,6 +35,7 @@ class DataConfig:
     image_size: int = 224
     train_split: str = "train"
     val_split: str = "val"
+    cache: str = ""  # with a URL in data.path: a node-local folder that keeps what is read and ends as the packed folder
 
 
 @dataclass
@@ -242,6 +244,11 @@ def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str,
         )
     if not 0 <= config.train.seed <= MAX_SEED:
         raise ConfigError(f"{blame('train.seed')}: train.seed must be from 0 to {MAX_SEED}, got {config.train.seed}")
+    if config.data.cache and config.data.path and not is_url(config.data.path):
+        raise ConfigError(
+            f"{blame('data.cache')}: data.cache keeps a dataset read from a URL on this node; data.path {config.data.path} is read where it is: "
+            "unset data.cache"
+        )
     if config.model.num_classes is not None and config.model.num_classes < 2:
         raise ConfigError(f"{blame('model.num_classes')}: model.num_classes must be >= 2 or null (taken from the manifest)")
 
