@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from remote_env import BUCKET
 from s3_server import FaultProxy, S3Server
 
@@ -363,3 +364,42 @@ def test_missing_spans_merge_small_gaps_and_cut_long_runs() -> None:
     assert missing_spans(offsets, ends, missing, gap=150, span=250) == [(0, 2), (3, 4), (7, 9), (9, 10)]
     assert missing_spans(offsets, ends, np.zeros(10, bool)) == []
 
+
+
+# ---------------------------------------------------------------------------- the trainer
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_data_cache_under_two_torchrun_nodes_each_with_its_own_folder(s3_env: S3Server, remote_packed: str, tmp_path: Path) -> None:
+    """``torchrun --nnodes 2 --nproc_per_node 2`` on one machine, ``data.path`` a URL and each node agent
+    with its own ``data.cache``: the two ranks of a node share their folder, and each folder ends as
+    the whole dataset."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
+    from proctree import quiet_env
+    from train_cli import epochs_of, write_config
+
+    from imgpipe.train.launch import free_port
+
+    config = write_config(tmp_path, tmp_path, workers=1, epochs=1, batch_size=4, validate=False)
+    values = yaml.safe_load(config.read_text())
+    values["data"]["path"] = remote_packed
+    config.write_text(yaml.safe_dump(values))
+    torchrun = Path(sys.executable).parent / "torchrun"
+    port = free_port()
+    agents = [
+        subprocess.Popen(
+            [str(torchrun), "--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+             "--rdzv_id", "imgpipe-cache-2nodes", "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0",
+             "--set", f"data.cache={tmp_path / f'node{node}'}"],
+            env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for node in range(2)
+    ]
+    outs = [agent.communicate(timeout=500) for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0], "\n".join(err[-2000:] for _, err in outs)
+    assert "".join(out for out, _ in outs).count("done: 1 epoch(s), 3 steps") == 1  # 48 records / G 16
+    assert [r["rank"] for r in epochs_of(tmp_path / "run")[0]["ranks"]] == [0, 1, 2, 3]
+    for node in range(2):  # filled by the node's ranks while they trained
+        assert (tmp_path / f"node{node}" / "manifest.json").is_file()
+        _verify(tmp_path / f"node{node}")
