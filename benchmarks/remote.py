@@ -168,12 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(server.env())  # for the peers' children too
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
         url = upload(server, rec, rec.name)
-        peers = [p for p in PEERS if a.peers_python]
+        peers = [p for p in PEERS if a.peers_python and not a.no_epochs]
         urls = {}
         for peer in peers:
             written = prepare_peer(a.peers_python, peer, train, a.work, server.endpoint, shard_mb=a.shard_mb)
             urls[peer] = written["url"]
-        names = [*ROWS, *peers]
+        names = [*ROWS, *peers] if not a.no_epochs else []
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         for round_ in range(a.rounds):
             for name in names if round_ % 2 == 0 else names[::-1]:
@@ -202,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(runs: dict[str, list[dict[str, Any]]], first: dict[str, list[dict[str, Any]]], a: argparse.Namespace) -> None:
+    if runs:
+        report_epochs(runs, a)
+    if first:
+        report_first_batches(first, a)
+
+
+def report_epochs(runs: dict[str, list[dict[str, Any]]], a: argparse.Namespace) -> None:
     figures = {name: [epoch_figures(r) for r in results] for name, results in runs.items()}
     images = runs[LOCAL][0]["epochs"][0]["images"]
     print(f"\n{'loader':15s} {'cold img/s':>10s} {'warm img/s':>10s} {'range GETs/record cold/warm':>28s} {'MB cold':>8s} {'requests/s cold/warm':>21s}")
@@ -229,14 +236,16 @@ def report(runs: dict[str, list[dict[str, Any]]], first: dict[str, list[dict[str
     for what, value, goal in goals:
         verdict = "" if goal is None else f"  goal >= {goal}: {'met' if value >= goal else 'MISSED'}"
         print(f"  {what:75s} {value:5.2f}x{verdict}")
-    if first:
-        print(f"\ntime to the first batch, {a.records:,} records in {a.index_shards} shards (fresh interpreter, after the imports; batch 256, 64 px, 2 workers):")
-        goals_s = {"bucket, cold": 5.0, "cache holding the index": 1.0, "cache complete": 1.0}
-        for name, results in first.items():
-            med = {k: statistics.median(r[k] for r in results) for k in results[0]}
-            goal = f"  goal <= {goals_s[name]:.0f} s: {'met' if med['first_batch_s'] <= goals_s[name] else 'MISSED'}" if name in goals_s else ""
-            gets = f", {med['GET']:.0f} GETs" if name != "local folder" else ""
-            print(f"  {name:24s} open {med['open_s']:5.2f} s, first batch {med['first_batch_s']:5.2f} s{gets}{goal}")
+
+
+def report_first_batches(first: dict[str, list[dict[str, Any]]], a: argparse.Namespace) -> None:
+    print(f"\ntime to the first batch, {a.records:,} records in {a.index_shards} shards (fresh interpreter, after the imports; batch 256, 64 px, 2 workers):")
+    goals_s = {"bucket, cold": 5.0, "cache holding the index": 1.0, "cache complete": 1.0}
+    for name, results in first.items():
+        med = {k: statistics.median(r[k] for r in results) for k in results[0]}
+        goal = f"  goal <= {goals_s[name]:.0f} s: {'met' if med['first_batch_s'] <= goals_s[name] else 'MISSED'}" if name in goals_s else ""
+        gets = f", {med['GET']:.0f} GETs" if name != "local folder" else ""
+        print(f"  {name:24s} open {med['open_s']:5.2f} s, first batch {med['first_batch_s']:5.2f} s{gets}{goal}")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -249,6 +258,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--records", type=int, default=1_281_167, help="records of the index for the time to the first batch")
     p.add_argument("--index-shards", type=int, default=1000)
     p.add_argument("--no-first-batch", action="store_true", help="skip the time to the first batch")
+    p.add_argument("--no-epochs", action="store_true", help="only the time to the first batch")
     p.add_argument("--latency-ms", type=float, default=20.0)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--image-size", type=int, default=224)

@@ -145,11 +145,15 @@ class _Progress:
     """Bytes fetched by this filler, and the expected end of each split's fill published from them."""
 
     def __init__(self) -> None:
-        self.started = time.time()
+        self.started = 0.0  # when the first span was asked for
         self.fetched = 0
         self.published = 0.0
         self.lock = threading.Lock()
         self.split: _Split | None = None
+
+    def begin(self) -> None:
+        with self.lock:
+            self.started = self.started or time.time()
 
     def add(self, count: int) -> None:
         with self.lock:
@@ -312,6 +316,7 @@ class Filler:
         while True:
             tries += 1
             writer = _SpanWriter(fd, split, name, first, stop, self.progress)
+            self.progress.begin()
             start, end = int(split.offsets[first]), int(split.ends[stop - 1])
             done = self.client.stream(self.url, name, start, end, writer, max(0.1, deadline - time.monotonic()))
             if writer.error is not None:

@@ -222,12 +222,20 @@ class NodeCache:
 
     def whole_files(self, names: Sequence[str], fetch: FetchFiles) -> list[bytes]:
         """The files ``names`` (index files and sidecars): from the folder when their sha256 matches
-        the manifest's, else fetched, checked and written there. One process at a time, so the
-        ranks of a node that open the dataset together fetch its index once."""
+        the manifest's, else fetched, checked and written there. Files are fetched by one process at
+        a time, so the ranks of a node that open the dataset together fetch its index once."""
+        blobs = self._local_files(names)
+        if all(blob is not None for blob in blobs):
+            return blobs  # type: ignore[return-value]
         with _Flock(self.state_dir / _INIT_LOCK):
-            return self._whole_files(names, fetch)
+            missing = [k for k, blob in enumerate(blobs) if blob is None]
+            for k, data in zip(missing, self._local_files([names[k] for k in missing])):  # another process may have fetched them meanwhile
+                blobs[k] = data
+            self._fetch_files(names, blobs, fetch)
+        return blobs  # type: ignore[return-value]  (every item is set)
 
-    def _whole_files(self, names: Sequence[str], fetch: FetchFiles) -> list[bytes]:
+    def _local_files(self, names: Sequence[str]) -> list[bytes | None]:
+        """The files of the folder whose sha256 matches the manifest; None for the others."""
         blobs: list[bytes | None] = []
         for name in names:
             try:
@@ -235,6 +243,9 @@ class NodeCache:
             except OSError:
                 data = None
             blobs.append(data if data is not None and self._matches(name, data) else None)
+        return blobs
+
+    def _fetch_files(self, names: Sequence[str], blobs: list[bytes | None], fetch: FetchFiles) -> None:
         missing = [k for k, blob in enumerate(blobs) if blob is None]
         if missing:
             for k, data in zip(missing, fetch([names[k] for k in missing])):
@@ -242,7 +253,6 @@ class NodeCache:
                     raise DatasetError(f"{self.url}/{names[k]}: sha256 differs from the manifest; run 'imgpipe verify {self.url}'")
                 blobs[k] = data
                 self._write_quietly(names[k], data)
-        return blobs  # type: ignore[return-value]  (every item is set)
 
     def _matches(self, name: str, data: bytes) -> bool:
         size, sha = self.files[name]

@@ -78,9 +78,13 @@ class HelperClient:
     def list(self, url: str, timeout: float) -> list[str] | StoreError:
         return self._ask(timeout, "list", url, timeout)
 
-    def fill(self, url: str, folder: str, split: str) -> bool | StoreError:
-        """Have the helper fill the node-local cache ``folder`` of ``url`` in the background (``cachefill``)."""
-        return self._ask(self.budget_s, "fill", url, folder, split)
+    def fill(self, url: str, folder: str, split: str) -> None:
+        """Have the helper fill the node-local cache ``folder`` of ``url`` in the background (``cachefill``); no answer is awaited."""
+        try:
+            with self._send_lock:
+                self._conn.send((next(self._numbers), "fill", (url, folder, split)))
+        except OSError:  # the helper is gone: the loaders fetch what they miss themselves
+            pass
 
     def _ask(self, timeout: float, op: str, *args: Any) -> Any:
         number = next(self._numbers)
