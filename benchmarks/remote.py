@@ -174,13 +174,20 @@ def main(argv: list[str] | None = None) -> int:
             written = prepare_peer(a.peers_python, peer, train, a.work, server.endpoint, shard_mb=a.shard_mb)
             urls[peer] = written["url"]
         names = [*ROWS, *peers] if not a.no_epochs else []
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+        runs: dict[str, list[dict[str, Any] | None]] = {name: [] for name in names}
+        failures: list[str] = []
         for round_ in range(a.rounds):
             for name in names if round_ % 2 == 0 else names[::-1]:
                 spec = {"name": name, "batch_size": a.batch_size, "image_size": a.image_size, "workers": a.workers, "epochs": 2, "endpoint": server.endpoint}
                 if name in PEERS:
-                    result = run_peer(a.peers_python, name, urls[name], server.endpoint, work / "peer-cache", batch_size=a.batch_size,
-                                      image_size=a.image_size, workers=a.workers, epochs=2)  # fmt: skip
+                    try:
+                        result = run_peer(a.peers_python, name, urls[name], server.endpoint, work / "peer-cache", batch_size=a.batch_size,
+                                          image_size=a.image_size, workers=a.workers, epochs=2)  # fmt: skip
+                    except SystemExit as e:  # a peer that fails in one round (LitData's forked workers can hang on a chunk) is left out of it
+                        failures.append(f"{name}, round {round_ + 1}: {str(e).strip().splitlines()[-1][:300]}")
+                        runs[name].append(None)
+                        print(f"  round {round_ + 1}: {name:15s} FAILED (left out of this round)", flush=True)
+                        continue
                 else:
                     cache = work / "cache"
                     shutil.rmtree(cache, ignore_errors=True)
@@ -194,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"GETs {[e['GET'] for e in f]}, range GETs {[e['range_GET'] for e in f]}, requests/s {[round(e['requests_per_s']) for e in f]}{extra}",
                       flush=True)  # fmt: skip
         first = first_batches(a, server, env, work) if not a.no_first_batch else {}
+    for failure in failures:
+        print(f"failed: {failure}")
     report(runs, first, a)
     return 0
 
@@ -201,18 +210,22 @@ def main(argv: list[str] | None = None) -> int:
 # ----------------------------------------------------------------------------- report
 
 
-def report(runs: dict[str, list[dict[str, Any]]], first: dict[str, list[dict[str, Any]]], a: argparse.Namespace) -> None:
+def report(runs: dict[str, list[dict[str, Any] | None]], first: dict[str, list[dict[str, Any]]], a: argparse.Namespace) -> None:
     if runs:
         report_epochs(runs, a)
     if first:
         report_first_batches(first, a)
 
 
-def report_epochs(runs: dict[str, list[dict[str, Any]]], a: argparse.Namespace) -> None:
-    figures = {name: [epoch_figures(r) for r in results] for name, results in runs.items()}
-    images = runs[LOCAL][0]["epochs"][0]["images"]
+def report_epochs(runs: dict[str, list[dict[str, Any] | None]], a: argparse.Namespace) -> None:
+    by_round = {name: [None if r is None else epoch_figures(r) for r in results] for name, results in runs.items()}
+    figures = {name: [f for f in rounds if f is not None] for name, rounds in by_round.items()}
+    images = runs[LOCAL][0]["epochs"][0]["images"]  # type: ignore[index]
     print(f"\n{'loader':15s} {'cold img/s':>10s} {'warm img/s':>10s} {'range GETs/record cold/warm':>28s} {'MB cold':>8s} {'requests/s cold/warm':>21s}")
     for name, rounds in figures.items():
+        if not rounds:
+            print(f"{name:15s} failed in every round")
+            continue
         cold = statistics.median(f[0]["images_per_s"] for f in rounds)
         warm = statistics.median(f[1]["images_per_s"] for f in rounds)
         per_record = "/".join(f"{statistics.median(f[k]['range_GET'] for f in rounds) / images:.3f}" for k in (0, 1))
@@ -221,11 +234,15 @@ def report_epochs(runs: dict[str, list[dict[str, Any]]], a: argparse.Namespace) 
         print(f"{name:15s} {cold:10.0f} {warm:10.0f} {per_record:>28s} {mb:8.0f} {rate:>21s}")
 
     def ratio(mine: str, epoch: int, theirs: list[str], their_epoch: int) -> float:
-        return statistics.median(
-            figures[mine][r][epoch]["images_per_s"] / max(figures[t][r][their_epoch]["images_per_s"] for t in theirs) for r in range(a.rounds)
-        )
+        """The median over rounds of ``mine`` over the best of ``theirs`` that ran in that round."""
+        ratios = []
+        for r in range(a.rounds):
+            best = [by_round[t][r][their_epoch]["images_per_s"] for t in theirs if by_round[t][r] is not None]  # type: ignore[index]
+            if best and by_round[mine][r] is not None:
+                ratios.append(by_round[mine][r][epoch]["images_per_s"] / max(best))  # type: ignore[index]
+        return statistics.median(ratios) if ratios else float("nan")
 
-    peers = [p for p in PEERS if p in figures]
+    peers = [p for p in PEERS if figures.get(p)]
     goals = [("cache, first epoch (cold) / local folder, first epoch", ratio(CACHE, 0, [LOCAL], 0), 0.9),
              ("cache, second epoch / local folder, second epoch", ratio(CACHE, 1, [LOCAL], 1), 0.95),
              ("stream, second epoch / local folder, second epoch", ratio(STREAM, 1, [LOCAL], 1), None)]  # fmt: skip

@@ -42,12 +42,13 @@ from imgpipe.format.store_client import TRANSIENT, StoreError
 
 logger = logging.getLogger(__name__)
 
-STREAMS = 4  # spans fetched at once by one filler
+STREAMS = 8  # spans fetched at once by one filler
 SPAN_BYTES = 64 << 20  # the most one request fetches
 GAP_BYTES = 1 << 20  # present records between two missing runs that are fetched again rather than split the request
 ATTEMPTS = 3  # tries to complete a shard whose records keep failing their checks
 IDLE_S = 0.5  # how long a filler waits for shards that other processes claimed
 ETA_EVERY_S = 0.05  # how often the expected end is published
+MEASURE_S = 0.25  # the rate is measured over at least this long before it replaces the opener's guess (NodeCache.start_filling)
 
 _fillers: dict[str, Filler] = {}
 _fillers_lock = threading.Lock()
@@ -159,7 +160,7 @@ class _Progress:
         with self.lock:
             self.fetched += count
             now = time.time()
-            if self.split is None or now - self.published < ETA_EVERY_S:
+            if self.split is None or now - self.published < ETA_EVERY_S or now - self.started < MEASURE_S:
                 return
             self.published = now
         split = self.split
@@ -326,6 +327,8 @@ class Filler:
             if done.kind != TRANSIENT or time.monotonic() >= deadline:
                 raise RemoteError(f"{self.url}/{name}: {done}")
             first = writer.record  # what arrived whole is kept
+            if first >= stop:
+                return
             time.sleep(random.uniform(0, min(2.0, 0.1 * 2**tries)))
 
     def _finish(self, split: _Split, s: int, fd: int, present: np.ndarray, whole: bool) -> bool:

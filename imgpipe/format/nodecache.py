@@ -40,6 +40,7 @@ import logging
 import mmap
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -58,6 +59,7 @@ STATE_DIR = ".imgpipe-cache"
 SOURCE_NAME = "source.json"
 BOOT_NAME = "boot_id"
 _LOCK, _INIT_LOCK = "lock", "init.lock"
+GUESSED_FILL_BYTES_PER_S = 250e6  # a node's fill rate, until the filler measures its own
 
 FetchFiles = Callable[[Sequence[str]], list[bytes]]  # whole files of the upstream folder, by name
 
@@ -128,14 +130,15 @@ class NodeCache:
         """Under ``init.lock``: take this version's lease, (re)initialising the folder when it holds another."""
         key = (os.getpid(), str(self.folder.resolve()))
         if self._cached_version() == self.version:
-            if key not in _leases:
-                _leases[key] = _lock_file(self.state_dir / _LOCK, fcntl.LOCK_SH)
+            with _leases_lock:
+                if key not in _leases:
+                    _leases[key] = _lock_file(self.state_dir / _LOCK, fcntl.LOCK_SH)
             self._forget_other_boots()
             return
         with _leases_lock:
             ours = _leases.pop(key, None)
-            if ours is not None:  # this process used the old version: it moves on
-                os.close(ours)
+        if ours is not None:  # this process used the old version: it moves on
+            os.close(ours)
         fd = _lock_file(self.state_dir / _LOCK, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if fd is None:
             raise DatasetError(
@@ -150,7 +153,8 @@ class NodeCache:
         atomic_write_bytes(self.state_dir / BOOT_NAME, boot_id().encode())
         atomic_write_bytes(self.state_dir / SOURCE_NAME, json.dumps({"url": self.url, "manifest_sha256": self.version}).encode())
         fcntl.flock(fd, fcntl.LOCK_SH)
-        _leases[key] = fd
+        with _leases_lock:
+            _leases[key] = fd
 
     def _forget_other_boots(self) -> None:
         """Clear the presence bytes a previous boot wrote (a power loss may have kept them and lost
@@ -287,9 +291,15 @@ class NodeCache:
         return True
 
     def start_filling(self, split: str, upstream: ByteSource) -> None:
-        """Have this process's store helper fetch the rest of the dataset into the folder, ``split`` first (``cachefill``)."""
+        """Have this process's store helper fetch the rest of the dataset into the folder, ``split`` first
+        (``cachefill``); until the filler has measured its rate, its end is guessed at ``GUESSED_FILL_BYTES_PER_S``."""
         from imgpipe.format.store_helper import HelperClient
 
+        eta, info = self.fill_eta(split).array, self.split(split)
+        if eta[0] < time.time():
+            done = self.completed(split).array
+            left = sum(shard.bytes for shard, whole in zip(info.shards, done) if not whole)
+            eta[0] = time.time() + left / GUESSED_FILL_BYTES_PER_S
         HelperClient.shared(getattr(upstream, "budget_s", 30.0)).fill(self.url, str(self.folder), split)
 
     # ------------------------------------------------------------------ state

@@ -412,7 +412,6 @@ def _open_remote(source: ByteSource, split: str, cache_dir: PathLike | None = No
         cache = NodeCache.open(cache_dir, source, manifest_bytes, manifest)
         if cache.complete:
             return _open_packed(cache.folder, split)
-        cache.start_filling(split, source)
         read_files = partial(cache.whole_files, fetch=source.read_files)
     try:
         blobs = read_files(names)
@@ -435,6 +434,7 @@ def _open_remote(source: ByteSource, split: str, cache_dir: PathLike | None = No
 
         first = np.concatenate([[0], np.cumsum([s.records for s in info.shards])]).astype(np.int64)
         byte_source = CacheSource(source, cache, split, rec_names, first, offsets, ends, trust_partial=checksums is not None)
+        cache.start_filling(split, source)
     return ShardSet(
         byte_source, rec_names, shard, offsets, ends, keys, split=split, labels=labels,
         classes=list(manifest.classes), sources_name=info.sources, checksums=checksums, shard_bytes=[s.bytes for s in info.shards],

@@ -108,6 +108,13 @@ def test_epochs_through_a_cache_equal_the_folder_then_it_verifies_and_serves_the
     assert fault_proxy.counts.gets - gets == 1  # the manifest, to tell the version; nothing else
 
 
+@pytest.mark.timeout(240)
+def test_spawned_workers_and_no_workers_read_through_the_cache_too(s3_env: S3Server, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
+    local = _epochs(_torch(packed_dir, workers=0), epochs=1)
+    _assert_same(_epochs(_torch(remote_packed, workers=1, multiprocessing_context="spawn", cache_dir=tmp_path / "a"), epochs=1), local)
+    _assert_same(_epochs(_torch(remote_packed, workers=0, cache_dir=tmp_path / "b"), epochs=1), local)
+
+
 @pytest.mark.timeout(300)
 def test_dali_epochs_through_a_cache_equal_the_folder(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path, require_dali: None) -> None:
     from imgpipe.loaders.dali import make_dali_loader
