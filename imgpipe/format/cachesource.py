@@ -24,6 +24,7 @@ from imgpipe.format.bytesource import ByteRange, ByteSource, RangeCheck
 from imgpipe.format.nodecache import NodeCache, warn_unwritable
 
 WAIT_S = 2.0  # a record missing while the background fill is due to end within this long is waited for, not fetched alone
+LATE_S = 0.5  # and while it is late by less than this
 POLL_S = 0.01
 
 
@@ -120,7 +121,7 @@ class CacheSource(ByteSource):
         due to end within ``WAIT_S``; return those still missing (to be fetched one by one)."""
         eta, present, complete = self._eta.array, self._present.array, self._complete.array
         began = time.time()
-        while missing and 0 < eta[0] - time.time() <= WAIT_S and time.time() - began < 2 * WAIT_S:
+        while missing and eta[0] and -LATE_S < eta[0] - time.time() <= WAIT_S and time.time() - began < 2 * WAIT_S:
             time.sleep(POLL_S)
             still = []
             for k in missing:

@@ -156,6 +156,7 @@ class Counts:
     gets: int = 0
     matching_gets: int = 0
     bytes_out: int = 0
+    bodies: dict[str, list[int]] = field(default_factory=dict)  # path -> the size of each body sent for it (status 200 or 206)
     faults: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAULTS, 0))
 
 
@@ -327,6 +328,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self._write(data)
             with self.owner._lock:
                 self.owner.counts.bytes_out += len(data)
+                if status in (200, 206):
+                    self.owner.counts.bodies.setdefault(self.path.split("?")[0], []).append(len(data))
 
     def _write(self, data: bytes) -> None:
         """The body, at most ``bytes_per_s`` when the proxy has that limit (a slow link)."""

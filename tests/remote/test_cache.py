@@ -169,8 +169,34 @@ def test_two_gloo_ranks_and_their_workers_share_one_cache_through_faults(fault_p
         _assert_same(list(zip(got["images"], got["labels"])), local)
     assert fault_proxy.counts.faults["slowdown"] > 0
     _verify(cache)
-    dataset = sum(p.stat().st_size for p in packed_dir.iterdir())
-    assert fault_proxy.counts.bytes_out < 1.5 * dataset  # each shard fetched by one process of the node, not by both ranks
+
+
+OPENER = """
+import os, sys, time
+from imgpipe.format.shardset import open_shards
+open_shards(sys.argv[1], sys.argv[3], cache_dir=sys.argv[2])
+while not os.path.exists(os.path.join(sys.argv[2], "manifest.json")):  # this process's store helper fills its share meanwhile
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_processes_of_a_node_fetch_each_shard_once(s3_server: S3Server, packed_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three processes open one cache at once (as the ranks of a node do) over a slow link, so their
+    background fills overlap: each shard is claimed by one of them and fetched once, in one request."""
+    from remote_env import aws_env
+
+    with FaultProxy(s3_server.port, bytes_per_s=400_000) as slow:
+        aws_env(monkeypatch, s3_server.env(slow.endpoint), tmp_path)
+        url = s3_server.upload(packed_dir, BUCKET, "claimed")
+        openers = [
+            subprocess.Popen([sys.executable, "-c", OPENER, url, str(tmp_path / "cache"), split], env=os.environ.copy())
+            for split in ("train", "train", "val")
+        ]
+        assert [p.wait(timeout=240) for p in openers] == [0, 0, 0]
+    for shard in packed_dir.glob("*.rec"):
+        assert slow.counts.bodies[f"/{BUCKET}/claimed/{shard.name}"] == [shard.stat().st_size]
+    _verify(tmp_path / "cache")
 
 
 # ---------------------------------------------------------------------------- kill -9 and power loss
