@@ -174,7 +174,6 @@ def _wds(tree: Path, out: Path, wnids: list[str], seed: int) -> list[Path]:
 
 
 def _kaggle_zip(tree: Path, out: Path, wnids: list[str], seed: int) -> list[Path]:
-    rng = _rng(seed)
     out.mkdir(parents=True, exist_ok=True)
     members = [(f"ILSVRC/Data/CLS-LOC/train/{wnid}/{path.name}", path) for wnid, _, path in _train_files(tree, wnids)]
     members += [(f"ILSVRC/Data/CLS-LOC/val/{path.name}", path) for _, _, path in _val_files(tree, wnids)]

@@ -15,8 +15,8 @@ by ``label`` alone (``classnames``). Items come in the tree's order with its lab
 (unit, ordinal, size), read by ``scatter``. Source paths are ``<file>/<member or path>``.
 
 A ``.tar.gz`` is listed by decompressing it whole (that is the price of gzip), a Parquet file
-by reading its ``image`` column; listings are kept in the pack journal (``cache``), keyed by
-path, size and mtime, so a rerun does not list again.
+by walking the pages of its ``image.bytes`` column (``parquetpages``); listings are kept in the
+pack journal (``cache``), keyed by path, size and mtime, so a rerun does not list again.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 import hashlib
 import io
-import json
 import logging
 import os
 import re
@@ -45,7 +44,7 @@ from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.packing.classnames import names_for_indices
 from imgpipe.packing.members import SPAN
 from imgpipe.packing.source import NEWLINE_REASON, SourceTree, SplitItems
-from imgpipe.packing.streams import IMAGE_COLUMN, StreamItems, StreamUnit, image_bytes, list_tar_gz
+from imgpipe.packing.streams import IMAGE_COLUMN, StreamItems, StreamUnit, list_tar_gz, page_reader, row_group_images
 from imgpipe.packing.tarsource import ESCAPE_REASON, resolve_links
 
 logger = logging.getLogger(__name__)
@@ -311,16 +310,15 @@ def _parquet_rows(path: Path, parquet: Any) -> list[_Row]:
     if image is None or not hasattr(image, "get_field_index") or image.get_field_index("bytes") < 0 or "label" not in schema.names:
         raise DatasetError(f"{path}: no image.bytes and label columns; is this a Hugging Face image-classification Parquet file?")
     with_path = image.get_field_index("path") >= 0
+    pages = page_reader(path, parquet)
     rows: list[_Row] = []
     for group in range(parquet.metadata.num_row_groups):
+        sizes = row_group_images(path, parquet, pages, group).sizes
         try:
-            table = parquet.read_row_group(group, columns=[IMAGE_COLUMN, "label"], use_threads=False)
+            table = parquet.read_row_group(group, columns=[f"{IMAGE_COLUMN}.path"] * with_path + ["label"], use_threads=False)
         except Exception as e:  # pyarrow raises its own error types
             raise DatasetError(f"{path}: row group {group} is unreadable ({e}); download it again and rerun") from None
-        column = table.column(IMAGE_COLUMN).combine_chunks()
-        begins, ends, _ = image_bytes(column)
-        sizes = ends - begins
-        paths = column.field("path").to_pylist() if with_path else [None] * len(sizes)
+        paths = table.column(IMAGE_COLUMN).combine_chunks().field("path").to_pylist() if with_path else [None] * len(sizes)
         labels = table.column("label").to_numpy(zero_copy_only=False)
         for name, size, label in zip(paths, sizes.tolist(), labels.tolist()):
             rows.append(_Row(name or f"{path.stem}-{len(rows):08d}.JPEG", 0, len(rows), size, -1 if label is None else int(label)))

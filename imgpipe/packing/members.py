@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -24,6 +23,7 @@ import numpy as np
 
 from imgpipe._sys.oserrors import describe
 from imgpipe.errors import DatasetError
+from imgpipe.packing import fastzlib
 
 SPAN, ZIP_STORED, ZIP_DEFLATED, DANGLING_LINK, OUTSIDE_LINK = range(5)
 NO_BYTES_REASON = {
@@ -194,13 +194,13 @@ def _zip_member(source: OpenArchive, header_at: int, packed: int, size: int, crc
     *_, name_length, extra_length = ZIP_LOCAL_HEADER.unpack(head)
     data = _exact(source.pread(packed, header_at + ZIP_LOCAL_HEADER.size + name_length + extra_length), packed, source.archive, name)
     if deflated:
-        inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+        inflater = fastzlib.raw_inflater()
         try:
             data = inflater.decompress(data, size + 1)  # bounded: a corrupt stream cannot allocate more
-        except zlib.error as e:
+        except fastzlib.ERRORS as e:
             raise DatasetError(f"{corrupt}: {e}; {redownload}") from None
         if not inflater.eof and len(data) <= size:
             raise DatasetError(f"{corrupt}: the deflate stream stops early; {redownload}")
-    if len(data) != size or zlib.crc32(data) != crc:
+    if len(data) != size or fastzlib.crc32(data) != crc:
         raise DatasetError(f"{corrupt}: its bytes do not match the zip's size and crc32; {redownload}")
     return data

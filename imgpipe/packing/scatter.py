@@ -27,11 +27,11 @@ import hashlib
 import io
 import json
 import logging
+import mmap
 import os
 import queue as queue_module
 import signal
 import time
-import zlib
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -47,7 +47,7 @@ from imgpipe._sys.oserrors import NO_SPACE, describe
 from imgpipe._sys.procs import die_with_parent, pool_context
 from imgpipe.errors import ImgpipeError, PackError
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, IndexedRecordWriter, IRHeader, format_index_line, frame_parts, pack_header
-from imgpipe.packing import codec
+from imgpipe.packing import codec, fastzlib
 from imgpipe.packing.journal import Journal, ShardResult
 from imgpipe.packing.members import SPAN
 from imgpipe.packing.plan import PackPlan, ShardSpec
@@ -456,8 +456,9 @@ class StreamPack:
         if exact:
             digest = hashlib.sha256()
             with open(slot, "rb") as f:
-                while block := f.read(1 << 22):
-                    digest.update(block)
+                if os.fstat(f.fileno()).st_size:
+                    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:  # hashed in place: no copy to read it
+                        digest.update(mapped)
                 os.fsync(f.fileno())
             index = "".join(format_index_line(int(layout.positions[g]), int(layout.offsets[g])) for g in kept).encode("ascii")
             atomic_write_bytes(idx_tmp, index)
@@ -534,9 +535,10 @@ def write_member(
             results.append((g, SKIPPED, prepared.reason or "unreadable image", 0, 0, None, len(data)))
             continue
         record = pack_header(IRHeader(0, label, position, 0), prepared.data)
-        framed = b"".join(frame_parts(record))
+        parts = frame_parts(memoryview(record))  # views of the record: written as they are, not joined
+        framed = sum(map(len, parts))
         extra = None
-        if len(framed) <= length:
+        if framed <= length:
             fd = fds.get(shard)
             if fd is None:
                 if len(fds) >= MAX_OPEN_SLOTS:
@@ -544,12 +546,21 @@ def write_member(
                         os.close(open_fd)
                     fds.clear()
                 fd = fds[shard] = os.open(slot_files[shard], os.O_WRONLY)
-            os.pwrite(fd, framed, offset)
+            _pwritev_all(fd, parts, offset, framed)
         else:
-            extra = framed
+            extra = b"".join(parts)
         reason = prepared.reason if prepared.action == "repaired" else None
-        results.append((g, ACTIONS.index(prepared.action), reason, len(framed), zlib.crc32(record), extra, len(data)))
+        results.append((g, ACTIONS.index(prepared.action), reason, framed, fastzlib.crc32(record), extra, len(data)))
     return results
+
+
+def _pwritev_all(fd: int, parts: list[memoryview | bytes], offset: int, total: int) -> None:
+    """Write ``parts`` (``total`` bytes) one after another at ``offset``, the rest of a short write too."""
+    written = os.pwritev(fd, parts, offset)
+    rest = b"".join(parts)[written:] if written < total else b""  # a short write: the disk filling up, say
+    while rest:
+        count = os.pwrite(fd, rest, offset + written)
+        rest, written = rest[count:], written + count
 
 
 _worker: dict[str, Any] = {}

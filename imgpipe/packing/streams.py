@@ -12,16 +12,17 @@ from __future__ import annotations
 import gzip
 import io
 import tarfile
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
 
 import numpy as np
 
 from imgpipe._sys.oserrors import advice, describe
 from imgpipe.errors import DatasetError
+from imgpipe.packing import fastzlib
 from imgpipe.packing.members import NO_BYTES_REASON
+from imgpipe.packing.parquetpages import ChunkReader, Images, Unsupported
 from imgpipe.packing.tarsource import TarEntry
 
 READ_BUFFER = 1 << 20
@@ -64,15 +65,55 @@ class StreamItems:
         return None if self.kinds is None else NO_BYTES_REASON.get(int(self.kinds[k]))
 
 
-def open_tar_gz(path: Path) -> tuple[io.BufferedReader, tarfile.TarFile]:
-    """A stream-mode tar over the decompressed ``path`` (gzip's own checks: a truncated file or a bad crc32 raise)."""
+class ForwardFile(io.RawIOBase):
+    """A stream read front to back as a seekable file: a seek forward skips (read into a scratch buffer), one
+    backward fails. tarfile's normal mode reads a tar with seeks forward only, and copies less than its stream mode."""
+
+    def __init__(self, stream: io.BufferedReader, raw: IO[bytes]) -> None:
+        self.stream, self.raw, self.position = stream, raw, 0
+        self.scratch = memoryview(bytearray(READ_BUFFER))
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self.stream.read(size)
+        self.position += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        count = self.stream.readinto(buffer)
+        self.position += count
+        return count
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        target = offset + (self.position if whence == io.SEEK_CUR else 0)
+        if whence == io.SEEK_END or target < self.position:
+            raise io.UnsupportedOperation(f"seek back to byte {target} of a gzip stream at byte {self.position}")
+        while self.position < target and (count := self.stream.readinto(self.scratch[: min(len(self.scratch), target - self.position)])):
+            self.position += count
+        return self.position
+
+    def close(self) -> None:
+        self.stream.close()
+        self.raw.close()
+        super().close()
+
+
+def open_tar_gz(path: Path) -> tuple[ForwardFile, tarfile.TarFile]:
+    """A tar over the decompressed ``path``, read front to back (gzip's own checks: a truncated file or a bad crc32 raise)."""
     raw = open(path, "rb")
-    stream = io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), READ_BUFFER)  # type: ignore[arg-type]
+    stream = ForwardFile(io.BufferedReader(fastzlib.open_gzip(raw), READ_BUFFER), raw)  # type: ignore[arg-type]
     try:
-        return stream, tarfile.open(fileobj=stream, mode="r|")
+        return stream, tarfile.TarFile(fileobj=stream, mode="r")  # type: ignore[arg-type]
     except BaseException:
         stream.close()
-        raw.close()
         raise
 
 
@@ -83,7 +124,7 @@ def broken_tar_gz(path: Path, error: BaseException, last: str) -> DatasetError:
     return DatasetError(f"{path}: truncated or corrupt .tar.gz ({error or type(error).__name__}) after {last}; download it again and rerun")
 
 
-GZIP_ERRORS = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, OSError)
+GZIP_ERRORS = (tarfile.TarError, EOFError, gzip.BadGzipFile, OSError, *fastzlib.ERRORS)
 
 
 def list_tar_gz(path: Path) -> list[TarEntry]:
@@ -106,7 +147,7 @@ def list_tar_gz(path: Path) -> list[TarEntry]:
                 entries.append(TarEntry(name, offset, member.size, member.type, member.linkname))
                 last = f"member {name}"
                 tar.members.clear()
-            while stream.read(READ_BUFFER):  # the gzip trailer: its crc32 and length are checked at the end
+            while stream.readinto(stream.scratch):  # the gzip trailer: its crc32 and length are checked at the end
                 pass
     except GZIP_ERRORS as e:
         raise broken_tar_gz(path, e, last) from None
@@ -146,15 +187,34 @@ def _parquet_rows(path: Path, wanted: np.ndarray) -> Iterator[tuple[int, bytes]]
     with open_parquet(path) as parquet:
         starts = np.cumsum([0] + [parquet.metadata.row_group(g).num_rows for g in range(parquet.metadata.num_row_groups)])
         groups = np.searchsorted(starts, wanted, side="right") - 1
+        pages = page_reader(path, parquet)
         for group in np.unique(groups).tolist():
-            try:
-                column = parquet.read_row_group(group, columns=[f"{IMAGE_COLUMN}.bytes"], use_threads=False).column(0).combine_chunks()
-            except Exception as e:  # pyarrow raises its own error types, OSError included
-                raise DatasetError(f"{path}: row group {group} is unreadable ({e}); download the file again and rerun") from None
-            begins, ends, data = image_bytes(column)
+            images = row_group_images(path, parquet, pages, group)
             for row in wanted[groups == group].tolist():
-                k = row - int(starts[group])
-                yield row, bytes(data[begins[k] : ends[k]])
+                yield row, images.image(row - int(starts[group]))
+
+
+def page_reader(path: Path, parquet: Any) -> ChunkReader | None:
+    """A reader of the file's ``image.bytes`` pages, or None when pyarrow must read them."""
+    try:
+        return ChunkReader(path, parquet.metadata, f"{IMAGE_COLUMN}.bytes")
+    except (Unsupported, OSError, ValueError):  # an empty or unmappable file: pyarrow says what is wrong with it
+        return None
+
+
+def row_group_images(path: Path, parquet: Any, pages: ChunkReader | None, group: int) -> Images:
+    """Where each image of row group ``group`` lies: from its pages, else (a layout they do not handle) read by pyarrow."""
+    if pages is not None:
+        try:
+            return pages.read(group)
+        except Unsupported:
+            pass
+    try:
+        column = parquet.read_row_group(group, columns=[f"{IMAGE_COLUMN}.bytes"], use_threads=False).column(0)
+    except Exception as e:  # pyarrow raises its own error types, OSError included
+        raise DatasetError(f"{path}: row group {group} is unreadable ({e}); download the file again and rerun") from None
+    begins, ends, data = image_bytes(column.chunk(0) if column.num_chunks == 1 else column.combine_chunks())
+    return Images([data], np.zeros(len(begins), np.int32), begins, ends)
 
 
 def image_bytes(column: Any) -> tuple[np.ndarray, np.ndarray, memoryview]:

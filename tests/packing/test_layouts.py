@@ -235,6 +235,29 @@ def test_a_webdataset_sample_with_a_label_but_no_image_is_one_line(tmp_path: Pat
     assert_one_line_error(imgpipe("pack", src, tmp_path / "out"), "mine-train-0000.tar", "member b.cls", "a .cls label but no .jpg")
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("backend", ["isal", "zlib"])
+def test_gzip_and_deflate_read_alike_with_isal_or_zlib(backend: str, datasets: Path, tree_pack: Path, tmp_path: Path) -> None:
+    """ISA-L inflates when python-isal (the fast extra) is installed, zlib when it is not: the same shards from the
+    .tar.gz and the deflated zip, and a truncated .tar.gz is the same one line."""
+    if backend == "isal":
+        pytest.importorskip("isal", reason="python-isal is not installed (pip install 'imgpipe[fast]')")
+    block = "" if backend == "isal" else "sys.modules['isal'] = None; "
+    code = f"import sys; {block}from imgpipe.packing import fastzlib; assert fastzlib.BACKEND == {backend!r}; from imgpipe.cli import main; main()"
+
+    def pack_with(src: Path, dst: Path) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-c", code, "pack", str(src), str(dst), "--shards", "train=3,val=2", "--workers", "2", "--no-progress"]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    for layout in ("hf-tar", "kaggle-zip"):
+        result = pack_with(datasets / layout, tmp_path / layout)
+        assert result.returncode == 0, result.stderr
+        assert shard_files(tmp_path / layout) == shard_files(tree_pack)
+    src = copy_layout(datasets, "hf-tar", tmp_path / "src")
+    truncate(src / "data/train_images_2.tar.gz")
+    assert_one_line_error(pack_with(src, tmp_path / "out"), "train_images_2.tar.gz", "truncated or corrupt .tar.gz", "download it again")
+
+
 def test_missing_pyarrow_names_the_extra(datasets: Path, tmp_path: Path) -> None:
     code = "import sys; sys.modules['pyarrow'] = None; sys.modules['pyarrow.parquet'] = None; from imgpipe.cli import main; main()"
     result = subprocess.run(
