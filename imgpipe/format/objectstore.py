@@ -222,6 +222,12 @@ class ObjectStoreSource(ByteSource):
         assert self._runner is not None
         return self._runner.submit(self.read_ranges, list(ranges), check)
 
+    def direct_client(self) -> DirectClient | None:
+        """This process's own obstore client, or None where a helper process makes its requests (the
+        process that opened the URL: see ``_client_for``)."""
+        client = self._io()
+        return client if isinstance(client, DirectClient) else None
+
     def _range_error(self, byte_range: ByteRange, reason: str) -> RangeError:
         return RangeError(self.where(byte_range.name), byte_range.start, reason)
 

@@ -432,8 +432,7 @@ def _open_remote(source: ByteSource, split: str, cache_dir: PathLike | None = No
     if cache is not None:
         from imgpipe.format.cachesource import CacheSource
 
-        first = np.concatenate([[0], np.cumsum([s.records for s in info.shards])]).astype(np.int64)
-        byte_source = CacheSource(source, cache, split, rec_names, first, offsets, ends, trust_partial=checksums is not None)
+        byte_source = CacheSource(source, cache, split, offsets, ends, checksums)
         cache.start_filling(split, source)
     return ShardSet(
         byte_source, rec_names, shard, offsets, ends, keys, split=split, labels=labels,
