@@ -4,7 +4,8 @@ obstore cannot run in a process forked after it has made a request (see ``store_
 process that opens a URL (the one that then forks the loader workers, or that may) therefore
 never calls obstore itself: it starts this helper, a fresh interpreter (never a fork), and asks
 it over a socket. The helper runs a ``DirectClient``: requests are served concurrently, answered
-by number, and the helper exits when the socket closes or its parent dies.
+by number, and the helper exits when the socket closes or its parent dies. It also runs the
+background fill of a node-local cache the process opened (``cachefill``).
 
     python -m imgpipe.format.store_helper FD PARENT_PID BUDGET_S
 """
