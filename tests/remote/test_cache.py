@@ -237,7 +237,6 @@ def test_a_cache_killed_at_any_moment_stays_right_and_the_next_run_finishes_it(
             time.sleep(0.3)  # the helper and workers die with it (their parent-death signal)
             seen.append(_present_records_are_right(cache, packed_dir))
             assert not (cache / "manifest.json").exists() or seen[-1] == 60
-        print("present after each kill:", seen)
         assert seen[0] < 60  # the first kill lands before the cache is whole
         _assert_same(_epochs(_torch(url, cache_dir=cache)), _epochs(_torch(packed_dir)))
         _wait_complete(cache)
