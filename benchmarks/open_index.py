@@ -28,6 +28,7 @@ import tempfile
 import time
 import zlib
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -72,10 +73,11 @@ CASES = {
 }
 
 
-def build(folder: Path, records: int, shards: int, classes: int = 1000, payload: bytes | None = None) -> None:
+def build(folder: Path, records: int, shards: int, classes: int = 1000, payload: bytes | Callable[[int], bytes] | None = None) -> None:
     """Write ``records`` tiny records as ``shards`` shards of split train, with sidecars and manifest.
 
-    Record k's payload is k as 8 bytes, or ``payload`` (e.g. a tiny JPEG, so that loaders decode it).
+    Record k's payload is k as 8 bytes, or ``payload`` (e.g. a tiny JPEG, so that loaders decode it),
+    or ``payload(k)``.
     """
     folder.mkdir(parents=True, exist_ok=True)
     labels = (np.arange(records, dtype=np.int64) * classes // records).astype(np.int32)
@@ -89,7 +91,8 @@ def build(folder: Path, records: int, shards: int, classes: int = 1000, payload:
         with recordio.IndexedRecordWriter(rec, idx) as writer:
             for k in range(bounds[i], bounds[i + 1]):
                 header = recordio.IRHeader(0, float(labels[k]), k, 0)
-                record = recordio.pack_header(header, k.to_bytes(8, "little") if payload is None else payload)
+                data = k.to_bytes(8, "little") if payload is None else payload(k) if callable(payload) else payload
+                record = recordio.pack_header(header, data)
                 crcs[k] = zlib.crc32(record)
                 writer.write(k, record)
         infos.append(

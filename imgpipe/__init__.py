@@ -17,6 +17,7 @@ _PUBLIC = {
     "make_dali_loader": "imgpipe.loaders.dali",
     "pack": "imgpipe.packing.packer",
     "verify": "imgpipe.verifier",
+    "stage": "imgpipe.staging.stager",
     "DistEnv": "imgpipe._sys.distenv",
     "ImgpipeError": "imgpipe.errors",
 }

@@ -10,7 +10,8 @@ keys equal to the IRHeader ids, record counts, labels (integral, in range, equal
 labels sidecar), each record's crc32 against the checksum sidecar, and the sidecars
 themselves. ``decode=True`` also decodes every image with Pillow. Bare .rec/.idx pairs
 (e.g. from im2rec) get the framing and index checks. A folder with a pack journal
-(``.imgpipe-pack/``) but no manifest is an unfinished pack: one problem, nothing else is
+(``.imgpipe-pack/``) but no manifest is an unfinished pack, one with the journal of
+``imgpipe stage`` (``.imgpipe-stage/``) an unfinished copy: one problem, nothing else is
 checked. A shard without records is a problem (DALI cannot map an empty file). Shards are
 checked in parallel.
 
@@ -40,7 +41,7 @@ from imgpipe.errors import ConfigError, DatasetError, RecordIOError
 from imgpipe.format.bytesource import ByteSource, LocalSource, is_url, open_source
 from imgpipe.format.layout import SidecarError, parse_checksums, parse_labels, parse_sources
 from imgpipe.format.manifest import (
-    MANIFEST_NAME, Manifest, ShardInfo, load_manifest, read_manifest, sha256_file, stays_inside_source_root, unfinished_pack,
+    MANIFEST_NAME, Manifest, ShardInfo, load_manifest, read_manifest, sha256_file, stays_inside_source_root, incomplete_folder,
 )
 from imgpipe.format.recordio import IRHeader, iter_frames, read_index, unpack_header
 
@@ -134,7 +135,7 @@ def verify(dst: str | os.PathLike, *, decode: bool = False, workers: int | None 
         report.problems += _stray_shards(LocalSource(path).list_names() or [], manifest)
     elif path.is_file() and path.suffix == ".rec":
         checks = [ShardCheck(path, path.with_suffix(".idx"), decode=decode)]
-    elif path.is_dir() and (unfinished := unfinished_pack(path)) is not None:
+    elif path.is_dir() and (unfinished := incomplete_folder(path)) is not None:
         report.problems.append(Problem(str(path), unfinished.partition(": ")[2]))
         return report
     elif path.is_dir():

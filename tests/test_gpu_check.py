@@ -1,4 +1,4 @@
-"""tools/gpu_check.sh dry-run on the CPU (GPU_CHECK_GPUS=0, resnet18 at 32 px, 20 images), so the script cannot rot.
+"""tools/gpu_check.sh dry-run on the CPU (GPU_CHECK_GPUS=0, resnet18 at 32 and 40 px, 20 images), so the script cannot rot.
 
 On a GPU it may get one run; these runs make sure that run reports every step and fails loudly.
 """
@@ -15,7 +15,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "gpu_check.sh"
 LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OUT"}
 TINY = {
-    "GPU_CHECK_GPUS": "0", "GPU_CHECK_MODEL": "resnet18", "GPU_CHECK_BATCH": "8", "GPU_CHECK_IMAGE_SIZE": "32",
+    "GPU_CHECK_GPUS": "0", "GPU_CHECK_MODEL": "resnet18", "GPU_CHECK_BATCH": "8", "GPU_CHECK_SIZES": "32 40", "GPU_CHECK_VAL_SIZE": "48",
     "GPU_CHECK_PER_CLASS": "2", "GPU_CHECK_VAL_PER_CLASS": "3", "GPU_CHECK_MIN_SIDE": "48", "GPU_CHECK_MAX_SIDE": "64",
     "GPU_CHECK_BENCH_STEPS": "3", "GPU_CHECK_WORKERS": "1", "GPU_CHECK_RESUME_AT": "1", "GPU_CHECK_DALI": "0",
 }
@@ -39,12 +39,16 @@ def test_the_dry_run_passes_every_step_and_reports_them(work: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     report = (work / "gpu_check.txt").read_text()
     assert "JPEG decoding: " in report
-    rows = {line.split()[0]: line for line in report.splitlines() if line.split()[:1] in (["ceiling"], ["torch"], ["fp16"], ["resume"])}
-    assert set(rows) == {"ceiling", "torch", "fp16", "resume"}, report
-    assert "none, NCHW" in rows["ceiling"] and "none, NCHW" in rows["torch"]  # auto on the CPU
+    names = ("ceiling-32", "torch-32", "ceiling-40", "torch-40", "ramp", "fp16", "resume")
+    rows = {line.split()[0]: line for line in report.splitlines() if line.split()[:1] and line.split()[0] in names}
+    assert set(rows) == set(names), report
+    for size in (32, 40):
+        assert f"{size} none, NCHW" in rows[f"ceiling-{size}"] and f"{size} none, NCHW" in rows[f"torch-{size}"]  # auto on the CPU
+        assert rows[f"torch-{size}"].split()[6] == "30"  # every val record, 3 full batches of 8 and one of 6
+        assert "rank 0:" in rows[f"torch-{size}"]  # data-wait per rank
+        assert f"loader at {size} px: " in report and "x the in-memory ceiling" in report
     assert "fp16, NCHW" in rows["fp16"]
-    assert rows["torch"].split()[5] == "30"  # every val record, 3 full batches of 8 and one of 6
-    assert "rank 0:" in rows["torch"]  # data-wait per rank
+    assert "ramp     epochs at [32, 40] px, validated at 48 px with flip TTA: top-1 " in report and "EMA top-1 " in report
     assert "spawn    done: 1 epoch(s), 2 steps in a spawned rank" in report
     assert "bench    verdict: " in report
     assert "gpu_check: every step passed" in report
@@ -57,5 +61,7 @@ def test_a_model_that_does_not_exist_fails_every_run_and_the_script(work: Path) 
     done = dry_run(work, GPU_CHECK_MODEL="nosuchnet")
     assert done.returncode == 1, done.stdout[-3000:]
     failed = [line for line in done.stdout.splitlines() if line.startswith("gpu_check: FAILED: ")]
-    assert [line.split()[2] for line in failed] == ["ceiling", "torch", "fp16", "resume", "spawn", "bench"], done.stdout[-3000:]
+    assert [line.split()[2] for line in failed] == [
+        "ceiling-32", "torch-32", "ceiling-40", "torch-40", "ramp", "fp16", "resume", "spawn", "bench",
+    ], done.stdout[-3000:]
     assert "every step passed" not in done.stdout

@@ -1,7 +1,7 @@
 """The README's "nothing imports torch or DALI until it is used", in a fresh interpreter.
 
-Opening shards, packing and verifying never load torch or DALI; the torch loader loads torch
-but not DALI.
+Opening shards, packing, verifying and staging never load torch or DALI; the torch loader loads
+torch but not DALI.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ SCRIPT = textwrap.dedent(
     shards.read(0), shards.describe(0), shards.labels
     imgpipe.pack(dst / "tree", out, workers=1, progress=False)
     assert imgpipe.verify(out, decode=True, workers=1, progress=False).ok
+    assert imgpipe.stage(out, dst / "staged").files > 0
     print("data:", heavy())
     imgpipe.make_torch_loader(src, batch_size=2, image_size=16, workers=0, rank=0, world_size=1)
     print("torch loader:", heavy())

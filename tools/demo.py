@@ -1,7 +1,10 @@
 """`make demo`: the main job end to end on the embedded synthetic dataset.
 
-synth -> pack -> the same pack from image-net.org-style tars -> verify -> info -> one pass over
-each loader -> a 2-process CPU training run, resumed on 1 process -> a bench with its verdict. Every step is the real CLI (or the public API for the loaders),
+synth -> pack -> the same pack from image-net.org-style tars -> verify -> stage it from a "shared
+mount" to a "node's disk" and verify the copy -> info -> one pass over each loader -> a 2-process
+CPU training run with progressive resizing (48 px, then 64 px; validated at 80 px with flip TTA),
+resumed on 1 process for its 64 px epoch -> the shipped recipes -> a bench with its verdict.
+Every step is the real CLI (or the public API for the loaders),
 run the way a user would run it; the output lands in ./demo/.
 """
 
@@ -21,6 +24,7 @@ SRC = DEMO / "imagenet"
 REC = DEMO / "rec"
 TARS = DEMO / "ilsvrc-tars"
 REC_FROM_TARS = DEMO / "rec-from-tars"
+NODE_LOCAL = DEMO / "node-local" / "rec"  # stands for a training node's own disk; REC stands for the shared mount
 SYNTH_ARGS = ("--classes", "8", "--per-class", "40", "--val-per-class", "8", "--seed", "0", "--quirks", "--workers", "2")
 PACK_ARGS = ("--shard-size", "2MB", "--workers", "2")
 
@@ -88,6 +92,10 @@ def main() -> None:
     step("3. verify the shards are intact and complete")
     imgpipe("verify", str(REC), "--decode")
 
+    step("3b. copy it from the shared mount (here: rec/) to a node's local disk, every file checked, then verify the copy")
+    imgpipe("stage", str(REC), str(NODE_LOCAL))
+    imgpipe("verify", str(NODE_LOCAL))
+
     step("4. what the dataset holds")
     imgpipe("info", str(REC))
 
@@ -100,7 +108,7 @@ def main() -> None:
     else:
         print("dali  loader: skipped (install it with: pip install 'imgpipe[dali]')")
 
-    step("6. a short 2-process CPU training run (DDP over gloo)")
+    step("6. a short 2-process CPU training run (DDP over gloo), progressive resizing: epoch 0 at 48 px, epoch 1 at 64 px")
     config = DEMO / "train.yaml"
     imgpipe("train", "--print-config", stdout=config)  # the defaults a user starts from
     imgpipe(
@@ -110,12 +118,14 @@ def main() -> None:
         "--set", f"data.path={REC}",
         "--set", f"output.dir={DEMO / 'run'}",
         "--set", "model.name=resnet18",
-        "--set", "data.image_size=64",
+        "--set", "data.resolution=[48, 64]",
+        "--set", "data.val_image_size=80",
+        "--set", "data.val_flip_tta=true",
         "--set", "train.epochs=1",
         "--set", "train.batch_size=16",
     )
 
-    step("6b. resume that run on 1 process: the same global batch (32), so the same data stream, one more epoch")
+    step("6b. resume that run on 1 process: the same global batch (32), so the same data stream, one more epoch, at 64 px")
     imgpipe(
         "train",
         "--config", str(DEMO / "run" / "config.yaml"),  # the resolved config the run saved
@@ -123,6 +133,9 @@ def main() -> None:
         "--set", "train.epochs=2",
         "--resume",
     )
+
+    step("6c. the recipes shipped with imgpipe (FFCV's hyperparameters): imgpipe train --recipe NAME --set data.path=...")
+    imgpipe("train", "--list-recipes")
 
     step("7. find the bottleneck")
     imgpipe("bench", str(REC), "--gpus", "0", "--nproc", "2", "--steps", "8", "--batch-size", "16", "--workers", "1,2", "--compute-ms", "40")

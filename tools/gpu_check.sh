@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
-# GPU check of imgpipe's GPU paths, sized for one H200 with torch + torchvision only (well under 8 minutes).
+# GPU check of imgpipe's GPU paths, sized for one H200 with torch + torchvision only (well under 8 minutes before the
+# ramp run was added; its torch.compile of ResNet-50 adds a few, unmeasured: GPU_CHECK_RAMP_TIMEOUT, 360 s, bounds it).
 #
 # Every step runs under `timeout -k` (a rank stuck in a CUDA call ignores SIGTERM: the stop
 # handlers turn it into a flag), and the script exits non-zero when any step fails.
 #   build      the C extensions for this Python (setup.py build_ext --inplace), then names the JPEG decoder
 #   data       a synthetic ImageNet-like set, packed; its val split ends with a partial batch
 #   loader     the torch loader's CUDA path (pinned copy on a side stream, GPU normalize) equals its CPU path
-#   ceiling    training on data.backend=synthetic (one batch in GPU memory): the compute ceiling
-#   torch      training on imgpipe's torch loader, amp/channels_last left at auto, with validation
+#   ceiling    training on data.backend=synthetic (one batch in GPU memory) at each size: the compute ceiling
+#   torch      training on imgpipe's torch loader at each size (FFCV's ResNet-50 trains at 160 and 192 px),
+#              amp/channels_last left at auto (bf16, channels_last on an H200), with validation
+#   ramp       a progressive-resizing run through those sizes, validated at 256 px with flip TTA, torch.compile
+#              (on the GPU), BlurPool and EMA: the time-to-accuracy path of the recipes
 #   fp16       train.amp=fp16 (GradScaler)
 #   resume     a run stopped by max_steps mid-epoch, then --resume of its GPU checkpoint
 #   spawn      one GPU rank started by the spawn launcher (the path of --gpus N > 1)
 #   bench      imgpipe bench on the GPU, with the same model
 #   dali       only where `import nvidia.dali` works
-# The report: decoder, images/s against the ceiling, data-wait per rank, val samples, the bench verdict.
+# The report: decoder, images/s of the loader against the ceiling at each size (loaders fall behind
+# at low resolution, where the GPU asks for the most images/s), data-wait per rank, val samples, the bench verdict.
 # Run from the repository root:  bash tools/gpu_check.sh   (PYTHON=... to pick the interpreter)
 # GPU_CHECK_GPUS=0 with a tiny model and data dry-runs it on the CPU (tests/test_gpu_check.py does).
 # Results: stdout, and $OUT/gpu_check.txt when OUT is set.
@@ -26,7 +31,11 @@ REPORT=${OUT:-$WORK}/gpu_check.txt
 GPUS=${GPU_CHECK_GPUS:-1}
 MODEL=${GPU_CHECK_MODEL:-resnet50}
 BATCH=${GPU_CHECK_BATCH:-256}
-SIZE=${GPU_CHECK_IMAGE_SIZE:-224}
+SIZES=${GPU_CHECK_SIZES:-160 192}             # the training sizes of FFCV's ResNet-50 recipes (rn50-16ep)
+read -r -a SIZE_LIST <<< "$SIZES"
+SIZE=${SIZE_LIST[0]}
+MAX_SIZE=$(printf '%s\n' "${SIZE_LIST[@]}" | sort -n | tail -n 1)
+VAL_SIZE=${GPU_CHECK_VAL_SIZE:-256}
 PER_CLASS=${GPU_CHECK_PER_CLASS:-400}         # 10 classes: 4000 train images, 15 steps of 256 per epoch
 VAL_PER_CLASS=${GPU_CHECK_VAL_PER_CLASS:-27}  # 270 val images: a full batch of 256, then 14
 MIN_SIDE=${GPU_CHECK_MIN_SIDE:-300}
@@ -36,15 +45,18 @@ BENCH_STEPS=${GPU_CHECK_BENCH_STEPS:-20}
 RESUME_AT=${GPU_CHECK_RESUME_AT:-5}  # a step inside the first epoch
 DALI=${GPU_CHECK_DALI:-auto}         # auto: where nvidia.dali imports; 0: never
 RUN_TIMEOUT=${GPU_CHECK_RUN_TIMEOUT:-150}
+COMPILE=${GPU_CHECK_COMPILE:-$([ "$GPUS" -gt 0 ] && echo true || echo false)}  # the ramp run only: compiling a ResNet on the CPU takes minutes
+RAMP_TIMEOUT=${GPU_CHECK_RAMP_TIMEOUT:-360}  # the compile of ResNet-50's training step included
 BUILD=${GPU_CHECK_BUILD:-$([ "$GPUS" -gt 0 ] && echo 1 || echo 0)}
 CPUS=$(nproc)
 WORKERS=${GPU_CHECK_WORKERS:-$(( CPUS > 2 ? CPUS - 2 : 1 ))}
 KILL_AFTER=10
 mkdir -p "$WORK" "$(dirname "$REPORT")"
-# the torch loader's ring: (workers x 2 + 1) uint8 batches in /dev/shm; fewer workers where it would not fit
+# the torch loader's rings: (workers x 2 + 2) uint8 batches of the largest size in /dev/shm per loader; fewer workers where they would not fit
 SHM_FREE=$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -n 1 | tr -d ' ')
 if [ -n "$SHM_FREE" ]; then
-    SLOT=$(( BATCH * 3 * SIZE * SIZE ))
+    BIGGEST=$(( MAX_SIZE > VAL_SIZE ? MAX_SIZE : VAL_SIZE ))
+    SLOT=$(( BATCH * 3 * BIGGEST * BIGGEST ))
     FIT=$(( (SHM_FREE * 3 / 4 / SLOT - 1) / 2 ))
     if [ "$FIT" -lt "$WORKERS" ]; then
         echo "gpu_check: /dev/shm has $(( SHM_FREE >> 20 )) MiB free: $FIT loader worker(s) instead of $WORKERS"
@@ -140,7 +152,7 @@ cat > "$WORK/config.yaml" <<EOF
 data: {path: $WORK/packed, workers: $WORKERS, image_size: $SIZE}
 model: {name: $MODEL}
 optim: {warmup_epochs: 0}
-train: {epochs: $EPOCHS, batch_size: $BATCH, validate: false, log_every: 5, timeout_s: 120}
+train: {epochs: $EPOCHS, batch_size: $BATCH, validate: false, log_every: 5, timeout_s: 120, compile: false}
 output: {tensorboard: false, checkpoint_every_epochs: 0}
 EOF
 
@@ -149,7 +161,7 @@ train() {  # train NAME [imgpipe train options...]: a run into $WORK/run-NAME; i
     shift
     echo "gpu_check: $name: imgpipe train $*"
     [ "${RESUMING:-0}" = 1 ] || rm -rf "$WORK/run-$name"
-    step "$name" "$RUN_TIMEOUT" "$PY" -m imgpipe train --config "$WORK/config.yaml" --gpus "$GPUS" \
+    step "$name" "${LIMIT:-$RUN_TIMEOUT}" "$PY" -m imgpipe train --config "$WORK/config.yaml" --gpus "$GPUS" \
         --set "output.dir=$WORK/run-$name" "$@" > "$WORK/run-$name.out" 2> "$WORK/run-$name.err"
     rc=$?
     tail -n 3 "$WORK/run-$name.out"
@@ -157,8 +169,14 @@ train() {  # train NAME [imgpipe train options...]: a run into $WORK/run-NAME; i
     return "$rc"
 }
 
-train ceiling --set data.backend=synthetic
-train torch --set train.validate=true
+for size in "${SIZE_LIST[@]}"; do
+    train "ceiling-$size" --set data.backend=synthetic --set "data.image_size=$size"
+    train "torch-$size" --set train.validate=true --set "data.image_size=$size"
+done
+RAMP="[$(IFS=,; echo "${SIZE_LIST[*]}")]"
+LIMIT=$RAMP_TIMEOUT train ramp --set "data.resolution=$RAMP" --set "train.epochs=${#SIZE_LIST[@]}" --set train.validate=true \
+    --set "data.val_image_size=$VAL_SIZE" --set data.val_flip_tta=true --set model.blurpool=true --set train.ema=true \
+    --set "train.compile=$COMPILE"
 train fp16 --set data.backend=synthetic --set train.amp=fp16 --set train.epochs=1
 if train resume --set train.epochs=1 --set "train.max_steps=$RESUME_AT"; then
     if RESUMING=1 train resume --set train.epochs=1 --resume && ! grep -q "resumed from .* at epoch 0, step $RESUME_AT" "$WORK/run-resume.err"; then
@@ -200,31 +218,46 @@ else
     echo "gpu_check: skipped DALI (GPU_CHECK_DALI=0, or nvidia.dali is not importable here)"
 fi
 
-step report 60 "$PY" - "$WORK" "$MODEL" "$BATCH" "$SIZE" "$GPUS" > "$REPORT" <<'EOF'
+step report 60 "$PY" - "$WORK" "$MODEL" "$BATCH" "$SIZES" "$VAL_SIZE" "$GPUS" > "$REPORT" <<'EOF'
 import json, sys
 from pathlib import Path
-work, model, batch, size, gpus = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+work, model, batch, sizes, val_size, gpus = Path(sys.argv[1]), sys.argv[2], sys.argv[3], [int(s) for s in sys.argv[4].split()], int(sys.argv[5]), int(sys.argv[6])
 problems = []
-def last_epoch(name):
+def epochs(name):
     path = work / f"run-{name}" / "metrics.jsonl"
-    epochs = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "epoch"] if path.exists() else []
-    return epochs[-1] if epochs else None
-ceiling = last_epoch("ceiling")
-print(f"gpu_check results ({model}, batch {batch} per rank, {size} px, {max(gpus, 1)} rank(s) on {'the GPU' if gpus else 'the CPU'}; last epoch of each run)")
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "epoch"] if path.exists() else []
+def last_epoch(name):
+    return (epochs(name) or [None])[-1]
+print(f"gpu_check results ({model}, batch {batch} per rank, {' and '.join(map(str, sizes))} px, {max(gpus, 1)} rank(s) on {'the GPU' if gpus else 'the CPU'}; last epoch of each run)")
 print((work / "decoder.txt").read_text().strip() if (work / "decoder.txt").exists() else "JPEG decoding: unknown (the decoder step failed)")
-print(f"{'run':<8} {'amp, layout':<22} {'images/s':>9} {'vs ceiling':>10}  {'val samples':>11}  data-wait % per rank")
-for name in ("ceiling", "torch", "fp16", "resume", "dali"):
+print(f"{'run':<12} {'px':>4} {'amp, layout':<22} {'images/s':>9} {'vs ceiling':>10}  {'val samples':>11}  data-wait % per rank")
+names = [name for size in sizes for name in (f"ceiling-{size}", f"torch-{size}")] + ["ramp", "fp16", "resume", "dali"]
+for name in names:
     record = last_epoch(name)
     if record is None:
         if name != "dali" or (work / "run-dali").exists():
-            print(f"{name:<8} {'-':<22} {'-':>9} {'-':>10}  {'-':>11}  (failed: no epoch ended)")
+            print(f"{name:<12} {'-':>4} {'-':<22} {'-':>9} {'-':>10}  {'-':>11}  (failed: no epoch ended)")
         continue
+    ceiling = last_epoch(f"ceiling-{record.get('resolution')}") or last_epoch(f"ceiling-{sizes[0]}")
     ratio = record["images_per_s"] / ceiling["images_per_s"] if ceiling and ceiling["images_per_s"] else float("nan")
     waits = ", ".join(f"rank {r['rank']}: {100 * r['data_wait_frac']:.1f}" for r in record["ranks"])
     layout = f"{record.get('amp')}, {'channels_last' if record.get('channels_last') else 'NCHW'}"
-    print(f"{name:<8} {layout:<22} {record['images_per_s']:>9.1f} {ratio:>10.2f}  {record.get('val_samples', '-'):>11}  {waits}")
+    print(f"{name:<12} {record.get('resolution', '-'):>4} {layout:<22} {record['images_per_s']:>9.1f} {ratio:>10.2f}  {record.get('val_samples', '-'):>11}  {waits}")
+for size in sizes:
+    loader, ceiling = last_epoch(f"torch-{size}"), last_epoch(f"ceiling-{size}")
+    if loader and ceiling and ceiling["images_per_s"]:
+        print(f"loader at {size} px: {loader['images_per_s']:.0f} images/s, {loader['images_per_s'] / ceiling['images_per_s']:.2f}x the in-memory ceiling ({ceiling['images_per_s']:.0f})")
+ramp = epochs("ramp")
+if ramp:
+    last = ramp[-1]
+    print(
+        f"ramp     epochs at {[r['resolution'] for r in ramp]} px, validated at {last.get('val_resolution')} px with flip TTA: "
+        f"top-1 {last.get('val_top1', float('nan')):.4f}, EMA top-1 {last.get('ema_val_top1', float('nan')):.4f}, {last['wall_s']:.0f} s"
+    )
+    if [r["resolution"] for r in ramp] != sizes or last.get("val_resolution") != val_size or "ema_val_top1" not in last:
+        problems.append(f"ramp: trained at {[r['resolution'] for r in ramp]} px, validated at {last.get('val_resolution')} px; expected {sizes} and {val_size}, with EMA metrics")
 expected = ("bf16", True) if gpus else ("none", False)
-for name in ("ceiling", "torch"):
+for name in [n for n in names if n.startswith(("ceiling-", "torch-"))]:
     record = last_epoch(name)
     if record is not None and (record.get("amp"), record.get("channels_last")) != expected:
         problems.append(f"{name}: amp/channels_last auto ran {record.get('amp')}, {record.get('channels_last')}; expected {expected[0]}, {expected[1]}")

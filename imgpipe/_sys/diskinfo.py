@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from imgpipe.errors import PackError
+from imgpipe.errors import ImgpipeError, PackError
 
 logger = logging.getLogger(__name__)
 
@@ -114,14 +114,14 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
 
 
-def check_free_space(path: str | os.PathLike, needed: int, *, what: str = "the output") -> None:
-    """Raise PackError if ``needed`` bytes do not fit on the filesystem holding ``path``."""
+def check_free_space(path: str | os.PathLike, needed: int, *, what: str = "the output", error: type[ImgpipeError] = PackError) -> None:
+    """Raise ``error`` (a PackError unless told) if ``needed`` bytes do not fit on the filesystem holding ``path``."""
     free = free_bytes(path)
     if needed > free:
         shown = (format_bytes(needed), format_bytes(free))
         if shown[0] == shown[1]:  # too close to tell apart at this precision
             shown = (f"{needed:,} bytes", f"{free:,} bytes")
-        raise PackError(
+        raise error(
             f"{path}: {what} needs about {shown[0]} but only {shown[1]} is free there; free some space or choose another DST"
         )
 

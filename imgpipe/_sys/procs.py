@@ -14,6 +14,7 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.context import BaseContext
+from pathlib import Path
 from typing import Callable, Iterable, Iterator, TypeVar
 
 from tqdm import tqdm
@@ -47,6 +48,16 @@ def _watch_parent(parent_pid: int) -> None:
     while os.getppid() == parent_pid:
         time.sleep(PARENT_CHECK_S)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def process_start_time() -> float | None:
+    """When this process started (seconds since the epoch, to about a second), from /proc; None where there is no /proc."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of proc(5): starttime, in clock ticks since boot
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 def map_in_processes(

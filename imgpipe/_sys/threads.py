@@ -21,7 +21,7 @@ class DaemonPool:
     def __init__(self, threads: int, name: str) -> None:
         self.threads = threads
         self.name = name
-        self._queue: queue.SimpleQueue[tuple[Future, Callable[..., Any], tuple[Any, ...]]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Future, Callable[..., Any], tuple[Any, ...]] | None] = queue.SimpleQueue()
         self._started = 0
         self._waiting = 0  # threads blocked waiting for work
         self._queued = 0  # calls submitted and not yet taken
@@ -38,14 +38,25 @@ class DaemonPool:
         self._queue.put((future, fn, args))
         return future
 
+    def close(self) -> None:
+        """Let the threads end once the calls submitted so far have run; submit nothing after."""
+        with self._lock:
+            started, self._started = self._started, self.threads
+        for _ in range(started):
+            self._queue.put(None)
+
     def _work(self) -> None:
         while True:
             with self._lock:
                 self._waiting += 1
-            future, fn, args = self._queue.get()
+            item = self._queue.get()
             with self._lock:
                 self._waiting -= 1
-                self._queued -= 1
+                if item is not None:
+                    self._queued -= 1
+            if item is None:
+                return
+            future, fn, args = item
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(fn(*args))

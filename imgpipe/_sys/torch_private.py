@@ -18,8 +18,14 @@ def shutdown_persistent_workers(loader: Any) -> None:
     """
     iterator, loader._iterator = loader._iterator, None
     shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
+    if shutdown is None:
+        return
+    queues = [*getattr(iterator, "_index_queues", ()), getattr(iterator, "_worker_result_queue", None)]
+    shutdown()
+    for queue in queues:  # torch closes them without waiting for their feeder threads: wait, so none outlives the call
+        feeder = getattr(queue, "_thread", None)  # multiprocessing.Queue's private feeder thread, started on the first put
+        if feeder is not None:
+            feeder.join(timeout=5)
 
 
 def storage_use_count(tensor: Any) -> int:

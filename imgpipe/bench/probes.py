@@ -72,7 +72,7 @@ def make_loader(backend: str, train: TrainConfig, ctx: Any, timer: StageTimer | 
     ``train`` (``timer``: the torch loader's stage timer)."""
     from imgpipe.train.data import loader_kwargs
 
-    kwargs = loader_kwargs(train, ctx)
+    kwargs = {**loader_kwargs(train, ctx), "image_size": train.data.image_size}
     path, split, batch_size = train.data.path, train.data.train_split, train.train.batch_size
     if backend == "torch":
         from imgpipe.loaders.torch import make_torch_loader

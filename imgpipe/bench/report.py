@@ -86,7 +86,7 @@ def to_dict(result: BenchResult, verdict: Verdict) -> dict[str, Any]:
             "steps": config.steps,
             "warmup": config.warmup,
             "batch_size": config.batch_size,
-            "image_size": config.image_size,
+            "image_size": config.train_size,
             "model": config.model,
             "compute_ms": float(config.compute_ms),
             "cold": config.cold,
@@ -109,6 +109,7 @@ def _run_dict(run: RunResult) -> dict[str, Any]:
         "imbalance": run.imbalance,
         "page_cache_resident_before": run.resident_before,
         "system": run.system.to_dict() if run.system else None,
+        "store_io": run.store_io.to_dict() if run.store_io else None,
         "ranks": [_rank_dict(rank) for rank in run.ranks],
     }
 
@@ -145,7 +146,7 @@ def format_report(result: BenchResult, verdict: Verdict) -> str:
     lines = [
         f"imgpipe bench: {config.data} ({config.split}, {result.records} records, {result.data_bytes / 1e6:.1f} MB) "
         f"on {describe_disk(result.disk)}",
-        f"{config.ranks} rank(s) on {result.device}, batch {config.batch_size}, {config.image_size} px, "
+        f"{config.ranks} rank(s) on {result.device}, batch {config.batch_size}, {config.train_size} px, "
         + (f"model {config.model}" if config.model else f"compute {config.compute_ms:g} ms") + (", cold cache" if config.cold else ""),
         "",
         f"{'backend':<8} {'workers':>7} {'images/s':>9} {'balance':>7} {'cpu %':>6} {'iowait %':>8} {'read MB/s':>9} {'cached %':>8}",
@@ -170,6 +171,10 @@ def format_report(result: BenchResult, verdict: Verdict) -> str:
             f"{rank.rank:>4} {summary.images_per_s:>9.1f} {100 * summary.data_wait_frac:>6.1f} "
             f"{1000 * summary.step_p50_s:>7.1f} {1000 * summary.step_p95_s:>7.1f} " + " ".join(_num(stages[s], 7) for s in STAGES)
         )
+    io = judged.store_io
+    if io is not None:
+        lines += ["", f"remote store: {io.requests:,} requests in {io.seconds:.1f} s ({io.requests_per_s:.0f}/s), "
+                      f"{io.latency_ms:.0f} ms each on average, {io.fetched_bytes / 1e6:.1f} MB ({io.mb_per_s:.1f} MB/s)"]  # fmt: skip
     lines += ["", f"verdict: {verdict.message}"] + [f"note: {note}" for note in verdict.notes]
     return "\n".join(lines)
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from imgpipe.bench import cache
 from imgpipe.bench.clock import StageClock
 from imgpipe.bench.compute import Compute, trainer_cudnn
-from imgpipe.bench.stats import RankStats, StepTimes
+from imgpipe.bench.stats import RankStats, StepTimes, StoreIO, store_io
 from imgpipe.bench.system import SystemSampler, SystemSummary, diskstats_name, summarize
 from imgpipe._sys.diskinfo import DiskInfo, device_for_path
 from imgpipe._sys.distenv import available_cpus
@@ -47,9 +47,10 @@ BACKENDS = ("torch", "dali")
 class BenchConfig:
     """What to run. ``backends`` and ``workers`` are swept; every pair is one run.
 
-    ``train_config_path`` and ``train_overrides`` (``section.key=value``) are a trainer config,
-    as ``imgpipe train --config/--set`` take: the bench's model and loaders run with its
-    options (``train.amp``, ``train.channels_last``, ...); see :meth:`train_config`.
+    ``train_config_path``, ``train_recipe`` and ``train_overrides`` (``section.key=value``) are a
+    trainer config, as ``imgpipe train --config/--recipe/--set`` take: the bench's model and loaders
+    run with its options (``train.amp``, ``train.channels_last``, ...); see :meth:`train_config`.
+    ``image_size`` None: the size that config trains its first epoch at (:attr:`train_size`).
     """
 
     data: str
@@ -61,13 +62,14 @@ class BenchConfig:
     steps: int = 20
     warmup: int = 2
     batch_size: int = 32
-    image_size: int = 224
+    image_size: int | None = None
     model: str | None = None
     compute_ms: float = 0.0
     cold: bool = False
     seed: int = 0
     train_config_path: str | None = None
     train_overrides: tuple[str, ...] = ()
+    train_recipe: str | None = None
 
     @property
     def ranks(self) -> int:
@@ -85,7 +87,7 @@ class BenchConfig:
             raise ConfigError(f"--backend must be torch, dali or all (got {','.join(self.backends)})")
         if not self.workers or any(w < 0 for w in self.workers):
             raise ConfigError(f"--workers must be counts >= 0, e.g. 1,2,4 (got {','.join(map(str, self.workers))})")
-        for option, value, least in (("--steps", self.steps, 1), ("--warmup", self.warmup, 0), ("--batch-size", self.batch_size, 1), ("--image-size", self.image_size, 8)):
+        for option, value, least in (("--steps", self.steps, 1), ("--warmup", self.warmup, 0), ("--batch-size", self.batch_size, 1), ("--image-size", self.train_size, 8)):
             if value < least:
                 raise ConfigError(f"{option} must be >= {least} (got {value})")
         if self.cold and is_url(self.data):
@@ -93,22 +95,35 @@ class BenchConfig:
         if self.model and self.compute_ms:
             raise ConfigError("give --model NAME or --compute-ms T, not both")
         if self.model:
-            from imgpipe.train.loop import check_model_name
+            from imgpipe.train.models import check_model_name
 
             check_model_name(self.model, "--model")
         if self.compute_ms < 0:
             raise ConfigError(f"--compute-ms must be >= 0 (got {self.compute_ms})")
         self.train_config()
 
+    @property
+    def train_size(self) -> int:
+        """The image size measured: ``image_size``, else the trainer config's first training size (its
+        data.resolution's, or data.image_size: 224 without a config)."""
+        if self.image_size is not None:
+            return self.image_size
+        from imgpipe.train.config import load_config
+        from imgpipe.train.resolution import parse_resolution
+
+        train = load_config(self.train_config_path, self.train_overrides, recipe=self.train_recipe)
+        return parse_resolution(train.data.resolution, train.data.image_size).at(0)
+
     def train_config(self, workers: int | None = None, device: Any = None) -> TrainConfig:
-        """The trainer's config this bench runs as: ``train_config_path`` and ``train_overrides``,
-        then the bench's own options (data, split, image and batch size, seed, model, ``workers``);
+        """The trainer's config this bench runs as: ``train_config_path``, ``train_recipe`` and ``train_overrides``,
+        then the bench's own options (data, split, image size (one, no ramp), batch size, seed, model, ``workers``);
         with a ``device``, ``auto`` precision and layout resolved for it as the trainer resolves them."""
         from imgpipe.train.config import load_config
         from imgpipe.train.precision import resolve_auto
 
-        train = load_config(self.train_config_path, self.train_overrides)
-        train.data.path, train.data.train_split, train.data.image_size, train.data.workers = self.data, self.split, self.image_size, workers
+        train = load_config(self.train_config_path, self.train_overrides, recipe=self.train_recipe)
+        train.data.path, train.data.train_split, train.data.image_size, train.data.workers = self.data, self.split, self.train_size, workers
+        train.data.resolution = None
         train.train.batch_size, train.train.seed = self.batch_size, self.seed
         if self.model:
             train.model.name = self.model
@@ -131,6 +146,11 @@ class RunResult:
     def images_per_s(self) -> float:
         """All ranks together."""
         return sum(r.summary().images_per_s for r in self.ranks)
+
+    @property
+    def store_io(self) -> StoreIO | None:
+        """What the loaders asked of a remote store (DATA at a URL, torch backend), or None."""
+        return store_io(self.ranks)
 
     @property
     def imbalance(self) -> float:
@@ -319,7 +339,10 @@ def _step(iterator: Iterator[tuple[Any, Any]], compute: Compute, clock: StageClo
     compute.update()
     t5 = clock.now()
     wait = max(0.0, t1 - t0 - loader.collate)
-    return StepTimes(t0 - origin, wait, loader.read, loader.decode, loader.collate, t2 - t1, (t3 - t2) + (t5 - t4), t4 - t3)
+    return StepTimes(
+        t0 - origin, wait, loader.read, loader.decode, loader.collate, t2 - t1, (t3 - t2) + (t5 - t4), t4 - t3,
+        loader.requests, loader.request_calls, loader.request_s, loader.fetched_bytes,
+    )
 
 
 def _barrier(ctx: Any) -> None:

@@ -31,6 +31,10 @@ class StepTimes:
     h2d: float = 0.0
     compute: float = 0.0
     sync: float = 0.0
+    requests: int = 0  # HTTP requests the loader's workers made to a remote store for this batch
+    request_calls: int = 0
+    request_s: float = 0.0
+    fetched_bytes: int = 0
 
     @property
     def total(self) -> float:
@@ -69,3 +73,41 @@ class RankStats:
         """images/s without the time spent waiting for other ranks: this rank's speed alone."""
         own = sum(s.total - s.sync for s in self.steps)
         return self.batch_size * len(self.steps) / own if own > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class StoreIO:
+    """What the loaders of a run asked of a remote store during the measured steps, all ranks together."""
+
+    requests: int  # HTTP requests (ranges of one file closer than 256 KiB share one)
+    calls: int  # the calls they were made in: one per file and batch, its requests concurrent
+    request_s: float  # the seconds those calls took, summed
+    fetched_bytes: int
+    seconds: float  # the measured time (the ranks run at once)
+
+    @property
+    def latency_ms(self) -> float:
+        """Mean time from asking for a batch's ranges of one file to having them all."""
+        return 1000 * self.request_s / self.calls if self.calls else 0.0
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.fetched_bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"requests": self.requests, "calls": self.calls, "latency_ms": self.latency_ms, "requests_per_s": self.requests_per_s,
+                "mb_per_s": self.mb_per_s, "bytes": self.fetched_bytes, "seconds": self.seconds}  # fmt: skip
+
+
+def store_io(ranks: list[RankStats]) -> StoreIO | None:
+    """The ranks' remote-store requests during their measured steps; None when they made none (a local folder, or DALI, whose reads are not timed)."""
+    steps = [s for r in ranks for s in r.steps]
+    calls = sum(s.request_calls for s in steps)
+    if not calls:
+        return None
+    seconds = max(sum(s.total for s in r.steps) for r in ranks)
+    return StoreIO(sum(s.requests for s in steps), calls, sum(s.request_s for s in steps), sum(s.fetched_bytes for s in steps), seconds)

@@ -15,9 +15,14 @@ every threshold is a named constant below:
 2. **Input bound**: the job's data-wait fraction is >= ``DATA_BOUND_WAIT``: per step, the longest
    data wait of any rank (the others wait for that rank in the all-reduce), over the step time.
 
-   * *I/O bound* when system iowait >= ``IOWAIT_HIGH_PCT`` (as top's ``wa``), or when reading
-     takes >= ``READ_SHARE_IO`` of the loader's per-batch worker time. Next action: a local
-     SSD for rotational disks and network filesystems, otherwise more workers.
+   * *remote I/O bound* when DATA is a URL and reading (fetching the batch's records) takes
+     >= ``READ_SHARE_IO`` of the loader's per-batch worker time. The verdict quotes the requests
+     the workers made, their mean latency, the request rate and MB/s. Next action: keep the data
+     on the node (a cache dir, or ``imgpipe stage``), or more workers, each keeping its next
+     batch's requests in flight.
+   * *I/O bound* (DATA on a disk or a mount) when system iowait >= ``IOWAIT_HIGH_PCT`` (as top's
+     ``wa``), or when reading takes >= ``READ_SHARE_IO`` of the loader's per-batch worker time.
+     Next action: a local SSD for rotational disks and network filesystems, otherwise more workers.
    * *decode bound* otherwise. Next action: raise workers to K = max(workers + 1,
      ceil(worker time per batch / the rank's own time per batch)) (enough workers to make
      one batch per step), the DALI backend, or packing with ``--resize 256``; first of all, for
@@ -40,6 +45,7 @@ from typing import Any
 
 from imgpipe.bench.runner import BenchResult, RunResult
 from imgpipe.bench.system import describe_disk
+from imgpipe.format.bytesource import is_url
 from imgpipe.loaders.pixels import REGION_DECODER_HEADERS
 
 DATA_BOUND_WAIT = 0.20
@@ -52,7 +58,7 @@ WARM_CACHE = 0.9
 MIN_STAGE_MS = 0.05  # stage times below this are noise: a floor for the ratios
 MAX_HEADROOM_SHOWN = 10.0  # beyond 1000 % the exact figure says nothing more
 
-BOUNDS = ("io", "decode", "compute", "straggler")
+BOUNDS = ("io", "remote", "decode", "compute", "straggler")
 
 
 @dataclass
@@ -158,6 +164,8 @@ def _straggler(result: BenchResult, run: RunResult) -> Verdict | None:
         detail += f" ({iowait:.0f} % iowait on {describe_disk(result.disk)})"
     if cause == "decode":
         action = f"give rank {rank} more CPU (other processes on its cores?) or more workers"
+    elif is_url(result.config.data):
+        action = f"check rank {rank}'s network path to the store, or keep the data on its node ({_LOCAL_COPY.format(data=result.config.data)})"
     elif result.disk.rotational or result.disk.network:
         action = f"pack to an SSD with `imgpipe pack SRC /ssd/imagenet` (or copy {result.config.data} there) and bench again"
     else:
@@ -190,7 +198,10 @@ def _input_bound(result: BenchResult, run: RunResult) -> Verdict | None:
     read_share = loader[0] / (loader[0] + loader[1]) if loader and loader[0] + loader[1] > 0 else None
     disk = describe_disk(result.disk)
     slow_disk = bool(result.disk.rotational) or result.disk.network
-    if (iowait is not None and iowait >= IOWAIT_HIGH_PCT) or (read_share is not None and read_share >= READ_SHARE_IO):
+    remote = is_url(result.config.data)
+    if remote and read_share is not None and read_share >= READ_SHARE_IO:
+        return _remote_bound(result, run, wait, read_share, loader)
+    if not remote and ((iowait is not None and iowait >= IOWAIT_HIGH_PCT) or (read_share is not None and read_share >= READ_SHARE_IO)):
         evidence = f"{iowait:.0f} % iowait" if iowait is not None and iowait >= IOWAIT_HIGH_PCT else f"reading takes {_pct(read_share or 0)} of the loader's time"
         if slow_disk:
             action = f"pack to an SSD with `imgpipe pack SRC /ssd/imagenet` (or copy {result.config.data} there) and bench again"
@@ -211,6 +222,26 @@ def _input_bound(result: BenchResult, run: RunResult) -> Verdict | None:
         options.insert(0, f"reinstall imgpipe where libjpeg-turbo's headers are ({REGION_DECODER_HEADERS}) so the torch loader decodes only each crop")
     message = f"decode bound: ranks wait for data {_pct(wait)} of the time while decoding dominates the loader; " + ", ".join(options[:-1]) + f", or {options[-1]}"
     return Verdict("decode", message, run.backend, run.workers, cause="decode")
+
+
+_LOCAL_COPY = "a cache dir (`cache_dir=DIR`, in the trainer `data.cache: DIR`) fills a copy on the node as it streams, or `imgpipe stage {data} /local/dir` copies it there once (`data.stage: DIR`)"
+
+
+def _remote_bound(result: BenchResult, run: RunResult, wait: float, read_share: float, loader: tuple[float, float, float] | None) -> Verdict:
+    """The loader waits for the store: quote what the store did, and how to stop waiting for it."""
+    data = result.config.data
+    io = run.store_io
+    seen = ""
+    if io is not None:
+        seen = f"; the store answered {io.requests:,} requests, {io.latency_ms:.0f} ms each on average ({io.requests_per_s:.0f} requests/s, {io.mb_per_s:.1f} MB/s)"
+    target = _workers_needed(run, loader)
+    more = f"raise --workers to {target}" if target is not None else "raise --workers"
+    message = (
+        f"remote I/O bound: fetching records from {data} takes {_pct(read_share)} of the loader's time and ranks wait for data "
+        f"{_pct(wait)} of the time{seen}; keep the data on each node: {_LOCAL_COPY.format(data=data)}; or {more} "
+        "(each worker keeps its next batch's requests in flight)"
+    )
+    return Verdict("remote", message, run.backend, run.workers, cause="remote I/O")
 
 
 def _workers_needed(run: RunResult, loader: tuple[float, float, float] | None) -> int | None:
@@ -248,6 +279,8 @@ def _notes(result: BenchResult, run: RunResult) -> list[str]:
             f"{_pct(run.resident_before)} of DATA was in the page cache, so the disk was barely read; "
             "rerun with --cold to measure the disk"
         )
+    if is_url(result.config.data) and not any(r.timed_stages for r in run.ranks):
+        notes.append("the DALI loader's reads are not timed, so waiting for the store and decoding cannot be told apart; `--backend torch` measures both")
     backends = sorted({r.backend for r in result.runs})
     workers = {r.workers for r in result.runs}
     if len(workers) > 1:

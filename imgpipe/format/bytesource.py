@@ -27,6 +27,8 @@ from imgpipe.errors import DatasetError, ImgpipeError, RemoteError
 URL_SCHEMES = ("s3", "s3a", "gs", "az", "azure", "adl", "abfs", "abfss", "http", "https")
 _SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://")
 
+COPY_BLOCK_BYTES = 4 << 20  # a local range is copied in blocks of this size
+
 RangeCheck = Callable[[int, memoryview], "str | None"]  # (position in the batch, bytes) -> why they are wrong, or None
 
 
@@ -109,8 +111,21 @@ class ByteSource:
         """Copy file ``name`` to the local path ``dest`` (overwritten); return its size."""
         raise NotImplementedError
 
+    def download_range(self, name: str, dest: str | os.PathLike, start: int, end: int) -> int:
+        """Copy bytes ``[start, end)`` of file ``name`` to the same offset of the existing local file
+        ``dest`` (so that several ranges of one file can be copied at once); return their count."""
+        raise NotImplementedError
+
+    def request_stats(self) -> dict[str, float] | None:
+        """What this process's range reads from the store cost so far (see ``store_client``); None for a local folder."""
+        return None
+
     def list_names(self) -> list[str] | None:
         """The names of the files directly in the folder, or None where the store cannot list (plain HTTP)."""
+        raise NotImplementedError
+
+    def list_sizes(self) -> dict[str, int] | None:
+        """The files directly in the folder and their sizes, or None where the store cannot list (plain HTTP)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -158,10 +173,28 @@ class LocalSource(ByteSource):
         shutil.copyfile(self.path(name), dest)
         return os.path.getsize(dest)
 
+    def download_range(self, name: str, dest: str | os.PathLike, start: int, end: int) -> int:
+        with open(self.path(name), "rb") as src, open(dest, "r+b") as out:
+            at = start
+            while at < end:
+                block = os.pread(src.fileno(), min(COPY_BLOCK_BYTES, end - at), at)
+                if not block:
+                    raise DatasetError(f"{self.path(name)}: ends at {at} bytes, {end} expected (it changed while being copied?)")
+                view = memoryview(block)
+                while view:
+                    done = os.pwrite(out.fileno(), view, at)
+                    view, at = view[done:], at + done
+        return end - start
+
     def list_names(self) -> list[str] | None:
         if self.root is None:
             return None
         return sorted(p.name for p in self.root.iterdir() if p.is_file())
+
+    def list_sizes(self) -> dict[str, int] | None:
+        if self.root is None:
+            return None
+        return {e.name: e.stat().st_size for e in os.scandir(self.root) if e.is_file()}
 
     def _fd(self, name: str) -> int:
         pid = os.getpid()

@@ -28,6 +28,8 @@ FORMAT = "imgpipe-recordio"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 JOURNAL_DIR = ".imgpipe-pack"  # the pack journal (see imgpipe.packing.journal)
+STAGE_DIR = ".imgpipe-stage"  # the journal of imgpipe stage in its DST (see imgpipe.staging.target)
+STAGED_SUFFIX = ".done"  # a file verified in place, in STAGE_DIR
 PLAN_NAME = "plan.json"  # in the journal: options, fingerprint, planned shard count
 
 
@@ -175,7 +177,7 @@ def load_manifest(folder: str | os.PathLike) -> Manifest:
     try:
         text = path.read_bytes()
     except (FileNotFoundError, NotADirectoryError):
-        raise DatasetError(unfinished_pack(folder) or f"{path}: no manifest; is {folder} a folder made by 'imgpipe pack'?") from None
+        raise DatasetError(incomplete_folder(folder) or f"{path}: no manifest; is {folder} a folder made by 'imgpipe pack'?") from None
     except OSError as e:
         raise DatasetError(f"{path}: cannot read the manifest ({e.strerror})") from None
     return parse_manifest(text, path)
@@ -248,3 +250,18 @@ def unfinished_pack(folder: str | os.PathLike) -> str | None:
     else:
         state = f"all {total} shards written"
     return f"{folder}: incomplete pack: {state}, no {MANIFEST_NAME}; {rerun}"
+
+
+def unfinished_copy(folder: str | os.PathLike) -> str | None:
+    """A one-line 'incomplete copy' message when ``folder`` holds the journal of an ``imgpipe stage`` but no manifest, else None."""
+    folder = Path(folder)
+    journal = folder / STAGE_DIR
+    if (folder / MANIFEST_NAME).exists() or not journal.is_dir():
+        return None
+    done = sum(1 for p in journal.iterdir() if p.name.endswith(STAGED_SUFFIX))
+    return f"{folder}: incomplete copy: {done} file(s) staged and checked, no {MANIFEST_NAME}; rerun the same 'imgpipe stage SRC {folder}' to finish it"
+
+
+def incomplete_folder(folder: str | os.PathLike) -> str | None:
+    """One line when ``folder`` is an unfinished pack or an unfinished copy (no manifest yet), else None."""
+    return unfinished_pack(folder) or unfinished_copy(folder)

@@ -132,15 +132,44 @@ class ObjectStoreSource(ByteSource):
     def download(self, name: str, dest: str | os.PathLike) -> int:
         return self._retrying([name], lambda todo, timeout: [self._io().download(self.location, todo[0], os.fspath(dest), timeout)])[0]
 
+    def download_range(self, name: str, dest: str | os.PathLike, start: int, end: int) -> int:
+        return self._retrying([name], lambda todo, timeout: [self._io().download_range(self.location, todo[0], os.fspath(dest), start, end, timeout)])[0]
+
     def list_names(self) -> list[str] | None:
+        sizes = self.list_sizes()
+        return None if sizes is None else sorted(sizes)
+
+    def list_sizes(self) -> dict[str, int] | None:
+        """The files directly in the folder and their sizes, or None where the store cannot list (plain HTTP)."""
         if self.scheme in ("http", "https"):  # a plain HTTP folder has no listing
             return None
-        return self._retrying([""], lambda todo, timeout: [self._io().list(self.location, timeout)])[0]
+        return self._retrying([""], lambda todo, timeout: [self._io().list_sizes(self.location, timeout)])[0]
 
-    def _retrying(self, names: list[str], call: Callable[[list[str], float], list[Any]]) -> list[Any]:
-        """``call(names still to do, time left)`` until every name has its answer; transient errors are retried."""
+    def request_stats(self) -> dict[str, float] | None:
+        return self._retrying([""], lambda todo, timeout: [self._io().request_stats(timeout)])[0]
+
+    # ------------------------------------------------------------------ writing (imgpipe stage)
+
+    def write_file(self, name: str, data: bytes) -> None:
+        """Store ``data`` as file ``name`` (one request; the store shows the whole file or none of it)."""
+        self._retrying([name], lambda todo, timeout: [self._io().put(self.location, todo[0], data, timeout)])
+
+    def upload(self, name: str, path: str | os.PathLike) -> tuple[int, str]:
+        """Upload the local file ``path`` as ``name`` (multipart, parts in parallel, when large); return
+        its size and the sha256 of the bytes sent. The retry time grows by a second per MiB of the file."""
+        budget_s = self.budget_s + os.path.getsize(path) / (1 << 20)
+        return self._retrying([name], lambda todo, timeout: [self._io().put_file(self.location, todo[0], os.fspath(path), timeout)], budget_s)[0]
+
+    def delete(self, names: Sequence[str]) -> None:
+        """Remove files from the folder (a missing one is no error)."""
+        if names:
+            self._retrying([""], lambda todo, timeout: [self._io().delete(self.location, list(names), timeout)])
+
+    def _retrying(self, names: list[str], call: Callable[[list[str], float], list[Any]], budget_s: float | None = None) -> list[Any]:
+        """``call(names still to do, time left)`` until every name has its answer; transient errors are
+        retried for ``budget_s`` (default: the source's retry time)."""
         start = time.monotonic()
-        deadline = start + self.budget_s
+        deadline = start + (self.budget_s if budget_s is None else budget_s)
         results: list[Any] = [None] * len(names)
         todo = list(range(len(names)))
         tries = 0

@@ -25,7 +25,7 @@ from imgpipe.format import recordio
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError, RecordIOError, RemoteError
 from imgpipe.format.bytesource import ByteRange, ByteSource, LocalSource, RangeError, is_url, open_source
 from imgpipe.format.layout import SHARD_FILE, SidecarError, SourceLines, parse_checksums, parse_labels, parse_sources
-from imgpipe.format.manifest import MANIFEST_NAME, Manifest, SplitInfo, fetch_manifest, load_manifest, manifest_path, unfinished_pack
+from imgpipe.format.manifest import MANIFEST_NAME, Manifest, SplitInfo, fetch_manifest, incomplete_folder, load_manifest, manifest_path
 
 logger = logging.getLogger(__name__)
 
@@ -323,7 +323,7 @@ def open_shards(path: PathLike | Sequence[PathLike], split: str = "train", *, ca
     if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
         if manifest_path(path).is_file():
             return _open_packed(Path(path), split)
-        unfinished = unfinished_pack(path)
+        unfinished = incomplete_folder(path)
         if unfinished is not None:
             raise DatasetError(unfinished)
         return _open_bare(_split_files(Path(path), split), split)

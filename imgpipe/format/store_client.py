@@ -8,13 +8,17 @@ worker forked from a process that let a helper do its requests, see ``store_help
 
 Every method takes a time limit and returns a ``StoreError`` instead of raising, so a batch can
 keep the ranges that arrived and retry the rest. obstore itself retries 5xx, ``SlowDown``,
-timeouts and dropped connections with backoff and jitter within that limit.
+timeouts and dropped connections with backoff and jitter within that limit. Local files a method
+reads or writes (``download``, ``download_range``, ``put_file``) are opened by the process that
+runs obstore, so their bytes never cross the helper's socket.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import threading
 import time
 from datetime import timedelta
 from typing import Any, Callable, Sequence
@@ -24,6 +28,8 @@ from imgpipe._sys.threads import DaemonPool
 IO_THREADS = 32  # concurrent requests of one process, across files (each get_ranges adds up to 10 of its own)
 COALESCE_BYTES = 256 * 1024  # ranges of one file closer than this are fetched by one request
 STREAM_CHUNK_BYTES = 1 << 20  # a streamed body is handed over in chunks of at least this size
+UPLOAD_PART_BYTES = 16 << 20  # a file larger than this is uploaded in parts of this size (multipart), several at once
+UPLOAD_CONCURRENCY = 8  # parts of one file in flight
 CONNECT_TIMEOUT_S = 5
 
 # Environment variables that configure a store: a client made under other values is not reused.
@@ -122,6 +128,26 @@ def store_error(error: BaseException, url: str, name: str = "") -> StoreError:
     return StoreError(TRANSIENT, detail or type(error).__name__)
 
 
+def local_error(path: str, error: OSError, *, writing: bool) -> StoreError:
+    """A local file's OSError met inside a store call: final, and named as what it is (not a store error)."""
+    from imgpipe._sys.oserrors import describe
+
+    return StoreError(FAILED, f"{path}: {describe(error, writing=writing)}")
+
+
+def coalesced_requests(starts: Sequence[int], ends: Sequence[int]) -> int:
+    """How many requests obstore makes for these ranges of one file: ranges closer than
+    ``COALESCE_BYTES`` (sorted by start) are merged into one."""
+    count, reach = 0, None
+    for start, end in sorted(zip(starts, ends)):
+        if reach is None or start - reach > COALESCE_BYTES:
+            count += 1
+            reach = end
+        else:
+            reach = max(reach, end)
+    return count
+
+
 class DirectClient:
     """obstore in this process: one store per URL, ``IO_THREADS`` daemon threads for the requests."""
 
@@ -131,6 +157,8 @@ class DirectClient:
         self.budget_s = budget_s
         self._stores: dict[str, Any] = {}
         self._pool = DaemonPool(IO_THREADS, "imgpipe-io")
+        self._counts = {"calls": 0, "requests": 0, "bytes": 0, "seconds": 0.0}  # of the get_ranges calls that succeeded
+        self._counts_lock = threading.Lock()
 
     def get(self, url: str, names: Sequence[str], timeout: float) -> list[bytes | StoreError]:
         """Whole files, concurrently."""
@@ -149,9 +177,28 @@ class DirectClient:
         import obstore
 
         def ranges(name: str, starts: Sequence[int], ends: Sequence[int]) -> Callable[[Any], list[Any]]:
-            return lambda store: obstore.get_ranges(store, name, starts=list(starts), ends=list(ends), coalesce=COALESCE_BYTES)
+            def fetch(store: Any) -> list[Any]:
+                began = time.perf_counter()
+                got = obstore.get_ranges(store, name, starts=list(starts), ends=list(ends), coalesce=COALESCE_BYTES)
+                self._count(coalesced_requests(starts, ends), sum(len(b) for b in got), time.perf_counter() - began)
+                return got
+
+            return fetch
 
         return self._gather([(self._call, (url, name, ranges(name, starts, ends))) for name, starts, ends in files], timeout)
+
+    def request_stats(self, timeout: float) -> dict[str, float]:
+        """What this process's range reads cost so far: ``calls`` (one per file and batch), the HTTP
+        ``requests`` they made, the ``bytes`` they brought and the ``seconds`` the calls took, summed."""
+        with self._counts_lock:
+            return dict(self._counts)
+
+    def _count(self, requests: int, size: int, seconds: float) -> None:
+        with self._counts_lock:
+            self._counts["calls"] += 1
+            self._counts["requests"] += requests
+            self._counts["bytes"] += size
+            self._counts["seconds"] += seconds
 
     def download(self, url: str, name: str, dest: str, timeout: float) -> int | StoreError:
         """Stream a whole file to the local path ``dest``."""
@@ -181,15 +228,85 @@ class DirectClient:
 
         return self._gather([(self._call, (url, name, pull))], timeout)[0]
 
-    def list(self, url: str, timeout: float) -> list[str] | StoreError:
-        """The names of the objects directly under the URL."""
+    def download_range(self, url: str, name: str, dest: str, start: int, end: int, timeout: float) -> int | StoreError:
+        """Bytes ``[start, end)`` of a file written at the same offset of the existing local file ``dest``."""
         import obstore
 
-        def names(store: Any) -> list[str]:
-            listed = obstore.list_with_delimiter(store)
-            return sorted(meta["path"].rsplit("/", 1)[-1] for meta in listed["objects"])
+        def fetch(store: Any) -> int | StoreError:
+            try:
+                fd = os.open(dest, os.O_WRONLY)
+            except OSError as e:
+                return local_error(dest, e, writing=True)
+            written = start
+            try:
+                for chunk in obstore.get(store, name, options={"range": (start, end)}).stream(min_chunk_size=4 << 20):
+                    view = memoryview(chunk)
+                    while view:
+                        try:
+                            done = os.pwrite(fd, view, written)
+                        except OSError as e:
+                            return local_error(dest, e, writing=True)
+                        view, written = view[done:], written + done
+            finally:
+                os.close(fd)
+            if written != end:
+                return StoreError(TRANSIENT, f"short body: {written - start} of {end - start} bytes")
+            return end - start
 
-        return self._gather([(self._call, (url, "", names))], timeout)[0]
+        return self._gather([(self._call, (url, name, fetch))], timeout)[0]
+
+    def put(self, url: str, name: str, data: bytes, timeout: float) -> int | StoreError:
+        """Write a small file (one request)."""
+        import obstore
+
+        def write(store: Any) -> int:
+            obstore.put(store, name, data, use_multipart=False)
+            return len(data)
+
+        return self._gather([(self._call, (url, name, write))], timeout)[0]
+
+    def put_file(self, url: str, name: str, path: str, timeout: float) -> tuple[int, str] | StoreError:
+        """Upload the local file ``path`` as ``name`` (a large one as a multipart upload, parts in parallel);
+        return its size and the sha256 of the bytes sent."""
+        import obstore
+
+        def upload(store: Any) -> tuple[int, str] | StoreError:
+            digest = hashlib.sha256()
+            try:
+                source = open(path, "rb")
+                size = os.fstat(source.fileno()).st_size
+            except OSError as e:
+                return local_error(path, e, writing=False)
+
+            def chunks() -> Any:
+                while block := source.read(UPLOAD_PART_BYTES):
+                    digest.update(block)
+                    yield block
+
+            with source:
+                if size > UPLOAD_PART_BYTES:
+                    obstore.put(store, name, chunks(), chunk_size=UPLOAD_PART_BYTES, max_concurrency=UPLOAD_CONCURRENCY)
+                else:
+                    obstore.put(store, name, b"".join(chunks()), use_multipart=False)
+            return size, digest.hexdigest()
+
+        return self._gather([(self._call, (url, name, upload))], timeout)[0]
+
+    def delete(self, url: str, names: Sequence[str], timeout: float) -> None | StoreError:
+        """Remove files (a missing one is no error)."""
+        import obstore
+
+        return self._gather([(self._call, (url, "", lambda store: obstore.delete(store, list(names))))], timeout)[0]
+
+    def list_sizes(self, url: str, timeout: float) -> dict[str, int] | StoreError:
+        """The objects directly under the URL and their sizes."""
+        import obstore
+
+        def sizes(store: Any) -> dict[str, int]:
+            listed = obstore.list_with_delimiter(store)
+            return {meta["path"].rsplit("/", 1)[-1]: int(meta["size"]) for meta in listed["objects"]}
+
+        return self._gather([(self._call, (url, "", sizes))], timeout)[0]
 
     def _store(self, url: str) -> Any:
         store = self._stores.get(url)

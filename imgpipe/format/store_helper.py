@@ -76,8 +76,23 @@ class HelperClient:
     def download(self, url: str, name: str, dest: str, timeout: float) -> int | StoreError:
         return self._ask(timeout, "download", url, name, str(dest), timeout)
 
-    def list(self, url: str, timeout: float) -> list[str] | StoreError:
-        return self._ask(timeout, "list", url, timeout)
+    def list_sizes(self, url: str, timeout: float) -> dict[str, int] | StoreError:
+        return self._ask(timeout, "list_sizes", url, timeout)
+
+    def download_range(self, url: str, name: str, dest: str, start: int, end: int, timeout: float) -> int | StoreError:
+        return self._ask(timeout, "download_range", url, name, str(dest), start, end, timeout)
+
+    def put(self, url: str, name: str, data: bytes, timeout: float) -> int | StoreError:
+        return self._ask(timeout, "put", url, name, bytes(data), timeout)
+
+    def put_file(self, url: str, name: str, path: str, timeout: float) -> tuple[int, str] | StoreError:
+        return self._ask(timeout, "put_file", url, name, str(path), timeout)
+
+    def delete(self, url: str, names: list[str], timeout: float) -> None | StoreError:
+        return self._ask(timeout, "delete", url, list(names), timeout)
+
+    def request_stats(self, timeout: float) -> dict[str, float] | StoreError:
+        return self._ask(timeout, "request_stats", timeout)
 
     def fill(self, url: str, folder: str, split: str) -> None:
         """Have the helper fill the node-local cache ``folder`` of ``url`` in the background (``cachefill``); no answer is awaited."""
@@ -179,7 +194,7 @@ def _plain(result: Any) -> Any:
     """obstore's buffers as bytes, so the answer pickles."""
     if isinstance(result, list):
         return [_plain(item) for item in result]
-    if isinstance(result, (StoreError, bytes, int, str, bool)) or result is None:
+    if isinstance(result, (StoreError, bytes, int, float, str, tuple, dict)) or result is None:
         return result
     return bytes(result)
 

@@ -31,10 +31,11 @@ class Loader(Protocol):
     """An iterable of ``(images, labels)`` batches; each new ``iter()`` is the next epoch.
 
     ``state_dict`` is the position in the global stream (epoch, global batches yielded, seed,
-    records, G); ``load_state_dict`` makes the next ``iter()`` yield exactly the batches an
-    uninterrupted run would have yielded next, at any world size with the same G. ``skipped``
-    counts the corrupt records replaced so far; ``close`` stops any worker processes and threads
-    now, and the loader yields nothing after it.
+    records, G, resolution); ``load_state_dict`` makes the next ``iter()`` yield exactly the batches an
+    uninterrupted run would have yielded next, at any world size with the same G. ``set_resolution(px)``
+    changes the output size from the next ``iter()`` on (the records, crop boxes and flips stay those of
+    (seed, epoch, record)). ``skipped`` counts the corrupt records replaced so far; ``close`` stops any
+    worker processes and threads now, and the loader yields nothing after it.
     """
 
     skipped: int
@@ -44,6 +45,8 @@ class Loader(Protocol):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 
     def set_epoch(self, epoch: int) -> None: ...
+
+    def set_resolution(self, px: int) -> None: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -167,8 +170,24 @@ class SampledLoader:
         """Make the next ``iter()`` run ``epoch``."""
         self.sampler.set_epoch(check_int("epoch", epoch, minimum=0))
 
+    def set_resolution(self, px: int) -> None:
+        """Make the next ``iter()`` yield ``px`` x ``px`` images: train crops keep their boxes and flips,
+        resized to ``px``; evaluation center-crops ``px`` with the loader's crop ratio."""
+        self.sampler.set_resolution(check_int("resolution", px, minimum=1))
+
+    @property
+    def resolution(self) -> int:
+        """The output size of the pass being iterated, else of the next one."""
+        return int(self.sampler.current_resolution)  # type: ignore[arg-type]  (the loaders always give one)
+
+    @property
+    def last_records(self) -> np.ndarray:
+        """The record indices (positions in the split) of the batch yielded last, in batch order: what
+        per-sample draws of the trainer (mixup, cutmix) key on, with the epoch."""
+        return self.sampler.last_batch
+
     def state_dict(self) -> dict[str, Any]:
-        """The position in the global stream (epoch, global batches yielded, seed, records, G), for a checkpoint."""
+        """The position in the global stream (epoch, global batches yielded, seed, records, G) and the resolution, for a checkpoint."""
         self._find_place()
         return self.sampler.state_dict()
 

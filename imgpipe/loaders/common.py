@@ -22,7 +22,7 @@ import numpy as np
 from imgpipe._sys.distenv import DistEnv, available_cpus
 from imgpipe.errors import ConfigError, DatasetError
 from imgpipe.format.shardset import ShardSet, open_shards
-from imgpipe.loaders.geometry import EvalGeometry, TrainGeometry
+from imgpipe.loaders.geometry import EVAL_CROP_FRACTION, EvalGeometry, TrainGeometry
 from imgpipe.loaders.sampler import REMAINDER_POLICIES, EpochSampler
 
 if TYPE_CHECKING:
@@ -138,6 +138,14 @@ class LoaderArgs:
     device: "torch.device"
     normalize: bool
     channels_last: bool
+    crop_ratio: float = EVAL_CROP_FRACTION
+
+
+def check_ratio(name: str, value: object) -> float:
+    """``value`` as a float in (0, 1]; bools and strings are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= 1:
+        raise ConfigError(f"{name} must be a number in (0, 1], such as 224/256 = 0.875, got {value!r}")
+    return float(value)
 
 
 def check_loader_args(
@@ -153,6 +161,7 @@ def check_loader_args(
     device: object,
     normalize: object,
     channels_last: object,
+    crop_ratio: object = EVAL_CROP_FRACTION,
 ) -> LoaderArgs:
     """Check the shared loader arguments; the first mistake is a ConfigError naming it."""
     if not isinstance(split, str) or not split:
@@ -169,6 +178,7 @@ def check_loader_args(
         device=resolve_device(device),
         normalize=check_bool("normalize", normalize),
         channels_last=check_bool("channels_last", channels_last),
+        crop_ratio=check_ratio("crop_ratio", crop_ratio),
     )
 
 
@@ -232,9 +242,10 @@ def open_rank_stream(
         remainder=remainder,
         block_size=block_shuffle,
         window=shuffle_window,
+        resolution=args.image_size,
     )
     if args.train and len(sampler) == 0:
         raise no_full_batch(path, args.split, len(shards), env.world_size, args.batch_size, FULL_BATCH_FIX)
-    geometry = TrainGeometry(image_size=args.image_size) if args.train else EvalGeometry(image_size=args.image_size)
+    geometry = TrainGeometry(image_size=args.image_size) if args.train else EvalGeometry(image_size=args.image_size, crop_fraction=args.crop_ratio)
     shards.labels  # noqa: B018  (bare .rec files: read header labels once here, not in every worker)
     return RankStream(env, shards, sampler, geometry)

@@ -7,7 +7,8 @@ stream: the same records at every world size), and an external source (``dali_fe
 hands DALI each record's bytes, read from the ShardSet, with the window to decode and the crop
 and flip drawn from (seed, epoch, record). DALI decodes only that window
 (``decoders.image_slice``: ``mixed`` on a GPU, ``cpu`` otherwise), resizes the crop box to
-``image_size`` squared and mirrors and normalizes it. So both backends yield the same labels
+the resolution of the batch's epoch squared (fed per batch: ``set_resolution`` needs no new
+pipeline) and mirrors and normalizes it. So both backends yield the same labels
 in every batch, and pixels that differ only by the resize filter. The pipeline itself draws
 no random numbers; it is built once and reused from epoch to epoch (rebuilt after an epoch
 left unfinished). ``state_dict`` / ``load_state_dict`` are the sampler's, as in the torch loader.
@@ -41,6 +42,7 @@ from imgpipe.loaders.common import (
 )
 from imgpipe.loaders.dali_feed import FEED_NAMES, UNDECODABLE_FIX, DaliFeed
 from imgpipe.format.shardset import ShardSet
+from imgpipe.loaders.geometry import EVAL_CROP_FRACTION
 from imgpipe.loaders.sampler import EpochSampler
 
 INSTALL_HINT = "pip install 'imgpipe[dali]'"
@@ -110,7 +112,7 @@ class DaliLoader(SampledLoader):
         if not batches:
             return
         feed = self._feed
-        feed.start(epoch, batches)
+        feed.start(epoch, batches, self.sampler.resolution)
         pipe = self._pipeline()
         self._reusable = False
         for remaining in range(len(batches) - 1, -1, -1):
@@ -197,7 +199,7 @@ def _build_pipeline(spec: _Spec, feed: DaliFeed) -> Any:
     geometry = dali_geometry(spec.image_size, train=True)
     pipe = dali.Pipeline(batch_size=spec.batch_size, num_threads=spec.workers, device_id=spec.device_id, prefetch_queue_depth=spec.prefetch)
     with pipe:
-        jpegs, anchor, shape, roi_start, roi_end, mirror = fn.external_source(source=feed, num_outputs=len(FEED_NAMES), batch=True)
+        jpegs, anchor, shape, roi_start, roi_end, mirror, size = fn.external_source(source=feed, num_outputs=len(FEED_NAMES), batch=True)
         images = fn.decoders.image_slice(
             jpegs,
             anchor,
@@ -211,7 +213,7 @@ def _build_pipeline(spec: _Spec, feed: DaliFeed) -> Any:
         )
         images = fn.resize(
             images,
-            size=[spec.image_size, spec.image_size],
+            size=size,
             roi_start=roi_start,
             roi_end=roi_end,
             roi_relative=False,
@@ -271,6 +273,7 @@ def make_dali_loader(
     device: str | torch.device | None = CURRENT_DEVICE,
     normalize: bool = True,
     channels_last: bool = False,
+    crop_ratio: float = EVAL_CROP_FRACTION,
     remainder: str = "drop",
     shuffle: bool | None = None,
     block_shuffle: int | None = None,
@@ -284,7 +287,9 @@ def make_dali_loader(
     Yields ``(images, labels)``: images float32 NCHW normalized with ImageNet mean/std (uint8
     NCHW when ``normalize=False``) on ``device`` (CPU operators when None/"cpu", ``mixed``
     decoding on a CUDA device; default: the current CUDA device if any, else the CPU); labels
-    int64. ``workers`` is DALI's CPU thread count. ``remainder``, ``shuffle``, ``block_shuffle``,
+    int64. ``loader.set_resolution(px)`` changes the output size from the next ``iter()`` on, as the
+    torch loader's; ``crop_ratio`` (eval): the center crop's share of the shorter side (224/256).
+    ``workers`` is DALI's CPU thread count. ``remainder``, ``shuffle``, ``block_shuffle``,
     ``shuffle_window``: as the torch loader's. ``prefetch``: DALI's queue depth. ``on_corrupt``:
     only "raise" (a record DALI cannot decode stops the epoch with its shard, record and
     source); "skip" is the torch loader's. ``cache_dir``: as the torch loader's.
@@ -292,7 +297,7 @@ def make_dali_loader(
     _import_dali()
     args = check_loader_args(
         split=split, batch_size=batch_size, train=train, image_size=image_size, workers=workers, seed=seed, rank=rank,
-        world_size=world_size, device=device, normalize=normalize, channels_last=channels_last,
+        world_size=world_size, device=device, normalize=normalize, channels_last=channels_last, crop_ratio=crop_ratio,
     )
     prefetch = check_int("prefetch", prefetch, minimum=1)
     if check_choice("on_corrupt", on_corrupt, ON_CORRUPT) == "skip":

@@ -9,7 +9,9 @@ decoder takes whole pixels, so each sample carries:
   for ``decoders.image_slice`` (absolute, ``axis_names="WH"``);
 * ``roi_start`` / ``roi_end``: the box inside that window, (y, x), for ``fn.resize``'s ROI,
   so the resize maps exactly the box onto the output, as the torch loader's resampling does;
-* ``mirror`` (0/1) for ``crop_mirror_normalize``.
+* ``mirror`` (0/1) for ``crop_mirror_normalize``;
+* ``size`` (h, w): the output size of the batch's epoch, for ``fn.resize``, so the pipeline
+  follows ``set_resolution`` without being rebuilt.
 
 Labels stay on the host: the loader takes them from the ShardSet for the batch DALI returns.
 
@@ -39,7 +41,7 @@ from imgpipe.format.shardset import ShardSet
 from imgpipe.loaders.geometry import Crop, EvalGeometry, TrainGeometry, sample_crop
 
 UNDECODABLE_FIX = "run 'imgpipe verify --decode' on the folder, or use the torch loader with on_corrupt='skip'"
-FEED_NAMES = ("jpegs", "anchor", "shape", "roi_start", "roi_end", "mirror")
+FEED_NAMES = ("jpegs", "anchor", "shape", "roi_start", "roi_end", "mirror", "size")
 READ_AHEAD = 2  # batches prepared ahead of DALI's calls
 
 
@@ -93,17 +95,20 @@ class DaliFeed:
         self.geometry = geometry
         self.seed = seed
         self.queue: deque[tuple[int, np.ndarray]] = deque()  # batches not yet being prepared
+        self.size = geometry.image_size  # the output size of the batches started last
         self.fed: deque[np.ndarray] = deque()  # the batches handed to DALI and not yet out of it, oldest first
         self._ahead: deque[tuple[np.ndarray, Future]] = deque()  # batches being prepared, in order
         self._thread: ThreadPoolExecutor | None = None
 
-    def start(self, epoch: int, batches: list[np.ndarray]) -> None:
-        """Feed these batches of ``epoch`` next; anything queued or prepared before is dropped."""
+    def start(self, epoch: int, batches: list[np.ndarray], size: int | None = None) -> None:
+        """Feed these batches of ``epoch`` next, at ``size`` (default: the geometry's); anything queued or
+        prepared before is dropped."""
         for _, prepared in self._ahead:
             prepared.cancel()
         self._ahead.clear()
         self.fed.clear()
         self.queue = deque((epoch, batch) for batch in batches)
+        self.size = self.geometry.image_size if size is None else size
         self._prepare_ahead()
 
     def close(self) -> None:
@@ -126,24 +131,27 @@ class DaliFeed:
         while self.queue and len(self._ahead) < READ_AHEAD:
             epoch, indices = self.queue.popleft()
             following = self.queue[0][1] if self.queue else None
-            self._ahead.append((indices, self._thread.submit(self.batch, epoch, indices, following)))
+            self._ahead.append((indices, self._thread.submit(self.batch, epoch, indices, following, self.size)))
 
-    def batch(self, epoch: int, indices: np.ndarray, following: np.ndarray | None = None) -> tuple[Any, ...]:
-        """The inputs of one batch: the records' bytes (a list), then one array per window field (first axis: samples).
+    def batch(self, epoch: int, indices: np.ndarray, following: np.ndarray | None = None, size: int | None = None) -> tuple[Any, ...]:
+        """The inputs of one batch: the records' bytes (a list), then one array per window field and the
+        output size (first axis: samples).
 
         The records are fetched together (one batched request from a URL, with ``following``, the
         next batch's records, fetched meanwhile)."""
+        geometry = self.geometry if size is None else self.geometry.at(size)
         payloads: list[np.ndarray] = []
         windows: list[Window] = []
         records = self.shards.fetch(indices, following)
         for k, index in enumerate(indices.tolist()):
             _, payload = records.read_view(k)
-            size = stored_size(payload)
-            if size is None:
+            stored = stored_size(payload)
+            if stored is None:
                 reason = decode_failure(payload) or "no readable image header"
                 raise DatasetError(f"cannot decode {self.shards.describe(index)}: {reason}; {UNDECODABLE_FIX}")
-            crop = sample_crop(self.geometry, size[0], size[1], seed=self.seed, epoch=epoch, index=index)
+            crop = sample_crop(geometry, stored[0], stored[1], seed=self.seed, epoch=epoch, index=index)
             payloads.append(np.frombuffer(payload, np.uint8))
-            windows.append(window_of(crop, *size))
+            windows.append(window_of(crop, *stored))
         fields = zip(*windows)
-        return (payloads, *(np.array(column, dtype) for column, dtype in zip(fields, WINDOW_DTYPES)))
+        sizes = np.full((len(windows), 2), geometry.image_size, np.float32)
+        return (payloads, *(np.array(column, dtype) for column, dtype in zip(fields, WINDOW_DTYPES)), sizes)

@@ -8,7 +8,12 @@ Shared constants (the DALI loader uses the same ones):
 
 * ``IMAGENET_MEAN`` / ``IMAGENET_STD``: per-channel RGB mean and std in 0-255 units.
 * ``EVAL_CROP_FRACTION``: eval resizes the shorter side to ``round(image_size / 0.875)``
-  and center-crops ``image_size`` (256 -> 224 for the classic setting).
+  and center-crops ``image_size`` (256 -> 224 for the classic setting); a loader's
+  ``crop_ratio`` replaces it.
+
+The output size is not part of a train box: ``TrainGeometry.sample`` never reads
+``image_size``, so a loader may change its resolution between epochs (``at(size)``) and
+record i of epoch e keeps its box and flip; only the resize after the crop differs.
 * ``INTERPOLATION`` / ``ANTIALIAS``: bilinear with antialiasing when downscaling.
 * ``TRAIN_SCALE`` / ``TRAIN_RATIO`` / ``FLIP_P`` / ``CROP_ATTEMPTS``: torchvision's
   RandomResizedCrop and RandomHorizontalFlip defaults.
@@ -17,9 +22,8 @@ Shared constants (the DALI loader uses the same ones):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
-
 
 from imgpipe.loaders.seeding import SampleStream, sample_rng
 
@@ -75,6 +79,10 @@ class TrainGeometry:
         object.__setattr__(self, "ratio", (float(ratio[0]), float(ratio[1])))
         object.__setattr__(self, "flip_p", float(flip_p))
 
+    def at(self, size: int) -> TrainGeometry:
+        """The same crops, resized to ``size`` squared."""
+        return replace(self, image_size=size)
+
     def sample(self, width: int, height: int, rng: SampleStream) -> Crop:
         """Draw the crop box exactly as torchvision's ``RandomResizedCrop.get_params``, then the flip."""
         left, top, w, h = random_resized_crop_box(width, height, self.scale, self.ratio, rng)
@@ -94,6 +102,10 @@ class EvalGeometry:
             raise ValueError(f"invalid eval geometry image_size={image_size} crop_fraction={crop_fraction}")
         object.__setattr__(self, "image_size", int(image_size))
         object.__setattr__(self, "crop_fraction", float(crop_fraction))
+
+    def at(self, size: int) -> EvalGeometry:
+        """The center crop of ``size`` squared, with the same crop fraction."""
+        return replace(self, image_size=size)
 
     @property
     def resize_shorter(self) -> int:

@@ -21,6 +21,10 @@ each batch before the next (``for x, y in loader``) reuses the slots forever: th
 DataLoader's ``workers * prefetch_factor`` requests in flight, plus the batch being handed over
 and the one the caller still holds.
 
+A slot holds ``image_size`` (the largest size the loader was built or re-sized for) and serves any
+smaller resolution as a view of its first bytes, so a loader whose resolution changes between
+epochs keeps its ring (a larger one takes a new ring: ``TorchLoader._fit_ring``).
+
 What does not keep a slot: a raw address (``data_ptr()``), a weak reference, and a batch sent to
 another process (``torch.multiprocessing``): it is shared memory already, so the other process
 maps the slot itself and holds no reference here. Clone a batch before any of those.
@@ -49,6 +53,8 @@ class BatchRing:
 
     def __init__(self, slots: int, *, batch_size: int, image_size: int, memory_format: torch.memory_format, dtype: torch.dtype = torch.uint8) -> None:
         self.batch_size = batch_size
+        self.image_size = image_size  # the largest resolution a slot holds
+        self.memory_format = memory_format
         shape = (batch_size, 3, image_size, image_size)
         size = slots * batch_size * 3 * image_size * image_size * dtype.itemsize
         with allocation_lock():  # ranks starting together check and allocate one after the other
@@ -86,10 +92,10 @@ class BatchRing:
         """Whether anything outside the ring holds ``slot``: a tensor or array on it, or its storage object."""
         return storage_use_count(self.slots[slot]) != self._unused or sys.getrefcount(self._storages[slot]) != self._unused_storage_refs
 
-    def receive(self, slot: int, count: int) -> torch.Tensor:
-        """The first ``count`` images of the batch a worker built in ``slot``: a view the caller holds
-        (the slot stays taken until every tensor on it is gone)."""
-        batch = self.batch(slot, count)
+    def receive(self, slot: int, count: int, size: int | None = None) -> torch.Tensor:
+        """The first ``count`` images of the batch a worker built in ``slot`` at ``size``: a view the caller
+        holds (the slot stays taken until every tensor on it is gone)."""
+        batch = self.batch(slot, count, size)
         self._in_flight.discard(slot)
         return batch
 
@@ -101,9 +107,15 @@ class BatchRing:
         """
         self._in_flight.clear()
 
-    def batch(self, slot: int, count: int) -> torch.Tensor:
-        """The first ``count`` images of ``slot`` (a view into shared memory), for the worker to build in."""
-        return self.slots[slot][:count]
+    def batch(self, slot: int, count: int, size: int | None = None) -> torch.Tensor:
+        """``count`` images of ``size`` squared (default: the slot's) at the start of ``slot``, in the ring's
+        layout: a view into shared memory, for the worker to build in."""
+        size = self.image_size if size is None else size
+        if not 0 < size <= self.image_size or not 0 <= count <= self.batch_size:
+            raise ValueError(f"a ring slot holds {self.batch_size} images of {self.image_size} px, not {count} of {size} px")
+        image = 3 * size * size
+        strides = (image, 1, 3 * size, 3) if self.memory_format == torch.channels_last else (image, size * size, size, 1)
+        return self.slots[slot].as_strided((count, 3, size, size), strides)
 
 
 @contextlib.contextmanager

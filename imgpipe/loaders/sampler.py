@@ -11,7 +11,8 @@ Contract, for a split of ``n`` records (``DESIGN.md``, "The data contract"):
   (``floor(n / G)`` global batches); ``remainder="pad"`` wraps around to the start of the
   order to fill ``ceil(n / G)`` global batches.
 * Resume anywhere: a state is a position in the global stream (epoch, global batches
-  consumed, seed, n, G); it loads into any sampler with the same seed, n and G.
+  consumed, seed, n, G); it loads into any sampler with the same seed, n and G. The
+  epoch's output resolution, when the loader has one, is part of the state too.
 * Evaluation (``train=False``): every record exactly once across ranks, never a duplicate;
   rank r gets the r-th of ``world`` contiguous slices whose sizes differ by at most one
   record, so ranks may differ by one (partial) batch. Unshuffled unless asked.
@@ -112,8 +113,9 @@ class EpochSampler:
     """Yields this rank's batches of record indices; each new ``iter()`` is the next epoch.
 
     ``set_epoch(e)`` makes the next ``iter()`` epoch ``e`` (then it advances from there).
-    ``state_dict()`` holds the epoch and the batches already consumed; after
-    ``load_state_dict()`` the next ``iter()`` yields exactly the remaining batches.
+    ``set_resolution(px)`` makes the next epoch's output size ``px`` (the loaders resize to it).
+    ``state_dict()`` holds the epoch, the batches already consumed and the resolution; after
+    ``load_state_dict()`` the next ``iter()`` yields exactly the remaining batches, at that size.
     Rank and world size come from the arguments, else ``DistEnv.detect()``.
     """
 
@@ -130,6 +132,7 @@ class EpochSampler:
         remainder: str = "drop",
         block_size: int | None = None,
         window: int | None = None,
+        resolution: int | None = None,
     ) -> None:
         env = DistEnv.detect(rank, world_size)
         self.n = int(n)
@@ -147,6 +150,10 @@ class EpochSampler:
         self._resume_batches = 0
         self._consumed = 0
         self._active = False
+        self.resolution = resolution  # the output size of the epoch being (or last) iterated
+        self._next_resolution = resolution
+        self._batches: list[np.ndarray] = []  # the batches begin_epoch handed out, from batch _first on
+        self._first = 0
 
     def moved(self, rank: int, world_size: int) -> EpochSampler:
         """This sampler for rank ``rank`` of ``world_size``, at the same position in the global stream:
@@ -156,6 +163,7 @@ class EpochSampler:
         moved = EpochSampler(
             self.n, batch_size=self.batch_size, train=self.train, shuffle=self.shuffle, seed=self.seed, rank=rank,
             world_size=world_size, remainder=self.remainder, block_size=self.block_size, window=self.window,
+            resolution=self._next_resolution,
         )
         epoch, batches = self._next_epoch, 0 if self._active else self._resume_batches
         records = batches * self.global_batch
@@ -167,7 +175,7 @@ class EpochSampler:
             )
         moved.epoch = self.epoch
         moved.load_state_dict({**self.state_dict(), "epoch": epoch, "batches": records // moved.global_batch,
-                               "global_batch": moved.global_batch, "world_size": world_size})
+                               "global_batch": moved.global_batch, "world_size": world_size, "resolution": self._next_resolution})
         return moved
 
     def __len__(self) -> int:
@@ -183,6 +191,17 @@ class EpochSampler:
             raise ConfigError(f"epoch must be >= 0, got {epoch}")
         resumed = self._resume_batches if int(epoch) == self._next_epoch and not self._active else 0
         self._next_epoch, self._resume_batches, self._active = int(epoch), resumed, False
+
+    def set_resolution(self, px: int) -> None:
+        """Make the next ``iter()`` (or the epoch a loaded state resumes) yield ``px`` x ``px`` images."""
+        if px < 1:
+            raise ConfigError(f"resolution must be >= 1 pixel, got {px}")
+        self._next_resolution = int(px)
+
+    @property
+    def current_resolution(self) -> int | None:
+        """The output size of the epoch being iterated, else the one the next ``iter()`` will use (as ``state_dict`` records it)."""
+        return self.resolution if self._active else self._next_resolution
 
     def indices(self, epoch: int) -> np.ndarray:
         """All of this rank's record indices for ``epoch``."""
@@ -210,13 +229,23 @@ class EpochSampler:
         epoch, start = self._next_epoch, self._resume_batches
         self.epoch, self._next_epoch, self._resume_batches = epoch, epoch + 1, 0
         self._consumed, self._active = start, True
-        return epoch, self.batches(epoch, start)
+        self.resolution = self._next_resolution
+        self._batches, self._first = self.batches(epoch, start), start
+        return epoch, self._batches
 
     def mark_consumed(self) -> None:
         """Count one batch of the current epoch as delivered to the user."""
         self._consumed += 1
         if self._consumed >= len(self):
             self._active = False
+
+    @property
+    def last_batch(self) -> np.ndarray:
+        """The record indices of the batch delivered last (``mark_consumed``), in batch order."""
+        position = self._consumed - self._first - 1
+        if not 0 <= position < len(self._batches):
+            raise ConfigError("no batch of this epoch has been delivered yet")
+        return self._batches[position]
 
     def __iter__(self) -> Iterator[np.ndarray]:
         _, batches = self.begin_epoch()
@@ -239,7 +268,8 @@ class EpochSampler:
             epoch, consumed = self.epoch, self._consumed
         else:
             epoch, consumed = self._next_epoch, self._resume_batches
-        return {
+        resolution = self.current_resolution
+        state = {
             "epoch": epoch,
             "batches": consumed,
             "seed": self.seed,
@@ -248,6 +278,9 @@ class EpochSampler:
             "world_size": self.world_size,
             "batch_size": self.batch_size,
         }
+        if resolution is not None:
+            state["resolution"] = resolution
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next ``iter()`` yields the batches after ``state['batches']`` global batches of ``state['epoch']``."""
@@ -273,9 +306,14 @@ class EpochSampler:
             raise ConfigError("cannot resume: the loader state needs integer 'epoch' and 'batches'") from None
         if epoch < 0 or not 0 <= consumed <= len(self):
             raise ConfigError(f"cannot resume: epoch {epoch} batch {consumed} is outside this loader ({len(self)} batches per epoch)")
+        resolution = state.get("resolution")
+        if resolution is not None and (isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 1):
+            raise ConfigError(f"cannot resume: the loader state's resolution must be a size in pixels, got {resolution!r}")
         if consumed == len(self):
             epoch, consumed = epoch + 1, 0
         self._next_epoch, self._resume_batches, self._active = epoch, consumed, False
+        if resolution is not None:
+            self._next_resolution = int(resolution)
 
 
 def batch_splits(global_batch: int) -> str:

@@ -5,7 +5,9 @@ that built it measures its record reads and the rest of its work (decode, crop, 
 into the batch) and sends both back with the batch's reply; the main process adds its own
 time on the batch (copying it out of the ring and normalizing it on the CPU; pinning it and
 queueing its copy on a GPU) and hands the three to :meth:`StageTimer.record`, in the order the
-batches are built. The loader runs exactly as without the hook; only these clocks are added.
+batches are built. From a URL the worker adds what its store client did meanwhile: the requests
+it made, the bytes they brought and the seconds they took. The loader runs exactly as without
+the hook; only these clocks are added.
 """
 
 from __future__ import annotations
@@ -22,6 +24,22 @@ class BatchTimes:
     read: float = 0.0  # worker: fetching the batch's records and reading each
     decode: float = 0.0  # worker: everything else it did for the batch (decode, crop, flip, write)
     collate: float = 0.0  # main process: from the worker's reply to the batch handed out (or queued for the GPU)
+    requests: int = 0  # worker, from a URL: HTTP requests its store client made while it built the batch
+    request_calls: int = 0  # the calls (one per file and batch) those requests were made in
+    request_s: float = 0.0  # the seconds those calls took, summed (each call's requests run concurrently)
+    fetched_bytes: int = 0  # the bytes they brought
+
+
+def request_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+    """What a store client did between two of its ``request_stats()`` (zeros for a local folder), as BatchTimes fields."""
+    if before is None or after is None:
+        return {}
+    return {
+        "requests": int(after["requests"] - before["requests"]),
+        "request_calls": int(after["calls"] - before["calls"]),
+        "request_s": after["seconds"] - before["seconds"],
+        "fetched_bytes": int(after["bytes"] - before["bytes"]),
+    }
 
 
 class StageTimer:

@@ -1,10 +1,11 @@
 """The torch loader: a DataLoader over a ShardSet whose workers build whole batches, as yielded.
 
 Per epoch the ``EpochSampler`` gives this rank's batches; each request sent to a worker is a
-``BatchRequest`` (epoch, record indices, ring slot), and one worker reads, decodes and
-augments the whole batch into one NCHW tensor (one IPC round trip per batch). From a URL the
-worker fetches the batch's records in one batched request, and the records of the next batch
-it will build meanwhile (``ShardSet.fetch``). With
+``BatchRequest`` (epoch, record indices, ring slot, output size), and one worker reads, decodes and
+augments the whole batch into one NCHW tensor (one IPC round trip per batch). The size travels
+with each request, so ``set_resolution`` needs no new workers unless it outgrows the ring. From a
+URL the worker fetches the batch's records in one batched request, and the records of the next
+batch it will build meanwhile (``ShardSet.fetch``). With
 persistent workers (the default) that tensor is a slot of a ``BatchRing``, shared memory
 allocated once, and the worker returns only the slot's number and the labels; the caller
 gets a view of the slot, no copy, and the slot is reused once the caller drops it. Every random
@@ -67,15 +68,16 @@ from imgpipe.loaders.common import (
     check_int,
     check_loader_args,
     check_optional_bool,
+    check_optional_int,
     default_workers,
     open_rank_stream,
 )
 from imgpipe.loaders.pixels import decode_sample, load_decoders
 from imgpipe.loaders.ring import BatchRing
 from imgpipe.format.shardset import PathLike, Records, ShardSet
-from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry, sample_crop
+from imgpipe.loaders.geometry import EVAL_CROP_FRACTION, IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry, sample_crop
 from imgpipe.loaders.sampler import EpochSampler
-from imgpipe.loaders.stage_timer import BatchTimes, StageTimer
+from imgpipe.loaders.stage_timer import BatchTimes, StageTimer, request_delta
 
 logger = logging.getLogger(__name__)
 
@@ -119,13 +121,15 @@ def release_dead_shared_storages() -> None:
 
 
 class BatchRequest(NamedTuple):
-    """One batch to build: the records ``indices`` of ``epoch``, into the ring's ``slot`` if one is given;
-    ``ahead``: the records of the batch the same worker builds next, fetched meanwhile (remote shards)."""
+    """One batch to build: the records ``indices`` of ``epoch`` at ``size`` (default: the dataset's
+    geometry's), into the ring's ``slot`` if one is given; ``ahead``: the records of the batch the same
+    worker builds next, fetched meanwhile (remote shards)."""
 
     epoch: int
     indices: np.ndarray
     slot: int | None = None
     ahead: np.ndarray | None = None
+    size: int | None = None
 
 
 class BatchDataset(Dataset):
@@ -180,21 +184,25 @@ class BatchDataset(Dataset):
         if self.stage_timer is None:
             return (*self._build(request), None)
         self._read_s = 0.0
+        source = self.shards.byte_source
+        requested = source.request_stats()
         start = time.perf_counter()
         built = self._build(request)
         elapsed = time.perf_counter() - start
-        return (*built, BatchTimes(read=self._read_s, decode=elapsed - self._read_s))
+        store = request_delta(requested, source.request_stats())
+        return (*built, BatchTimes(read=self._read_s, decode=elapsed - self._read_s, **store))
 
     def _build(self, request: BatchRequest | tuple[int, np.ndarray]) -> tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None]:
-        epoch, indices, ring_slot, ahead = BatchRequest(*request)
+        epoch, indices, ring_slot, ahead, size = BatchRequest(*request)
+        geometry = self.geometry if size is None else self.geometry.at(size)
+        size = geometry.image_size
         in_worker = self._seed_globals(epoch)
         if in_worker:
             release_dead_shared_storages()
         if ring_slot is not None and self.ring is not None:
-            images = self.ring.batch(ring_slot, len(indices))
+            images = self.ring.batch(ring_slot, len(indices), size)
             sent: torch.Tensor | int = ring_slot
         else:
-            size = self.geometry.image_size
             dtype = torch.float32 if self.normalize else torch.uint8
             images = sent = torch.empty((len(indices), 3, size, size), dtype=dtype, memory_format=self.memory_format)
             if in_worker:  # built in shared memory: sending it copies nothing and leaves no hole in the heap
@@ -204,7 +212,7 @@ class BatchDataset(Dataset):
         bad: list[int] = []
         for slot, index in enumerate(indices.tolist()):
             try:
-                sample = self._decode(epoch, index, records, slot)
+                sample = self._decode(geometry, epoch, index, records, slot)
             except _DECODE_ERRORS as e:
                 reason = "not a decodable image" if isinstance(e, UnidentifiedImageError) else str(e)
                 message = str(e) if isinstance(e, RemoteError) else f"cannot decode {self.shards.describe(index)}: {reason}"
@@ -229,10 +237,9 @@ class BatchDataset(Dataset):
                 labels[slot] = labels[donor]
         return sent, labels, indices[bad].astype(np.int64), None
 
-    def _decode(self, epoch: int, index: int, records: Records, slot: int) -> torch.Tensor:
+    def _decode(self, geometry: TrainGeometry | EvalGeometry, epoch: int, index: int, records: Records, slot: int) -> torch.Tensor:
         """Record ``index`` of ``epoch`` (``records``' ``slot``-th) cropped, resized and flipped: a uint8 CHW tensor (maybe a view)."""
         _, payload = self._read(records, slot)
-        geometry = self.geometry
         crop_for: Callable[[int, int], Crop] = lambda w, h: sample_crop(geometry, w, h, seed=self.seed, epoch=epoch, index=index)  # noqa: E731
         return decode_sample(payload, crop_for, geometry.image_size)
 
@@ -292,8 +299,8 @@ class BatchDataset(Dataset):
 
 
 class RingRequests(Sampler):
-    """A DataLoader sampler over the ``queued`` (epoch, indices) batches of a pass: yields them as
-    ``BatchRequest``s, each with a ring slot claimed as the DataLoader takes it.
+    """A DataLoader sampler over the ``queued`` (epoch, indices) batches of a pass at one output size:
+    yields them as ``BatchRequest``s, each with a ring slot claimed as the DataLoader takes it.
 
     ``lookahead`` (remote shards): request j names as ``ahead`` the records of request j + lookahead,
     the next one its worker builds (the DataLoader deals requests to its workers in turn), so the
@@ -304,13 +311,15 @@ class RingRequests(Sampler):
         self.ring = ring
         self.lookahead = lookahead
         self.queued: list[tuple[int, np.ndarray]] = []
+        self.size: int | None = None
 
     def __len__(self) -> int:
         return len(self.queued)
 
-    def start_pass(self, epoch: int, batches: Sequence[np.ndarray]) -> None:
-        """Queue this pass's batches and start the ring's pass: call before each ``iter()`` of the DataLoader."""
+    def start_pass(self, epoch: int, batches: Sequence[np.ndarray], size: int | None = None) -> None:
+        """Queue this pass's batches, at ``size``, and start the ring's pass: call before each ``iter()`` of the DataLoader."""
         self.queued = [(epoch, batch) for batch in batches]
+        self.size = size
         if self.ring is not None:
             self.ring.begin_pass()
 
@@ -318,14 +327,14 @@ class RingRequests(Sampler):
         queued, step = self.queued, self.lookahead
         for j, (epoch, indices) in enumerate(queued):
             ahead = queued[j + step][1] if step is not None and j + step < len(queued) else None
-            yield BatchRequest(epoch, indices, None if self.ring is None else self.ring.claim(), ahead)
+            yield BatchRequest(epoch, indices, None if self.ring is None else self.ring.claim(), ahead, self.size)
 
 
-def batch_images(ring: BatchRing | None, sent: torch.Tensor | int, count: int) -> torch.Tensor:
-    """The images a worker sent back: its tensor, or the first ``count`` images of the ring slot it names."""
+def batch_images(ring: BatchRing | None, sent: torch.Tensor | int, count: int, size: int | None = None) -> torch.Tensor:
+    """The images a worker sent back: its tensor, or the first ``count`` images of ``size`` in the ring slot it names."""
     if isinstance(sent, int):
         assert ring is not None
-        return ring.receive(sent, count)
+        return ring.receive(sent, count, size)
     return sent
 
 
@@ -353,6 +362,7 @@ class TorchLoader(SampledLoader):
         prefetch_factor: int,
         pin_memory: bool,
         multiprocessing_context: str | None,
+        ring_size: int,
         stage_timer: StageTimer | None = None,
     ) -> None:
         super().__init__(sampler, env, follow_world=follow_world)
@@ -368,6 +378,7 @@ class TorchLoader(SampledLoader):
         self._pin_memory = pin_memory
         self._multiprocessing_context = multiprocessing_context
         self._stage_timer = stage_timer
+        self._ring_size = ring_size  # the largest resolution the ring's slots hold
         self._set_up_workers()
         self._scale, self._bias = normalization(device)
 
@@ -380,7 +391,7 @@ class TorchLoader(SampledLoader):
         workers, dataset = self._worker_count(), self.dataset
         if workers > 0 and self._persistent_workers:
             self._ring = dataset.ring = BatchRing.for_dataloader(
-                workers, self._prefetch_factor, batch_size=self.sampler.batch_size, image_size=dataset.geometry.image_size,
+                workers, self._prefetch_factor, batch_size=self.sampler.batch_size, image_size=self._ring_size,
                 memory_format=dataset.memory_format, dtype=torch.float32 if dataset.normalize else torch.uint8,
             )
         self._requests = RingRequests(self._ring, max(1, workers) if self.shards.byte_source.remote else None)
@@ -409,7 +420,9 @@ class TorchLoader(SampledLoader):
         shutdown_persistent_workers(self._loader)
 
     def _batches(self, epoch: int, batches: list[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self._requests.start_pass(epoch, batches)
+        size = self.sampler.resolution
+        self._fit_ring(size)
+        self._requests.start_pass(epoch, batches, size)
         results = iter(self._loader)
         if self.device.type == "cuda":
             yield from self._cuda_batches(results)
@@ -431,7 +444,19 @@ class TorchLoader(SampledLoader):
             self.skipped += len(skipped)
             for index in skipped.tolist():
                 logger.warning("skipped corrupt %s (replaced by another sample of its batch)", self.shards.describe(index))
-        return batch_images(self._ring, images, len(labels)), labels, isinstance(images, int)
+        return batch_images(self._ring, images, len(labels), self._requests.size), labels, isinstance(images, int)
+
+    def _fit_ring(self, size: int | None) -> None:
+        """Give the workers a ring whose slots hold ``size``: the workers stop (forked workers keep the
+        ring they were started with), the old ring goes (its memory once the caller drops its batches),
+        and the next pass starts new workers on a new one."""
+        if self._ring is None or size is None or size <= self._ring_size:
+            return
+        logger.debug("torch loader: a new ring for %d px (was %d); the workers restart", size, self._ring_size)
+        shutdown_persistent_workers(self._loader)
+        self._ring_size = size
+        del self._loader, self._requests  # and the ring they hold: its memory goes before the new ring is allocated
+        self._set_up_workers()
 
     def _record_times(self, result: tuple[Any, ...], start: float) -> None:
         """Report a batch's stage times: its worker's, and this process's since ``start``."""
@@ -505,6 +530,8 @@ def make_torch_loader(
     device: str | torch.device | None = CURRENT_DEVICE,
     normalize: bool = True,
     channels_last: bool = False,
+    crop_ratio: float = EVAL_CROP_FRACTION,
+    max_image_size: int | None = None,
     remainder: str = "drop",
     shuffle: bool | None = None,
     block_shuffle: int | None = None,
@@ -521,6 +548,10 @@ def make_torch_loader(
     """A rank-aware, seeded loader of ``(images, labels)`` over packed shards (see the module docstring).
 
     ``path``: a packed folder, bare .rec files (path, list or glob) or a ShardSet.
+    ``image_size``: the output size, until ``loader.set_resolution(px)`` changes it for the next
+    ``iter()``; ``max_image_size``: the largest size ``set_resolution`` will ask for, so the ring
+    is allocated for it once (a larger one re-sizes the ring and restarts the workers).
+    ``crop_ratio`` (eval): the center crop's share of the shorter side (224/256).
     ``workers``: DataLoader worker processes (default ``default_workers()``; 0 decodes in
     this process). ``remainder``: "drop" or "pad" for train, so every rank gets the same
     full batches; eval (``train=False``) yields every record exactly once across ranks.
@@ -544,8 +575,9 @@ def make_torch_loader(
     """
     args = check_loader_args(
         split=split, batch_size=batch_size, train=train, image_size=image_size, workers=workers, seed=seed, rank=rank,
-        world_size=world_size, device=device, normalize=normalize, channels_last=channels_last,
+        world_size=world_size, device=device, normalize=normalize, channels_last=channels_last, crop_ratio=crop_ratio,
     )
+    max_image_size = check_optional_int("max_image_size", max_image_size, minimum=1)
     check_choice("on_corrupt", on_corrupt, ON_CORRUPT)
     if sample_transform is not None and not callable(sample_transform):
         raise ConfigError(f"sample_transform must be a callable on a uint8 CHW tensor or None, got {sample_transform!r}")
@@ -586,5 +618,6 @@ def make_torch_loader(
         prefetch_factor=prefetch_factor,
         pin_memory=device.type == "cuda" if pin_memory is None else pin_memory,
         multiprocessing_context=multiprocessing_context,
+        ring_size=max(args.image_size, max_image_size or 0),
         stage_timer=stage_timer,
     )

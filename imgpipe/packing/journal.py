@@ -10,16 +10,15 @@ holds ``node-{rank}.lock`` (with its pid inside) while it runs, from before it t
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from imgpipe._sys.atomic import atomic_write_bytes
+from imgpipe._sys.pidlock import describe_holder, holder_alive, lock_holder, try_lock
 from imgpipe.errors import PackError
 from imgpipe.format.manifest import JOURNAL_DIR, PLAN_NAME
 
@@ -113,43 +112,14 @@ class Journal:
         return fd
 
     def _acquire(self, path: Path, wait_s: float) -> int:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + wait_s
         while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _lock_holder(path)
-                if (holder is not None and _alive(*holder)) or time.monotonic() > deadline:
-                    os.close(fd)
-                    who = "pid unknown" if holder is None else f"pid {holder[0]}" + ("" if holder[1] == socket.gethostname() else f" on {holder[1]}")
-                    raise PackError(
-                        f"another imgpipe pack is writing {self.dst} ({who}); wait for it to finish or stop it, then rerun"
-                    ) from None
-                time.sleep(0.05)
-                continue
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
-            return fd
-
-
-def _lock_holder(path: Path) -> tuple[int, str] | None:
-    """(pid, host) written by the process that holds the lock, if it wrote them yet."""
-    try:
-        pid, host = path.read_text(encoding="utf-8").split()
-        return int(pid), host
-    except (OSError, ValueError):
-        return None
-
-
-def _alive(pid: int, host: str) -> bool:
-    """Whether the lock holder still runs; a holder on another machine counts as running."""
-    if host != socket.gethostname():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+            fd = try_lock(path)
+            if fd is not None:
+                return fd
+            holder = lock_holder(path)
+            if (holder is not None and holder_alive(*holder)) or time.monotonic() > deadline:
+                raise PackError(
+                    f"another imgpipe pack is writing {self.dst} ({describe_holder(holder)}); wait for it to finish or stop it, then rerun"
+                ) from None
+            time.sleep(0.05)

@@ -1,7 +1,8 @@
 """``imgpipe train``: a DDP trainer that runs however it is launched and says where the time goes.
 
 ``run(config, gpus=..., nproc=...)`` launches the ranks (see :mod:`imgpipe.train.launch`) and
-returns rank 0's :class:`TrainResult`. Modules: config, launch, data, loop, checkpoint, metrics.
+returns rank 0's :class:`TrainResult`. Modules: config, recipe, launch, data, loop, checkpoint, metrics;
+the loop's parts: models, blurpool, ema, mixing, compiling, resolution, precision.
 """
 
 from __future__ import annotations
@@ -17,13 +18,19 @@ __all__ = ["TrainConfig", "TrainResult", "default_yaml", "demo_config_path", "lo
 def run(config: TrainConfig, *, gpus: int | None = None, nproc: int | None = None, backend: str | None = None) -> Any:
     """Train with ``config`` on the ranks that gpus/nproc or the launcher's environment give; returns a TrainResult."""
     import os
+    import sys
 
     from imgpipe._sys.distenv import DistEnv
     from imgpipe.train.launch import check_launcher_env, launch
     from imgpipe.train.rundir import claim_output_dir
 
     check_launcher_env(os.environ)
-    claim_output_dir(config, is_main=DistEnv.detect().is_main)  # under torchrun/SLURM every rank checks, rank 0 clears
+    env = DistEnv.detect()
+    claim_output_dir(config, is_main=env.is_main)  # under torchrun/SLURM every rank checks, rank 0 clears
+    if config.data.stage:  # once per node, before any process group: local rank 0 copies (here, for ranks this process starts)
+        from imgpipe.staging.stager import stage_on_node
+
+        stage_on_node(config.data.path, config.data.stage, local_rank=env.local_rank, progress=sys.stderr.isatty())
     return launch(_train_rank, config, gpus=gpus, nproc=nproc, backend=backend, timeout_s=config.train.timeout_s)
 
 

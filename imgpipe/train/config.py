@@ -23,39 +23,55 @@ from imgpipe._sys.oserrors import describe, write_probe
 from imgpipe.errors import ConfigError
 from imgpipe.format.bytesource import is_url
 from imgpipe.loaders.seeding import MAX_SEED
+from imgpipe.train.resolution import parse_resolution
 
 
 @dataclass
 class DataConfig:
     """Where the packed dataset is and how to load it."""
 
-    path: str = ""
+    path: str = ""  # a packed folder, or its URL
+    stage: str = ""  # a node-local folder: path is copied there once per node (imgpipe stage) and read from there
+    cache: str = ""  # with a URL in data.path: a node-local folder that keeps what is read and ends as the packed folder
     backend: str = "torch"  # torch | dali | synthetic (in-memory batches: the compute ceiling)
     workers: int | None = None  # None: the loader's default, the CPUs per local rank (at most 8)
-    image_size: int = 224
+    image_size: int = 224  # the training size when data.resolution is absent
+    # progressive resizing: {start_px, end_px, start_ramp, end_ramp} (epochs; the sizes inside the ramp
+    # rounded to a multiple of 32, as FFCV's), or one size per epoch (the last holds after the list)
+    resolution: Any = None
+    val_image_size: int | None = None  # the validation size (FixRes: above the training size); null: data.image_size
+    val_crop_ratio: float = 0.875  # the validation center crop's share of the shorter side (224/256)
+    val_flip_tta: bool = False  # validate on the mean logits of each image and its mirror
     train_split: str = "train"
     val_split: str = "val"
-    cache: str = ""  # with a URL in data.path: a node-local folder that keeps what is read and ends as the packed folder
+
+    @property
+    def location(self) -> str:
+        """Where the loaders read: the staged copy when there is one, else ``path``."""
+        return self.stage or self.path
 
 
 @dataclass
 class ModelConfig:
-    """Any torchvision classification model; num_classes comes from the manifest unless set."""
+    """Any torchvision classification model, or timm's as ``timm:NAME``; num_classes comes from the manifest unless set."""
 
     name: str = "resnet50"
     num_classes: int | None = None
+    blurpool: bool = False  # an anti-aliasing blur before every strided convolution, as FFCV's BlurPoolConv2d
 
 
 @dataclass
 class OptimConfig:
-    """SGD; lr = base_lr * global_batch / 256; no weight decay on BN and bias parameters."""
+    """SGD; lr = base_lr * global_batch / 256; BatchNorm and bias parameters decay by bn_weight_decay."""
 
     base_lr: float = 0.1
     momentum: float = 0.9
     nesterov: bool = True
     weight_decay: float = 1e-4
+    bn_weight_decay: float = 0.0  # of BatchNorm weights and biases and of biases (parameters of one dimension)
     warmup_epochs: float = 5.0
-    schedule: str = "cosine"  # cosine | step
+    schedule: str = "cosine"  # cosine | step | linear_ramp (FFCV's cyclic: up from 0 to the peak, then down to 0)
+    lr_peak_epoch: float = 2.0  # linear_ramp: the epoch of the peak
     step_epochs: list[int] = field(default_factory=lambda: [30, 60, 80])
     step_gamma: float = 0.1
     label_smoothing: float = 0.1
@@ -79,6 +95,12 @@ class TrainSection:
     timeout_s: float = 1800.0  # process-group timeout
     log_every: int = 50
     validate: bool = True
+    compile: bool | str = "auto"  # torch.compile: true | false | auto (true on a CUDA GPU with native bf16)
+    ema: bool = False  # keep an exponential moving average of the weights; validate and report it too
+    ema_decay: float = 0.9998  # per optimizer step
+    mixup_alpha: float = 0.0  # > 0: mix each image with its neighbour in the global batch, lambda ~ Beta(alpha, alpha)
+    cutmix_alpha: float = 0.0  # > 0: paste a box of the neighbour instead (with mixup too: either, per sample)
+    target_top1: float | None = None  # stop once the validated top-1 (of the weights or their EMA) reaches it
 
 
 @dataclass
@@ -112,7 +134,7 @@ class TrainConfig:
 
 CHOICES = {
     "data.backend": ("torch", "dali", "synthetic"),
-    "optim.schedule": ("cosine", "step"),
+    "optim.schedule": ("cosine", "step", "linear_ramp"),
     "train.amp": ("auto", "none", "bf16", "fp16"),
     "output.resume": ("no", "auto", "yes"),
 }
@@ -123,24 +145,43 @@ def default_yaml() -> str:
     return TrainConfig().to_yaml()
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Read ``path`` (or start from the defaults), apply ``section.key=value`` overrides, validate."""
+def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = (), recipe: str | None = None) -> TrainConfig:
+    """Start from the defaults, or from recipe ``recipe`` (``imgpipe.train.recipe``); the file ``path``
+    overrides it key by key, then ``section.key=value`` overrides; validate."""
     raw: dict[str, Any] = {}
-    where = str(path) if path else "<defaults>"
+    origins: dict[str, str] = {}
+    if recipe:
+        from imgpipe.train.recipe import read_recipe
+
+        raw = read_recipe(recipe)
+        origins = {f"{section}.{key}": f"recipe {recipe}" for section, values in raw.items() if isinstance(values, dict) for key in values}
     if path:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such config file") from None
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections (data, model, optim, train, output)")
-        raw = loaded or {}
-    origins = {apply_override(raw, item): f"--set {item}" for item in overrides}
+        for section, values in read_yaml(path).items():
+            if isinstance(values, dict) and isinstance(raw.get(section), dict):
+                raw[section].update(values)
+                for key in values:
+                    origins.pop(f"{section}.{key}", None)
+            else:
+                raw[section] = values
+                origins = {dotted: item for dotted, item in origins.items() if dotted.split(".")[0] != section}
+    where = str(path) if path else f"recipe {recipe}" if recipe else "<defaults>"
+    origins.update({apply_override(raw, item): f"--set {item}" for item in overrides})
     return from_dict(raw, where, origins)
+
+
+def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """A config file's raw mapping of sections (empty for an empty file); its mistakes are one line naming it."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (data, model, optim, train, output)")
+    return loaded or {}
 
 
 def apply_override(raw: dict[str, Any], item: str) -> str:
@@ -206,8 +247,10 @@ def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str,
         value = getattr(getattr(config, section), key)
         if value not in allowed:
             raise ConfigError(f"{blame(dotted)}: {dotted} must be one of {', '.join(allowed)}, got {value!r}")
-    if config.train.channels_last not in (True, False, "auto"):
-        raise ConfigError(f"{blame('train.channels_last')}: train.channels_last must be true, false or auto, got {config.train.channels_last!r}")
+    for key in ("channels_last", "compile"):
+        value = getattr(config.train, key)
+        if value not in (True, False, "auto"):
+            raise ConfigError(f"{blame(f'train.{key}')}: train.{key} must be true, false or auto, got {value!r}")
     positive = {
         "data.image_size": config.data.image_size,
         "train.epochs": config.train.epochs,
@@ -224,6 +267,10 @@ def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str,
         "optim.base_lr": config.optim.base_lr,
         "optim.momentum": config.optim.momentum,
         "optim.weight_decay": config.optim.weight_decay,
+        "optim.bn_weight_decay": config.optim.bn_weight_decay,
+        "optim.lr_peak_epoch": config.optim.lr_peak_epoch,
+        "train.mixup_alpha": config.train.mixup_alpha,
+        "train.cutmix_alpha": config.train.cutmix_alpha,
         "optim.step_gamma": config.optim.step_gamma,
         "optim.warmup_epochs": config.optim.warmup_epochs,
         "output.checkpoint_every_steps": config.output.checkpoint_every_steps,
@@ -249,8 +296,49 @@ def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str,
             f"{blame('data.cache')}: data.cache keeps a dataset read from a URL on this node; data.path {config.data.path} is read where it is: "
             "unset data.cache"
         )
+    if config.data.cache and config.data.stage:
+        raise ConfigError(f"{blame('data.cache')}: data.cache and data.stage both set: stage copies the whole dataset before training, the cache fills as it trains; give one")
+    if config.data.stage:
+        if is_url(config.data.stage):
+            raise ConfigError(f"{blame('data.stage')}: data.stage must be a folder on each node's disk, not a URL ({config.data.stage}); the URL goes in data.path")
+        if not config.data.path:
+            raise ConfigError(f"{blame('data.stage')}: data.stage needs data.path, the dataset to copy there")
+        if os.path.abspath(config.data.stage) == (config.data.path if is_url(config.data.path) else os.path.abspath(config.data.path)):
+            raise ConfigError(f"{blame('data.stage')}: data.stage is data.path itself; give another folder, or leave data.stage empty to read data.path")
     if config.model.num_classes is not None and config.model.num_classes < 2:
         raise ConfigError(f"{blame('model.num_classes')}: model.num_classes must be >= 2 or null (taken from the manifest)")
+    _validate_time_to_accuracy(config, blame)
+
+
+def _validate_time_to_accuracy(config: TrainConfig, blame: _Blame) -> None:
+    """The progressive-resizing, evaluation and recipe keys (issue 21's), each refused in one line."""
+    try:
+        parse_resolution(config.data.resolution, config.data.image_size)
+    except ConfigError as e:
+        raise ConfigError(f"{blame('data.resolution')}: {e}") from None
+    if config.data.val_image_size is not None and config.data.val_image_size <= 0:
+        raise ConfigError(f"{blame('data.val_image_size')}: data.val_image_size must be > 0 or null (data.image_size), got {config.data.val_image_size}")
+    if not 0.0 < config.data.val_crop_ratio <= 1.0:
+        raise ConfigError(f"{blame('data.val_crop_ratio')}: data.val_crop_ratio must be in (0, 1], such as 224/256 = 0.875, got {config.data.val_crop_ratio}")
+    optim = config.optim
+    if optim.schedule == "linear_ramp":
+        if optim.warmup_epochs > 0:
+            raise ConfigError(
+                f"{blame('optim.schedule')}: optim.schedule linear_ramp ramps up to optim.lr_peak_epoch by itself; "
+                f"set optim.warmup_epochs: 0 (got {optim.warmup_epochs:g})"
+            )
+        if optim.lr_peak_epoch >= config.train.epochs:
+            raise ConfigError(
+                f"{blame('optim.lr_peak_epoch')}: optim.lr_peak_epoch {optim.lr_peak_epoch:g} must come before the last epoch "
+                f"(train.epochs {config.train.epochs})"
+            )
+    if not 0.0 < config.train.ema_decay < 1.0:
+        raise ConfigError(f"{blame('train.ema_decay')}: train.ema_decay must be in (0, 1), such as 0.9998, got {config.train.ema_decay}")
+    target = config.train.target_top1
+    if target is not None and not 0.0 < target <= 1.0:
+        raise ConfigError(f"{blame('train.target_top1')}: train.target_top1 must be a top-1 accuracy in (0, 1], such as 0.738, or null, got {target}")
+    if target is not None and not config.train.validate:
+        raise ConfigError(f"{blame('train.target_top1')}: train.target_top1 is checked against the validation: set train.validate: true, or target_top1: null")
 
 
 def make_output_dir(config: TrainConfig) -> Path:
@@ -282,6 +370,8 @@ def save_config(config: TrainConfig, folder: str | os.PathLike) -> Path:
 
 
 def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
+    if hint is Any:  # checked by validate(), which knows the forms it takes
+        return value
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType) and type(None) in args:

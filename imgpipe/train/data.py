@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 
 from imgpipe.errors import ConfigError, DatasetError
@@ -18,6 +19,7 @@ from imgpipe.loaders.base import Loader
 from imgpipe.loaders.sampler import batch_count
 from imgpipe.train.config import TrainConfig
 from imgpipe.train.launch import RankContext
+from imgpipe.train.resolution import parse_resolution
 
 
 @dataclass
@@ -35,27 +37,33 @@ def build_data(config: TrainConfig, ctx: RankContext) -> TrainData:
     """Open the manifest and build this rank's loaders as the config says."""
     if not config.data.path:
         raise ConfigError("data.path is not set: point it at a folder made by 'imgpipe pack' (--set data.path=DIR)")
-    manifest = load_manifest(config.data.path)
+    location = config.data.location
+    manifest = load_manifest(location)
     if config.data.train_split not in manifest.splits:
         raise DatasetError(
-            f"{config.data.path}: no split {config.data.train_split!r} (has {', '.join(sorted(manifest.splits))}); set data.train_split"
+            f"{location}: no split {config.data.train_split!r} (has {', '.join(sorted(manifest.splits))}); set data.train_split"
         )
     val_split = config.data.val_split if config.train.validate and config.data.backend != "synthetic" else ""
     if val_split and val_split not in manifest.splits:
         raise DatasetError(
-            f"{config.data.path}: no split {val_split!r} to validate on (has {', '.join(sorted(manifest.splits))}); "
+            f"{location}: no split {val_split!r} to validate on (has {', '.join(sorted(manifest.splits))}); "
             "set data.val_split to one of them, or train.validate: false"
         )
     _check_one_batch(config, manifest.splits[config.data.train_split].records, ctx.world_size)
     kwargs = loader_kwargs(config, ctx)
     backend = config.data.backend
+    sizes = parse_resolution(config.data.resolution, config.data.image_size).distinct(config.train.epochs)
     if backend == "synthetic":
         train = SyntheticBatches(manifest, config, ctx)
         val = None
     else:
         make = _loader_factory(backend)
-        train = make(config.data.path, config.data.train_split, batch_size=config.train.batch_size, train=True, **kwargs)
-        val = make(config.data.path, val_split, batch_size=config.train.batch_size, train=False, **kwargs) if val_split else None
+        ring = {"max_image_size": max(sizes)} if backend == "torch" else {}  # the ring holds the ramp's largest size from the start
+        train = make(location, config.data.train_split, batch_size=config.train.batch_size, train=True, image_size=sizes[0], **ring, **kwargs)
+        val = make(
+            location, val_split, batch_size=config.train.batch_size, train=False,
+            image_size=config.data.val_image_size or config.data.image_size, crop_ratio=config.data.val_crop_ratio, **kwargs,
+        ) if val_split else None
     val_records = manifest.splits[val_split].records if val_split else 0
     return TrainData(train, val, list(manifest.classes), manifest.splits[config.data.train_split].records, val_records)
 
@@ -73,9 +81,8 @@ def _check_one_batch(config: TrainConfig, records: int, world_size: int) -> None
 
 
 def loader_kwargs(config: TrainConfig, ctx: RankContext) -> dict[str, Any]:
-    """What the trainer gives either loader factory besides the path, split, batch size and train flag."""
+    """What the trainer gives either loader factory besides the path, split, batch size, train flag and sizes."""
     return dict(
-        image_size=config.data.image_size,
         workers=config.data.workers,
         seed=config.train.seed,
         rank=ctx.rank,
@@ -105,13 +112,11 @@ class SyntheticBatches:
     def __init__(self, manifest: Manifest, config: TrainConfig, ctx: RankContext) -> None:
         records = manifest.splits[config.data.train_split].records
         self.batches = batch_count(records, rank=ctx.rank, world_size=ctx.world_size, batch_size=config.train.batch_size)  # >= 1: build_data checked
-        generator = torch.Generator().manual_seed(config.train.seed + ctx.rank)
-        size, n = config.data.image_size, config.train.batch_size
-        images = torch.randn(n, 3, size, size, generator=generator).to(ctx.device)
-        if config.train.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        self.images = images
-        self.labels = torch.randint(0, len(manifest.classes), (n,), generator=generator).to(ctx.device)
+        self._generator = torch.Generator().manual_seed(config.train.seed + ctx.rank)
+        self._device, self._channels_last, self._n = ctx.device, bool(config.train.channels_last), config.train.batch_size
+        self.labels = torch.randint(0, len(manifest.classes), (self._n,), generator=self._generator).to(ctx.device)
+        self.resolution = 0
+        self.set_resolution(config.data.image_size)
         self.epoch = 0
         self.skipped = 0
         self._start = 0
@@ -122,6 +127,19 @@ class SyntheticBatches:
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self._start = epoch, 0
+
+    def set_resolution(self, px: int) -> None:
+        """A new random batch of ``px`` x ``px`` images (the same batch while the size stays)."""
+        if px == self.resolution:
+            return
+        images = torch.randn(self._n, 3, px, px, generator=self._generator).to(self._device)
+        self.images = images.contiguous(memory_format=torch.channels_last) if self._channels_last else images
+        self.resolution = px
+
+    @property
+    def last_records(self) -> np.ndarray:
+        """The "records" of the one batch: 0 .. batch_size - 1."""
+        return np.arange(self._n)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "batches": self._consumed}

@@ -12,6 +12,7 @@ import logging
 import math
 import random
 import signal
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,17 +26,24 @@ from tqdm import tqdm
 from imgpipe.errors import ConfigError, DistributedError, ImgpipeError, TrainError
 from imgpipe.train import checkpoint as ckpt
 from imgpipe.train import faults
+from imgpipe.train.blurpool import apply_blurpool
+from imgpipe.train.compiling import compile_forward
 from imgpipe.train.config import TrainConfig, save_config
 from imgpipe.train.data import TrainData, build_data
+from imgpipe.train.ema import EmaWeights
 from imgpipe.train.launch import RankContext, is_peer_failure, stop_requested
+from imgpipe.train.mixing import Mixing
+from imgpipe.train.models import check_model_name, create_model, trained_min_size
 from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gather_objects, gather_summaries, global_images_per_s, imbalance
 from imgpipe.train.precision import describe, resolve_auto
 from imgpipe.train.process_state import run_scope
+from imgpipe.train.resolution import parse_resolution
 from imgpipe.train.resume import batch_request, changed_settings, checkpoint_to_resume, resolve_batch, resume_line, resume_position
 from imgpipe.train.rundir import METRICS_NAME, TENSORBOARD_DIR
 
 logger = logging.getLogger(__name__)
 
+LINEAR_RAMP_START = 1e-4  # FFCV's get_cyclic_lr: the ramp starts at 1e-4 of the peak
 STOP_CHECK_STEPS = 8  # optimizer steps between the ranks' agreements on a stop signal
 NONDETERMINISTIC_TEXT = "does not have a deterministic implementation"
 UNUSED_PARAMS_TEXT = "Expected to have finished reduction in the prior iteration"
@@ -54,6 +62,9 @@ class TrainResult:
     val_topk: float | None = None  # top-k accuracy, k = topk
     topk: int = 5  # min(5, classes)
     val_samples: int = 0
+    ema_val_top1: float | None = None  # the EMA weights' (train.ema)
+    wall_s: float = 0.0  # since the run started, over every resumed part of it
+    target: dict[str, Any] | None = None  # train.target_top1 reached: {"epoch", "wall_s", "top1", "weights": "live"|"ema"}
     images_per_s: float = 0.0
     imbalance: float = 1.0
     stopped_by: str | None = None  # "SIGTERM"/"SIGINT" when a signal stopped the run
@@ -158,7 +169,16 @@ class _Run:
             raise ConfigError(f"train.grad_accum {self.accum} is more than the {len(data.train)} batches per epoch of each rank")
         self.global_batch = config.train.batch_size * ctx.world_size * self.accum
         self.num_classes = num_classes
+        self.resolutions = parse_resolution(config.data.resolution, config.data.image_size)
+        self.mixing = Mixing(config.train.mixup_alpha, config.train.cutmix_alpha, config.train.seed)
+        if self.mixing.enabled and config.train.batch_size % 2:
+            raise ConfigError(
+                f"train.mixup_alpha/train.cutmix_alpha mix each sample with its neighbour in the global batch, so the per-rank "
+                f"batch must be even, not {config.train.batch_size}; change train.batch_size or train.global_batch_size"
+            )
         self.model, self.ddp = build_model(config, num_classes, ctx)
+        self.ema = EmaWeights(self.model, config.train.ema_decay) if config.train.ema else None
+        self.forward = compile_forward(self.ddp) if config.train.compile else self.ddp
         self.optimizer = build_optimizer(self.model, config, self.global_batch)
         self.lr_factor = lr_schedule(config, self.steps_per_epoch)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.lr_factor)
@@ -174,12 +194,15 @@ class _Run:
         self.result = TrainResult(output_dir=str(self.out), epochs_completed=0, step=0, topk=self.topk)
         self._resume_loader: dict[str, Any] | None = None
         self._saved_step = -1
+        self._started = time.perf_counter()  # wall_s counts from here, plus what the resumed checkpoint had run
+        self._wall_before = 0.0
         if ctx.is_main:
             save_config(config, self.out)
             logger.info(
-                "training %s on %d rank(s) (%s, %s): %d steps/epoch, global batch %d, lr %.4g",
-                config.model.name, ctx.world_size, self.device, describe(config), self.steps_per_epoch, self.global_batch,
-                config.optim.base_lr * self.global_batch / 256,
+                "training %s on %d rank(s) (%s, %s%s): %d steps/epoch, global batch %d, lr %.4g, train at %s px, validate at %d px",
+                config.model.name, ctx.world_size, self.device, describe(config), ", compiled" if config.train.compile else "",
+                self.steps_per_epoch, self.global_batch, config.optim.base_lr * self.global_batch / 256,
+                "-".join(map(str, self.resolutions.distinct(config.train.epochs))), val_image_size(config),
             )
 
     # ------------------------------------------------------------------ the loop
@@ -192,6 +215,7 @@ class _Run:
             if self.state.epoch_step == self.steps_per_epoch:
                 self._end_of_epoch(totals)
                 self.state.epoch, self.state.epoch_step = self.state.epoch + 1, 0
+                stop = stop or self.result.target is not None
                 if not stop and every_epochs and self.state.epoch % every_epochs == 0:
                     self._save()
             if stop:
@@ -200,7 +224,12 @@ class _Run:
             self._save(stopping=self.result.stopped_by is not None)
         self.result.step = self.state.step
         self.result.epochs_completed = self.state.epoch
+        self.result.wall_s = self._wall_s()
         return self.result
+
+    def _wall_s(self) -> float:
+        """Seconds of training since the run started, the parts before a resume included."""
+        return self._wall_before + time.perf_counter() - self._started
 
     def _train_epoch(self) -> tuple[bool, torch.Tensor]:
         """Run (the rest of) one epoch; (stop now? (signal or max_steps), this rank's [loss sum, top-1, top-k, samples])."""
@@ -219,7 +248,10 @@ class _Run:
             for images, labels in self.timer.iterate(batches):
                 final = (micro + 1) % self.accum == 0
                 with self.timer.compute(images=labels.shape[0]):
-                    loss = self._forward_backward(images, labels, final, totals)
+                    targets = labels
+                    if self.mixing.enabled:
+                        images, targets = self.mixing.apply(images, labels, self.data.train.last_records, state.epoch, self.num_classes)
+                    loss = self._forward_backward(images, labels, targets, final, totals)
                     if final:
                         self._optimizer_step()
                 micro += 1
@@ -248,14 +280,16 @@ class _Run:
             loader.load_state_dict(resume)
         else:
             loader.set_epoch(self.state.epoch)
+        loader.set_resolution(self.resolutions.at(self.state.epoch))  # the schedule's, also over a resumed state's
         return iter(loader)
 
-    def _forward_backward(self, images: torch.Tensor, labels: torch.Tensor, final: bool, totals: torch.Tensor) -> torch.Tensor:
+    def _forward_backward(self, images: torch.Tensor, labels: torch.Tensor, targets: torch.Tensor, final: bool, totals: torch.Tensor) -> torch.Tensor:
+        """One micro-batch; ``targets`` are the labels, or the soft targets of mixup/cutmix (accuracy counts ``labels``)."""
         sync = contextlib.nullcontext() if final or not self.ctx.distributed else self.ddp.no_sync()
         with sync:
             with autocast(self.device, self.autocast_dtype):
-                output = self.ddp(images)
-                loss = self.criterion(output, labels)
+                output = self.forward(images)
+                loss = self.criterion(output, targets)
             self.scaler.scale(loss / self.accum).backward()
         with torch.no_grad():
             _accumulate(totals, loss.detach(), output.detach(), labels, self.topk)
@@ -266,6 +300,8 @@ class _Run:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update(self.model)
 
     def _agree_to_stop(self) -> bool:
         """True on every rank when any rank got SIGTERM/SIGINT or max_steps is reached.
@@ -314,25 +350,34 @@ class _Run:
             "lr": self.optimizer.param_groups[0]["lr"],
             "amp": self.config.train.amp,
             "channels_last": self.config.train.channels_last,
+            "resolution": self.data.train.resolution,
             "ranks": [s.to_dict() for s in summaries],
         }
         if self.data.val is not None:
-            record.update(self._validate())
+            record["val_resolution"] = val_image_size(self.config)
+            record.update(self._validate(self.model, "val"))
+            if self.ema is not None:
+                record.update(self._validate(self.ema.module, "ema_val"))
+        record["wall_s"] = self._wall_s()  # after validation: the time a user waits for this top-1
+        self._check_target(record)
         self.result.train_loss.append(record["train_loss"])
         self.result.train_top1.append(record["train_top1"])
         self.result.images_per_s, self.result.imbalance = record["images_per_s"], record["imbalance"]
         if self.ctx.is_main:
             lines = [
-                f"epoch {self.state.epoch}: step {self.state.step}, train loss {record['train_loss']:.4f}, "
+                f"epoch {self.state.epoch}: step {self.state.step}, {record['wall_s']:.1f} s, {record['resolution']} px, train loss {record['train_loss']:.4f}, "
                 f"top-1 {record['train_top1']:.4f}, top-{self.topk} {record[f'train_top{self.topk}']:.4f} ({int(samples)} samples, all ranks; "
                 f"{describe(self.config)})",
                 format_rank_table(summaries),
             ]
-            if "val_top1" in record:
-                lines.append(
-                    f"val: {record['val_samples']} samples, loss {record['val_loss']:.4f}, "
-                    f"top-1 {record['val_top1']:.4f}, top-{self.topk} {record[f'val_top{self.topk}']:.4f}"
-                )
+            for prefix, name in (("val", "val"), ("ema_val", "ema val")):
+                if f"{prefix}_top1" in record:
+                    lines.append(
+                        f"{name}: {record[f'{prefix}_samples']} samples at {record['val_resolution']} px, loss {record[f'{prefix}_loss']:.4f}, "
+                        f"top-1 {record[f'{prefix}_top1']:.4f}, top-{self.topk} {record[f'{prefix}_top{self.topk}']:.4f}"
+                    )
+            if self.result.target is not None:
+                lines.append(target_line(self.result.target, self.config.train.target_top1))
             tqdm.write("\n".join(lines))
             self.jsonl.write(record)
             if self.tb is not None:
@@ -341,22 +386,23 @@ class _Run:
                         self.tb.add_scalar(f"epoch/{key}", value, self.state.step)
                 self.tb.flush()
 
-    def _validate(self) -> dict[str, Any]:
-        """Exact validation: every val record once across ranks; counts are all-reduced."""
-        module = self.model
+    def _validate(self, module: torch.nn.Module, prefix: str) -> dict[str, Any]:
+        """Exact validation of ``module``: every val record once across ranks; counts are all-reduced.
+        With data.val_flip_tta, the logits are the mean of each image's and its mirror's."""
         _broadcast_buffers(module, self.ctx)
+        training = module.training
         module.eval()
         totals = torch.zeros(4, dtype=torch.float64, device=self.device)
         self.data.val.set_epoch(self.state.epoch)
         with torch.no_grad():
             for images, labels in faults.val_batches(self.data.val, self.ctx.rank):
                 with autocast(self.device, self.autocast_dtype):
-                    output = module(images)
+                    output = val_logits(module, images, self.config.data.val_flip_tta)
                     loss = self.criterion(output.float(), labels)
                 _accumulate(totals, loss, output, labels, self.topk)
         if self.ctx.distributed:
             dist.all_reduce(totals)
-        module.train()
+        module.train(training)
         loss_sum, top1, topk, samples = totals.tolist()
         samples = int(samples)
         if samples != self.data.val_records:  # every rank has the all-reduced count: all stop together
@@ -365,13 +411,27 @@ class _Run:
                 f"{self.data.val_records} records, so its accuracy is not that of the split; run 'imgpipe verify {self.config.data.path}' "
                 "and report it as an imgpipe bug if the data is intact"
             )
-        self.result.val_top1, self.result.val_topk, self.result.val_samples = top1 / max(samples, 1), topk / max(samples, 1), samples
+        if prefix == "val":
+            self.result.val_top1, self.result.val_topk, self.result.val_samples = top1 / max(samples, 1), topk / max(samples, 1), samples
+        else:
+            self.result.ema_val_top1 = top1 / max(samples, 1)
         return {
-            "val_samples": samples,
-            "val_loss": loss_sum / max(samples, 1),
-            "val_top1": top1 / max(samples, 1),
-            f"val_top{self.topk}": topk / max(samples, 1),
+            f"{prefix}_samples": samples,
+            f"{prefix}_loss": loss_sum / max(samples, 1),
+            f"{prefix}_top1": top1 / max(samples, 1),
+            f"{prefix}_top{self.topk}": topk / max(samples, 1),
         }
+
+    def _check_target(self, record: dict[str, Any]) -> None:
+        """Note the first epoch whose validated top-1 (of the weights or their EMA) reaches train.target_top1."""
+        target = self.config.train.target_top1
+        if target is None or self.result.target is not None:
+            return
+        for weights, key in (("live", "val_top1"), ("ema", "ema_val_top1")):
+            if record.get(key) is not None and record[key] >= target:
+                self.result.target = {"epoch": self.state.epoch, "wall_s": record["wall_s"], "top1": record[key], "weights": weights}
+                record["target_reached"] = self.result.target
+                return
 
     def _log_step(self, loss: torch.Tensor, bar: Any) -> None:
         if not self.ctx.is_main:
@@ -410,6 +470,8 @@ class _Run:
             "global_batch": self.config.train.batch_size * self.ctx.world_size,  # G: the loader stream's step
             "batch_request": self._batch_request,
             "num_classes": self.num_classes,
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "wall_s": self._wall_s(),
             "config": self.config.to_dict(),
         }
         path = ckpt.save_checkpoint(ckpt.checkpoint_path(self.out), state)
@@ -429,6 +491,9 @@ class _Run:
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
         self.scaler.load_state_dict(saved["scaler"])
+        if self.ema is not None:
+            self.ema.load_state_dict(saved["ema"] if saved.get("ema") is not None else self.model.state_dict())
+        self._wall_before = float(saved.get("wall_s", 0.0))
         self.state = _State(epoch=position.epoch, epoch_step=position.epoch_step, step=position.step)
         self._resume_loader = position.loader
         apply_optim_config(self.optimizer, self.scheduler, self.config, self.global_batch, self.lr_factor, position.step)
@@ -447,15 +512,13 @@ class _Run:
 
 
 def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(model, what to call it through): the torchvision model on this rank's device, DDP-wrapped when distributed.
+    """(model, what to call it through): the model (with BlurPool when model.blurpool) on this rank's device, DDP-wrapped when distributed.
 
     The name is checked by :func:`check_model_name` before the data is built (see :func:`train_rank`).
     """
-    import torchvision
-
-    model = torchvision.models.get_model(config.model.name, num_classes=num_classes)
-    if getattr(model, "aux_logits", False):  # GoogLeNet, Inception v3: train on the main head; the auxiliary ones would get no loss
-        model = torchvision.models.get_model(config.model.name, num_classes=num_classes, aux_logits=False)
+    model = create_model(config.model.name, num_classes)
+    if config.model.blurpool:
+        apply_blurpool(model)
     faults.install(model, ctx.rank)
     if config.train.sync_bn and ctx.distributed:
         if ctx.device.type != "cuda":
@@ -488,27 +551,51 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> torch.autocast:
 
 
 def check_image_size(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> None:
-    """A ConfigError unless ``model`` takes data.image_size images: one forward pass of one blank image, in eval mode.
+    """A ConfigError unless ``model`` takes every size the run feeds it (the training sizes of data.resolution,
+    else data.image_size, and the validation size): one forward pass of one blank image each, in eval mode.
 
     Some models only take one size (ViT: 224 px) and fail deep inside their forward otherwise.
     """
-    import torchvision
-
-    size = config.data.image_size
+    sizes = parse_resolution(config.data.resolution, config.data.image_size).distinct(config.train.epochs)
+    key = "data.resolution" if config.data.resolution is not None else "data.image_size"
+    checks = [(size, key) for size in sizes]
+    if config.train.validate:
+        checks.append((val_image_size(config), "data.val_image_size" if config.data.val_image_size else "data.image_size"))
     model.eval()
     try:
-        with torch.no_grad():
-            model(torch.zeros(1, 3, size, size, device=device))
-    except (AssertionError, RuntimeError, ValueError) as e:
-        weights = torchvision.models.get_model_weights(config.model.name)
-        trained = next(iter(weights)).meta.get("min_size") if len(weights) else None
-        hint = f"; its weights were made at {trained[0]} px or more" if trained and trained[0] > size else ""
-        raise ConfigError(
-            f"model {config.model.name} cannot take data.image_size {size} images ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-            f"{hint}; set data.image_size to a size the model takes"
-        ) from None
+        for size, key in dict(checks).items():
+            try:
+                with torch.no_grad():
+                    model(torch.zeros(1, 3, size, size, device=device))
+            except (AssertionError, RuntimeError, ValueError) as e:
+                trained = trained_min_size(config.model.name)
+                hint = f"; its weights were made at {trained} px or more" if trained and trained > size else ""
+                raise ConfigError(
+                    f"model {config.model.name} cannot take {key} {size} images ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                    f"{hint}; set {key} to sizes the model takes"
+                ) from None
     finally:
         model.train()
+
+
+def val_logits(module: torch.nn.Module, images: torch.Tensor, flip_tta: bool) -> torch.Tensor:
+    """The validation logits: ``module``'s, or with ``flip_tta`` the mean of the image's and its mirror's (FFCV's lr_tta)."""
+    output = module(images)
+    return (output + module(images.flip(3))) / 2 if flip_tta else output
+
+
+def val_image_size(config: TrainConfig) -> int:
+    """The validation size: data.val_image_size, else data.image_size."""
+    return config.data.val_image_size or config.data.image_size
+
+
+def target_line(target: dict[str, Any], wanted: float | None) -> str:
+    """The line that says when train.target_top1 was reached."""
+    weights = "the EMA weights" if target["weights"] == "ema" else "the weights"
+    return (
+        f"target top-1 {wanted:.4f} reached at epoch {target['epoch']} after {target['wall_s']:.1f} s "
+        f"({weights}: {target['top1']:.4f}); stopping"
+    )
 
 
 def check_deterministic(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> None:
@@ -532,25 +619,14 @@ def check_deterministic(model: torch.nn.Module, config: TrainConfig, device: tor
                 )
 
 
-def check_model_name(name: str, option: str = "model.name") -> None:
-    """A ConfigError naming ``option`` (with the closest names) unless ``name`` is a torchvision classification model."""
-    import difflib
-
-    import torchvision
-
-    known = torchvision.models.list_models(module=torchvision.models)
-    if name not in known:
-        close = difflib.get_close_matches(name, known, n=3)
-        raise ConfigError(f"{option} {name!r} is not a torchvision classification model" + (f"; did you mean {', '.join(close)}?" if close else ""))
-
-
 def build_optimizer(model: torch.nn.Module, config: TrainConfig, global_batch: int) -> torch.optim.Optimizer:
-    """SGD with lr = base_lr * global_batch / 256 and no weight decay on BN and bias parameters (ndim <= 1)."""
+    """SGD with lr = base_lr * global_batch / 256; BN and bias parameters (ndim <= 1) decay by optim.bn_weight_decay
+    (0 by default, as FFCV's and timm's), the others by optim.weight_decay."""
     decay, no_decay = [], []
     for param in model.parameters():
         if param.requires_grad:
             (no_decay if param.ndim <= 1 else decay).append(param)
-    groups = [{"params": decay, "weight_decay": config.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": config.optim.weight_decay}, {"params": no_decay, "weight_decay": config.optim.bn_weight_decay}]
     return torch.optim.SGD(
         groups,
         lr=config.optim.base_lr * global_batch / 256,
@@ -569,7 +645,7 @@ def apply_optim_config(
     """
     lr = config.optim.base_lr * global_batch / 256
     decay, no_decay = optimizer.param_groups  # as build_optimizer makes them
-    for group, weight_decay in ((decay, config.optim.weight_decay), (no_decay, 0.0)):
+    for group, weight_decay in ((decay, config.optim.weight_decay), (no_decay, config.optim.bn_weight_decay)):
         group.update(
             initial_lr=lr, lr=lr * lr_factor(step), weight_decay=weight_decay,
             momentum=config.optim.momentum, nesterov=config.optim.nesterov and config.optim.momentum > 0,
@@ -578,13 +654,19 @@ def apply_optim_config(
 
 
 def lr_schedule(config: TrainConfig, steps_per_epoch: int) -> Any:
-    """Multiplier of the scaled lr at optimizer step s: linear warmup, then cosine to 0 or step decay."""
+    """Multiplier of the scaled lr at optimizer step s: linear warmup, then cosine to 0 or step decay; or
+    linear_ramp, FFCV's cyclic schedule: from 1e-4 at step 0 linearly up to 1 at optim.lr_peak_epoch,
+    then linearly down to 0 at the end of train.epochs (FFCV interpolates per epoch, then per step
+    inside each epoch: the same line, its knots on whole epochs)."""
     warmup = int(round(config.optim.warmup_epochs * steps_per_epoch))
     total = max(1, config.train.epochs * steps_per_epoch)
     boundaries = [e * steps_per_epoch for e in config.optim.step_epochs]
     gamma, cosine = config.optim.step_gamma, config.optim.schedule == "cosine"
+    peak = config.optim.lr_peak_epoch * steps_per_epoch
 
     def factor(step: int) -> float:
+        if config.optim.schedule == "linear_ramp":
+            return float(np.interp(step, [0, peak, total], [LINEAR_RAMP_START, 1.0, 0.0]))
         if step < warmup:
             return (step + 1) / warmup
         if cosine:

@@ -51,12 +51,13 @@ def make_pack(dst: Path, *, records: int, classes: int = 4, side: tuple[int, int
 
 
 def rank_stats(rank: int, *, wait: float, read: float = 0.001, decode: float = 0.004, compute: float = 0.02, sync: float = 0.0,
-               steps: int = 10, batch: int = 8, timed: bool = True) -> RankStats:
-    """A rank whose every step has the given stage times (seconds)."""
+               steps: int = 10, batch: int = 8, timed: bool = True, requests: int = 0, request_s: float = 0.0, fetched: int = 0) -> RankStats:
+    """A rank whose every step has the given stage times (seconds) and, from a URL, store requests
+    (``requests`` in as many calls, ``request_s`` seconds summed, ``fetched`` bytes)."""
     stats = RankStats(rank, batch, timed_stages=timed)
     start = 0.0
     for _ in range(steps):
-        stats.steps.append(StepTimes(start, wait, read, decode, 0.0, 0.0, compute, sync))
+        stats.steps.append(StepTimes(start, wait, read, decode, 0.0, 0.0, compute, sync, requests, requests, request_s, fetched))
         start += wait + compute + sync
     return stats
 
@@ -74,7 +75,8 @@ def result(runs: list[RunResult], *, disk: DiskInfo = SSD, cold: bool = False, c
     """A BenchResult around hand-made runs."""
     ranks = len(runs[0].ranks)
     config.setdefault("compute_ms", 20.0)
-    cfg = BenchConfig(data="/data/imagenet", nproc=ranks, cold=cold, workers=tuple(sorted({r.workers for r in runs})), **config)
+    data = str(config.pop("data", "/data/imagenet"))
+    cfg = BenchConfig(data=data, nproc=ranks, cold=cold, workers=tuple(sorted({r.workers for r in runs})), **config)
     return BenchResult(cfg, disk, records=1000, data_bytes=10**8, cpus=cpus, device="cpu", runs=runs, region_decoder=region_decoder)
 
 
@@ -95,9 +97,10 @@ SYSTEM = {
     "seconds": NUM, "samples": int, "cpu_util_pct": NUM, "iowait_pct": NUM, "iowait_max_pct": NUM, "read_mb_s": OPT_NUM,
     "mem_available_mb": NUM, "cached_mb": NUM,
 }
+STORE_IO = {"requests": int, "calls": int, "latency_ms": NUM, "requests_per_s": NUM, "mb_per_s": NUM, "bytes": int, "seconds": NUM}
 RUN = {
     "backend": str, "workers": int, "images_per_s": NUM, "imbalance": NUM, "page_cache_resident_before": OPT_NUM,
-    "system": (SYSTEM, type(None)), "ranks": [RANK],
+    "system": (SYSTEM, type(None)), "store_io": (STORE_IO, type(None)), "ranks": [RANK],
 }
 # docs/bench-json.md, schema_version 1: a key that disappears or changes type fails here
 SCHEMA: dict[str, Any] = {

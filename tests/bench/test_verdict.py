@@ -5,6 +5,7 @@ from __future__ import annotations
 from bench_helpers import DATA, HDD, SSD, rank_stats, result, run
 
 from imgpipe.bench import verdict as rules
+from imgpipe.bench.runner import RunResult, data_disk
 from imgpipe.bench.system import summarize, take_sample
 from imgpipe.bench.verdict import decide
 
@@ -169,3 +170,42 @@ def test_notes_warm_cache_and_best_workers() -> None:
     assert not any("loader-only" in n for n in v.notes)
     v = decide(result([run([rank_stats(0, wait=0.02, compute=0.0)])], compute_ms=0.0))
     assert any(n.startswith("loader-only run") for n in v.notes)
+
+
+URL = "s3://bucket/imagenet"
+
+
+def remote_run(*, read: float, decode: float, iowait: float = 1.0, backend: str = "torch", timed: bool = True) -> RunResult:
+    """2 ranks reading a URL: 8 records a batch, each batch 8 requests of 50 ms and 110 KB each."""
+    ranks = [rank_stats(r, wait=0.05, read=read, decode=decode, compute=0.02, requests=8, request_s=0.4, fetched=8 * 110_000, timed=timed)
+             for r in range(2)]  # fmt: skip
+    return run(ranks, workers=2, iowait=iowait, backend=backend)
+
+
+def test_a_url_whose_reads_dominate_is_remote_io_bound_with_the_store_figures_and_what_to_change() -> None:
+    v = decide(result([remote_run(read=0.06, decode=0.01)], disk=data_disk(URL), data=URL))
+    assert v.bound == "remote" and v.cause == "remote I/O"
+    assert v.message.startswith(f"remote I/O bound: fetching records from {URL} takes 86 % of the loader's time and ranks wait for data 71 % of the time")
+    # 2 ranks x 10 steps x 8 requests in 10 x 70 ms; 0.4 s of calls per 8 requests; 160 x 110 KB
+    assert "the store answered 160 requests, 50 ms each on average (229 requests/s, 25.1 MB/s)" in v.message
+    assert "`cache_dir=DIR`" in v.message and "`data.cache: DIR`" in v.message
+    assert f"`imgpipe stage {URL} /local/dir`" in v.message and "`data.stage: DIR`" in v.message
+    assert "raise --workers to 4" in v.message  # 70 ms of loader work per 20 ms step
+
+
+def test_a_url_is_remote_bound_only_when_reading_dominates_and_local_iowait_is_not_its_evidence() -> None:
+    at = 0.01 * rules.READ_SHARE_IO / (1 - rules.READ_SHARE_IO)  # the read time that makes the share of 10 ms of decode the threshold
+    below = decide(result([remote_run(read=0.99 * at, decode=0.01, iowait=80.0)], disk=data_disk(URL), data=URL))
+    assert below.bound == "decode"  # 80 % iowait on this machine is not the bucket's
+    above = decide(result([remote_run(read=1.01 * at, decode=0.01)], disk=data_disk(URL), data=URL))
+    assert above.bound == "remote"
+
+
+def test_the_same_measurements_from_a_local_folder_are_io_bound_not_remote() -> None:
+    v = decide(result([remote_run(read=0.06, decode=0.01)]))
+    assert v.bound == "io" and "cache_dir" not in v.message
+
+
+def test_dali_from_a_url_says_its_reads_are_not_timed() -> None:
+    v = decide(result([remote_run(read=0.0, decode=0.0, backend="dali", timed=False)], disk=data_disk(URL), data=URL, backends=("dali",)))
+    assert any("`--backend torch` measures both" in note for note in v.notes)

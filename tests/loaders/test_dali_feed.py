@@ -33,8 +33,9 @@ def test_a_batch_holds_each_records_bytes_and_its_own_crop(tmp_path: Path, train
     feed = DaliFeed(shards, geometry, seed=4)
     indices = np.array([7, 2, 5])
     feed.start(3, [indices])
-    payloads, anchor, shape, roi_start, roi_end, mirror = feed()
+    payloads, anchor, shape, roi_start, roi_end, mirror, size = feed()
     assert list(feed.fed) == [indices] and not feed.queue
+    assert size.dtype == np.float32 and size.tolist() == [[16.0, 16.0]] * 3
     assert anchor.dtype == shape.dtype == mirror.dtype == np.int32 and roi_start.dtype == np.float32 and anchor.shape == (3, 2)
     for k, index in enumerate(indices.tolist()):
         payload = shards.read(index)[1]

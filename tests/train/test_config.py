@@ -139,3 +139,89 @@ def test_lr_scaled_by_global_batch_and_no_decay_on_bn_and_bias() -> None:
     assert {id(p) for p in no_decay["params"]} == bn_and_bias
     assert all(p.ndim == 4 or p.ndim == 2 for p in decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_linear_ramp_is_ffcvs_cyclic_schedule() -> None:
+    """FFCV's get_cyclic_lr: np.interp(epoch, [0, lr_peak_epoch, epochs], [1e-4, 1, 0]) x lr, stepped through each epoch."""
+    config = load_config(None, ["train.epochs=16", "optim.schedule=linear_ramp", "optim.lr_peak_epoch=2", "optim.warmup_epochs=0"])
+    factor = lr_schedule(config, steps_per_epoch=10)
+    assert factor(0) == pytest.approx(1e-4)
+    assert factor(10) == pytest.approx(0.5 + 0.5e-4)  # epoch 1: half way up
+    assert factor(20) == pytest.approx(1.0)  # the peak
+    assert factor(25) == pytest.approx(1 - 5 / 140)
+    assert factor(90) == pytest.approx(0.5)  # epoch 9: half way down
+    assert factor(160) == pytest.approx(0.0)
+    assert all(factor(s) < factor(s + 1) for s in range(20)) and all(factor(s) > factor(s + 1) for s in range(20, 160))
+
+
+def test_bn_weight_decay_is_the_decay_of_bn_and_bias_parameters() -> None:
+    import torchvision
+
+    model = torchvision.models.get_model("resnet18", num_classes=4)
+    optimizer = build_optimizer(model, load_config(None, ["optim.weight_decay=0.0005", "optim.bn_weight_decay=0.0001"]), global_batch=256)
+    decay, bn = optimizer.param_groups
+    assert decay["weight_decay"] == 0.0005 and bn["weight_decay"] == 0.0001
+    assert {id(p) for p in bn["params"]} == {id(p) for p in model.parameters() if p.ndim == 1}
+    # a resume re-applies the config's optim section to the loaded optimizer: bn_weight_decay too
+    from imgpipe.train.loop import apply_optim_config
+
+    resumed = load_config(None, ["optim.weight_decay=0.0005", "optim.bn_weight_decay=0.0002"])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(resumed, steps_per_epoch=10))
+    apply_optim_config(optimizer, scheduler, resumed, 256, lr_schedule(resumed, steps_per_epoch=10), step=3)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.0005, 0.0002]
+
+
+def test_a_resolution_ramp_rounds_to_32_px_inside_as_ffcv_does() -> None:
+    from imgpipe.train.resolution import parse_resolution
+
+    ramp = parse_resolution({"start_px": 160, "end_px": 256, "start_ramp": 2, "end_ramp": 6}, 224)
+    # epochs 3, 4, 5: 184 -> 192, 208 (6.5 x 32, half to even) -> 192, 232 -> 224; the ends stay as given
+    assert [ramp.at(e) for e in range(8)] == [160, 160, 160, 192, 192, 224, 256, 256]
+    assert ramp.distinct(8) == [160, 192, 224, 256]
+    ffcv = parse_resolution({"start_px": 160, "end_px": 192, "start_ramp": 11, "end_ramp": 13}, 224)
+    assert [ffcv.at(e) for e in (0, 11, 12, 13, 15)] == [160, 160, 192, 192, 192]  # 176 rounds half to even, as np.round: 192
+    listed = parse_resolution([64, 96], 224)
+    assert [listed.at(e) for e in range(4)] == [64, 96, 96, 96]
+    assert parse_resolution(None, 128).distinct(5) == [128]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("data.resolution=7", "data.resolution must be a mapping {start_px, end_px, start_ramp, end_ramp} (epochs) or a list of sizes"),
+        ("data.resolution={start_px: 160, end_px: 192, start_ramp: 1}", "data.resolution needs end_ramp too"),
+        ("data.resolution={start_px: 160, end_px: 192, start_ramp: 1, endramp: 3}", "has no key 'endramp'; did you mean 'end_ramp'?"),
+        ("data.resolution={start_px: 192, end_px: 160, start_ramp: 1, end_ramp: 3}", "start_px 192 must not exceed end_px 160"),
+        ("data.resolution={start_px: 160, end_px: 192, start_ramp: 4, end_ramp: 3}", "start_ramp 4 must not come after end_ramp 3"),
+        ("data.resolution={start_px: 160.5, end_px: 192, start_ramp: 1, end_ramp: 3}", "data.resolution.start_px must be a size in pixels"),
+        ("data.resolution=[160, -1]", "data.resolution as a list must hold sizes in pixels"),
+        ("data.val_image_size=0", "data.val_image_size must be > 0 or null"),
+        ("data.val_crop_ratio=1.2", "data.val_crop_ratio must be in (0, 1]"),
+        ("data.val_flip_tta=maybe", "data.val_flip_tta must be bool"),
+        ("optim.schedule=linear_ramp", "optim.schedule linear_ramp ramps up to optim.lr_peak_epoch by itself; set optim.warmup_epochs: 0"),
+        ("optim.bn_weight_decay=-1", "optim.bn_weight_decay must be >= 0"),
+        ("optim.lr_peak_epoch=-2", "optim.lr_peak_epoch must be >= 0"),
+        ("model.blurpool=1", "model.blurpool must be bool"),
+        ("train.ema=yes please", "train.ema must be bool"),
+        ("train.ema_decay=1.0", "train.ema_decay must be in (0, 1)"),
+        ("train.mixup_alpha=-0.2", "train.mixup_alpha must be >= 0"),
+        ("train.cutmix_alpha=lots", "train.cutmix_alpha must be float"),
+        ("train.compile=sometimes", "train.compile must be true, false or auto"),
+        ("train.target_top1=73.8", "train.target_top1 must be a top-1 accuracy in (0, 1]"),
+    ],
+)
+def test_the_time_to_accuracy_keys_refuse_bad_values_in_one_line(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(None, [override])
+    assert str(error.value).startswith(f"--set {override}: ") and message in str(error.value), str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_a_target_top1_without_validation_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^--set train.target_top1=0.7: train.target_top1 is checked against the validation: set train.validate: true"):
+        load_config(None, ["train.validate=false", "train.target_top1=0.7"])
+
+
+def test_linear_ramp_needs_its_peak_before_the_last_epoch() -> None:
+    with pytest.raises(ConfigError, match=r"optim.lr_peak_epoch 4 must come before the last epoch \(train.epochs 4\)"):
+        load_config(None, ["optim.schedule=linear_ramp", "optim.warmup_epochs=0", "train.epochs=4", "optim.lr_peak_epoch=4"])
