@@ -15,6 +15,9 @@ first, loader construction included, is "cold", the second "warm"):
 * ``mosaic``, ``litdata`` (with ``--peers-python``): the peers from the same server, with their own
   local caches (``remote_peers.run_peer``: their shards of the same JPEGs, made once, uploaded).
 
+Then ``imgpipe stage`` of the same folder against a boto3 s3transfer copy (``remote_stage.compare``),
+and what a first epoch that stages first would take.
+
 Time to the first batch (fresh interpreter, ``make_torch_loader`` and one batch of 256 at 64 px,
 2 workers, after the imports) from a bucket holding an ImageNet-sized index (``--records`` tiny
 JPEG records in ``--index-shards`` shards, ``open_index.build``): from the local folder, from the
@@ -48,6 +51,7 @@ from _data import describe_tree, make_imagenet_shaped
 from _measure import run_epochs
 from open_index import build as build_index
 from remote_peers import PEERS, epoch_figures, prepare_peer, run_peer
+from remote_stage import compare as compare_stage
 from remote_stream import tiny_jpeg, upload  # puts tests/remote/ on sys.path
 from s3_server import S3Server  # noqa: E402
 
@@ -200,10 +204,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  round {round_ + 1}: {name:15s} cold {f[0]['images_per_s']:5.0f}, warm {f[1]['images_per_s']:5.0f} images/s; "
                       f"GETs {[e['GET'] for e in f]}, range GETs {[e['range_GET'] for e in f]}, requests/s {[round(e['requests_per_s']) for e in f]}{extra}",
                       flush=True)  # fmt: skip
+        stage = compare_stage(url, env, work, rounds=a.rounds, counts=server.counts) if not (a.no_stage or a.no_epochs) else {}
         first = first_batches(a, server, env, work) if not a.no_first_batch else {}
     for failure in failures:
         print(f"failed: {failure}")
     report(runs, first, a)
+    if stage:
+        report_stage(stage, runs)
     return 0
 
 
@@ -255,6 +262,20 @@ def report_epochs(runs: dict[str, list[dict[str, Any] | None]], a: argparse.Name
         print(f"  {what:75s} {value:5.2f}x{verdict}")
 
 
+def report_stage(stage: dict[str, Any], runs: dict[str, list[dict[str, Any] | None]]) -> None:
+    """``imgpipe stage`` of the same folder against boto3's s3transfer, and what a staged first epoch would take."""
+    ours, theirs = stage["imgpipe stage"], stage["boto3 s3transfer"]
+    print(f"\nimgpipe stage of the same {ours['bytes'] / 1e6:.0f} MB (medians of {stage['rounds']} rounds, alternating with boto3):")
+    print(f"  imgpipe stage {ours['seconds']:5.2f} s ({ours['mb_s']:.0f} MB/s), boto3 s3transfer {theirs['seconds']:5.2f} s ({theirs['mb_s']:.0f} MB/s): "
+          f"{stage['ratio']:.2f}x boto3's time  goal <= 1.1x: {'met' if stage['ratio'] <= 1.1 else 'MISSED'}")  # fmt: skip
+    local = [epoch_figures(r)[0] for r in runs.get(LOCAL, []) if r is not None]
+    if local:
+        images = runs[LOCAL][0]["epochs"][0]["images"]  # type: ignore[index]
+        cold = statistics.median(f["images_per_s"] for f in local)
+        print(f"  staged, then the local folder's cold epoch: {images / (ours['seconds'] + images / cold):.0f} images/s over the first epoch "
+              f"(the copy, then {cold:.0f} images/s)")  # fmt: skip
+
+
 def report_first_batches(first: dict[str, list[dict[str, Any]]], a: argparse.Namespace) -> None:
     print(f"\ntime to the first batch, {a.records:,} records in {a.index_shards} shards (fresh interpreter, after the imports; batch 256, 64 px, 2 workers):")
     goals_s = {"bucket, cold": 5.0, "cache holding the index": 1.0, "cache complete": 1.0}
@@ -276,6 +297,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--index-shards", type=int, default=1000)
     p.add_argument("--no-first-batch", action="store_true", help="skip the time to the first batch")
     p.add_argument("--no-epochs", action="store_true", help="only the time to the first batch")
+    p.add_argument("--no-stage", action="store_true", help="skip imgpipe stage against boto3 (benchmarks/remote_stage.py's rounds)")
     p.add_argument("--latency-ms", type=float, default=20.0)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--image-size", type=int, default=224)
