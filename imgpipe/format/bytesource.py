@@ -5,7 +5,8 @@ A ``ByteSource`` serves the files of one folder by name: the whole bytes of a sm
 batch of ``(file, start, end)`` ranges at once. It knows nothing of records: which bytes a
 record is stays the ShardSet's index, how to fetch them is the source's. ``open_source`` picks
 the source for a location: ``LocalSource`` (pread, files opened lazily in each process) or
-``imgpipe.format.objectstore.ObjectStoreSource`` (concurrent range GETs, retried, checked).
+``imgpipe.format.objectstore.ObjectStoreSource`` (concurrent range GETs, retried, checked);
+``imgpipe.format.cachesource.CacheSource`` puts a node-local cache folder in front of a URL.
 
 Range reads take an optional ``check(k, bytes) -> reason | None``: a range whose bytes fail it
 is an error item of the result, never raised, so one bad record does not fail its batch; a

@@ -185,6 +185,11 @@ def load_manifest(folder: str | os.PathLike) -> Manifest:
 
 def read_manifest(source: ByteSource) -> Manifest:
     """Read and validate the manifest of the folder ``source`` serves."""
+    return fetch_manifest(source)[1]
+
+
+def fetch_manifest(source: ByteSource) -> tuple[bytes, Manifest]:
+    """The manifest's bytes, and the manifest they validate as, of the folder ``source`` serves."""
     where = source.where(MANIFEST_NAME)
     try:
         text = source.read_file(MANIFEST_NAME)
@@ -192,7 +197,7 @@ def read_manifest(source: ByteSource) -> Manifest:
         raise DatasetError(f"{where}: no manifest; is {source.location} a folder made by 'imgpipe pack'?") from None
     except OSError as e:
         raise DatasetError(f"{where}: cannot read the manifest ({e.strerror or e})") from None
-    return parse_manifest(text, where)
+    return text, parse_manifest(text, where)
 
 
 def parse_manifest(text: bytes, where: object) -> Manifest:

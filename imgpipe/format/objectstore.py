@@ -98,7 +98,8 @@ class ObjectStoreSource(ByteSource):
 
     remote = True
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, client: Any = None) -> None:
+        """``client``: the obstore client to use in this process (a ``DirectClient`` in a process that runs obstore itself)."""
         try:
             import obstore  # noqa: F401  (imported, never called here: see _client_for)
         except ImportError:
@@ -107,6 +108,7 @@ class ObjectStoreSource(ByteSource):
         self.scheme = url_scheme(url)
         self.budget_s = retry_seconds()
         self._owner = os.getpid()
+        self._fixed_client = client
         self._pid: int | None = None
         self._client: Any = None
         self._runner: DaemonPool | None = None
@@ -249,6 +251,12 @@ class ObjectStoreSource(ByteSource):
         assert self._runner is not None
         return self._runner.submit(self.read_ranges, list(ranges), check)
 
+    def direct_client(self) -> DirectClient | None:
+        """This process's own obstore client, or None where a helper process makes its requests (the
+        process that opened the URL: see ``_client_for``)."""
+        client = self._io()
+        return client if isinstance(client, DirectClient) else None
+
     def _range_error(self, byte_range: ByteRange, reason: str) -> RangeError:
         return RangeError(self.where(byte_range.name), byte_range.start, reason)
 
@@ -257,7 +265,7 @@ class ObjectStoreSource(ByteSource):
     def _io(self) -> Any:
         pid = os.getpid()
         if self._pid != pid:
-            self._client = _client_for(self._owner, self.budget_s)
+            self._client = self._fixed_client or _client_for(self._owner, self.budget_s)
             self._runner = DaemonPool(4, "imgpipe-fetch")  # a batch being read and those fetched ahead of their use
             self._random = random.Random()
             self._pid = pid
@@ -273,7 +281,7 @@ class ObjectStoreSource(ByteSource):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pid=None, _client=None, _runner=None, _random=None)
+        state.update(_pid=None, _client=None, _fixed_client=None, _runner=None, _random=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

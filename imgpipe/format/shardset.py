@@ -16,15 +16,16 @@ import os
 import zlib
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from functools import partial
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from imgpipe.format import recordio
-from imgpipe.errors import DatasetError, ImgpipeError, RecordIOError, RemoteError
+from imgpipe.errors import ConfigError, DatasetError, ImgpipeError, RecordIOError, RemoteError
 from imgpipe.format.bytesource import ByteRange, ByteSource, LocalSource, RangeError, is_url, open_source
 from imgpipe.format.layout import SHARD_FILE, SidecarError, SourceLines, parse_checksums, parse_labels, parse_sources
-from imgpipe.format.manifest import MANIFEST_NAME, Manifest, SplitInfo, load_manifest, manifest_path, read_manifest, incomplete_folder
+from imgpipe.format.manifest import MANIFEST_NAME, Manifest, SplitInfo, fetch_manifest, incomplete_folder, load_manifest, manifest_path
 
 logger = logging.getLogger(__name__)
 
@@ -177,13 +178,7 @@ class ShardSet:
         crcs = None if self._checksums is None else self._checksums[indices]
 
         def check(k: int, data: memoryview) -> str | None:
-            try:
-                record, _ = recordio.parse_record(data, 0, len(data), ranges[k].name, base=ranges[k].start)
-            except RecordIOError as e:
-                return e.problem
-            if crcs is not None and zlib.crc32(record) != int(crcs[k]):
-                return "crc32 differs from the checksum sidecar"
-            return None
+            return record_problem(data, ranges[k], None if crcs is None else int(crcs[k]))
 
         return self.byte_source.submit_ranges(ranges, check)
 
@@ -270,6 +265,17 @@ class FetchedRecords:
 Records = LocalRecords | FetchedRecords
 
 
+def record_problem(data: memoryview, byte_range: ByteRange, crc: int | None) -> str | None:
+    """Why the bytes read for one record are not it (its framing, its crc32 from the sidecar), or None."""
+    try:
+        record, _ = recordio.parse_record(data, 0, len(data), byte_range.name, base=byte_range.start)
+    except RecordIOError as e:
+        return e.problem
+    if crc is not None and zlib.crc32(record) != crc:
+        return "crc32 differs from the checksum sidecar"
+    return None
+
+
 def _parse(buf: bytes | memoryview, where: str, start: int) -> tuple[recordio.IRHeader, memoryview]:
     record, _ = recordio.parse_record(buf, 0, len(buf), where, base=start)
     header, payload = recordio.unpack_header(record, where, start)
@@ -296,17 +302,24 @@ def _read_sources(source: ByteSource, name: str, count: int) -> SourceLines:
 # ---------------------------------------------------------------------- opening
 
 
-def open_shards(path: PathLike | Sequence[PathLike], split: str = "train") -> ShardSet:
+def open_shards(path: PathLike | Sequence[PathLike], split: str = "train", *, cache_dir: PathLike | None = None) -> ShardSet:
     """Open a packed folder (with manifest.json) at a path or a URL, or bare .rec files with their .idx (path, list or glob).
 
     A URL (``s3://bucket/prefix``, ``gs://``, ``az://``, ``http(s)://``) must hold a packed folder;
-    its index and sidecars are read once, here (the .idx files concurrently). In a local folder
+    its index and sidecars are read once, here (the .idx files concurrently). ``cache_dir``: a
+    node-local folder that caches the URL's dataset as it is read, and becomes its packed folder
+    (``imgpipe.format.nodecache``). In a local folder
     without a manifest only file names decide the split: ``{split}-NNNNN-of-NNNNN.rec`` or
     ``{split}.rec`` (im2rec's prefix). Given files or a glob, every file given is read as
     ``split``, and a shard named for another split is an error (a ``*.rec`` glob would mix them).
     """
+    if cache_dir is not None:
+        if not isinstance(cache_dir, (str, os.PathLike)) or is_url(cache_dir):
+            raise ConfigError(f"cache_dir must be a local folder, got {cache_dir!r}")
+        if not is_url(path):
+            raise ConfigError(f"cache_dir caches a dataset read from a URL; {path} is read where it is (copy a folder with 'imgpipe stage')")
     if is_url(path):
-        return _open_remote(open_source(path), split)  # type: ignore[arg-type]
+        return _open_remote(open_source(path), split, cache_dir)  # type: ignore[arg-type]
     if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
         if manifest_path(path).is_file():
             return _open_packed(Path(path), split)
@@ -385,13 +398,23 @@ def _open_bare(recs: list[Path], split: str) -> ShardSet:
     return ShardSet(LocalSource(None), [str(rec) for rec in recs], shard, offsets, ends, keys, split=split)
 
 
-def _open_remote(source: ByteSource, split: str) -> ShardSet:
-    """A packed folder at a URL: the manifest, then every .idx, the labels and the crc32 sidecar in one concurrent fetch."""
-    manifest = read_manifest(source)
+def _open_remote(source: ByteSource, split: str, cache_dir: PathLike | None = None) -> ShardSet:
+    """A packed folder at a URL: the manifest, then every .idx, the labels and the crc32 sidecar in one
+    concurrent fetch; with ``cache_dir``, those found there, and then the records through it."""
+    manifest_bytes, manifest = fetch_manifest(source)
     info = _split_info(manifest, split, source.where(MANIFEST_NAME))
     names = [s.index for s in info.shards] + [info.labels] + ([info.checksums] if info.checksums else [])
+    read_files = source.read_files
+    cache = None
+    if cache_dir is not None:
+        from imgpipe.format.nodecache import NodeCache
+
+        cache = NodeCache.open(cache_dir, source, manifest_bytes, manifest)
+        if cache.complete:
+            return _open_packed(cache.folder, split)
+        read_files = partial(cache.whole_files, fetch=source.read_files)
     try:
-        blobs = source.read_files(names)
+        blobs = read_files(names)
     except FileNotFoundError as e:
         raise DatasetError(f"{e}: the manifest lists it; run 'imgpipe verify {source.location}'") from None
     count = info.records
@@ -403,12 +426,24 @@ def _open_remote(source: ByteSource, split: str) -> ShardSet:
         except SidecarError as e:
             raise DatasetError(f"{source.where(info.checksums)}: {e}; rerun 'imgpipe pack'") from None
     del blobs[len(info.shards):]
-    indexes = _remote_indexes(source, blobs, info)
-    shard, offsets, ends, keys = _index_arrays(indexes, [s.records for s in info.shards])
+    shard, offsets, ends, keys = split_index(source.where, blobs, info)
+    rec_names = [s.name for s in info.shards]
+    byte_source = source
+    if cache is not None:
+        from imgpipe.format.cachesource import CacheSource
+
+        byte_source = CacheSource(source, cache, split, offsets, ends, checksums)
+        cache.start_filling(split, source)
     return ShardSet(
-        source, [s.name for s in info.shards], shard, offsets, ends, keys, split=split, labels=labels,
+        byte_source, rec_names, shard, offsets, ends, keys, split=split, labels=labels,
         classes=list(manifest.classes), sources_name=info.sources, checksums=checksums, shard_bytes=[s.bytes for s in info.shards],
     )
+
+
+def split_index(where: Callable[[str], str], blobs: list[bytes], info: SplitInfo) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(shard number, offset, end, key) of every record of a split, from its .idx files' bytes in shard
+    order (``blobs`` is emptied as they are parsed); ``where(name)`` names a file in errors."""
+    return _index_arrays(_remote_indexes(where, blobs, info), [s.records for s in info.shards])
 
 
 def _split_info(manifest: Manifest, split: str, where: object) -> SplitInfo:
@@ -434,15 +469,15 @@ def _local_indexes(recs: list[Path], idxs: list[Path]) -> Iterator[IndexPart]:
         yield key, offset, rec.stat().st_size, str(idx), rec.name
 
 
-def _remote_indexes(source: ByteSource, blobs: list[bytes], info: SplitInfo) -> Iterator[IndexPart]:
+def _remote_indexes(where: Callable[[str], str], blobs: list[bytes], info: SplitInfo) -> Iterator[IndexPart]:
     """Each fetched .idx parsed, one at a time (its text dropped once parsed), with the manifest's shard size."""
     blobs.reverse()
     for shard in info.shards:
         try:
-            key, offset = recordio.parse_index(blobs.pop(), source.where(shard.index))
+            key, offset = recordio.parse_index(blobs.pop(), where(shard.index))
         except RecordIOError as e:
             raise DatasetError(str(e)) from None
-        yield key, offset, shard.bytes, source.where(shard.index), shard.name
+        yield key, offset, shard.bytes, where(shard.index), shard.name
 
 
 def _index_arrays(indexes: Iterable[IndexPart], expected: list[int] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

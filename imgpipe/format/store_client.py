@@ -27,6 +27,7 @@ from imgpipe._sys.threads import DaemonPool
 
 IO_THREADS = 32  # concurrent requests of one process, across files (each get_ranges adds up to 10 of its own)
 COALESCE_BYTES = 256 * 1024  # ranges of one file closer than this are fetched by one request
+STREAM_CHUNK_BYTES = 1 << 20  # a streamed body is handed over in chunks of at least this size
 UPLOAD_PART_BYTES = 16 << 20  # a file larger than this is uploaded in parts of this size (multipart), several at once
 UPLOAD_CONCURRENCY = 8  # parts of one file in flight
 CONNECT_TIMEOUT_S = 5
@@ -212,6 +213,20 @@ class DirectClient:
             return size
 
         return self._gather([(self._call, (url, name, stream))], timeout)[0]
+
+    def stream(self, url: str, name: str, start: int, end: int, sink: Callable[[int, Any], None], timeout: float) -> int | StoreError:
+        """Bytes ``[start, end)`` of a file, one request, handed to ``sink(offset, chunk)`` as they arrive;
+        the count handed over, or the error that stopped the request (``sink`` may have had part)."""
+        import obstore
+
+        def pull(store: Any) -> int:
+            at = start
+            for chunk in obstore.get(store, name, options={"range": (start, end)}).stream(min_chunk_size=STREAM_CHUNK_BYTES):
+                sink(at, chunk)
+                at += len(chunk)
+            return at - start
+
+        return self._gather([(self._call, (url, name, pull))], timeout)[0]
 
     def download_range(self, url: str, name: str, dest: str, start: int, end: int, timeout: float) -> int | StoreError:
         """Bytes ``[start, end)`` of a file written at the same offset of the existing local file ``dest``."""

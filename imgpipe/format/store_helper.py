@@ -4,7 +4,8 @@ obstore cannot run in a process forked after it has made a request (see ``store_
 process that opens a URL (the one that then forks the loader workers, or that may) therefore
 never calls obstore itself: it starts this helper, a fresh interpreter (never a fork), and asks
 it over a socket. The helper runs a ``DirectClient``: requests are served concurrently, answered
-by number, and the helper exits when the socket closes or its parent dies.
+by number, and the helper exits when the socket closes or its parent dies. It also runs the
+background fill of a node-local cache the process opened (``cachefill``).
 
     python -m imgpipe.format.store_helper FD PARENT_PID BUDGET_S
 """
@@ -93,6 +94,14 @@ class HelperClient:
     def request_stats(self, timeout: float) -> dict[str, float] | StoreError:
         return self._ask(timeout, "request_stats", timeout)
 
+    def fill(self, url: str, folder: str, split: str) -> None:
+        """Have the helper fill the node-local cache ``folder`` of ``url`` in the background (``cachefill``); no answer is awaited."""
+        try:
+            with self._send_lock:
+                self._conn.send((next(self._numbers), "fill", (url, folder, split)))
+        except OSError:  # the helper is gone: the loaders fetch what they miss themselves
+            pass
+
     def _ask(self, timeout: float, op: str, *args: Any) -> Any:
         number = next(self._numbers)
         future: Future = Future()
@@ -161,7 +170,12 @@ def serve(conn: Connection, budget_s: float) -> None:
     lock = threading.Lock()
 
     def answer(number: int, op: str, args: tuple[Any, ...]) -> None:
-        result = _plain(getattr(client, op)(*args))
+        if op == "fill":
+            from imgpipe.format import cachefill
+
+            result = cachefill.start(client, *args)
+        else:
+            result = _plain(getattr(client, op)(*args))
         with lock:
             try:
                 conn.send((number, result))

@@ -182,17 +182,21 @@ def check_loader_args(
     )
 
 
-def open_for_rank(path: object, args: LoaderArgs) -> tuple[DistEnv, ShardSet]:
-    """Resolve this rank and open ``path`` (or take a ShardSet as it is)."""
+def open_for_rank(path: object, args: LoaderArgs, cache_dir: object = None) -> tuple[DistEnv, ShardSet]:
+    """Resolve this rank and open ``path`` (or take a ShardSet as it is), through ``cache_dir`` if given."""
     env = DistEnv.detect(args.rank, args.world_size)
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise ConfigError(f"cache_dir must be a local folder (a str or path) or None, got {cache_dir!r} ({type(cache_dir).__name__})")
     if isinstance(path, ShardSet):
+        if cache_dir is not None:
+            raise ConfigError("cache_dir applies to a URL: give the URL itself with cache_dir, or open_shards(url, split, cache_dir=...)")
         return env, path
     paths = [path] if isinstance(path, (str, os.PathLike)) else path
     if not isinstance(paths, (list, tuple)) or not paths or not all(isinstance(p, (str, os.PathLike)) for p in paths):
         raise ConfigError(
             f"path must be a packed folder, a .rec file, a glob, a list of .rec files or a ShardSet, got {path!r} ({type(path).__name__})"
         )
-    return env, open_shards(path, args.split)  # type: ignore[arg-type]
+    return env, open_shards(path, args.split, cache_dir=cache_dir)  # type: ignore[arg-type]
 
 
 def no_full_batch(path: object, split: str, records: int, world_size: int, batch_size: int, fix: str) -> DatasetError:
@@ -213,18 +217,18 @@ class RankStream(NamedTuple):
 
 
 def open_rank_stream(
-    path: object, args: LoaderArgs, *, remainder: object, shuffle: object, block_shuffle: object, shuffle_window: object
+    path: object, args: LoaderArgs, *, remainder: object, shuffle: object, block_shuffle: object, shuffle_window: object, cache_dir: object = None
 ) -> RankStream:
-    """Check the sampling arguments (as each loader documents them), open ``path`` for this rank and
-    build its ``EpochSampler``; a split without records, or a train split without one full batch per
-    rank, is one ``DatasetError``."""
+    """Check the sampling arguments (as each loader documents them), open ``path`` for this rank (through
+    ``cache_dir``) and build its ``EpochSampler``; a split without records, or a train split without one
+    full batch per rank, is one ``DatasetError``."""
     remainder = check_choice("remainder", remainder, REMAINDER_POLICIES)
     shuffle = check_optional_bool("shuffle", shuffle)
     block_shuffle = check_optional_int("block_shuffle", block_shuffle, minimum=1)
     shuffle_window = check_optional_int("shuffle_window", shuffle_window, minimum=1)
     if shuffle_window is not None and block_shuffle is None:
         raise ConfigError("shuffle_window only applies with block_shuffle; set block_shuffle too, or leave shuffle_window None")
-    env, shards = open_for_rank(path, args)
+    env, shards = open_for_rank(path, args, cache_dir)
     if len(shards) == 0:
         raise DatasetError(f"split {args.split!r} of {path} has no records")
     sampler = EpochSampler(

@@ -280,6 +280,7 @@ def make_dali_loader(
     shuffle_window: int | None = None,
     prefetch: int = 2,
     on_corrupt: str = "raise",
+    cache_dir: str | os.PathLike | None = None,
 ) -> DaliLoader:
     """A DALI loader over a packed folder (or bare .rec/.idx files) with the torch loader's records, crops and state.
 
@@ -291,7 +292,7 @@ def make_dali_loader(
     ``workers`` is DALI's CPU thread count. ``remainder``, ``shuffle``, ``block_shuffle``,
     ``shuffle_window``: as the torch loader's. ``prefetch``: DALI's queue depth. ``on_corrupt``:
     only "raise" (a record DALI cannot decode stops the epoch with its shard, record and
-    source); "skip" is the torch loader's.
+    source); "skip" is the torch loader's. ``cache_dir``: as the torch loader's.
     """
     _import_dali()
     args = check_loader_args(
@@ -305,7 +306,7 @@ def make_dali_loader(
             "on a corrupt record (on_corrupt='raise')"
         )
     env, shards, sampler, geometry = open_rank_stream(
-        path, args, remainder=remainder, shuffle=shuffle, block_shuffle=block_shuffle, shuffle_window=shuffle_window
+        path, args, remainder=remainder, shuffle=shuffle, block_shuffle=block_shuffle, shuffle_window=shuffle_window, cache_dir=cache_dir
     )
     spec = _Spec(
         batch_size=args.batch_size,

@@ -543,6 +543,7 @@ def make_torch_loader(
     pin_memory: bool | None = None,
     multiprocessing_context: str | None = None,
     stage_timer: StageTimer | None = None,
+    cache_dir: PathLike | None = None,
 ) -> TorchLoader:
     """A rank-aware, seeded loader of ``(images, labels)`` over packed shards (see the module docstring).
 
@@ -568,6 +569,8 @@ def make_torch_loader(
     and one warning says so.
     ``stage_timer``: for tools (``imgpipe bench``): a :class:`StageTimer` that gets every
     batch's read, decode and collate seconds (see :mod:`imgpipe.loaders.stage_timer`).
+    ``cache_dir``: with a URL, a node-local folder that keeps what is read (and fetches the rest
+    in the background) and becomes the dataset's packed folder; see docs/remote.md.
     ``loader.close()`` stops persistent workers.
     """
     args = check_loader_args(
@@ -587,7 +590,7 @@ def make_torch_loader(
     if pin_memory and device.type == "cpu" and persistent_workers and args.workers != 0:
         logger.warning(PIN_MEMORY_IGNORED)
     env, shards, sampler, geometry = open_rank_stream(
-        path, args, remainder=remainder, shuffle=shuffle, block_shuffle=block_shuffle, shuffle_window=shuffle_window
+        path, args, remainder=remainder, shuffle=shuffle, block_shuffle=block_shuffle, shuffle_window=shuffle_window, cache_dir=cache_dir
     )
     layout = torch.channels_last if args.channels_last or device.type == "cuda" else torch.contiguous_format  # HWC slots: one memcpy per image
     dataset = BatchDataset(

@@ -21,6 +21,7 @@ import yaml
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe._sys.oserrors import describe, write_probe
 from imgpipe.errors import ConfigError
+from imgpipe.format.bytesource import is_url
 from imgpipe.loaders.seeding import MAX_SEED
 from imgpipe.train.resolution import parse_resolution
 
@@ -31,6 +32,7 @@ class DataConfig:
 
     path: str = ""  # a packed folder, or its URL
     stage: str = ""  # a node-local folder: path is copied there once per node (imgpipe stage) and read from there
+    cache: str = ""  # with a URL in data.path: a node-local folder that keeps what is read and ends as the packed folder
     backend: str = "torch"  # torch | dali | synthetic (in-memory batches: the compute ceiling)
     workers: int | None = None  # None: the loader's default, the CPUs per local rank (at most 8)
     image_size: int = 224  # the training size when data.resolution is absent
@@ -289,9 +291,14 @@ def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str,
         )
     if not 0 <= config.train.seed <= MAX_SEED:
         raise ConfigError(f"{blame('train.seed')}: train.seed must be from 0 to {MAX_SEED}, got {config.train.seed}")
+    if config.data.cache and config.data.path and not is_url(config.data.path):
+        raise ConfigError(
+            f"{blame('data.cache')}: data.cache keeps a dataset read from a URL on this node; data.path {config.data.path} is read where it is: "
+            "unset data.cache"
+        )
+    if config.data.cache and config.data.stage:
+        raise ConfigError(f"{blame('data.cache')}: data.cache and data.stage both set: stage copies the whole dataset before training, the cache fills as it trains; give one")
     if config.data.stage:
-        from imgpipe.format.bytesource import is_url
-
         if is_url(config.data.stage):
             raise ConfigError(f"{blame('data.stage')}: data.stage must be a folder on each node's disk, not a URL ({config.data.stage}); the URL goes in data.path")
         if not config.data.path:

@@ -90,6 +90,7 @@ def loader_kwargs(config: TrainConfig, ctx: RankContext) -> dict[str, Any]:
         device=ctx.device,
         normalize=True,
         channels_last=config.train.channels_last,
+        cache_dir=config.data.cache or None,
     )
 
 

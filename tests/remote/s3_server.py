@@ -8,7 +8,7 @@ get an object, require credentials, give the AWS variables that reach it.
 ``FaultProxy``: an HTTP proxy on 127.0.0.1, served by threads of this process, that forwards
 every request to the server, after ``latency_s``, and answers chosen GETs with a fault instead:
 a 503 ``SlowDown``, a body cut short, a reset connection or a flipped byte. It counts what it
-serves.
+serves, and can send each body at most ``bytes_per_s`` (a slow link).
 
 Standard library, boto3 and moto only: ``benchmarks/`` imports this module too
 (``sys.path.insert(0, "tests/remote")``).
@@ -156,6 +156,7 @@ class Counts:
     gets: int = 0
     matching_gets: int = 0
     bytes_out: int = 0
+    bodies: dict[str, list[int]] = field(default_factory=dict)  # path -> the size of each body sent for it (status 200 or 206)
     faults: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAULTS, 0))
 
 
@@ -166,9 +167,10 @@ class FaultProxy:
     ``.rec``: record reads) with ``fault``, at most ``limit`` times; ``inject(None)`` stops.
     """
 
-    def __init__(self, upstream_port: int, *, latency_s: float = 0.0) -> None:
+    def __init__(self, upstream_port: int, *, latency_s: float = 0.0, bytes_per_s: float = 0.0) -> None:
         self.upstream_port = upstream_port
         self.latency_s = latency_s
+        self.bytes_per_s = bytes_per_s  # 0: as fast as it goes
         self.counts = Counts()
         self._fault: str | None = None
         self._every = 1
@@ -323,6 +325,20 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         if self.command != "HEAD":
-            self.wfile.write(data)
+            self._write(data)
             with self.owner._lock:
                 self.owner.counts.bytes_out += len(data)
+                if status in (200, 206):
+                    self.owner.counts.bodies.setdefault(self.path.split("?")[0], []).append(len(data))
+
+    def _write(self, data: bytes) -> None:
+        """The body, at most ``bytes_per_s`` when the proxy has that limit (a slow link)."""
+        rate = self.owner.bytes_per_s
+        if not rate:
+            self.wfile.write(data)
+            return
+        piece = max(1, int(rate) // 100)
+        for at in range(0, len(data), piece):
+            self.wfile.write(data[at : at + piece])
+            self.wfile.flush()
+            time.sleep(piece / rate)

@@ -1,0 +1,437 @@
+"""A node-local ``cache_dir`` in front of a bucket (a real S3-API server, real processes): whole epochs
+equal those of the local folder, both backends, with faults; the cache fills, ends as a packed folder
+that verifies, and serves the next run; ranks and their workers share it; kill -9 and bytes a power
+loss left wrong are survived; a changed dataset starts it afresh; a disk too small is one line."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from remote_env import BUCKET
+from s3_server import FaultProxy, S3Server
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from _cli import assert_one_line_error  # noqa: E402
+from _fs import tmpfs  # noqa: E402
+
+from imgpipe.errors import ConfigError, DatasetError  # noqa: E402
+from imgpipe.format.cachefill import missing_spans  # noqa: E402
+from imgpipe.format.manifest import load_manifest  # noqa: E402
+from imgpipe.format.nodecache import STATE_DIR, NodeCache  # noqa: E402
+from imgpipe.format.shardset import open_shards  # noqa: E402
+from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
+
+SIZE = 32
+FILL_S = 60  # the longest a test waits for the background fill of its tiny dataset
+
+
+def _epochs(loader, epochs: int = 2) -> list[tuple[np.ndarray, np.ndarray]]:
+    try:
+        return [(x.numpy().copy(), y.numpy().copy()) for _ in range(epochs) for x, y in loader]
+    finally:
+        loader.close()
+
+
+def _torch(path: object, **kwargs):
+    kwargs.setdefault("workers", 2)
+    return make_torch_loader(path, batch_size=4, image_size=SIZE, normalize=False, device=None, seed=5, rank=0, world_size=1, block_shuffle=4, **kwargs)
+
+
+def _assert_same(got: list, expected: list) -> None:
+    assert len(got) == len(expected) > 0
+    for (x1, y1), (x2, y2) in zip(got, expected):
+        assert np.array_equal(y1, y2) and np.array_equal(x1, x2)
+
+
+def _wait_complete(folder: Path) -> None:
+    deadline = time.monotonic() + FILL_S
+    while not (folder / "manifest.json").is_file():
+        assert time.monotonic() < deadline, f"{folder} did not fill within {FILL_S} s: {sorted(p.name for p in folder.iterdir())}"
+        time.sleep(0.05)
+
+
+def _verify(folder: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "imgpipe", "verify", str(folder)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and ": OK: checked 60 records in 3 shard(s)" in done.stdout, done.stdout + done.stderr
+
+
+def _present_records_are_right(folder: Path, packed: Path) -> int:
+    """Every record the cache marks present holds the folder's bytes, and every complete shard is whole; the present count."""
+    present_count = 0
+    for split in ("train", "val"):
+        local = open_shards(packed, split)
+        state = folder / STATE_DIR
+        present = np.fromfile(state / f"{split}.present", np.uint8) if (state / f"{split}.present").exists() else np.zeros(0, np.uint8)
+        complete = np.fromfile(state / f"{split}.complete", np.uint8) if (state / f"{split}.complete").exists() else np.zeros(0, np.uint8)
+        for i in np.flatnonzero(present).tolist():
+            shard, start, end = local.location(i)
+            with open(folder / local.rec_names[shard], "rb") as f:
+                f.seek(start)
+                assert f.read(end - start) == (packed / local.rec_names[shard]).read_bytes()[start:end], (split, i)
+        for s in np.flatnonzero(complete).tolist():
+            name = local.rec_names[s]
+            assert hashlib.sha256((folder / name).read_bytes()).digest() == hashlib.sha256((packed / name).read_bytes()).digest()
+        present_count += int(present.sum())
+    return present_count
+
+
+# ---------------------------------------------------------------------------- the whole path
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fault", [None, "truncate", "corrupt"])
+def test_epochs_through_a_cache_equal_the_folder_then_it_verifies_and_serves_the_next_run(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path, fault: str | None
+) -> None:
+    cache = tmp_path / "cache"
+    fault_proxy.inject(fault, every=2)  # every other record read: the loaders' and the background fill's
+    local = _epochs(_torch(packed_dir))
+    _assert_same(_epochs(_torch(remote_packed, cache_dir=cache)), local)
+    _wait_complete(cache)
+    if fault is not None:
+        assert fault_proxy.counts.faults[fault] > 0
+    fault_proxy.inject(None)
+    _verify(cache)
+    _assert_same(_epochs(_torch(cache)), local)  # a packed folder like any other
+    gets = fault_proxy.counts.gets
+    _assert_same(_epochs(_torch(remote_packed, cache_dir=cache)), local)
+    assert fault_proxy.counts.gets - gets == 1  # the manifest, to tell the version; nothing else
+
+
+@pytest.mark.timeout(240)
+def test_spawned_workers_and_no_workers_read_through_the_cache_too(s3_env: S3Server, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
+    local = _epochs(_torch(packed_dir, workers=0), epochs=1)
+    _assert_same(_epochs(_torch(remote_packed, workers=1, multiprocessing_context="spawn", cache_dir=tmp_path / "a"), epochs=1), local)
+    _assert_same(_epochs(_torch(remote_packed, workers=0, cache_dir=tmp_path / "b"), epochs=1), local)
+
+
+@pytest.mark.timeout(300)
+def test_dali_epochs_through_a_cache_equal_the_folder(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path, require_dali: None) -> None:
+    from imgpipe.loaders.dali import make_dali_loader
+
+    def dali(path: object, **kwargs) -> list:
+        return _epochs(make_dali_loader(path, batch_size=4, image_size=SIZE, normalize=False, device=None, workers=1, seed=5, rank=0, world_size=1, **kwargs))
+
+    fault_proxy.inject("slowdown", every=3)
+    _assert_same(dali(remote_packed, cache_dir=tmp_path / "cache"), dali(packed_dir))
+    _wait_complete(tmp_path / "cache")
+    _verify(tmp_path / "cache")
+
+
+RANK_SCRIPT = """
+import os, sys, time, numpy as np, torch.distributed as dist
+from imgpipe.loaders.torch import make_torch_loader
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+loader = make_torch_loader({url!r}, batch_size=4, image_size={size}, normalize=False, device=None, seed=5, workers=2, cache_dir={cache!r})
+images, labels = [], []
+for epoch in range(2):
+    for x, y in loader:
+        images.append(x.numpy().copy()); labels.append(y.numpy().copy())
+np.savez(sys.argv[2], images=np.stack(images), labels=np.stack(labels))
+while not os.path.exists(os.path.join({cache!r}, "manifest.json")):  # this rank's store helper fills its share meanwhile
+    time.sleep(0.05)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_two_gloo_ranks_and_their_workers_share_one_cache_through_faults(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cache = tmp_path / "cache"
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT.format(port=port, url=remote_packed, size=SIZE, cache=str(cache)))
+    fault_proxy.inject("slowdown", every=2, match="")  # every other request, index files included
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / f"r{r}.npz")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=360) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    for rank in range(2):
+        local = _epochs(make_torch_loader(packed_dir, batch_size=4, image_size=SIZE, normalize=False, device=None, seed=5, workers=0, rank=rank, world_size=2))
+        got = np.load(tmp_path / f"r{rank}.npz")
+        _assert_same(list(zip(got["images"], got["labels"])), local)
+    assert fault_proxy.counts.faults["slowdown"] > 0
+    _verify(cache)
+
+
+OPENER = """
+import os, sys, time
+from imgpipe.format.shardset import open_shards
+open_shards(sys.argv[1], sys.argv[3], cache_dir=sys.argv[2])
+while not os.path.exists(os.path.join(sys.argv[2], "manifest.json")):  # this process's store helper fills its share meanwhile
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_processes_of_a_node_fetch_each_shard_once(s3_server: S3Server, packed_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three processes open one cache at once (as the ranks of a node do) over a slow link, so their
+    background fills overlap: each shard is claimed by one of them and fetched once, in one request."""
+    from remote_env import aws_env
+
+    with FaultProxy(s3_server.port, bytes_per_s=400_000) as slow:
+        aws_env(monkeypatch, s3_server.env(slow.endpoint), tmp_path)
+        url = s3_server.upload(packed_dir, BUCKET, "claimed")
+        openers = [
+            subprocess.Popen([sys.executable, "-c", OPENER, url, str(tmp_path / "cache"), split], env=os.environ.copy())
+            for split in ("train", "train", "val")
+        ]
+        assert [p.wait(timeout=240) for p in openers] == [0, 0, 0]
+    for shard in packed_dir.glob("*.rec"):
+        assert slow.counts.bodies[f"/{BUCKET}/claimed/{shard.name}"] == [shard.stat().st_size]
+    _verify(tmp_path / "cache")
+
+
+# ---------------------------------------------------------------------------- kill -9 and power loss
+
+READER = """
+import sys
+from imgpipe.loaders.torch import make_torch_loader
+loader = make_torch_loader(sys.argv[1], batch_size=4, image_size=32, normalize=False, device=None, seed=5, rank=0, world_size=1, workers=2,
+                           cache_dir=sys.argv[2])
+print("opened", flush=True)
+for epoch in range(100):
+    for x, y in loader:
+        print("batch", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_cache_killed_at_any_moment_stays_right_and_the_next_run_finishes_it(
+    s3_server: S3Server, packed_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL the reading process (and so its store helper, which fills) at moments from its start to
+    mid-epoch: every record marked present holds the right bytes, every complete shard is whole; then a
+    new run reads the same epochs and the cache ends whole."""
+    from remote_env import aws_env
+
+    with FaultProxy(s3_server.port, latency_s=0.05, bytes_per_s=200_000) as slow:  # a slow link: the kills land while shards stream in
+        aws_env(monkeypatch, s3_server.env(slow.endpoint), tmp_path)
+        url = s3_server.upload(packed_dir, BUCKET, "killed")
+        cache = tmp_path / "cache"
+        seen = []
+        for delay in (0.0, 0.4, 0.8, 1.2, 1.6):
+            reader = subprocess.Popen([sys.executable, "-c", READER, url, str(cache)], stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+            assert reader.stdout is not None and reader.stdout.readline().strip() == "opened"
+            time.sleep(delay)
+            reader.kill()  # SIGKILL
+            reader.wait(timeout=30)
+            time.sleep(0.3)  # the helper and workers die with it (their parent-death signal)
+            seen.append(_present_records_are_right(cache, packed_dir))
+            assert not (cache / "manifest.json").exists() or seen[-1] == 60
+        assert seen[0] < 60  # the first kill lands before the cache is whole
+        _assert_same(_epochs(_torch(url, cache_dir=cache)), _epochs(_torch(packed_dir)))
+        _wait_complete(cache)
+    _verify(cache)
+
+
+def _lose_record(cache: Path, packed: Path, i: int) -> None:
+    """Make the cache look as a power loss may leave it: record ``i``'s bytes gone (zeros), its presence byte kept, its shard not complete."""
+    shards = open_shards(packed)
+    shard, start, end = shards.location(i)
+    with open(cache / shards.rec_names[shard], "r+b") as f:
+        f.seek(start)
+        f.write(bytes(end - start))
+    (cache / "manifest.json").unlink(missing_ok=True)
+    complete = np.memmap(cache / STATE_DIR / "train.complete", np.uint8, "r+")
+    complete[shard] = 0
+    complete.flush()
+    assert np.fromfile(cache / STATE_DIR / "train.present", np.uint8)[i] == 1
+
+
+@pytest.mark.timeout(240)
+def test_after_a_power_loss_the_records_of_shards_not_complete_are_fetched_again(s3_env: S3Server, packed_dir: Path, tmp_path: Path) -> None:
+    """The first run of a new boot forgets the presence bytes of shards not complete: a record whose bytes
+    the power loss took is fetched again, the shard completes and the folder verifies."""
+    url = s3_env.upload(packed_dir, BUCKET, "power")
+    cache = tmp_path / "cache"
+    local = _epochs(_torch(packed_dir))
+    _epochs(_torch(url, cache_dir=cache), epochs=1)
+    _wait_complete(cache)
+    _lose_record(cache, packed_dir, 7)
+    (cache / STATE_DIR / "boot_id").write_text("the boot before the power loss")
+    _assert_same(_epochs(_torch(url, cache_dir=cache)), local)
+    _wait_complete(cache)
+    _verify(cache)
+
+
+@pytest.mark.timeout(240)
+def test_a_cached_record_that_fails_its_check_is_fetched_again_and_rewritten(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loaders check every record they read from a shard not complete (framing, crc32), so wrong bytes
+    behind a presence byte are never used. The background fill is left out here: it would complete the shard first."""
+    monkeypatch.setattr(NodeCache, "start_filling", lambda *args: None)
+    cache = tmp_path / "cache"
+    local = open_shards(packed_dir)
+    through = open_shards(remote_packed, cache_dir=cache)
+    assert [through.read(i)[1] for i in range(48)] == [local.read(i)[1] for i in range(48)]  # fetched, checked, cached
+    _lose_record(cache, packed_dir, 7)
+    gets = fault_proxy.counts.matching_gets
+    again = open_shards(remote_packed, cache_dir=cache)
+    assert [again.read(i)[1] for i in range(48)] == [local.read(i)[1] for i in range(48)]
+    assert fault_proxy.counts.matching_gets - gets == 1  # record 7 only
+    shard, start, end = local.location(7)
+    assert (cache / local.rec_names[shard]).read_bytes()[start:end] == (packed_dir / local.rec_names[shard]).read_bytes()[start:end]
+
+
+@pytest.mark.timeout(120)
+def test_a_new_boot_forgets_the_presence_of_shards_not_complete(s3_env: S3Server, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
+    from imgpipe.format.bytesource import open_source
+    from imgpipe.format.manifest import fetch_manifest
+
+    source = open_source(remote_packed)
+    cache = NodeCache.open(tmp_path / "cache", source, *fetch_manifest(source))
+    present, complete = cache.present("train").array, cache.completed("train").array
+    present[:] = 1
+    complete[0] = 1  # shard 0 (records 0..23) was fsynced whole; shard 1 was not
+    (tmp_path / "cache" / STATE_DIR / "boot_id").write_text("an earlier boot")
+    NodeCache.open(tmp_path / "cache", source, *fetch_manifest(source))
+    records = open_shards(packed_dir).location
+    assert present.tolist() == [1 if records(i)[0] == 0 else 0 for i in range(48)]
+
+
+# ---------------------------------------------------------------------------- versions, space, mistakes
+
+
+@pytest.mark.timeout(300)
+def test_a_dataset_changed_upstream_starts_the_cache_afresh_and_says_so(
+    s3_env: S3Server, packed_dir: Path, synth_tree: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from imgpipe.packing.packer import pack
+
+    url = s3_env.upload(packed_dir, BUCKET, "changing")
+    cache = tmp_path / "cache"
+    _epochs(_torch(url, cache_dir=cache), epochs=1)
+    _wait_complete(cache)
+    repacked = tmp_path / "repacked"
+    pack(synth_tree, repacked, shards="train=3,val=1", seed=1, workers=1, progress=False)
+    for name in {p.name for p in packed_dir.iterdir()} - {p.name for p in repacked.iterdir()}:
+        s3_env.client().delete_object(Bucket=BUCKET, Key=f"changing/{name}")
+    s3_env.upload(repacked, BUCKET, "changing")
+
+    holder = subprocess.Popen(  # another process still reads the old version: it holds the cache's lock shared, as every reader does
+        [sys.executable, "-c", "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_SH)\n"
+         "print('held', flush=True)\nsys.stdin.readline()", str(cache / STATE_DIR / "lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with pytest.raises(DatasetError) as info:
+        open_shards(url, cache_dir=cache)
+    assert str(info.value).startswith(f"{cache}: cache_dir holds another version of {url}") and "another process still reads it" in str(info.value)
+    holder.communicate("\n", timeout=30)
+
+    with caplog.at_level(logging.WARNING, logger="imgpipe.format.nodecache"):
+        got = _epochs(_torch(url, cache_dir=cache))
+    assert any("changed since it was cached" in r.getMessage() and "starting the cache afresh" in r.getMessage() for r in caplog.records)
+    _assert_same(got, _epochs(_torch(repacked)))
+    _wait_complete(cache)
+    assert load_manifest(cache).to_json() == load_manifest(repacked).to_json()
+    assert sorted(p.name for p in cache.glob("*.rec")) == sorted(p.name for p in repacked.glob("*.rec"))
+
+
+@pytest.mark.timeout(120)
+def test_a_disk_too_small_for_the_dataset_is_one_line_up_front(fault_proxy: FaultProxy, remote_packed: str, tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "small", "128k") as small:
+        gets = fault_proxy.counts.gets
+        with pytest.raises(DatasetError) as info:
+            open_shards(remote_packed, cache_dir=small / "cache")
+        message = str(info.value)
+        assert message.startswith(f"{small / 'cache'}: cache_dir needs ") and f"more for {remote_packed}" in message and "free" in message
+        assert "\n" not in message
+        assert fault_proxy.counts.gets - gets == 1  # the manifest only
+        done = subprocess.run(
+            [sys.executable, "-m", "imgpipe", "train", "--set", f"data.path={remote_packed}", "--set", f"data.cache={small / 'train'}",
+             "--set", "train.batch_size=8", "--set", f"output.dir={tmp_path / 'run'}", "--gpus", "0"],
+            capture_output=True, text=True, timeout=100, env=os.environ.copy(),
+        )  # fmt: skip
+        assert_one_line_error(done, f"{small / 'train'}: cache_dir needs ", "free some space, give another cache_dir")
+
+
+@pytest.mark.timeout(120)
+def test_mistakes_with_cache_dir_are_one_line(s3_env: S3Server, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cache_dir caches a dataset read from a URL"):
+        open_shards(packed_dir, cache_dir=tmp_path / "cache")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"cache_dir holds files and is no imgpipe cache \(no \.imgpipe-cache/ in it\); give an empty or new folder"):
+        open_shards(remote_packed, cache_dir=tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"
+    with pytest.raises(ConfigError, match="cache_dir applies to a URL"):
+        make_torch_loader(open_shards(remote_packed), batch_size=4, device=None, cache_dir=tmp_path / "cache")
+    done = subprocess.run(
+        [sys.executable, "-m", "imgpipe", "train", "--set", f"data.path={packed_dir}", "--set", f"data.cache={tmp_path / 'cache'}", "--gpus", "0"],
+        capture_output=True, text=True, timeout=100,
+    )  # fmt: skip
+    assert_one_line_error(done, "--set data.cache=", "data.cache keeps a dataset read from a URL on this node", "unset data.cache")
+
+
+# ---------------------------------------------------------------------------- pieces
+
+
+def test_missing_spans_merge_small_gaps_and_cut_long_runs() -> None:
+    offsets = np.arange(0, 1000, 100)
+    ends = offsets + 100
+    missing = np.array([1, 1, 0, 1, 0, 0, 0, 1, 1, 1], bool)
+    assert missing_spans(offsets, ends, missing, gap=150, span=1000) == [(0, 4), (7, 10)]  # one present record (100 bytes) is fetched again
+    assert missing_spans(offsets, ends, missing, gap=50, span=1000) == [(0, 2), (3, 4), (7, 10)]
+    assert missing_spans(offsets, ends, missing, gap=150, span=250) == [(0, 2), (3, 4), (7, 9), (9, 10)]
+    assert missing_spans(offsets, ends, np.zeros(10, bool)) == []
+
+
+
+# ---------------------------------------------------------------------------- the trainer
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_data_cache_under_two_torchrun_nodes_each_with_its_own_folder(s3_env: S3Server, remote_packed: str, tmp_path: Path) -> None:
+    """``torchrun --nnodes 2 --nproc_per_node 2`` on one machine, ``data.path`` a URL and each node agent
+    with its own ``data.cache``: the two ranks of a node share their folder, and each folder ends as
+    the whole dataset."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
+    from proctree import quiet_env
+    from train_cli import epochs_of, write_config
+
+    from imgpipe.train.launch import free_port
+
+    config = write_config(tmp_path, tmp_path, workers=1, epochs=1, batch_size=4, validate=False)
+    values = yaml.safe_load(config.read_text())
+    values["data"]["path"] = remote_packed
+    config.write_text(yaml.safe_dump(values))
+    torchrun = Path(sys.executable).parent / "torchrun"
+    port = free_port()
+    agents = [
+        subprocess.Popen(
+            [str(torchrun), "--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+             "--rdzv_id", "imgpipe-cache-2nodes", "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0",
+             "--set", f"data.cache={tmp_path / f'node{node}'}"],
+            env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for node in range(2)
+    ]
+    outs = [agent.communicate(timeout=500) for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0], "\n".join(err[-2000:] for _, err in outs)
+    assert "".join(out for out, _ in outs).count("done: 1 epoch(s), 3 steps") == 1  # 48 records / G 16
+    assert [r["rank"] for r in epochs_of(tmp_path / "run")[0]["ranks"]] == [0, 1, 2, 3]
+    for node in range(2):  # filled by the node's ranks while they trained
+        assert (tmp_path / f"node{node}" / "manifest.json").is_file()
+        _verify(tmp_path / f"node{node}")
