@@ -94,8 +94,11 @@ class ByteSource:
         raise NotImplementedError
 
     def read_range(self, name: str, start: int, end: int) -> bytes | memoryview:
-        """Bytes ``[start, end)`` of one file (fewer at its end)."""
-        raise NotImplementedError
+        """Bytes ``[start, end)`` of one file (fewer at its end); its error raised."""
+        (result,) = self.read_ranges([ByteRange(name, start, end)])
+        if isinstance(result, ImgpipeError):
+            raise result
+        return result
 
     def read_ranges(self, ranges: Sequence[ByteRange], check: RangeCheck | None = None) -> list[memoryview | ImgpipeError]:
         """Each range's bytes, in order, or the error that stopped it (an item, not raised)."""

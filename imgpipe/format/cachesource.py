@@ -73,12 +73,6 @@ class CacheSource(ByteSource):
     def list_names(self) -> list[str] | None:
         return self.upstream.list_names()
 
-    def read_range(self, name: str, start: int, end: int) -> memoryview:
-        (result,) = self.read_ranges([ByteRange(name, start, end)])
-        if isinstance(result, ImgpipeError):
-            raise result
-        return result
-
     def read_ranges(self, ranges: Sequence[ByteRange], check: RangeCheck | None = None) -> list[memoryview | ImgpipeError]:
         self._process()
         out: list[memoryview | ImgpipeError | None] = [None] * len(ranges)

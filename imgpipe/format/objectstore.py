@@ -194,12 +194,6 @@ class ObjectStoreSource(ByteSource):
 
     # ------------------------------------------------------------------ ranges
 
-    def read_range(self, name: str, start: int, end: int) -> memoryview:
-        (result,) = self.read_ranges([ByteRange(name, start, end)])
-        if isinstance(result, ImgpipeError):
-            raise result
-        return result
-
     def read_ranges(self, ranges: Sequence[ByteRange], check: RangeCheck | None = None) -> list[memoryview | ImgpipeError]:
         start = time.monotonic()
         deadline = start + self.budget_s

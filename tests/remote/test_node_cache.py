@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from gloo_ranks import free_port, run_two_ranks
 from remote_env import BUCKET
 from s3_server import FaultProxy, S3Server
 
@@ -149,23 +149,12 @@ dist.destroy_process_group()
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_two_gloo_ranks_and_their_workers_share_one_cache_through_faults(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     cache = tmp_path / "cache"
     script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT.format(port=port, url=remote_packed, size=SIZE, cache=str(cache)))
+    script.write_text(RANK_SCRIPT.format(port=free_port(), url=remote_packed, size=SIZE, cache=str(cache)))
     fault_proxy.inject("slowdown", every=2, match="")  # every other request, index files included
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
-    procs = [
-        subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / f"r{r}.npz")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        for r in range(2)
-    ]
-    outs = [p.communicate(timeout=360) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
-    for rank in range(2):
+    for rank, got in enumerate(run_two_ranks(script, tmp_path, timeout=360)):
         local = _epochs(make_torch_loader(packed_dir, batch_size=4, image_size=SIZE, normalize=False, device=None, seed=5, workers=0, rank=rank, world_size=2))
-        got = np.load(tmp_path / f"r{rank}.npz")
         _assert_same(list(zip(got["images"], got["labels"])), local)
     assert fault_proxy.counts.faults["slowdown"] > 0
     _verify(cache)

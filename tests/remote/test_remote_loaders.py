@@ -4,14 +4,11 @@ unreadable is skipped or named; a server that stops mid-epoch is named in one li
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from gloo_ranks import free_port, run_two_ranks
 from remote_env import BUCKET, aws_env
 from s3_server import FaultProxy, S3Server
 
@@ -91,22 +88,11 @@ dist.destroy_process_group()
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_gloo_ranks_read_their_parts_of_the_bucket_through_faults(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT.format(port=port, url=remote_packed, size=SIZE))
+    script.write_text(RANK_SCRIPT.format(port=free_port(), url=remote_packed, size=SIZE))
     fault_proxy.inject("slowdown", every=4)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
-    procs = [
-        subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / f"r{r}.npz")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        for r in range(2)
-    ]
-    outs = [p.communicate(timeout=280) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
-    for rank in range(2):
+    for rank, got in enumerate(run_two_ranks(script, tmp_path, timeout=280)):
         local = _epochs(make_torch_loader(packed_dir, batch_size=4, image_size=SIZE, normalize=False, device=None, seed=5, workers=0, rank=rank, world_size=2))
-        got = np.load(tmp_path / f"r{rank}.npz")
         _assert_same(list(zip(got["images"], got["labels"])), local)
     assert fault_proxy.counts.faults["slowdown"] > 0
 
