@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -154,12 +155,15 @@ def test_a_killed_stager_s_lock_is_taken_over_by_the_one_waiting(fault_proxy: Fa
     holder = start_stage(remote_packed, dst, "--jobs", "1")
     wait_for(lambda: journaled(dst) >= 2)
     waiter = start_stage(remote_packed, dst, "--jobs", "4")
-    time.sleep(1.0)  # it finds the lock taken and waits
-    assert waiter.poll() is None
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(waiter.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    wait_for(lambda: any("another imgpipe stage (pid" in line for line in said) or waiter.poll() is not None)
+    assert waiter.poll() is None, "".join(said)  # it found the lock taken and waits
     holder.send_signal(signal.SIGKILL)
     holder.wait(timeout=30)
     fault_proxy.latency_s = 0.0
-    out, err = waiter.communicate(timeout=200)
-    assert waiter.returncode == 0, err
-    assert "another imgpipe stage (pid" in err and "kept from an earlier run" in out
+    assert waiter.wait(timeout=200) == 0, "".join(said)
+    reader.join(timeout=30)
+    assert "kept from an earlier run" in waiter.stdout.read()  # type: ignore[union-attr]
     assert_same_files(packed_dir, dst)
