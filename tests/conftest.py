@@ -8,8 +8,8 @@ Reference tools (MXNet's venv, DALI) must not vanish into skips where they are r
   it fail (a broken reference is a broken setup, whoever runs the tests).
 * DALI installed but not importable: its tests fail.
 * ``IMGPIPE_STRICT_DEPS=1`` (``make test`` sets it): a missing MXNet venv or DALI fails too;
-  any skip whose reason names DALI, MXNet or python-isal (from these fixtures, a skipif,
-  importorskip) is reported as a failure. Without it, plain ``pytest`` skips what is not installed.
+  any skip whose reason names DALI, MXNet, python-isal or an unbuilt C extension (from these
+  fixtures, a skipif, importorskip) is reported as a failure. Without it, plain ``pytest`` skips what is not installed.
 """
 
 from __future__ import annotations
@@ -113,16 +113,17 @@ def require_dali() -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport() -> Iterator[None]:
-    """A skip of a DALI, MXNet or python-isal test (by any route: skipif, skip(), importorskip) becomes a
-    failure under make test, and for DALI also whenever DALI is installed but broken."""
+    """A skip of a DALI, MXNet, python-isal or C-extension test (by any route: skipif, skip(), importorskip)
+    becomes a failure under make test, and for DALI also whenever DALI is installed but broken."""
     outcome = yield
     report = outcome.get_result()
     if not report.skipped or hasattr(report, "wasxfail"):
         return
     reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
     dali, mxnet, isal = "dali" in reason.lower(), "mxnet" in reason.lower(), "python-isal" in reason.lower()  # a GPU-only skip stays a skip
-    if strict_deps() and (dali or mxnet or isal):
-        why = f"{STRICT_ENV}=1 (make test) requires DALI, the MXNet venv and python-isal (the dev extra)"
+    extension = "not built" in reason and ("_jpeg_shrink" in reason or "region decoder" in reason)
+    if strict_deps() and (dali or mxnet or isal or extension):
+        why = f"{STRICT_ENV}=1 (make test) requires DALI, the MXNet venv, python-isal (the dev extra) and imgpipe's C extensions"
     elif dali and dali_problem() not in (None, "not installed"):
         why = f"NVIDIA DALI is {dali_problem()}"
     else:

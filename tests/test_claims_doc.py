@@ -1,5 +1,5 @@
 """The documentation stays true to the suite: every test that the README, docs/claims.md or another
-docs/ page cites exists."""
+docs/ page cites exists, and every row of docs/claims.md cites a test or says how it is measured."""
 
 from __future__ import annotations
 
@@ -33,3 +33,30 @@ def test_a_citation_of_a_test_that_does_not_exist_is_caught() -> None:
     assert missing_tests("see `tests/test_claims_doc.py::test_every_cited_test_exists`") == []
     assert missing_tests("see `tests/test_claims_doc.py::test_that_was_renamed`") == ["tests/test_claims_doc.py::test_that_was_renamed"]
     assert missing_tests("see `tests/no_such_file.py::test_x`") == ["tests/no_such_file.py::test_x"]
+
+
+def unbacked_rows(text: str) -> list[str]:
+    """The claims of ``text``'s table rows whose last cell neither cites a test nor says how the claim is
+    measured or why nothing tests it ("measured by `benchmarks/<script>.py`", "no test ...")."""
+    rows = []
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or len(cells) < 2 or re.fullmatch(r":?-+:?", cells[-1]) or cells[-1] == "tests":
+            continue
+        if not CITATION.search(cells[-1]) and not re.match(r"(measured\b.*|no test\b.*)", cells[-1]):
+            rows.append(cells[0])
+    return rows
+
+
+def test_every_claim_cites_a_test_or_says_how_it_is_measured() -> None:
+    assert unbacked_rows((ROOT / "docs" / "claims.md").read_text(encoding="utf-8")) == []
+
+
+def test_a_claim_row_without_a_test_or_a_measurement_is_caught() -> None:
+    table = "| claim | tests |\n| --- | --- |\n| cited | `tests/test_claims_doc.py::test_every_cited_test_exists` |\n| measured | measured by `benchmarks/loaders.py` |\n| bare | |\n| vague | see above |\n"
+    assert unbacked_rows(table) == ["bare", "vague"]
+
+
+def test_every_benchmark_a_claim_names_exists() -> None:
+    named = set(re.findall(r"benchmarks/[\w/]+\.py", (ROOT / "docs" / "claims.md").read_text(encoding="utf-8")))
+    assert named and [path for path in sorted(named) if not (ROOT / path).is_file()] == []

@@ -89,3 +89,27 @@ def test_make_rebuilds_the_mxnet_venv_under_a_stale_stamp(tmp_path: Path) -> Non
     kept = subprocess.run(make, cwd=tmp_path, capture_output=True, text=True, timeout=50)
     imports = subprocess.run([str(venv_python), "-c", "import mxnet"], capture_output=True).returncode == 0
     assert (kept.returncode == 0 and "is up to date" in kept.stdout) == imports, kept.stdout + kept.stderr
+
+
+EXTENSION_TESTS = [
+    "tests/packing/test_shrink.py::test_clean_jpeg_is_resized_by_libjpeg_turbo_in_one_call",  # skip() in the test
+    "tests/loaders/test_jpeg_region.py::test_reduced_regions_are_pillows_draft_decode",  # skipif(decode_region is None)
+]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("strict", [False, True], ids=["plain-pytest", "make-test"])
+def test_tests_of_an_unbuilt_c_extension_fail_under_make_test(tmp_path: Path, strict: bool) -> None:
+    """Both extensions made unimportable (as an install without libjpeg-turbo's headers leaves them) by a sitecustomize."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class NoExtensions:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name in ('imgpipe.packing._jpeg_shrink', 'imgpipe.loaders._jpeg_region'):\n"
+        "            raise ImportError(name + ' is not built')\n"
+        "sys.meta_path.insert(0, NoExtensions())\n"
+    )
+    result = run_pytest(EXTENSION_TESTS[:1] + [EXTENSION_TESTS[1] + "[2]"], strict=strict, pythonpath=[tmp_path])
+    summary = result.stdout.strip().splitlines()[-1].split(" in ")[0]
+    assert summary == ("1 failed, 1 error" if strict else "2 skipped"), result.stdout[-3000:]  # a skipif fails at setup: an error
+    assert (result.returncode != 0) == strict

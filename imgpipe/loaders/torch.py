@@ -99,8 +99,9 @@ PIN_MEMORY_IGNORED = (
 def die_with_the_loader(worker_id: int) -> None:
     """The DataLoader workers' ``worker_init_fn``: SIGKILL a worker soon after the process it serves
     dies, whichever thread forked it (torch's own watchdog notices only within 5 s, and not a
-    worker stuck in a read)."""
-    die_with_parent(os.getppid())
+    worker stuck in a read); exit at once if that process died before the worker got here."""
+    loader_pid = get_worker_info().dataset.loader_pid
+    die_with_parent(os.getppid() if loader_pid is None else loader_pid)
 
 
 def normalization(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,6 +170,7 @@ class BatchDataset(Dataset):
         self.channels_last = channels_last
         self.normalize = normalize
         self.ring: BatchRing | None = None  # the loader's, set up with its workers
+        self.loader_pid: int | None = None  # the process that starts the workers, their parent (None: a forkserver's)
         self.stage_timer = stage_timer
         self._scale, self._bias = normalization(torch.device("cpu"))
         self._read_s = 0.0  # this batch's read seconds, with a stage_timer
@@ -423,6 +425,8 @@ class TorchLoader(SampledLoader):
         size = self.sampler.resolution
         self._fit_ring(size)
         self._requests.start_pass(epoch, batches, size)
+        context = self._loader.multiprocessing_context
+        self.dataset.loader_pid = None if context is None or context.get_start_method() == "forkserver" else os.getpid()
         results = iter(self._loader)
         if self.device.type == "cuda":
             yield from self._cuda_batches(results)

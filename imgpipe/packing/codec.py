@@ -47,6 +47,11 @@ except ImportError:  # no compiler or no libjpeg-turbo headers at install time: 
 logger = logging.getLogger(__name__)
 
 
+def scan_check_built() -> bool:
+    """True when kept JPEGs are checked by the C extension's scan walk, not by Pillow's whole decode."""
+    return _scan_problem is not None
+
+
 @dataclass(frozen=True)
 class Prepared:
     """The bytes to store (None when skipped), what was done and why."""

@@ -32,7 +32,7 @@ import numpy as np
 from tqdm import tqdm
 
 from imgpipe._sys.procs import pool_context
-from imgpipe.packing import shrink, source
+from imgpipe.packing import codec, shrink, source
 from imgpipe._sys.atomic import fsync_dir
 from imgpipe._sys.diskinfo import check_free_space, warn_if_slow
 from imgpipe._sys.distenv import available_cpus
@@ -162,6 +162,7 @@ def pack(
                 needed = sum(int(plan.splits[s.split].sizes[s.start : s.stop].sum()) for s in todo)
                 check_free_space(dst_path, needed, what=f"{len(todo)} shard(s) to write")
                 warn_if_slow(dst_path)
+                _warn_if_no_extension(resize)
                 _write_shards(plan, todo, src_path, dst_path, resize, quality, workers, progress, report, node_rank)
             report.seconds = time.monotonic() - started
             pending = [s.name for s in plan.shards if journal.read_entry(s.name) is None]
@@ -191,6 +192,20 @@ def pack(
             f"fix or remove them, or pack without --strict"
         )
     return report
+
+
+_NO_EXTENSION = (
+    "imgpipe's C extension over libjpeg-turbo (imgpipe.packing._jpeg_shrink) is not built: pack checks every kept JPEG "
+    "with Pillow's whole decode%s, several times slower; reinstall imgpipe where libjpeg-turbo's headers are installed "
+    "(libjpeg-turbo8-dev or libjpeg62-turbo-dev on Debian/Ubuntu, libjpeg-turbo-devel on RHEL)"
+)
+
+
+def _warn_if_no_extension(resize: int | None) -> None:
+    """Say once per pack that the slow path is taken when the C extension is missing (kept bytes come out the same)."""
+    slow_resize = resize is not None and not shrink.available()
+    if not codec.scan_check_built() or slow_resize:
+        logger.warning(_NO_EXTENSION, " and --resize resizes with Pillow (other, equally valid bytes)" if slow_resize else "")
 
 
 def _check_arguments(

@@ -16,17 +16,19 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from _tiny_shards import tiny_jpeg  # noqa: E402
 
 from imgpipe.loaders import pixels  # noqa: E402
+from imgpipe.packing import codec, shrink  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
 
 HEADER_DIRS = ["/usr/include", "/usr/local/include"] + ([os.environ["CONDA_PREFIX"] + "/include"] if "CONDA_PREFIX" in os.environ else [])
 
 
-def test_the_region_decoder_is_built_where_libjpeg_turbo_headers_are() -> None:
+def test_the_c_extensions_are_built_where_libjpeg_turbo_headers_are() -> None:
     # the build is optional (setup.py) so an install without headers still works; where they are,
-    # as on CI, a silently failed build would quietly fall back to whole-image decodes
+    # as on CI, a silently failed build would quietly fall back to whole-image decodes and Pillow's checks
     if not any(Path(d, "jpeglib.h").is_file() for d in HEADER_DIRS):
-        pytest.skip("no jpeglib.h: the region decoder is not expected to build here")
+        pytest.skip("no jpeglib.h: the C extensions are not expected to build here")
     assert pixels.region_decoder() is not None
+    assert shrink.available() and codec.scan_check_built()
 
 
 decode_region = pixels.region_decoder()

@@ -6,6 +6,7 @@ import io
 import logging
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -677,6 +678,42 @@ def test_workers_die_at_once_with_a_killed_loader_process(tiny: Path) -> None:
     child.kill()
     child.wait(timeout=30)
     left = wait_gone(workers, 10)
+    assert not left, f"loader workers {left} outlived their killed process"
+
+
+LATE_WORKERS = """
+import sys, time
+import imgpipe.loaders.torch as torch_loader
+
+real = torch_loader.die_with_the_loader
+
+def late(worker_id):
+    time.sleep(3)  # the loader's process is killed meanwhile: the worker comes to its init an orphan
+    real(worker_id)
+
+torch_loader.die_with_the_loader = late
+loader = torch_loader.make_torch_loader(sys.argv[1], batch_size=4, image_size=16, workers=2, device=None)
+next(iter(loader))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_whose_loader_process_died_before_their_init_exit(tiny: Path) -> None:
+    """A worker whose parent is already gone when its ``worker_init_fn`` runs does not watch its new parent forever."""
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    child = subprocess.Popen([sys.executable, "-c", LATE_WORKERS, str(tiny)], env=env)
+    deadline = time.monotonic() + 60
+    while len(workers := descendants(child.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(workers) == 2
+    child.kill()
+    child.wait(timeout=30)
+    left = wait_gone(workers, 10)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
     assert not left, f"loader workers {left} outlived their killed process"
 
 

@@ -8,6 +8,7 @@ the loaders fall back to it, so a JPEG pack keeps must pass it.
 from __future__ import annotations
 
 import io
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -209,3 +210,16 @@ def test_a_pack_of_the_corruptions_passes_verify_decode_and_is_the_same_with_eit
     assert outputs[0] == outputs[1]
     result = subprocess.run([sys.executable, "-m", "imgpipe", "verify", str(dst), "--decode"], capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout
+
+
+@needs_extension
+def test_a_pack_without_the_c_extension_says_so_once(synth_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def said() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "_jpeg_shrink) is not built" in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING):
+        pack(synth_tree, tmp_path / "with", shards=1, splits=["val"], workers=1, progress=False)
+        assert said() == []
+        monkeypatch.setattr(codec, "_scan_problem", None)
+        pack(synth_tree, tmp_path / "without", shards=1, splits=["val"], workers=1, progress=False)
+    assert len(said()) == 1 and "libjpeg-turbo" in said()[0].getMessage() and "\n" not in said()[0].getMessage()

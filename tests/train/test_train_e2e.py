@@ -110,17 +110,18 @@ def step_lrs(run: Path) -> dict[int, float]:
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_run_saved_on_2_ranks_resumes_on_3_in_the_same_global_stream(packed: Path, tmp_path: Path) -> None:
-    """G = 24 (12 x 2 ranks): 6 global steps per epoch. Stopped mid-epoch on 2 ranks, resumed on 3 with 8 per rank."""
+    """G = 24 (train.global_batch_size, 12 x 2 ranks): 6 global steps per epoch. Stopped mid-epoch on 2 ranks,
+    resumed on 3 with 8 per rank from the run's saved config.yaml, as docs/training.md shows it."""
     from imgpipe.train.config import load_config
     from imgpipe.train.loop import lr_schedule
 
-    config = write_config(tmp_path, packed, epochs=2, batch_size=12, validate=False)
-    first = imgpipe_train(config, "--gpus", "0", "--nproc", "2", "--set", "train.max_steps=8")
+    config = write_config(tmp_path, packed, epochs=2, validate=False)
+    first = imgpipe_train(config, "--gpus", "0", "--nproc", "2", "--set", "train.global_batch_size=24", "--set", "train.max_steps=8")
     assert first.returncode == 0, first.stderr[-3000:]
     saved = torch.load(tmp_path / "run" / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert (saved["epoch"], saved["epoch_step"], saved["global_batch"]) == (1, 2, 24)
     assert (saved["loader"]["batches"], saved["loader"]["global_batch"]) == (2, 24)
-    second = imgpipe_train(config, "--gpus", "0", "--nproc", "3", "--resume")
+    second = imgpipe_train(tmp_path / "run" / "config.yaml", "--gpus", "0", "--nproc", "3", "--resume", "--set", "train.max_steps=null")
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed at epoch 1, global batch 2, on 3 ranks (was 2); per-rank batch 8 (was 12)" in second.stderr
     done = torch.load(tmp_path / "run" / "checkpoint.pt", map_location="cpu", weights_only=True)
@@ -128,7 +129,7 @@ def test_a_run_saved_on_2_ranks_resumes_on_3_in_the_same_global_stream(packed: P
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["train"]["batch_size"] == 8
     epoch1 = epochs_of(tmp_path / "run")[-1]
     assert epoch1["epoch"] == 1 and epoch1["train_samples"] == 4 * 24  # the 4 global batches after the resume, all ranks
-    schedule = lr_schedule(load_config(config), steps_per_epoch=6)
+    schedule = lr_schedule(load_config(config, ["train.global_batch_size=24"]), steps_per_epoch=6)
     lrs = step_lrs(tmp_path / "run")
     assert sorted(lrs) == list(range(1, 13))
     for step, lr in lrs.items():  # one schedule over global steps, across the change of rank count
