@@ -44,7 +44,7 @@ from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.packing.classnames import names_for_indices
-from imgpipe.packing.source import NEWLINE_REASON, SourceTree, SplitItems
+from imgpipe.packing.source import NEWLINE_REASON, SourceTree, SplitItems, warn_left_out
 from imgpipe.packing.streams import IMAGE_COLUMN, StreamItems, StreamUnit, list_tar_gz, page_reader, row_group_images
 from imgpipe.packing.tarsource import ESCAPE_REASON
 
@@ -159,7 +159,9 @@ def _items(
                 raise DatasetError(f"{units[row.unit].path}: {row.name}: label {row.label} is not a train label")
             label, tree_name = index[names[row.label]], row.name
         if not stays_inside_source_root(row.name) or "\n" in row.name:
-            rejected.append((path, NEWLINE_REASON if "\n" in row.name else ESCAPE_REASON))
+            reason = NEWLINE_REASON if "\n" in row.name else ESCAPE_REASON
+            warn_left_out(units[row.unit].path, row.name, reason)
+            rejected.append((path, reason))
             continue
         where = (label if split == "train" else -1, tree_name)
         if where in seen:

@@ -37,7 +37,7 @@ from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.packing.classnames import names_for_indices
 from imgpipe.packing.members import ArchiveFile, MemberSpans, OpenArchive
-from imgpipe.packing.source import NEWLINE_REASON, SourceTree, SplitItems
+from imgpipe.packing.source import NEWLINE_REASON, SourceTree, SplitItems, warn_left_out
 from imgpipe.packing.tarsource import ESCAPE_REASON, list_tar
 
 logger = logging.getLogger(__name__)
@@ -180,7 +180,9 @@ def _items(split: str, listed: list[tuple[ArchiveFile, _Shard]], names: dict[int
             archive.append(k)
             offsets.append(offset)
             sizes.append(size)
-        rejected += [(f"{shard_file.name}/{name}", reason) for name, reason in shard.rejected]
+        for name, reason in shard.rejected:
+            warn_left_out(shard_file, name, reason)
+            rejected.append((f"{shard_file.name}/{name}", reason))
         if shard.ignored:
             logger.info("%s: ignored %d samples without an image or label", shard_file, shard.ignored)
         if shard.unlabelled:

@@ -8,8 +8,10 @@ the same bytes, and a broken download is one line naming the archive.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
+import logging
 import os
 import shutil
 import signal
@@ -296,18 +298,83 @@ def test_synth_layout_command_writes_once_and_lists_every_layout(tmp_path: Path)
     assert all(layout in helped.stdout for layout in LAYOUTS)
 
 
-def test_zip_members_named_outside_are_left_out_and_listed(datasets: Path, tmp_path: Path) -> None:
+def test_zip_members_named_outside_are_left_out_and_listed(datasets: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     src = copy_layout(datasets, "kaggle-zip", tmp_path / "src")
     archive = src / "imagenet-object-localization-challenge.zip"
     image = next((datasets / "tree" / "val").iterdir()).read_bytes()
     with zipfile.ZipFile(archive, "a") as z:
         z.writestr("ILSVRC/Data/CLS-LOC/val/../../../escaped.JPEG", image)
         z.writestr("ILSVRC/Data/CLS-LOC/val/.hidden.JPEG", image)
-    report = pack(src, tmp_path / "out", workers=1, progress=False)
+    with caplog.at_level(logging.WARNING):
+        report = pack(src, tmp_path / "out", workers=1, progress=False)
     escaped = [s for s in report.skipped if "escaped" in s.path]
     assert [(s.split, s.path) for s in escaped] == [("val", "imagenet-object-localization-challenge.zip/ILSVRC/Data/CLS-LOC/val/../../../escaped.JPEG")]
     assert "climbs out" in escaped[0].reason and not [s for s in report.skipped if "hidden" in s.path]
     assert report.records == {"train": 38 - 3, "val": 12}
+    assert f"{archive}: 'ILSVRC/Data/CLS-LOC/val/../../../escaped.JPEG' left out: member name is absolute or climbs out" in caplog.text
+
+
+def add_members_named_outside(src: Path, layout: str) -> tuple[str, list[str]]:
+    """Two more train images in the first archive of ``layout``, named ``../escaped...`` and ``/abs/absolute...``
+    (the Parquet ``image.path``, the tar member, the WebDataset ``.json`` filename); the archive and the two names."""
+    if layout == "hf-parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = src / "data" / "train-00000-of-00002.parquet"
+        table = pq.read_table(path)
+        image, label = table.column("image")[0].as_py(), table.column("label")[0].as_py()
+        wnid = image["path"][-len("n00000000.JPEG") : -len(".JPEG")]
+        names = [f"../escaped_{wnid}.JPEG", f"/abs/absolute_{wnid}.JPEG"]
+        more = pa.table({"image": pa.array([{"bytes": image["bytes"], "path": n} for n in names], table.schema.field("image").type),
+                         "label": pa.array([label, label], table.schema.field("label").type)})  # fmt: skip
+        pq.write_table(pa.concat_tables([table, more]), path, row_group_size=10)
+        return str(path), names
+    if layout == "hf-tar":
+        path = src / "data" / "train_images_0.tar.gz"
+        with tarfile.open(path) as tar:
+            members = [(m, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
+        wnid = members[0][0].name[-len("n00000000.JPEG") : -len(".JPEG")]
+        names = [f"../escaped_{wnid}.JPEG", f"/abs/absolute_{wnid}.JPEG"]
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for info, data in [*members, *((tarfile.TarInfo(n), members[0][1]) for n in names)]:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        path.write_bytes(gzip.compress(buffer.getvalue(), mtime=0))
+        return str(path), names
+    path = src / "imagenet1k-train-0000.tar"
+    with tarfile.open(path) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
+    names = ["../escaped.JPEG", "/abs/absolute.JPEG"]
+    buffer = io.BytesIO()
+    extra = [(f"escape{k}.{suffix}", data) for k, n in enumerate(names)
+             for suffix, data in (("jpg", members[0][1]), ("cls", b"0"), ("json", json.dumps({"filename": n}).encode()))]  # fmt: skip
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for info, data in [*members, *((tarfile.TarInfo(n), d) for n, d in extra)]:
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    path.write_bytes(buffer.getvalue())
+    return str(path), names
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("layout", ["hf-parquet", "hf-tar", "wds"])
+def test_a_member_named_outside_the_root_is_left_out_listed_and_warned(
+    layout: str, datasets: Path, tree_pack: Path, tree_report: PackReport, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As for a zip or a tar: an absolute name or one climbing out with '..' is left out of the pack, which stays the
+    tree's, listed as skipped, with one warning line naming the archive and the member."""
+    src = copy_layout(datasets, layout, tmp_path / "src")
+    archive, names = add_members_named_outside(src, layout)
+    with caplog.at_level(logging.WARNING):
+        report = pack(src, tmp_path / "out", shards="train=3,val=2", workers=2, progress=False)
+    assert shard_files(tmp_path / "out") == shard_files(tree_pack) and report.records == tree_report.records
+    shown = str(Path(archive).relative_to(src))
+    outside = [(s.split, s.path, s.reason) for s in report.skipped if "escaped" in s.path or "absolute" in s.path]
+    assert outside == [("train", f"{shown}/{name}", "member name is absolute or climbs out with '..'") for name in names]
+    for name in names:
+        assert f"{archive}: {name!r} left out: member name is absolute or climbs out with '..'" in caplog.text
 
 
 def test_parquet_null_images_are_empty_and_hf_names_must_carry_the_wnid(datasets: Path, tmp_path: Path) -> None:
