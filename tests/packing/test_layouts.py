@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import tarfile
 import time
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -123,6 +125,22 @@ def test_files_named_one_by_one(datasets: Path, tree_pack: Path, tmp_path: Path)
     zipped = imgpipe("pack", datasets / "kaggle-zip" / "imagenet-object-localization-challenge.zip", tmp_path / "zip", "--shards", "train=3,val=2")
     assert zipped.returncode == 0, zipped.stderr
     assert shard_files(tmp_path / "zip") == shard_files(tree_pack)
+    for layout, pattern in (("hf-parquet", "*.parquet"), ("hf-tar", "*.tar.gz")):
+        files = sorted((datasets / layout / "data").glob(pattern))
+        named = imgpipe("pack", *files, tmp_path / layout, "--shards", "train=3,val=2")
+        assert named.returncode == 0, named.stderr
+        assert shard_files(tmp_path / layout) == shard_files(tree_pack) and load_manifest(tmp_path / layout).layout == layout
+        assert (tmp_path / layout / "train.sources.txt").read_text().split("/", 1)[0] in {f.name for f in files}  # relative to data/
+
+
+def test_a_gap_in_the_parts_of_the_train_tar_is_one_line_naming_the_missing_part(datasets: Path, tmp_path: Path) -> None:
+    src = copy_layout(datasets, "split-tar", tmp_path / "src")
+    (src / "ILSVRC2012_img_train.tar.003").unlink()
+    assert_one_line_error(imgpipe("pack", src, tmp_path / "out"), "ILSVRC2012_img_train.tar: part .003 is missing", "download every part")
+    parts = sorted(src.glob("ILSVRC2012_img_train.tar.0*"))
+    assert [p.suffix for p in parts] == [".001", ".002", ".004"]
+    named = imgpipe("pack", *parts, src / "ILSVRC2012_img_val.tar", tmp_path / "named")
+    assert_one_line_error(named, "ILSVRC2012_img_train.tar: part .003 is missing", "download every part")
 
 
 # ----------------------------------------------------------------------------- kill -9 and resume
@@ -148,33 +166,72 @@ def checkpointed(dst: Path) -> int:
         return 0
 
 
-def pack_command(src: Path, dst: Path) -> list[str]:
-    return [sys.executable, "-m", "imgpipe", "pack", str(src), str(dst), "--shards", "8", "--resize", "64", "--workers", "2", "--no-progress"]
+def pack_command(src: Path, dst: Path, program: tuple[str, ...] = ("-m", "imgpipe")) -> list[str]:
+    return [sys.executable, *program, "pack", str(src), str(dst), "--shards", "8", "--resize", "64", "--workers", "2", "--no-progress"]
+
+
+STEP_S = 0.002
+
+
+def kill_once_durable(command: list[str], durable: Callable[[], bool], env: dict[str, str]) -> None:
+    """Run ``command`` a few milliseconds at a time (SIGCONT, sleep, SIGSTOP to its process group, workers included)
+    and kill -9 it at the first stop where ``durable()`` holds: mid-pack, however fast or loaded the machine."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    deadline = time.monotonic() + 180
+    try:
+        while True:
+            time.sleep(STEP_S)
+            os.killpg(process.pid, signal.SIGSTOP)
+            if durable():
+                return
+            assert process.poll() is None, "the pack ended before any of its work was durable"
+            assert time.monotonic() < deadline, "no work became durable in 180 s"
+            os.killpg(process.pid, signal.SIGCONT)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def tar_data_ends(path: Path) -> tuple[list[int], int]:
+    """Where each regular member's data ends in the decompressed ``.tar.gz`` (by ordinal), and the tar's length."""
+    with tarfile.open(path) as tar:
+        ends = [m.offset_data + m.size for m in tar if m.isreg()]
+    return ends, len(gzip.decompress(path.read_bytes()))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("layout", ARCHIVES)
 def test_kill_then_resume_is_byte_identical(layout: str, slow_datasets: Path, tmp_path: Path) -> None:
-    """Killed once some work is durable (a journaled shard; for streams, a checkpoint of written records), the rerun resumes."""
-    env = {**os.environ, "IMGPIPE_PACK_CHECKPOINT_S": "0"}
+    """Killed at the first moment some work is durable (a journaled shard; for streams, a checkpoint of written records),
+    the rerun resumes: it writes only the shards not journaled, from a stream only the records not checkpointed, and
+    reads each .tar.gz only up to the member of its last such record."""
+    env = {**os.environ, "IMGPIPE_PACK_CHECKPOINT_S": "0", "STREAM_SPY_LOG": str(tmp_path / "reads.jsonl")}
     subprocess.run(pack_command(slow_datasets / "tree", tmp_path / "reference"), check=True, capture_output=True, timeout=240)
     dst = tmp_path / "out"
-    process = subprocess.Popen(pack_command(slow_datasets / layout, dst), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    durable = (lambda: checkpointed(dst) > 0) if layout in STREAMS else (lambda: bool(list((dst / JOURNAL_DIR).glob("*-of-*.json"))))
-    deadline = time.monotonic() + 120
-    while not durable() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert durable() and not (dst / "manifest.json").exists()
-    result = subprocess.run(pack_command(slow_datasets / layout, dst), capture_output=True, text=True, timeout=240, env=env)
+    journaled = lambda: len(list((dst / JOURNAL_DIR).glob("*-of-*.json")))  # noqa: E731
+    kill_once_durable(pack_command(slow_datasets / layout, dst), (lambda: checkpointed(dst) > 0) if layout in STREAMS else journaled, env)
+    assert not (dst / "manifest.json").exists()
+    done_shards = journaled()
+    spy = (str(Path(__file__).parent / "_stream_spy.py"),) if layout == "hf-tar" else ("-m", "imgpipe")
+    result = subprocess.run(pack_command(slow_datasets / layout, dst, spy), capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stderr
     assert shard_files(dst) == shard_files(tmp_path / "reference")
     assert not [p for p in dst.rglob("*") if p.name.endswith(".tmp")]
-    if layout in STREAMS and "writing " in result.stderr:  # the rerun kept what was written and read only what was not
-        assert "resuming: " in result.stderr and "resuming: 0 of" not in result.stderr, result.stderr
-        assert not (dst / JOURNAL_DIR / "slots").exists() and not (dst / JOURNAL_DIR / "stream-node0.npz").exists()
+    writing = re.search(r"writing (\d+) shard\(s\) of (\d+)", result.stderr)
+    assert writing and int(writing[1]) == int(writing[2]) - done_shards, result.stderr  # journaled shards are not written again
+    if layout not in STREAMS:
+        assert done_shards > 0
+        return
+    resumed = re.search(r"resuming: (\d+) of (\d+) records were written before", result.stderr)
+    assert resumed and 0 < int(resumed[1]) < int(resumed[2]), result.stderr
+    assert not (dst / JOURNAL_DIR / "slots").exists() and not (dst / JOURNAL_DIR / "stream-node0.npz").exists()
+    if layout == "hf-tar":
+        reads = [json.loads(line) for line in (tmp_path / "reads.jsonl").read_text().splitlines()]
+        assert sum(len(read["wanted"]) for read in reads) == int(resumed[2]) - int(resumed[1])  # no written record is read again
+        for read in reads:
+            ends, length = tar_data_ends(Path(read["unit"]))
+            assert read["position"] == ends[max(read["wanted"])] < length, read  # stopped at the last record not written
 
 
 # ----------------------------------------------------------------------------- broken downloads
