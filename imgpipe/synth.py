@@ -104,12 +104,14 @@ def make_synthetic(
     progress: bool = True,
     tars: bool = False,
     layout: str = "tree",
+    source: str | os.PathLike | None = None,
 ) -> SynthSummary:
     """Write the synthetic tree into ``out`` (new or empty); rerunning with the same arguments is a no-op.
 
     ``layout`` other than ``tree`` writes the same images as a publisher ships them instead,
     and no folders (``synthlayouts.LAYOUTS``); ``tars=True`` is ``layout="tarballs"``:
-    image-net.org's train and val tars and the devkit.
+    image-net.org's train and val tars and the devkit. ``source``, a tree this function wrote
+    with the same arguments, is what such a layout is written from instead of a new tree.
     """
     from imgpipe.synthlayouts import LAYOUTS
 
@@ -128,7 +130,9 @@ def make_synthetic(
         logger.info("%s already holds this synthetic dataset; nothing to do", out)
         return existing
     if layout != "tree":
-        return _make_layout(out, args, layout, workers, progress)
+        return _make_layout(out, args, layout, workers, progress, None if source is None else Path(source))
+    if source is not None:
+        raise DatasetError(f"synth: --from {source} writes that tree in another --layout; give one, or drop --from")
     wnids = make_wnids(classes, seed)
     jobs = list(_plan(wnids, per_class, val_per_class, seed, quirks))
     folders = {*(f"train/{wnid}" for wnid in wnids), *(str(Path(j.path).parent) for j in jobs)}
@@ -166,22 +170,38 @@ def _recorded_args(args: dict, layout: str) -> dict:
     return {**args, "tars": True} if layout == "tarballs" else {**args, "layout": layout}
 
 
-def _make_layout(out: Path, args: dict, layout: str, workers: int, progress: bool) -> SynthSummary:
-    """Write the tree into a hidden folder of ``out``, write it out in ``layout``, remove it."""
+def _make_layout(out: Path, args: dict, layout: str, workers: int, progress: bool, source: Path | None) -> SynthSummary:
+    """Write the tree (``source``, or a new one in a hidden folder of ``out``, removed after) out in ``layout``."""
     from imgpipe.synthlayouts import write_layout
     from imgpipe.synthtars import write_imagenet_tars
 
-    tree = out / TAR_TREE
-    summary = make_synthetic(tree, **args, workers=workers, progress=progress)
+    tree = out / TAR_TREE if source is None else source
+    summary = make_synthetic(tree, **args, workers=workers, progress=progress) if source is None else _source_tree(source, args)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DatasetError(f"{out}: cannot create the output folder ({e.strerror}); choose another folder") from None
     if layout == "tarballs":
         total = write_imagenet_tars(tree, out, summary.classes, args["seed"])
     else:
         total = write_layout(tree, out, layout, summary.classes, args["seed"])
-    shutil.rmtree(tree)
+    if source is None:
+        shutil.rmtree(tree)
     summary = SynthSummary(str(out), summary.classes, summary.train_images, summary.val_images, total, summary.quirk_files)
     recorded = {k: v for k, v in asdict(summary).items() if k != "root"}
     atomic_write_bytes(out / MARKER, json.dumps({"args": _recorded_args(args, layout), "summary": recorded}, indent=1).encode())
     return summary
+
+
+def _source_tree(source: Path, args: dict) -> SynthSummary:
+    """The summary of ``source``, a tree synth wrote with ``args``; a DatasetError says what else it is."""
+    try:
+        data = json.loads((source / MARKER).read_text())
+    except (OSError, ValueError):
+        raise DatasetError(f"{source}: not a tree imgpipe synth wrote (no readable {MARKER}); give one, or drop --from") from None
+    if data.get("args") != args:
+        raise DatasetError(f"{source}: imgpipe synth wrote it with other arguments ({data.get('args')}); give those, or drop --from")
+    return SynthSummary(root=str(source), **data["summary"])
 
 
 def make_wnids(count: int, seed: int) -> list[str]:

@@ -164,3 +164,28 @@ def test_output_under_a_file_and_zero_counts_are_handled(tmp_path: Path) -> None
     assert len(tree.splits["train"]) == 0 and sorted(tree.splits["val"].labels.tolist()) == [0, 0, 1, 1]
     make_synthetic(tmp_path / "none", classes=2, per_class=0, val_per_class=0, min_side=8, max_side=8, progress=False)
     assert sorted(p.name for p in (tmp_path / "none" / "train").iterdir()) == summary.classes
+
+
+@pytest.mark.timeout(120)
+def test_a_layout_from_an_existing_tree_is_the_layout_synth_makes(tmp_path: Path) -> None:
+    """``--from TREE`` writes TREE (made with the same arguments) in the layout: the same bytes, and TREE is kept."""
+    tree = make_synthetic(tmp_path / "tree", quirks=True, **SMALL)
+    before = digest_tree(tmp_path / "tree")
+    made = make_synthetic(tmp_path / "made", quirks=True, layout="wds", **SMALL)
+    taken = make_synthetic(tmp_path / "taken", quirks=True, layout="wds", source=tmp_path / "tree", **SMALL)
+    assert digest_tree(tmp_path / "taken") == digest_tree(tmp_path / "made")
+    assert (taken.classes, taken.bytes) == (made.classes, made.bytes) == (tree.classes, made.bytes)
+    assert digest_tree(tmp_path / "tree") == before
+    make_synthetic(tmp_path / "made-tars", quirks=True, tars=True, **SMALL)
+    make_synthetic(tmp_path / "taken-tars", quirks=True, tars=True, source=tmp_path / "tree", **SMALL)
+    assert digest_tree(tmp_path / "taken-tars") == digest_tree(tmp_path / "made-tars")
+    args = [sys.executable, "-m", "imgpipe", "synth", str(tmp_path / "other"), "--from", str(tmp_path / "tree"), "--layout", "wds",
+            "--classes", "3", "--per-class", "4", "--val-per-class", "2", "--seed", "5", "--min-side", "40", "--max-side", "72"]  # fmt: skip
+    no_quirks = subprocess.run(args, capture_output=True, text=True, timeout=100)  # the tree has them
+    assert no_quirks.returncode != 0 and no_quirks.stderr.count("\n") == 1 and "with other arguments" in no_quirks.stderr
+    with pytest.raises(DatasetError, match="another --layout"):
+        make_synthetic(tmp_path / "tree2", quirks=True, source=tmp_path / "tree", **SMALL)
+    with pytest.raises(DatasetError, match="other arguments"):  # a layout is not a tree
+        make_synthetic(tmp_path / "none", quirks=True, layout="wds", source=tmp_path / "made", **SMALL)
+    with pytest.raises(DatasetError, match="not a tree imgpipe synth wrote"):
+        make_synthetic(tmp_path / "none", quirks=True, layout="wds", source=tmp_path / "nowhere", **SMALL)

@@ -1,8 +1,8 @@
 """`make demo`: the main job end to end on the embedded synthetic dataset.
 
-synth -> pack -> the same pack from image-net.org-style tars -> verify -> stage it from a "shared
-mount" to a "node's disk" and verify the copy -> info -> one pass over each loader -> a 2-process
-CPU training run with progressive resizing (48 px, then 64 px; validated at 80 px with flip TTA),
+synth -> pack -> the same pack from image-net.org-style tars and from timm-style WebDataset shards -> verify
+-> stage it from a "shared mount" to a "node's disk" and verify the copy -> info -> one pass over each loader
+-> a 2-process CPU training run with progressive resizing (48 px, then 64 px; validated at 80 px with flip TTA),
 resumed on 1 process for its 64 px epoch -> the shipped recipes -> a bench with its verdict.
 Every step is the real CLI (or the public API for the loaders),
 run the way a user would run it; the output lands in ./demo/.
@@ -24,6 +24,8 @@ SRC = DEMO / "imagenet"
 REC = DEMO / "rec"
 TARS = DEMO / "ilsvrc-tars"
 REC_FROM_TARS = DEMO / "rec-from-tars"
+WDS = DEMO / "imagenet-wds"
+REC_FROM_WDS = DEMO / "rec-from-wds"
 NODE_LOCAL = DEMO / "node-local" / "rec"  # stands for a training node's own disk; REC stands for the shared mount
 SYNTH_ARGS = ("--classes", "8", "--per-class", "40", "--val-per-class", "8", "--seed", "0", "--quirks", "--workers", "2")
 PACK_ARGS = ("--shard-size", "2MB", "--workers", "2")
@@ -46,6 +48,15 @@ def imgpipe(*args: str, stdout: Path | None = None) -> None:
             result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=out)
     if result.returncode != 0:
         sys.exit(f"demo: 'imgpipe {args[0]}' failed with exit code {result.returncode}")
+
+
+def same_shards(folders: Path, other: Path, what: str) -> None:
+    """Say whether the shards packed from ``what`` (in ``other``) are byte for byte those packed from the folders; stop if not."""
+    names = sorted(p.name for p in folders.iterdir() if p.suffix in (".rec", ".idx") or p.name.endswith(".labels.npy"))
+    same = all((folders / name).read_bytes() == (other / name).read_bytes() for name in names)
+    print(f"{len(names)} shard and label files from {what} are {'byte-identical' if same else 'DIFFERENT'} to those from the folders")
+    if not same:
+        sys.exit(f"demo: packing {what} gave other shards than packing the folders")
 
 
 def loader_pass(backend: str) -> None:
@@ -81,13 +92,14 @@ def main() -> None:
     imgpipe("pack", str(SRC), str(REC), *PACK_ARGS)
 
     step("2b. the same images as image-net.org ships them (train tar, val tar, devkit), packed in place")
-    imgpipe("synth", str(TARS), *SYNTH_ARGS, "--tars")
+    imgpipe("synth", str(TARS), *SYNTH_ARGS, "--tars", "--from", str(SRC))  # step 1's tree, written as tars
     imgpipe("pack", str(TARS), str(REC_FROM_TARS), *PACK_ARGS)
-    shards = sorted(p.name for p in REC.iterdir() if p.suffix in (".rec", ".idx") or p.name.endswith(".labels.npy"))
-    same = all((REC / name).read_bytes() == (REC_FROM_TARS / name).read_bytes() for name in shards)
-    print(f"{len(shards)} shard and label files from the tars are {'byte-identical' if same else 'DIFFERENT'} to those from the folders")
-    if not same:
-        sys.exit("demo: packing the tars gave other shards than packing the folders")
+    same_shards(REC, REC_FROM_TARS, "the tars")
+
+    step("2c. the same images as timm ships ImageNet (WebDataset shards of .jpg, .cls, .json), packed in place")
+    imgpipe("synth", str(WDS), *SYNTH_ARGS, "--layout", "wds", "--from", str(SRC))  # written from step 1's tree, not made again
+    imgpipe("pack", str(WDS), str(REC_FROM_WDS), *PACK_ARGS)
+    same_shards(REC, REC_FROM_WDS, "the WebDataset shards")
 
     step("3. verify the shards are intact and complete")
     imgpipe("verify", str(REC), "--decode")

@@ -24,10 +24,14 @@ from imgpipe.cli import cli
     show_default=True, help="Write the same images as a publisher ships them: image-net.org's tars (whole or split), "
     "Hugging Face's Parquet or tar.gz, timm's WebDataset shards, Kaggle's zip.",
 )
+@click.option(
+    "--from", "source", type=click.Path(path_type=Path), default=None,
+    help="With --layout: write this tree, made by imgpipe synth with the same arguments, instead of making its images again.",
+)
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1), help="Processes generating images.")
 def synth_command(
     out: Path, classes: int, per_class: int, val_per_class: int, seed: int, quirks: bool, min_side: int, max_side: int, tars: bool,
-    layout: str, workers: int,
+    layout: str, source: Path | None, workers: int,
 ) -> None:
     """Write a synthetic ImageNet-shaped tree (train/<wnid>/, flat val/ + LOC_val_solution.csv) into OUT,
     or the same images in another --layout (--tars: ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar and the devkit)."""
@@ -45,5 +49,6 @@ def synth_command(
         workers=workers,
         tars=tars,
         layout=layout,
+        source=source,
     )
     click.echo(summary.describe())

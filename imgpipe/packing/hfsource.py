@@ -3,10 +3,11 @@
 - Parquet (``data/train-00000-of-00294.parquet``, ``validation-*``): each row is ``image`` =
   {``bytes``: the JPEG, ``path``: ``n01440764_10026_n01440764.JPEG``} and ``label``; read
   with pyarrow (the ``parquet`` extra). A unit is one file, read a row group at a time.
-- Tarballs (``data/train_images_{0..4}.tar.gz``, ``val_images.tar.gz``): the loading script
-  ``imagenet-1k.py`` keeps members ending in ``.JPEG`` and labels each by the synset after the
-  last ``_`` of its name (``ILSVRC2012_val_00000001_n01751748.JPEG`` in val). A unit is one
-  whole ``.tar.gz``. ``test*`` files have no labels and are not read.
+- Tarballs (``data/train_images_{0..4}.tar.gz``, ``val_images.tar.gz``): the members the loading
+  script ``imagenet-1k.py`` reads, as ``datasets``' ``iter_archive`` yields them (regular members,
+  no links, none whose base name starts with ``.`` or ``__``) ending in ``.JPEG``, each labelled
+  by the synset after the last ``_`` of its name (``ILSVRC2012_val_00000001_n01751748.JPEG`` in
+  val). A unit is one whole ``.tar.gz``. ``test*`` files have no labels and are not read.
 
 Both name a file ``<name>_<wnid>.JPEG``; its item is the extracted tree's
 ``train/<wnid>/<name>.JPEG`` (``val/<name>.JPEG``, flat), and classes are the wnids, sorted,
@@ -29,6 +30,7 @@ import io
 import logging
 import os
 import re
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -42,10 +44,9 @@ from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.packing.classnames import names_for_indices
-from imgpipe.packing.members import SPAN
-from imgpipe.packing.source import NEWLINE_REASON, SourceTree, SplitItems
+from imgpipe.packing.source import NEWLINE_REASON, SourceTree, SplitItems, warn_left_out
 from imgpipe.packing.streams import IMAGE_COLUMN, StreamItems, StreamUnit, list_tar_gz, page_reader, row_group_images
-from imgpipe.packing.tarsource import ESCAPE_REASON, resolve_links
+from imgpipe.packing.tarsource import ESCAPE_REASON
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ TAR_GZ_NAME = re.compile(r"^(?P<split>train|val|test)_images(?:_\d+)?\.tar\.gz$"
 SPLITS = {"train": "train", "validation": "val", "val": "val"}
 HF_NAME = re.compile(r"^(?P<name>.+)_(?P<wnid>n\d{8})\.JPEG$")
 INSTALL_HINT = "pip install 'imgpipe[parquet]'"
+HIDDEN = (".", "__")  # iter_archive skips members whose base name starts so
+LISTING_VERSION = 2  # of the cached listings' content
 
 
 @dataclass(frozen=True)
@@ -67,14 +70,13 @@ class HfFiles:
 
 @dataclass
 class _Row:
-    """One listed file or member: the name the loader sees, its unit and ordinal, size, label (-1 unknown), kind."""
+    """One listed file or member: the name the loader sees, its unit and ordinal, size, label (-1 unknown)."""
 
     name: str
     unit: int
     ordinal: int
     size: int
     label: int = -1
-    kind: int = SPAN
 
 
 def find_hf(src: str | os.PathLike | Sequence[str | os.PathLike]) -> HfFiles | None:
@@ -157,7 +159,9 @@ def _items(
                 raise DatasetError(f"{units[row.unit].path}: {row.name}: label {row.label} is not a train label")
             label, tree_name = index[names[row.label]], row.name
         if not stays_inside_source_root(row.name) or "\n" in row.name:
-            rejected.append((path, NEWLINE_REASON if "\n" in row.name else ESCAPE_REASON))
+            reason = NEWLINE_REASON if "\n" in row.name else ESCAPE_REASON
+            warn_left_out(units[row.unit].path, row.name, reason)
+            rejected.append((path, reason))
             continue
         where = (label if split == "train" else -1, tree_name)
         if where in seen:
@@ -169,10 +173,9 @@ def _items(
         paths.append(path)
     order = sorted(range(len(keep)), key=lambda j: (labels[j], tree_names[j]) if split == "train" else tree_names[j])
     chosen = [rows[keep[j]] for j in order]
-    kinds = np.array([row.kind for row in chosen], np.int8)
     items = StreamItems(
         tuple(units), np.array([row.unit for row in chosen], np.int32), np.array([row.ordinal for row in chosen], np.int64),
-        np.array([row.size for row in chosen], np.int64), kinds if np.any(kinds != SPAN) else None,
+        np.array([row.size for row in chosen], np.int64),
     )  # fmt: skip
     return SplitItems([paths[j] for j in order], np.array([labels[j] for j in order], np.int32), rejected, items)
 
@@ -219,7 +222,7 @@ def _listed(task: tuple[Any, Path, Path | None]) -> bytes:
     """One file's listing as ``_listing_bytes`` (compact to send back from a worker), from ``cache`` when it is there."""
     lister, path, cache = task
     stat = path.stat()
-    key = hashlib.sha256(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:24]
+    key = hashlib.sha256(f"{LISTING_VERSION}\0{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:24]
     cached = cache / f"listing-{key}.npz" if cache is not None else None
     if cached is not None and cached.is_file():
         try:
@@ -239,7 +242,7 @@ def _listing_bytes(units: list[StreamUnit], rows: list[_Row]) -> bytes:
     buffer = io.BytesIO()
     np.savez(
         buffer, names=np.frombuffer("\n".join(row.name for row in rows).encode("utf-8", "surrogateescape"), np.uint8),
-        fields=np.array([(row.unit, row.ordinal, row.size, row.label, row.kind) for row in rows], np.int64).reshape(-1, 5),
+        fields=np.array([(row.unit, row.ordinal, row.size, row.label) for row in rows], np.int64).reshape(-1, 4),
         parquet=np.array([unit.parquet for unit in units], bool),
     )  # fmt: skip
     return buffer.getvalue()
@@ -257,13 +260,19 @@ def _load_listing(path: Path, listing: bytes) -> tuple[list[StreamUnit], list[_R
 
 
 def _list_tar_gz(path: Path) -> tuple[list[StreamUnit], list[_Row]]:
-    """The ``.JPEG`` files the loading script reads from one ``.tar.gz``, as extraction leaves them."""
-    files, failed = resolve_links(list_tar_gz(path))
-    for name, reason in failed:
-        if name.endswith(".JPEG"):
-            raise DatasetError(f"{path}: member {name}: {reason}")
-    rows = [_Row(name, 0, ordinal, size, -1, kind) for name, ordinal, size, kind in files if name.endswith(".JPEG")]
-    if files and not rows:
+    """The ``.JPEG`` files the loading script reads from one ``.tar.gz``: the regular members ``iter_archive`` yields."""
+    entries = list_tar_gz(path)
+    rows, ignored = [], 0
+    for entry in entries:
+        if not entry.name.endswith(".JPEG"):
+            continue
+        if entry.type not in tarfile.REGULAR_TYPES or entry.name.rsplit("/", 1)[-1].startswith(HIDDEN):
+            ignored += 1
+            continue
+        rows.append(_Row(entry.name, 0, entry.offset, entry.size))
+    if ignored:
+        logger.info("%s: ignored %d .JPEG members iter_archive skips (links, names starting with . or __)", path, ignored)
+    if entries and not rows:
         raise DatasetError(f"{path}: no .JPEG members; is this a Hugging Face imagenet-1k tarball?")
     for row in rows:
         if not HF_NAME.match(row.name.rsplit("/", 1)[-1]):

@@ -49,7 +49,6 @@ from imgpipe.errors import ImgpipeError, PackError
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, IndexedRecordWriter, IRHeader, format_index_line, frame_parts, pack_header
 from imgpipe.packing import codec, fastzlib
 from imgpipe.packing.journal import Journal, ShardResult
-from imgpipe.packing.members import SPAN
 from imgpipe.packing.plan import PackPlan, ShardSpec
 from imgpipe.packing.shardwriter import tmp_names
 from imgpipe.packing.streams import StreamItems, StreamUnit
@@ -89,13 +88,11 @@ class _Layout:
     sizes: np.ndarray  # int64
     offsets: np.ndarray  # int64: slot offset in the shard's slot file
     lengths: np.ndarray  # int64: slot length
-    no_bytes: dict[int, str]  # item -> why it has no bytes (a dangling link)
 
     @classmethod
     def of(cls, plan: PackPlan, todo: Sequence[ShardSpec]) -> "_Layout":
         units: dict[StreamUnit, int] = {}
         parts: dict[str, list[np.ndarray]] = {name: [] for name in ("positions", "labels", "unit", "ordinals", "sizes", "offsets")}
-        no_bytes: dict[int, str] = {}
         starts = [0]
         for spec in todo:
             split = plan.splits[spec.split]
@@ -103,8 +100,6 @@ class _Layout:
             assert isinstance(items, StreamItems)
             remap = np.array([units.setdefault(u, len(units)) for u in items.units], np.int32)
             lengths = slot_lengths(items.sizes)
-            for k in np.flatnonzero(items.kinds != SPAN).tolist() if items.kinds is not None else []:
-                no_bytes[starts[-1] + k] = items.no_bytes_reason(k)  # type: ignore[assignment]
             parts["positions"].append(np.arange(spec.start, spec.stop, dtype=np.int64))
             parts["labels"].append(split.labels[spec.start : spec.stop])
             parts["unit"].append(remap[items.unit] if len(items.unit) else items.unit)
@@ -115,7 +110,7 @@ class _Layout:
         joined = {name: np.concatenate(arrays) for name, arrays in parts.items()}
         lengths = slot_lengths(joined["sizes"])
         return cls(list(todo), np.array(starts, np.int64), [s.split for s in todo], joined["positions"], joined["labels"],
-                   list(units), joined["unit"], joined["ordinals"], joined["sizes"], joined["offsets"], lengths, no_bytes)  # fmt: skip
+                   list(units), joined["unit"], joined["ordinals"], joined["sizes"], joined["offsets"], lengths)  # fmt: skip
 
     @property
     def shard(self) -> np.ndarray:
@@ -197,9 +192,6 @@ class StreamPack:
             raise self._failure("laying out the shards", e) from e
         try:
             self.side_bytes = self._resume()
-            for g, reason in self.layout.no_bytes.items():
-                if not self.results.done[g]:
-                    self._record([(g, SKIPPED, reason, 0, 0, None, 0)])
             self._finish_ready()
             jobs = self._jobs()
             workers = min(workers, len(jobs))
@@ -345,7 +337,6 @@ class StreamPack:
     def _jobs(self) -> list[_UnitJob]:
         """A job per unit with items not done: the ordinals to read and the slots they fill, biggest unit first."""
         layout, todo = self.layout, np.flatnonzero(~self.results.done)
-        todo = todo[np.isin(todo, list(layout.no_bytes), invert=True)] if layout.no_bytes else todo
         shard = self.shard_of[todo]
         slot_files = [self.slot_file(k) for k in range(len(layout.shards))]
         jobs = []

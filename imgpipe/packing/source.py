@@ -232,6 +232,12 @@ def shown_path(path: str) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
+def warn_left_out(where: object, name: str, reason: str) -> None:
+    """The warning for a file a scan leaves out (and lists as skipped): one line naming where it is (a folder, an
+    archive), the file or member there, and why. Every layout's scan gives it."""
+    logger.warning("%s: %r left out: %s", shown_path(str(where)), shown_path(name), reason)
+
+
 def _reject_unlistable(paths: list[str], folder: Path) -> tuple[list[str], list[tuple[str, str]]]:
     """Split off paths with a newline (the sources sidecar holds one path per line) or bytes that are not UTF-8."""
     reasons = [_unlistable_reason(path) for path in paths]
@@ -239,7 +245,7 @@ def _reject_unlistable(paths: list[str], folder: Path) -> tuple[list[str], list[
     if not rejected:
         return paths, []
     for path, reason in rejected:
-        logger.warning("%s: %r left out: %s", shown_path(str(folder)), path, reason)
+        warn_left_out(folder, path, reason)
     return [path for path, reason in zip(paths, reasons) if not reason], rejected
 
 

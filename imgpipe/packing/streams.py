@@ -21,7 +21,6 @@ import numpy as np
 from imgpipe._sys.oserrors import advice, describe
 from imgpipe.errors import DatasetError
 from imgpipe.packing import fastzlib
-from imgpipe.packing.members import NO_BYTES_REASON
 from imgpipe.packing.parquetpages import ChunkReader, Images, Unsupported
 from imgpipe.packing.tarsource import TarEntry
 
@@ -48,21 +47,15 @@ class StreamUnit:
 
 @dataclass(frozen=True)
 class StreamItems:
-    """Per item: its unit, its ordinal there, its size; ``kinds`` marks links with no bytes (``members``)."""
+    """Per item: its unit, its ordinal there, its size."""
 
     units: tuple[StreamUnit, ...]
     unit: np.ndarray  # int32
     ordinals: np.ndarray  # int64
     sizes: np.ndarray  # int64
-    kinds: np.ndarray | None = None  # int8; None: every item has bytes
 
     def take(self, index: np.ndarray | slice) -> "StreamItems":
-        return StreamItems(self.units, self.unit[index], self.ordinals[index], self.sizes[index],
-                           None if self.kinds is None else self.kinds[index])  # fmt: skip
-
-    def no_bytes_reason(self, k: int) -> str | None:
-        """Why item ``k`` has no bytes (a dangling link), or None."""
-        return None if self.kinds is None else NO_BYTES_REASON.get(int(self.kinds[k]))
+        return StreamItems(self.units, self.unit[index], self.ordinals[index], self.sizes[index])
 
 
 class ForwardFile(io.RawIOBase):

@@ -39,7 +39,7 @@ from imgpipe._sys.oserrors import describe
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.packing.members import DANGLING_LINK, OUTSIDE_LINK, SPAN, ArchiveFile, MemberSpans, OpenArchive
-from imgpipe.packing.source import NEWLINE_REASON, VAL_CSV, SourceTree, SplitItems, is_image_name, label_flat_val, read_val_csv
+from imgpipe.packing.source import NEWLINE_REASON, VAL_CSV, SourceTree, SplitItems, is_image_name, label_flat_val, read_val_csv, warn_left_out
 
 logger = logging.getLogger(__name__)
 
@@ -314,7 +314,7 @@ def _list_images(archive: ArchiveFile, start: int, size: int, prefix: str, root:
         else:
             found.append((path, offset, length, kind))
     for path, reason in rejected:
-        logger.warning("%s: %r left out: %s", prefix, path, reason)
+        warn_left_out(prefix, path[len(prefix) + 1 :], reason)
     found.sort(key=lambda item: item[0].rpartition("/")[::2])
     return _Listing(
         [path for path, *_ in found],

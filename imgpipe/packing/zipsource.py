@@ -27,7 +27,7 @@ from imgpipe._sys.oserrors import advice, describe
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.packing.members import SPAN, ZIP_DEFLATED, ZIP_STORED, ArchiveFile, MemberSpans, member_reader
-from imgpipe.packing.source import KAGGLE_DATA, NEWLINE_REASON, VAL_CSV, SourceTree, SplitItems, is_image_name, label_flat_val
+from imgpipe.packing.source import KAGGLE_DATA, NEWLINE_REASON, VAL_CSV, SourceTree, SplitItems, is_image_name, label_flat_val, warn_left_out
 from imgpipe.packing.tarsource import ESCAPE_REASON, TarEntry, resolve_links
 
 logger = logging.getLogger(__name__)
@@ -88,8 +88,11 @@ def scan_zip(path: Path, splits: Sequence[str] | None) -> SourceTree:
             order = np.lexsort(([n.rpartition("/")[2] for n in names], [n.rpartition("/")[0] for n in names], labels))
             names, labels = [names[k] for k in order.tolist()], labels[order]
         spans = _spans(path, archive, infos, [files[name] for name in names])
-        split_rejected = [(f"{path.name}/{name}", reason) for name, reason in rejected if name.startswith(base)]
-        tree.splits[split] = SplitItems([f"{path.name}/{name}" for name in names], labels, split_rejected, spans)
+        split_rejected = [(name, reason) for name, reason in rejected if name.startswith(base)]
+        for name, reason in split_rejected:
+            warn_left_out(path, name, reason)
+        listed = [(f"{path.name}/{name}", reason) for name, reason in split_rejected]
+        tree.splits[split] = SplitItems([f"{path.name}/{name}" for name in names], labels, listed, spans)
         logger.info("%s: %d images in %s/%s", split, len(names), path, base)
     return tree
 

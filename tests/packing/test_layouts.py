@@ -8,9 +8,12 @@ the same bytes, and a broken download is one line naming the archive.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
+import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,6 +22,7 @@ import tarfile
 import time
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -121,6 +125,22 @@ def test_files_named_one_by_one(datasets: Path, tree_pack: Path, tmp_path: Path)
     zipped = imgpipe("pack", datasets / "kaggle-zip" / "imagenet-object-localization-challenge.zip", tmp_path / "zip", "--shards", "train=3,val=2")
     assert zipped.returncode == 0, zipped.stderr
     assert shard_files(tmp_path / "zip") == shard_files(tree_pack)
+    for layout, pattern in (("hf-parquet", "*.parquet"), ("hf-tar", "*.tar.gz")):
+        files = sorted((datasets / layout / "data").glob(pattern))
+        named = imgpipe("pack", *files, tmp_path / layout, "--shards", "train=3,val=2")
+        assert named.returncode == 0, named.stderr
+        assert shard_files(tmp_path / layout) == shard_files(tree_pack) and load_manifest(tmp_path / layout).layout == layout
+        assert (tmp_path / layout / "train.sources.txt").read_text().split("/", 1)[0] in {f.name for f in files}  # relative to data/
+
+
+def test_a_gap_in_the_parts_of_the_train_tar_is_one_line_naming_the_missing_part(datasets: Path, tmp_path: Path) -> None:
+    src = copy_layout(datasets, "split-tar", tmp_path / "src")
+    (src / "ILSVRC2012_img_train.tar.003").unlink()
+    assert_one_line_error(imgpipe("pack", src, tmp_path / "out"), "ILSVRC2012_img_train.tar: part .003 is missing", "download every part")
+    parts = sorted(src.glob("ILSVRC2012_img_train.tar.0*"))
+    assert [p.suffix for p in parts] == [".001", ".002", ".004"]
+    named = imgpipe("pack", *parts, src / "ILSVRC2012_img_val.tar", tmp_path / "named")
+    assert_one_line_error(named, "ILSVRC2012_img_train.tar: part .003 is missing", "download every part")
 
 
 # ----------------------------------------------------------------------------- kill -9 and resume
@@ -146,33 +166,72 @@ def checkpointed(dst: Path) -> int:
         return 0
 
 
-def pack_command(src: Path, dst: Path) -> list[str]:
-    return [sys.executable, "-m", "imgpipe", "pack", str(src), str(dst), "--shards", "8", "--resize", "64", "--workers", "2", "--no-progress"]
+def pack_command(src: Path, dst: Path, program: tuple[str, ...] = ("-m", "imgpipe")) -> list[str]:
+    return [sys.executable, *program, "pack", str(src), str(dst), "--shards", "8", "--resize", "64", "--workers", "2", "--no-progress"]
+
+
+STEP_S = 0.002
+
+
+def kill_once_durable(command: list[str], durable: Callable[[], bool], env: dict[str, str]) -> None:
+    """Run ``command`` a few milliseconds at a time (SIGCONT, sleep, SIGSTOP to its process group, workers included)
+    and kill -9 it at the first stop where ``durable()`` holds: mid-pack, however fast or loaded the machine."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    deadline = time.monotonic() + 180
+    try:
+        while True:
+            time.sleep(STEP_S)
+            os.killpg(process.pid, signal.SIGSTOP)
+            if durable():
+                return
+            assert process.poll() is None, "the pack ended before any of its work was durable"
+            assert time.monotonic() < deadline, "no work became durable in 180 s"
+            os.killpg(process.pid, signal.SIGCONT)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def tar_data_ends(path: Path) -> tuple[list[int], int]:
+    """Where each regular member's data ends in the decompressed ``.tar.gz`` (by ordinal), and the tar's length."""
+    with tarfile.open(path) as tar:
+        ends = [m.offset_data + m.size for m in tar if m.isreg()]
+    return ends, len(gzip.decompress(path.read_bytes()))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("layout", ARCHIVES)
 def test_kill_then_resume_is_byte_identical(layout: str, slow_datasets: Path, tmp_path: Path) -> None:
-    """Killed once some work is durable (a journaled shard; for streams, a checkpoint of written records), the rerun resumes."""
-    env = {**os.environ, "IMGPIPE_PACK_CHECKPOINT_S": "0"}
+    """Killed at the first moment some work is durable (a journaled shard; for streams, a checkpoint of written records),
+    the rerun resumes: it writes only the shards not journaled, from a stream only the records not checkpointed, and
+    reads each .tar.gz only up to the member of its last such record."""
+    env = {**os.environ, "IMGPIPE_PACK_CHECKPOINT_S": "0", "STREAM_SPY_LOG": str(tmp_path / "reads.jsonl")}
     subprocess.run(pack_command(slow_datasets / "tree", tmp_path / "reference"), check=True, capture_output=True, timeout=240)
     dst = tmp_path / "out"
-    process = subprocess.Popen(pack_command(slow_datasets / layout, dst), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    durable = (lambda: checkpointed(dst) > 0) if layout in STREAMS else (lambda: bool(list((dst / JOURNAL_DIR).glob("*-of-*.json"))))
-    deadline = time.monotonic() + 120
-    while not durable() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert durable() and not (dst / "manifest.json").exists()
-    result = subprocess.run(pack_command(slow_datasets / layout, dst), capture_output=True, text=True, timeout=240, env=env)
+    journaled = lambda: len(list((dst / JOURNAL_DIR).glob("*-of-*.json")))  # noqa: E731
+    kill_once_durable(pack_command(slow_datasets / layout, dst), (lambda: checkpointed(dst) > 0) if layout in STREAMS else journaled, env)
+    assert not (dst / "manifest.json").exists()
+    done_shards = journaled()
+    spy = (str(Path(__file__).parent / "_stream_spy.py"),) if layout == "hf-tar" else ("-m", "imgpipe")
+    result = subprocess.run(pack_command(slow_datasets / layout, dst, spy), capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stderr
     assert shard_files(dst) == shard_files(tmp_path / "reference")
     assert not [p for p in dst.rglob("*") if p.name.endswith(".tmp")]
-    if layout in STREAMS and "writing " in result.stderr:  # the rerun kept what was written and read only what was not
-        assert "resuming: " in result.stderr and "resuming: 0 of" not in result.stderr, result.stderr
-        assert not (dst / JOURNAL_DIR / "slots").exists() and not (dst / JOURNAL_DIR / "stream-node0.npz").exists()
+    writing = re.search(r"writing (\d+) shard\(s\) of (\d+)", result.stderr)
+    assert writing and int(writing[1]) == int(writing[2]) - done_shards, result.stderr  # journaled shards are not written again
+    if layout not in STREAMS:
+        assert done_shards > 0
+        return
+    resumed = re.search(r"resuming: (\d+) of (\d+) records were written before", result.stderr)
+    assert resumed and 0 < int(resumed[1]) < int(resumed[2]), result.stderr
+    assert not (dst / JOURNAL_DIR / "slots").exists() and not (dst / JOURNAL_DIR / "stream-node0.npz").exists()
+    if layout == "hf-tar":
+        reads = [json.loads(line) for line in (tmp_path / "reads.jsonl").read_text().splitlines()]
+        assert sum(len(read["wanted"]) for read in reads) == int(resumed[2]) - int(resumed[1])  # no written record is read again
+        for read in reads:
+            ends, length = tar_data_ends(Path(read["unit"]))
+            assert read["position"] == ends[max(read["wanted"])] < length, read  # stopped at the last record not written
 
 
 # ----------------------------------------------------------------------------- broken downloads
@@ -296,18 +355,83 @@ def test_synth_layout_command_writes_once_and_lists_every_layout(tmp_path: Path)
     assert all(layout in helped.stdout for layout in LAYOUTS)
 
 
-def test_zip_members_named_outside_are_left_out_and_listed(datasets: Path, tmp_path: Path) -> None:
+def test_zip_members_named_outside_are_left_out_and_listed(datasets: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     src = copy_layout(datasets, "kaggle-zip", tmp_path / "src")
     archive = src / "imagenet-object-localization-challenge.zip"
     image = next((datasets / "tree" / "val").iterdir()).read_bytes()
     with zipfile.ZipFile(archive, "a") as z:
         z.writestr("ILSVRC/Data/CLS-LOC/val/../../../escaped.JPEG", image)
         z.writestr("ILSVRC/Data/CLS-LOC/val/.hidden.JPEG", image)
-    report = pack(src, tmp_path / "out", workers=1, progress=False)
+    with caplog.at_level(logging.WARNING):
+        report = pack(src, tmp_path / "out", workers=1, progress=False)
     escaped = [s for s in report.skipped if "escaped" in s.path]
     assert [(s.split, s.path) for s in escaped] == [("val", "imagenet-object-localization-challenge.zip/ILSVRC/Data/CLS-LOC/val/../../../escaped.JPEG")]
     assert "climbs out" in escaped[0].reason and not [s for s in report.skipped if "hidden" in s.path]
     assert report.records == {"train": 38 - 3, "val": 12}
+    assert f"{archive}: 'ILSVRC/Data/CLS-LOC/val/../../../escaped.JPEG' left out: member name is absolute or climbs out" in caplog.text
+
+
+def add_members_named_outside(src: Path, layout: str) -> tuple[str, list[str]]:
+    """Two more train images in the first archive of ``layout``, named ``../escaped...`` and ``/abs/absolute...``
+    (the Parquet ``image.path``, the tar member, the WebDataset ``.json`` filename); the archive and the two names."""
+    if layout == "hf-parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = src / "data" / "train-00000-of-00002.parquet"
+        table = pq.read_table(path)
+        image, label = table.column("image")[0].as_py(), table.column("label")[0].as_py()
+        wnid = image["path"][-len("n00000000.JPEG") : -len(".JPEG")]
+        names = [f"../escaped_{wnid}.JPEG", f"/abs/absolute_{wnid}.JPEG"]
+        more = pa.table({"image": pa.array([{"bytes": image["bytes"], "path": n} for n in names], table.schema.field("image").type),
+                         "label": pa.array([label, label], table.schema.field("label").type)})  # fmt: skip
+        pq.write_table(pa.concat_tables([table, more]), path, row_group_size=10)
+        return str(path), names
+    if layout == "hf-tar":
+        path = src / "data" / "train_images_0.tar.gz"
+        with tarfile.open(path) as tar:
+            members = [(m, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
+        wnid = members[0][0].name[-len("n00000000.JPEG") : -len(".JPEG")]
+        names = [f"../escaped_{wnid}.JPEG", f"/abs/absolute_{wnid}.JPEG"]
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for info, data in [*members, *((tarfile.TarInfo(n), members[0][1]) for n in names)]:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        path.write_bytes(gzip.compress(buffer.getvalue(), mtime=0))
+        return str(path), names
+    path = src / "imagenet1k-train-0000.tar"
+    with tarfile.open(path) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
+    names = ["../escaped.JPEG", "/abs/absolute.JPEG"]
+    buffer = io.BytesIO()
+    extra = [(f"escape{k}.{suffix}", data) for k, n in enumerate(names)
+             for suffix, data in (("jpg", members[0][1]), ("cls", b"0"), ("json", json.dumps({"filename": n}).encode()))]  # fmt: skip
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for info, data in [*members, *((tarfile.TarInfo(n), d) for n, d in extra)]:
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    path.write_bytes(buffer.getvalue())
+    return str(path), names
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("layout", ["hf-parquet", "hf-tar", "wds"])
+def test_a_member_named_outside_the_root_is_left_out_listed_and_warned(
+    layout: str, datasets: Path, tree_pack: Path, tree_report: PackReport, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As for a zip or a tar: an absolute name or one climbing out with '..' is left out of the pack, which stays the
+    tree's, listed as skipped, with one warning line naming the archive and the member."""
+    src = copy_layout(datasets, layout, tmp_path / "src")
+    archive, names = add_members_named_outside(src, layout)
+    with caplog.at_level(logging.WARNING):
+        report = pack(src, tmp_path / "out", shards="train=3,val=2", workers=2, progress=False)
+    assert shard_files(tmp_path / "out") == shard_files(tree_pack) and report.records == tree_report.records
+    shown = str(Path(archive).relative_to(src))
+    outside = [(s.split, s.path, s.reason) for s in report.skipped if "escaped" in s.path or "absolute" in s.path]
+    assert outside == [("train", f"{shown}/{name}", "member name is absolute or climbs out with '..'") for name in names]
+    for name in names:
+        assert f"{archive}: {name!r} left out: member name is absolute or climbs out with '..'" in caplog.text
 
 
 def test_parquet_null_images_are_empty_and_hf_names_must_carry_the_wnid(datasets: Path, tmp_path: Path) -> None:
