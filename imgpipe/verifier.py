@@ -26,7 +26,6 @@ import hashlib
 import logging
 import os
 import tempfile
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence, TypeVar
@@ -39,6 +38,7 @@ from imgpipe._sys.distenv import available_cpus
 from imgpipe._sys.oserrors import describe
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError
 from imgpipe.format.bytesource import ByteSource, LocalSource, is_url, open_source
+from imgpipe.format.checksum import crc32
 from imgpipe.format.layout import SidecarError, parse_checksums, parse_labels, parse_sources
 from imgpipe.format.manifest import (
     MANIFEST_NAME, Manifest, ShardInfo, load_manifest, read_manifest, sha256_file, stays_inside_source_root, incomplete_folder,
@@ -341,7 +341,7 @@ def _scan_records(check: ShardCheck, problems: list[Problem]) -> tuple[list[int]
 
 def _record_problems(check: ShardCheck, k: int, record: bytes, header: IRHeader, payload: bytes) -> list[str]:
     found = []
-    if check.crc32 is not None and k < len(check.crc32) and zlib.crc32(record) != int(check.crc32[k]):
+    if check.crc32 is not None and k < len(check.crc32) and crc32(record) != int(check.crc32[k]):
         found.append("checksum mismatch: the record's bytes changed since packing")
     if check.expected is not None:
         label = header.label

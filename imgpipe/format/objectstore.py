@@ -21,7 +21,6 @@ import os
 import random
 import threading
 import time
-import zlib
 from collections import defaultdict
 from concurrent.futures import Future
 from typing import Any, Callable, Sequence
@@ -29,6 +28,7 @@ from typing import Any, Callable, Sequence
 from imgpipe._sys.threads import DaemonPool
 from imgpipe.errors import ConfigError, ImgpipeError, RemoteError
 from imgpipe.format.bytesource import ByteRange, ByteSource, RangeCheck, RangeError, url_scheme
+from imgpipe.format.checksum import crc32
 from imgpipe.format.store_client import MISSING, TRANSIENT, DirectClient, StoreError, config_fingerprint, direct_allowed
 
 TIMEOUT_ENV = "IMGPIPE_REMOTE_TIMEOUT"
@@ -227,7 +227,7 @@ class ObjectStoreSource(ByteSource):
                     if reason is None:
                         out[k] = view
                         continue
-                    seen = (len(view), zlib.crc32(view))
+                    seen = (len(view), crc32(view))
                     if wrong.get(k) == seen:  # in transit, damage differs from try to try
                         out[k] = self._range_error(ranges[k], f"{reason}, twice alike: the stored file is damaged; run 'imgpipe verify {self.location}'")
                     else:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import glob as globlib
 import logging
 import os
-import zlib
 from concurrent.futures import Future
 from pathlib import Path
 from functools import partial
@@ -24,6 +23,7 @@ import numpy as np
 from imgpipe.format import recordio
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError, RecordIOError, RemoteError
 from imgpipe.format.bytesource import ByteRange, ByteSource, LocalSource, RangeError, is_url, open_source
+from imgpipe.format.checksum import crc32
 from imgpipe.format.layout import SHARD_FILE, SidecarError, SourceLines, parse_checksums, parse_labels, parse_sources
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, SplitInfo, fetch_manifest, incomplete_folder, load_manifest, manifest_path
 
@@ -271,7 +271,7 @@ def record_problem(data: memoryview, byte_range: ByteRange, crc: int | None) -> 
         record, _ = recordio.parse_record(data, 0, len(data), byte_range.name, base=byte_range.start)
     except RecordIOError as e:
         return e.problem
-    if crc is not None and zlib.crc32(record) != crc:
+    if crc is not None and crc32(record) != crc:
         return "crc32 differs from the checksum sidecar"
     return None
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from imgpipe._sys.oserrors import describe
 from imgpipe.errors import DatasetError
+from imgpipe.format.checksum import crc32
 from imgpipe.packing import fastzlib
 
 SPAN, ZIP_STORED, ZIP_DEFLATED, DANGLING_LINK, OUTSIDE_LINK = range(5)
@@ -201,6 +202,6 @@ def _zip_member(source: OpenArchive, header_at: int, packed: int, size: int, crc
             raise DatasetError(f"{corrupt}: {e}; {redownload}") from None
         if not inflater.eof and len(data) <= size:
             raise DatasetError(f"{corrupt}: the deflate stream stops early; {redownload}")
-    if len(data) != size or fastzlib.crc32(data) != crc:
+    if len(data) != size or crc32(data) != crc:
         raise DatasetError(f"{corrupt}: its bytes do not match the zip's size and crc32; {redownload}")
     return data

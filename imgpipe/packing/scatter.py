@@ -47,7 +47,8 @@ from imgpipe._sys.oserrors import NO_SPACE, describe
 from imgpipe._sys.procs import die_with_parent, pool_context
 from imgpipe.errors import ImgpipeError, PackError
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, IndexedRecordWriter, IRHeader, format_index_line, frame_parts, pack_header
-from imgpipe.packing import codec, fastzlib
+from imgpipe.format.checksum import crc32
+from imgpipe.packing import codec
 from imgpipe.packing.journal import Journal, ShardResult
 from imgpipe.packing.plan import PackPlan, ShardSpec
 from imgpipe.packing.shardwriter import tmp_names
@@ -541,7 +542,7 @@ def write_member(
         else:
             extra = b"".join(parts)
         reason = prepared.reason if prepared.action == "repaired" else None
-        results.append((g, ACTIONS.index(prepared.action), reason, framed, fastzlib.crc32(record), extra, len(data)))
+        results.append((g, ACTIONS.index(prepared.action), reason, framed, crc32(record), extra, len(data)))
     return results
 
 

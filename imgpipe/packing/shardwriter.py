@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from imgpipe._sys.procs import die_with_parent
-from imgpipe.packing import codec, fastzlib
+from imgpipe.format.checksum import crc32
+from imgpipe.packing import codec
 from imgpipe._sys.atomic import fsync_dir
 from imgpipe.packing.journal import Journal, ShardResult
 from imgpipe.packing.plan import ShardSpec
@@ -101,7 +102,7 @@ def write_shard(job: ShardJob, progress: ProgressFn | None = None) -> ShardResul
                         repairs[prepared.reason] += 1
                     record = pack_header(IRHeader(0, float(label), position, 0), prepared.data)
                     writer.write(position, record)
-                    crcs.append(fastzlib.crc32(record))
+                    crcs.append(crc32(record))
             pending_images += 1
             if progress is not None and time.monotonic() - last_report >= REPORT_EVERY_S:
                 progress(pending_images, pending_bytes)
