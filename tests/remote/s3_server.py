@@ -10,6 +10,10 @@ every request to the server, after ``latency_s``, and answers chosen GETs with a
 a 503 ``SlowDown``, a body cut short, a reset connection or a flipped byte. It counts what it
 serves, and can send each body at most ``bytes_per_s`` (a slow link).
 
+``NoCredentials``: an HTTP server on 127.0.0.1 standing in for an instance's credential service
+(GCE's metadata server, Azure's managed identity endpoint) on a machine that has no identity: it
+answers every request 404 and keeps the paths asked.
+
 Standard library, boto3 and moto only: ``benchmarks/`` imports this module too
 (``sys.path.insert(0, "tests/remote")``).
 """
@@ -229,6 +233,38 @@ class FaultProxy:
                 return None
             self.counts.faults[self._fault] += 1
             return self._fault
+
+
+class NoCredentials:
+    """A credential service with no credentials to give; see the module docstring. A ``with`` block serves it."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                owner.paths.append(self.path)
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:  # quiet
+                pass
+
+        self._server = _Server(("127.0.0.1", 0), Handler)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> NoCredentials:
+        threading.Thread(target=self._server.serve_forever, name="no-credentials", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 class _Server(ThreadingHTTPServer):
