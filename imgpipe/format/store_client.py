@@ -31,6 +31,7 @@ STREAM_CHUNK_BYTES = 1 << 20  # a streamed body is handed over in chunks of at l
 UPLOAD_PART_BYTES = 16 << 20  # a file larger than this is uploaded in parts of this size (multipart), several at once
 UPLOAD_CONCURRENCY = 8  # parts of one file in flight
 CONNECT_TIMEOUT_S = 5
+MAX_STALL_S = 10  # a response that sends nothing for this long (a third of the retry time if less) is cut off
 
 # Environment variables that configure a store: a client made under other values is not reused.
 _CONFIG_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "GCE_METADATA_", "OBJECT_STORE_")
@@ -81,7 +82,13 @@ def make_store(url: str, budget_s: float) -> Any:
     from obstore.store import from_url
 
     request_s = max(1.0, min(budget_s, 30.0))
-    client = {"allow_http": True, "connect_timeout": timedelta(seconds=CONNECT_TIMEOUT_S), "timeout": timedelta(seconds=request_s)}
+    stall_s = max(1.0, min(budget_s / 3, MAX_STALL_S))  # a response silent this long is cut off and fetched again
+    client = {
+        "allow_http": True,
+        "connect_timeout": timedelta(seconds=CONNECT_TIMEOUT_S),
+        "timeout": timedelta(seconds=request_s),
+        "read_timeout": timedelta(seconds=stall_s),
+    }
     retry = {
         "max_retries": 10,
         "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=2), "base": 2},
@@ -348,5 +355,5 @@ class DirectClient:
             try:
                 out.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
             except TimeoutError:
-                out.append(StoreError(TRANSIENT, f"no answer within {timeout:.0f} s"))
+                out.append(StoreError(TRANSIENT, f"no answer within {timeout:.1f} s"))
         return out

@@ -1,16 +1,19 @@
 """Whole epochs from a bucket equal those from the local folder: labels and pixels, both backends,
-forked workers, world sizes 1 and 2 (real gloo), with faults in the way; a record that stays
-unreadable is skipped or named; a server that stops mid-epoch is named in one line."""
+forked workers, world sizes 1 and 2 (real gloo), with faults and stalled responses in the way; a
+record that stays unreadable is skipped or named; a server that stops mid-epoch, or a response
+that stalls past the retry time, is named in one line."""
 
 from __future__ import annotations
 
+import re
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from gloo_ranks import free_port, run_two_ranks
 from remote_env import BUCKET, aws_env
-from s3_server import FaultProxy, S3Server
+from s3_server import STALLS, FaultProxy, S3Server
 
 from imgpipe.errors import DatasetError
 from imgpipe.format.shardset import open_shards
@@ -136,3 +139,36 @@ def test_a_server_stopped_mid_epoch_is_named_in_one_line(packed_dir: Path, monke
         loader.close()
     message = str(info.value)
     assert message.startswith(f"{url}/train-0000") and " record " in message and "gave up after" in message and "\n" not in message
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("stall", STALLS)
+def test_a_stalled_response_is_cut_off_and_fetched_again_with_the_same_batches(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, monkeypatch: pytest.MonkeyPatch, stall: str
+) -> None:
+    """Three record GETs stall (half a body then silence, or no answer): each is cut off well before the retry time is up."""
+    monkeypatch.setenv("IMGPIPE_REMOTE_TIMEOUT", "6")
+    fault_proxy.inject(stall, every=4, limit=3)
+    remote = _epochs(_torch(remote_packed, block_shuffle=4), epochs=1)
+    _assert_same(remote, _epochs(_torch(packed_dir, block_shuffle=4), epochs=1))
+    assert fault_proxy.counts.faults[stall] == 3
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stall", STALLS)
+def test_a_stall_past_the_retry_time_is_one_line_naming_the_url_shard_and_record(
+    fault_proxy: FaultProxy, remote_packed: str, monkeypatch: pytest.MonkeyPatch, stall: str
+) -> None:
+    monkeypatch.setenv("IMGPIPE_REMOTE_TIMEOUT", "3")
+    loader = _torch(remote_packed, workers=2)
+    fault_proxy.inject(stall)  # every record read from now on; the index is in
+    start = time.monotonic()
+    with pytest.raises(DatasetError) as info:
+        for _ in loader:
+            pass
+    loader.close()
+    assert time.monotonic() - start < 3 + 15
+    message = str(info.value)
+    assert re.match(rf"{re.escape(remote_packed)}/train-0000[01]-of-00002\.rec record \d+ \(id \d+", message), message
+    tries = re.search(r"gave up after (\d+) tries", message)
+    assert tries is not None and int(tries[1]) >= 2 and "\n" not in message, message  # cut off and tried again
