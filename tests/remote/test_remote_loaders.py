@@ -6,6 +6,8 @@ that stalls past the retry time, is named in one line."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -98,6 +100,48 @@ def test_two_gloo_ranks_read_their_parts_of_the_bucket_through_faults(fault_prox
         local = _epochs(make_torch_loader(packed_dir, batch_size=4, image_size=SIZE, normalize=False, device=None, seed=5, workers=0, rank=rank, world_size=2))
         _assert_same(list(zip(got["images"], got["labels"])), local)
     assert fault_proxy.counts.faults["slowdown"] > 0
+
+
+DALI_RANK_SCRIPT = """
+import os, sys, time, numpy as np, torch.distributed as dist
+from imgpipe.loaders.dali import make_dali_loader
+rank, cache = int(sys.argv[1]), {cache!r}
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+loader = make_dali_loader({url!r}, batch_size=4, image_size={size}, normalize=False, device=None, seed=5, workers=1, cache_dir=cache)
+images, labels = [], []
+for epoch in range(2):
+    for x, y in loader:
+        images.append(x.numpy().copy()); labels.append(y.numpy().copy())
+loader.close()
+np.savez(sys.argv[2], images=np.stack(images), labels=np.stack(labels))
+while cache and not os.path.exists(os.path.join(cache, "manifest.json")):  # this rank's store helper fills its share meanwhile
+    time.sleep(0.05)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("cached", [False, True], ids=["stream", "cache_dir"])
+def test_two_gloo_ranks_of_dali_read_their_parts_of_the_bucket(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path, cached: bool, require_dali: None
+) -> None:
+    """Each rank's DALI batches from the bucket (streamed, or through one cache the two ranks share) equal
+    that rank's DALI batches from the local folder, through SlowDown on every fourth record read."""
+    from imgpipe.loaders.dali import make_dali_loader
+
+    cache = str(tmp_path / "cache") if cached else None
+    script = tmp_path / "rank.py"
+    script.write_text(DALI_RANK_SCRIPT.format(port=free_port(), url=remote_packed, size=SIZE, cache=cache))
+    fault_proxy.inject("slowdown", every=4)
+    for rank, got in enumerate(run_two_ranks(script, tmp_path, timeout=380)):
+        local = _epochs(make_dali_loader(packed_dir, batch_size=4, image_size=SIZE, normalize=False, device=None, seed=5, workers=1, rank=rank, world_size=2))
+        _assert_same(list(zip(got["images"], got["labels"])), local)
+    assert fault_proxy.counts.faults["slowdown"] > 0
+    if cache is not None:  # the shared cache ends as a packed folder that verifies
+        done = subprocess.run([sys.executable, "-m", "imgpipe", "verify", cache], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and ": OK: checked 60 records in 3 shard(s)" in done.stdout, done.stdout + done.stderr
 
 
 @pytest.fixture
