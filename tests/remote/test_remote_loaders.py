@@ -19,7 +19,7 @@ from s3_server import STALLS, FaultProxy, S3Server
 
 from imgpipe.errors import DatasetError
 from imgpipe.format.shardset import open_shards
-from imgpipe.loaders.torch import make_torch_loader
+from imgpipe.loaders.torch import RingRequests, make_torch_loader
 
 SIZE = 32
 
@@ -55,6 +55,25 @@ def test_torch_epochs_from_a_bucket_equal_the_folder_with_forked_workers(fault_p
         assert fault_proxy.counts.faults[fault] > 0
 
 
+def test_a_worker_fetches_the_records_of_the_batches_queued_to_it() -> None:
+    """With prefetch_factor p, each of w workers has p requests queued: request j names the next p - 1 of its worker's."""
+    batches = [np.array([j]) for j in range(10)]
+    for depth, expected in ((1, [[2]]), (3, [[2, 4, 6]])):
+        requests = RingRequests(None, lookahead=2, depth=depth)  # 2 workers
+        requests.start_pass(0, batches)
+        ahead = [[int(b[0]) for b in request.ahead] for request in requests]
+        assert ahead[:1] == expected and ahead[-3:] == [[9], [], []]
+    local = RingRequests(None, depth=3)  # a local folder: nothing is fetched ahead
+    local.start_pass(0, batches)
+    assert all(request.ahead == () for request in local)
+
+
+@pytest.mark.timeout(240)
+def test_a_larger_prefetch_factor_reads_the_same_epochs_from_a_bucket(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path) -> None:
+    fault_proxy.inject("slowdown", every=3)
+    _assert_same(_epochs(_torch(remote_packed, prefetch_factor=4), epochs=1), _epochs(_torch(packed_dir), epochs=1))
+
+
 @pytest.mark.timeout(240)
 def test_spawned_workers_and_no_workers_read_the_bucket_too(s3_env: S3Server, remote_packed: str, packed_dir: Path) -> None:
     local = _epochs(_torch(packed_dir, workers=0), epochs=1)
@@ -76,7 +95,7 @@ def test_dali_epochs_from_a_bucket_equal_the_folder(fault_proxy: FaultProxy, rem
 
 RANK_SCRIPT = """
 import sys, numpy as np, torch.distributed as dist
-from imgpipe.loaders.torch import make_torch_loader
+from imgpipe.loaders.torch import RingRequests, make_torch_loader
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 loader = make_torch_loader({url!r}, batch_size=4, image_size={size}, normalize=False, device=None, seed=5, workers=2)
