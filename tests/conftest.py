@@ -8,8 +8,9 @@ Reference tools (MXNet's venv, DALI) must not vanish into skips where they are r
   it fail (a broken reference is a broken setup, whoever runs the tests).
 * DALI installed but not importable: its tests fail.
 * ``IMGPIPE_STRICT_DEPS=1`` (``make test`` sets it): a missing MXNet venv or DALI fails too;
-  any skip whose reason names DALI, MXNet, python-isal or an unbuilt C extension (from these
-  fixtures, a skipif, importorskip) is reported as a failure. Without it, plain ``pytest`` skips what is not installed.
+  any skip whose reason names one of ``STRICT_TOOLS`` (DALI, MXNet, python-isal, moto, obstore
+  and boto3 for the remote tests, imgpipe's C extensions; from these fixtures, a skipif,
+  importorskip) is reported as a failure. Without it, plain ``pytest`` skips what is not installed.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pytest
 
 STRICT_ENV = "IMGPIPE_STRICT_DEPS"
 MXNET_ENV = "IMGPIPE_MXNET_PYTHON"
+STRICT_TOOLS = ("dali", "mxnet", "python-isal", "moto", "obstore", "boto3", "_jpeg_shrink is not built", "region decoder was not built")  # a skip naming one fails under make test
 
 SYNTH_CLASSES = 4
 SYNTH_PER_CLASS = 12
@@ -113,17 +115,17 @@ def require_dali() -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport() -> Iterator[None]:
-    """A skip of a DALI, MXNet, python-isal or C-extension test (by any route: skipif, skip(), importorskip)
-    becomes a failure under make test, and for DALI also whenever DALI is installed but broken."""
+    """A skip of a test that needs one of ``STRICT_TOOLS`` (by any route: skipif, skip(), importorskip) becomes
+    a failure under make test, and for DALI also whenever DALI is installed but broken."""
     outcome = yield
     report = outcome.get_result()
     if not report.skipped or hasattr(report, "wasxfail"):
         return
     reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
-    dali, mxnet, isal = "dali" in reason.lower(), "mxnet" in reason.lower(), "python-isal" in reason.lower()  # a GPU-only skip stays a skip
-    extension = "not built" in reason and ("_jpeg_shrink" in reason or "region decoder" in reason)
-    if strict_deps() and (dali or mxnet or isal or extension):
-        why = f"{STRICT_ENV}=1 (make test) requires DALI, the MXNet venv, python-isal (the dev extra) and imgpipe's C extensions"
+    named = [tool for tool in STRICT_TOOLS if tool in reason.lower()]  # a GPU-only skip stays a skip
+    dali = "dali" in named
+    if strict_deps() and named:
+        why = f"{STRICT_ENV}=1 (make test) requires DALI, the MXNet venv, python-isal, moto, obstore and boto3 (the dev extra) and imgpipe's C extensions"
     elif dali and dali_problem() not in (None, "not installed"):
         why = f"NVIDIA DALI is {dali_problem()}"
     else:

@@ -9,9 +9,10 @@ import os
 import time
 from pathlib import Path
 
-import boto3
-import moto.s3.models as moto_models
 import pytest
+
+boto3 = pytest.importorskip("boto3", reason="boto3 is a dev dependency (pip install 'imgpipe[dev]')")
+moto_models = pytest.importorskip("moto.s3.models", reason="moto[server] is a dev dependency (pip install 'imgpipe[dev]')")
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("_s3_server", ROOT / "benchmarks" / "_s3_server.py")

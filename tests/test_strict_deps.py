@@ -1,7 +1,8 @@
 """The rule in conftest.py, run through a real pytest in a subprocess: reference tools never vanish into skips.
 
-``make test`` sets IMGPIPE_STRICT_DEPS=1: a missing or broken MXNet venv fails. A set but broken
-IMGPIPE_MXNET_PYTHON fails even without it, and so does an installed DALI that does not import.
+``make test`` sets IMGPIPE_STRICT_DEPS=1: a missing or broken MXNet venv fails, and so does a missing
+moto, boto3 or obstore (the remote tests' server and client). A set but broken IMGPIPE_MXNET_PYTHON
+fails even without it, and so does an installed DALI that does not import.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ DALI_TESTS = [
     "tests/loaders/test_dali_loader.py::test_user_errors_are_imgpipe_errors",  # require_dali fixture
     "tests/loaders/test_geometry_parity.py::test_val_outputs_of_both_loaders_agree",  # skipif(not dali_available())
 ]
+REMOTE_TEST = "tests/remote/test_remote_shardset.py::test_a_bad_retry_time_is_a_config_error"  # the s3_server fixture's importorskips
 
 
 def run_pytest(tests: list[str], *, strict: bool, mxnet: str | None = None, pythonpath: list[Path] = ()) -> subprocess.CompletedProcess:
@@ -64,6 +66,20 @@ def test_an_installed_but_broken_dali_fails_instead_of_skipping(tmp_path: Path, 
     result = run_pytest(DALI_TESTS, strict=strict, pythonpath=[tmp_path])
     assert re.fullmatch(r"2 (failed|errors)|1 failed, 1 error", result.stdout.strip().splitlines()[-1].split(" in ")[0]), result.stdout[-3000:]
     assert result.returncode != 0 and "libdali.so" in result.stdout
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("module", "strict"), [("moto", False), ("moto", True), ("boto3", True), ("obstore", True)])
+def test_a_missing_moto_boto3_or_obstore_fails_under_make_test(tmp_path: Path, module: str, strict: bool) -> None:
+    """A package that is not found (as when it is not installed) shadows the real one; plain pytest skips the remote tests."""
+    (tmp_path / module).mkdir()
+    (tmp_path / module / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named '{module}'\", name={module!r})\n")
+    result = run_pytest([REMOTE_TEST], strict=strict, pythonpath=[tmp_path])
+    tail = result.stdout.strip().splitlines()[-1].split(" in ")[0]
+    assert re.fullmatch(r"1 (failed|error)" if strict else "1 skipped", tail), result.stdout[-3000:]
+    assert (result.returncode != 0) == strict
+    if strict:
+        assert "IMGPIPE_STRICT_DEPS=1 (make test) requires" in result.stdout and "pip install 'imgpipe[" in result.stdout
 
 
 @pytest.mark.timeout(60)

@@ -18,8 +18,12 @@ every threshold is a named constant below:
    * *remote I/O bound* when DATA is a URL and reading (fetching the batch's records) takes
      >= ``READ_SHARE_IO`` of the loader's per-batch worker time. The verdict quotes the requests
      the workers made, their mean latency, the request rate and MB/s. Next action: keep the data
-     on the node (a cache dir, or ``imgpipe stage``), or more workers, each keeping its next
-     batch's requests in flight.
+     on the node (a cache dir, or ``imgpipe stage``), or more workers, each keeping the requests
+     of its next prefetch_factor - 1 batches in flight; and when round trips bound the reads (a
+     request brings its bytes slower than ``LATENCY_BOUND_MB_S``: it waits on latency, not
+     bandwidth) and the batches fetched ahead cannot cover one round trip while a worker decodes,
+     a larger prefetch_factor: 1 + ceil(latency / decode ms per batch), at most
+     1 + ``MAX_BATCHES_AHEAD``.
    * *I/O bound* (DATA on a disk or a mount) when system iowait >= ``IOWAIT_HIGH_PCT`` (as top's
      ``wa``), or when reading takes >= ``READ_SHARE_IO`` of the loader's per-batch worker time.
      Next action: a local SSD for rotational disks and network filesystems, otherwise more workers.
@@ -44,8 +48,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from imgpipe.bench.runner import BenchResult, RunResult
+from imgpipe.bench.stats import StoreIO
 from imgpipe.bench.system import describe_disk
 from imgpipe.format.bytesource import is_url
+from imgpipe.format.objectstore import FETCH_THREADS
 from imgpipe.loaders.pixels import REGION_DECODER_HEADERS
 
 DATA_BOUND_WAIT = 0.20
@@ -57,6 +63,8 @@ READ_SHARE_IO = 0.5
 WARM_CACHE = 0.9
 MIN_STAGE_MS = 0.05  # stage times below this are noise: a floor for the ratios
 MAX_HEADROOM_SHOWN = 10.0  # beyond 1000 % the exact figure says nothing more
+LATENCY_BOUND_MB_S = 20.0  # a store request bringing its bytes slower than this waits on round trips, not on bandwidth
+MAX_BATCHES_AHEAD = FETCH_THREADS - 1  # a process fetches at most this many batches ahead of the one it reads
 
 BOUNDS = ("io", "remote", "decode", "compute", "straggler")
 
@@ -239,9 +247,27 @@ def _remote_bound(result: BenchResult, run: RunResult, wait: float, read_share: 
     message = (
         f"remote I/O bound: fetching records from {data} takes {_pct(read_share)} of the loader's time and ranks wait for data "
         f"{_pct(wait)} of the time{seen}; keep the data on each node: {_LOCAL_COPY.format(data=data)}; or {more} "
-        "(each worker keeps its next batch's requests in flight)"
+        "(each worker keeps the requests of its next prefetch_factor - 1 batches in flight)"
     )
-    return Verdict("remote", message, run.backend, run.workers, cause="remote I/O")
+    return Verdict("remote", message + _deeper_prefetch(result, io, loader), run.backend, run.workers, cause="remote I/O")
+
+
+def _deeper_prefetch(result: BenchResult, io: StoreIO | None, loader: tuple[float, float, float] | None) -> str:
+    """The prefetch advice of rule 2 (remote), or "" where it does not apply."""
+    if io is None or loader is None or io.request_s <= 0:
+        return ""
+    per_request = io.fetched_bytes / io.request_s / 1e6
+    if per_request >= LATENCY_BOUND_MB_S:
+        return ""  # bandwidth bounds the requests: more of them in flight only queue
+    ahead = min(MAX_BATCHES_AHEAD, math.ceil(round(io.latency_ms / max(loader[1], MIN_STAGE_MS), 6)))  # decoded batches a round trip lasts
+    factor = result.config.train_config().data.prefetch_factor
+    if ahead + 1 <= factor:
+        return ""  # the batches fetched ahead already cover a round trip
+    return (
+        f"; round trips, not bandwidth, bound the reads ({io.latency_ms:.0f} ms a request, {per_request:.1f} MB/s each) and a worker decodes "
+        f"a batch in {loader[1]:.0f} ms: raise prefetch_factor to {ahead + 1} (`--set data.prefetch_factor={ahead + 1}`, "
+        f"make_torch_loader's prefetch_factor) so each worker fetches {ahead} batches ahead"
+    )
 
 
 def _workers_needed(run: RunResult, loader: tuple[float, float, float] | None) -> int | None:

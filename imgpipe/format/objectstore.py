@@ -36,6 +36,7 @@ DEFAULT_TIMEOUT_S = 30.0
 INSTALL_HINT = "pip install 'imgpipe[remote]'"
 _BACKOFF_S = 0.1  # the first retry waits up to this long, doubling up to _MAX_BACKOFF_S
 _MAX_BACKOFF_S = 2.0
+FETCH_THREADS = 8  # batches of ranges one process reads at once: the one it waits for and up to 7 fetched ahead
 MAX_REQUEST_BYTES = 2 << 20  # neighbouring ranges are merged into requests of at most this span, fetched in parallel
 
 _direct: dict[tuple[Any, ...], DirectClient] = {}
@@ -260,7 +261,7 @@ class ObjectStoreSource(ByteSource):
         pid = os.getpid()
         if self._pid != pid:
             self._client = self._fixed_client or _client_for(self._owner, self.budget_s)
-            self._runner = DaemonPool(4, "imgpipe-fetch")  # a batch being read and those fetched ahead of their use
+            self._runner = DaemonPool(FETCH_THREADS, "imgpipe-fetch")  # a batch being read and those fetched ahead of their use
             self._random = random.Random()
             self._pid = pid
         return self._client

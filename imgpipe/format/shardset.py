@@ -30,7 +30,6 @@ from imgpipe.format.manifest import MANIFEST_NAME, Manifest, SplitInfo, fetch_ma
 logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
-MAX_FETCHES_AHEAD = 2  # batches a process fetches ahead of their use (remote sources)
 
 
 class ShardSet:
@@ -117,23 +116,24 @@ class ShardSet:
         shard, start, end = self.location(i)
         return _parse(self.byte_source.read_range(self.rec_names[shard], start, end), self._where[shard], start)
 
-    def fetch(self, indices: Sequence[int] | np.ndarray, ahead: Sequence[int] | np.ndarray | None = None) -> Records:
+    def fetch(self, indices: Sequence[int] | np.ndarray, ahead: Sequence[Sequence[int] | np.ndarray] = ()) -> Records:
         """The records ``indices``, read together: ``fetch(...).read_view(k)`` is ``read_view(indices[k])``.
 
         From a URL they arrive in one batched request (see ``objectstore``), each checked against its
         crc32; a record that stays unreadable raises a ``RemoteError`` from its ``read_view`` only.
-        ``ahead``: the records this process will likely ask for next, fetched meanwhile (at most
-        ``MAX_FETCHES_AHEAD`` batches). A local folder reads each record when it is asked for.
+        ``ahead``: the batches of records this process will likely ask for next, in order, fetched
+        meanwhile (those of the last call, and one more, are kept). A local folder reads each record
+        when it is asked for.
         """
         indices = np.asarray(indices, dtype=np.int64)
         if not self.byte_source.remote:
             return LocalRecords(self, indices)
         pending = self._pending_fetches()
         buffers = (pending.pop(indices.tobytes(), None) or self._submit(indices)).result()
-        if ahead is not None and len(ahead):  # started once this batch is in: it never competes with it
-            upcoming = np.asarray(ahead, dtype=np.int64)
-            if upcoming.tobytes() not in pending:
-                while len(pending) >= MAX_FETCHES_AHEAD:
+        for batch in ahead:  # started once this batch is in: they never compete with it
+            upcoming = np.asarray(batch, dtype=np.int64)
+            if len(upcoming) and upcoming.tobytes() not in pending:
+                while len(pending) > len(ahead):
                     pending.pop(next(iter(pending)))
                 pending[upcoming.tobytes()] = self._submit(upcoming)
         return FetchedRecords(self, indices, buffers)

@@ -31,9 +31,17 @@ STREAM_CHUNK_BYTES = 1 << 20  # a streamed body is handed over in chunks of at l
 UPLOAD_PART_BYTES = 16 << 20  # a file larger than this is uploaded in parts of this size (multipart), several at once
 UPLOAD_CONCURRENCY = 8  # parts of one file in flight
 CONNECT_TIMEOUT_S = 5
+MAX_STALL_S = 10  # a response that sends nothing for this long (a third of the retry time if less) is cut off
 
 # Environment variables that configure a store: a client made under other values is not reused.
-_CONFIG_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "OBJECT_STORE_")
+_CONFIG_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "GCE_METADATA_", "OBJECT_STORE_")
+# Where each store's credentials come from, for the message that says they are missing or refused.
+_AWS_CREDENTIALS = "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the store's own variables"
+_GCS_CREDENTIALS = "GOOGLE_SERVICE_ACCOUNT or GOOGLE_APPLICATION_CREDENTIALS, or the instance's service account"
+_AZURE_CREDENTIALS = (
+    "AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN, a service principal (AZURE_CLIENT_ID, AZURE_CLIENT_SECRET, AZURE_TENANT_ID) or a managed identity"
+)
+_AZURE_SCHEMES = ("az", "azure", "adl", "abfs", "abfss")
 
 MISSING, NO_BUCKET, DENIED, TRANSIENT, FAILED = "missing", "no bucket", "denied", "transient", "failed"
 
@@ -74,11 +82,20 @@ def make_store(url: str, budget_s: float) -> Any:
     from obstore.store import from_url
 
     request_s = max(1.0, min(budget_s, 30.0))
-    client = {"allow_http": True, "connect_timeout": timedelta(seconds=CONNECT_TIMEOUT_S), "timeout": timedelta(seconds=request_s)}
+    stall_s = max(1.0, min(budget_s / 3, MAX_STALL_S))  # a response silent this long is cut off and fetched again
+    client = {
+        "allow_http": True,
+        "connect_timeout": timedelta(seconds=CONNECT_TIMEOUT_S),
+        "timeout": timedelta(seconds=request_s),
+        "read_timeout": timedelta(seconds=stall_s),
+    }
     retry = {
         "max_retries": 10,
         "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=2), "base": 2},
-        "retry_timeout": timedelta(seconds=budget_s),
+        # a third of the retry time: the caller retries what failed in the time left, and a GCS client
+        # without credentials asks the metadata server twice (by name, then by address) in rounds of this
+        # length, so that its answer (no credentials) comes before the caller's time is up
+        "retry_timeout": timedelta(seconds=budget_s / 3),
     }
     extra: dict[str, Any] = {}
     if url.split("://", 1)[0].lower() in ("s3", "s3a"):
@@ -118,14 +135,24 @@ def store_error(error: BaseException, url: str, name: str = "") -> StoreError:
         return StoreError(NO_BUCKET, f"{url}: the bucket does not exist")
     if isinstance(error, (ox.NotFoundError, FileNotFoundError)):
         return StoreError(MISSING, f"{url}/{name}: not found" if name else f"{url}: not found")
+    if "Error performing token request" in text:  # obstore already retried the credential service (GCE metadata, Azure's managed identity)
+        return StoreError(DENIED, f"{url}: no credentials: the request for a token failed; set {credential_variables(url)}")
     if isinstance(error, (ox.PermissionDeniedError, ox.UnauthenticatedError)) or (status and status[1] in ("401", "403")):
         why = code[1] if code else f"HTTP {status[1]}" if status else type(error).__name__
-        return StoreError(DENIED, f"{url}: access denied ({why}); check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the store's own variables)")
+        return StoreError(DENIED, f"{url}: access denied ({why}); check the credentials ({credential_variables(url)})")
     if status and status[1].startswith("4") and status[1] not in ("408", "429"):
         return StoreError(FAILED, f"{url}/{name}: {detail}")
     if isinstance(error, (ox.InvalidPathError, ox.NotSupportedError, ox.UnknownConfigurationKeyError)):
         return StoreError(FAILED, f"{url}: {detail}")
     return StoreError(TRANSIENT, detail or type(error).__name__)
+
+
+def credential_variables(url: str) -> str:
+    """The standard variables that give the store of ``url`` its credentials, for a message."""
+    scheme = url.split("://", 1)[0].lower()
+    if scheme == "gs":
+        return _GCS_CREDENTIALS
+    return _AZURE_CREDENTIALS if scheme in _AZURE_SCHEMES else _AWS_CREDENTIALS
 
 
 def local_error(path: str, error: OSError, *, writing: bool) -> StoreError:
@@ -328,5 +355,5 @@ class DirectClient:
             try:
                 out.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
             except TimeoutError:
-                out.append(StoreError(TRANSIENT, f"no answer within {timeout:.0f} s"))
+                out.append(StoreError(TRANSIENT, f"no answer within {timeout:.1f} s"))
         return out

@@ -115,7 +115,7 @@ class HelperClient:
         try:
             return future.result(timeout=timeout + 1.0)  # the helper keeps to ``timeout`` itself
         except TimeoutError:
-            return _all(op, args, StoreError(TRANSIENT, f"no answer within {timeout:.0f} s"))
+            return _all(op, args, StoreError(TRANSIENT, f"no answer within {timeout:.1f} s"))
         except ConnectionError:
             return _gone(op, args)
         finally:

@@ -142,7 +142,7 @@ class DaliFeed:
         geometry = self.geometry if size is None else self.geometry.at(size)
         payloads: list[np.ndarray] = []
         windows: list[Window] = []
-        records = self.shards.fetch(indices, following)
+        records = self.shards.fetch(indices, () if following is None else (following,))
         for k, index in enumerate(indices.tolist()):
             _, payload = records.read_view(k)
             stored = stored_size(payload)

@@ -88,7 +88,7 @@ _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.Decompressio
 # lazily, so fork is safe, and a rank started with spawn (imgpipe train --gpus N) would otherwise
 # spawn its workers too and pay seconds of imports per worker and epoch start.
 WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-DEFAULT_PREFETCH_FACTOR = 2  # batches requested ahead per worker
+DEFAULT_PREFETCH_FACTOR = 2  # batches requested ahead per worker; from a URL, all but one are fetched meanwhile
 PIN_MEMORY_IGNORED = (
     "pin_memory=True has no effect on this CPU loader: with persistent workers its batches are views of shared-memory "
     "slots, which are not pinned; pin a batch yourself (batch.pin_memory() copies it), set persistent_workers=False "
@@ -123,13 +123,13 @@ def release_dead_shared_storages() -> None:
 
 class BatchRequest(NamedTuple):
     """One batch to build: the records ``indices`` of ``epoch`` at ``size`` (default: the dataset's
-    geometry's), into the ring's ``slot`` if one is given; ``ahead``: the records of the batch the same
+    geometry's), into the ring's ``slot`` if one is given; ``ahead``: the records of the batches the same
     worker builds next, fetched meanwhile (remote shards)."""
 
     epoch: int
     indices: np.ndarray
     slot: int | None = None
-    ahead: np.ndarray | None = None
+    ahead: tuple[np.ndarray, ...] = ()
     size: int | None = None
 
 
@@ -252,8 +252,8 @@ class BatchDataset(Dataset):
         else:
             out.copy_(sample)
 
-    def _fetch(self, indices: np.ndarray, ahead: np.ndarray | None) -> Records:
-        """The batch's records: one batched, checked request for remote shards (the next batch's started too)."""
+    def _fetch(self, indices: np.ndarray, ahead: tuple[np.ndarray, ...]) -> Records:
+        """The batch's records: one batched, checked request for remote shards (the next batches' started too)."""
         if self.stage_timer is None:
             return self.shards.fetch(indices, ahead)
         start = time.perf_counter()
@@ -304,14 +304,15 @@ class RingRequests(Sampler):
     """A DataLoader sampler over the ``queued`` (epoch, indices) batches of a pass at one output size:
     yields them as ``BatchRequest``s, each with a ring slot claimed as the DataLoader takes it.
 
-    ``lookahead`` (remote shards): request j names as ``ahead`` the records of request j + lookahead,
-    the next one its worker builds (the DataLoader deals requests to its workers in turn), so the
-    worker fetches them while it decodes.
+    ``lookahead`` (remote shards): request j names as ``ahead`` the records of requests j + lookahead,
+    j + 2 lookahead, ..., ``depth`` of them: the next ones its worker builds (the DataLoader deals
+    requests to its workers in turn), so the worker fetches them while it decodes.
     """
 
-    def __init__(self, ring: BatchRing | None, lookahead: int | None = None) -> None:
+    def __init__(self, ring: BatchRing | None, lookahead: int | None = None, depth: int = 1) -> None:
         self.ring = ring
         self.lookahead = lookahead
+        self.depth = depth
         self.queued: list[tuple[int, np.ndarray]] = []
         self.size: int | None = None
 
@@ -328,7 +329,7 @@ class RingRequests(Sampler):
     def __iter__(self) -> Iterator[BatchRequest]:
         queued, step = self.queued, self.lookahead
         for j, (epoch, indices) in enumerate(queued):
-            ahead = queued[j + step][1] if step is not None and j + step < len(queued) else None
+            ahead = () if step is None else tuple(queued[k][1] for k in range(j + step, min(len(queued), j + step * (self.depth + 1)), step))
             yield BatchRequest(epoch, indices, None if self.ring is None else self.ring.claim(), ahead, self.size)
 
 
@@ -396,7 +397,8 @@ class TorchLoader(SampledLoader):
                 workers, self._prefetch_factor, batch_size=self.sampler.batch_size, image_size=self._ring_size,
                 memory_format=dataset.memory_format, dtype=torch.float32 if dataset.normalize else torch.uint8,
             )
-        self._requests = RingRequests(self._ring, max(1, workers) if self.shards.byte_source.remote else None)
+        remote = self.shards.byte_source.remote  # a worker fetches the records of the batches queued to it after the one it builds
+        self._requests = RingRequests(self._ring, max(1, workers) if remote else None, depth=max(1, self._prefetch_factor - 1))
         self._loader = DataLoader(
             dataset,
             sampler=self._requests,
@@ -574,7 +576,9 @@ def make_torch_loader(
     ``stage_timer``: for tools (``imgpipe bench``): a :class:`StageTimer` that gets every
     batch's read, decode and collate seconds (see :mod:`imgpipe.loaders.stage_timer`).
     ``cache_dir``: with a URL, a node-local folder that keeps what is read (and fetches the rest
-    in the background) and becomes the dataset's packed folder; see docs/remote.md.
+    in the background) and becomes the dataset's packed folder; see docs/remote.md. From a URL a
+    worker fetches the records of the ``prefetch_factor - 1`` batches queued to it after the one it
+    builds (at least 1) while it decodes.
     ``loader.close()`` stops persistent workers.
     """
     args = check_loader_args(

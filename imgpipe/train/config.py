@@ -35,6 +35,7 @@ class DataConfig:
     cache: str = ""  # with a URL in data.path: a node-local folder that keeps what is read and ends as the packed folder
     backend: str = "torch"  # torch | dali | synthetic (in-memory batches: the compute ceiling)
     workers: int | None = None  # None: the loader's default, the CPUs per local rank (at most 8)
+    prefetch_factor: int = 2  # torch backend: batches queued per worker; from a URL it fetches all but one ahead
     image_size: int = 224  # the training size when data.resolution is absent
     # progressive resizing: {start_px, end_px, start_ramp, end_ramp} (epochs; the sizes inside the ramp
     # rounded to a multiple of 32, as FFCV's), or one size per epoch (the last holds after the list)
@@ -253,6 +254,7 @@ def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str,
             raise ConfigError(f"{blame(f'train.{key}')}: train.{key} must be true, false or auto, got {value!r}")
     positive = {
         "data.image_size": config.data.image_size,
+        "data.prefetch_factor": config.data.prefetch_factor,
         "train.epochs": config.train.epochs,
         "train.batch_size": config.train.batch_size,
         "train.grad_accum": config.train.grad_accum,

@@ -59,10 +59,11 @@ def build_data(config: TrainConfig, ctx: RankContext) -> TrainData:
     else:
         make = _loader_factory(backend)
         ring = {"max_image_size": max(sizes)} if backend == "torch" else {}  # the ring holds the ramp's largest size from the start
-        train = make(location, config.data.train_split, batch_size=config.train.batch_size, train=True, image_size=sizes[0], **ring, **kwargs)
+        prefetch = {"prefetch_factor": config.data.prefetch_factor} if backend == "torch" else {}  # DALI reads ahead by its own rule
+        train = make(location, config.data.train_split, batch_size=config.train.batch_size, train=True, image_size=sizes[0], **ring, **prefetch, **kwargs)
         val = make(
             location, val_split, batch_size=config.train.batch_size, train=False,
-            image_size=config.data.val_image_size or config.data.image_size, crop_ratio=config.data.val_crop_ratio, **kwargs,
+            image_size=config.data.val_image_size or config.data.image_size, crop_ratio=config.data.val_crop_ratio, **prefetch, **kwargs,
         ) if val_split else None
     val_records = manifest.splits[val_split].records if val_split else 0
     return TrainData(train, val, list(manifest.classes), manifest.splits[config.data.train_split].records, val_records)

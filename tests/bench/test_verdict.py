@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from bench_helpers import DATA, HDD, SSD, rank_stats, result, run
 
 from imgpipe.bench import verdict as rules
@@ -175,9 +177,9 @@ def test_notes_warm_cache_and_best_workers() -> None:
 URL = "s3://bucket/imagenet"
 
 
-def remote_run(*, read: float, decode: float, iowait: float = 1.0, backend: str = "torch", timed: bool = True) -> RunResult:
-    """2 ranks reading a URL: 8 records a batch, each batch 8 requests of 50 ms and 110 KB each."""
-    ranks = [rank_stats(r, wait=0.05, read=read, decode=decode, compute=0.02, requests=8, request_s=0.4, fetched=8 * 110_000, timed=timed)
+def remote_run(*, read: float, decode: float, iowait: float = 1.0, backend: str = "torch", timed: bool = True, record_bytes: int = 110_000) -> RunResult:
+    """2 ranks reading a URL: 8 records a batch, each batch 8 requests of 50 ms and ``record_bytes`` each."""
+    ranks = [rank_stats(r, wait=0.05, read=read, decode=decode, compute=0.02, requests=8, request_s=0.4, fetched=8 * record_bytes, timed=timed)
              for r in range(2)]  # fmt: skip
     return run(ranks, workers=2, iowait=iowait, backend=backend)
 
@@ -191,6 +193,26 @@ def test_a_url_whose_reads_dominate_is_remote_io_bound_with_the_store_figures_an
     assert "`cache_dir=DIR`" in v.message and "`data.cache: DIR`" in v.message
     assert f"`imgpipe stage {URL} /local/dir`" in v.message and "`data.stage: DIR`" in v.message
     assert "raise --workers to 4" in v.message  # 70 ms of loader work per 20 ms step
+    # 110 KB in 50 ms: round trips; 5 batches of 10 ms decoding cover one, the default prefetch_factor 2 fetches 1 ahead
+    assert v.message.endswith(
+        "; round trips, not bandwidth, bound the reads (50 ms a request, 2.2 MB/s each) and a worker decodes a batch in 10 ms: "
+        "raise prefetch_factor to 6 (`--set data.prefetch_factor=6`, make_torch_loader's prefetch_factor) so each worker fetches 5 batches ahead"
+    )
+
+
+def test_a_larger_prefetch_factor_is_advised_only_where_round_trips_bound_the_reads_and_the_batches_ahead_do_not_cover_one() -> None:
+    def advice(run: RunResult, **config: object) -> str | None:
+        v = decide(result([run], disk=data_disk(URL), data=URL, **config))
+        assert v.bound == "remote"
+        found = re.search(r"raise prefetch_factor to (\d+)", v.message)
+        return found and found[1]
+
+    assert advice(remote_run(read=0.06, decode=0.01)) == "6"
+    assert advice(remote_run(read=0.06, decode=0.01, record_bytes=4_000_000)) is None  # 4 MB in 50 ms: bandwidth, not round trips
+    assert advice(remote_run(read=0.2, decode=0.06)) is None  # one batch ahead already decodes for longer than a round trip
+    assert advice(remote_run(read=0.06, decode=0.01), train_overrides=("data.prefetch_factor=6",)) is None  # already there
+    assert advice(remote_run(read=0.06, decode=0.01), train_overrides=("data.prefetch_factor=3",)) == "6"
+    assert advice(remote_run(read=0.06, decode=0.001)) == str(rules.MAX_BATCHES_AHEAD + 1)  # 50 round trips' worth: capped
 
 
 def test_a_url_is_remote_bound_only_when_reading_dominates_and_local_iowait_is_not_its_evidence() -> None:

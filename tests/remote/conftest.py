@@ -18,6 +18,7 @@ from s3_server import FaultProxy, S3Server  # noqa: E402
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     pytest.importorskip("moto.server", reason="moto[server] is a dev dependency (pip install 'imgpipe[dev]')")
+    pytest.importorskip("boto3", reason="boto3 is a dev dependency (pip install 'imgpipe[dev]')")
     pytest.importorskip("obstore", reason="reading a URL needs obstore (pip install 'imgpipe[remote]')")
     with S3Server(lifetime_s=1800) as server:
         yield server

@@ -7,8 +7,14 @@ get an object, require credentials, give the AWS variables that reach it.
 
 ``FaultProxy``: an HTTP proxy on 127.0.0.1, served by threads of this process, that forwards
 every request to the server, after ``latency_s``, and answers chosen GETs with a fault instead:
-a 503 ``SlowDown``, a body cut short, a reset connection or a flipped byte. It counts what it
-serves, and can send each body at most ``bytes_per_s`` (a slow link).
+a 503 ``SlowDown``, a body cut short, a reset connection or a flipped byte (``FAULTS``), or a
+response that stalls (``STALLS``: the headers and half the body, then nothing; or nothing at
+all), its connection held open until the proxy stops. It counts what it serves, and can send each
+body at most ``bytes_per_s`` (a slow link).
+
+``NoCredentials``: an HTTP server on 127.0.0.1 standing in for an instance's credential service
+(GCE's metadata server, Azure's managed identity endpoint) on a machine that has no identity: it
+answers every request 404 and keeps the paths asked.
 
 Standard library, boto3 and moto only: ``benchmarks/`` imports this module too
 (``sys.path.insert(0, "tests/remote")``).
@@ -34,6 +40,7 @@ from typing import Any, Iterator
 
 ACCESS_KEY, SECRET_KEY, REGION = "imgpipe-test-key", "imgpipe-test-secret", "us-east-1"
 FAULTS = ("slowdown", "truncate", "reset", "corrupt")
+STALLS = ("stall", "hang")  # "stall": headers and half the body, then silence; "hang": the request read, never answered
 SLOWDOWN_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message></Error>"
@@ -157,7 +164,7 @@ class Counts:
     matching_gets: int = 0
     bytes_out: int = 0
     bodies: dict[str, list[int]] = field(default_factory=dict)  # path -> the size of each body sent for it (status 200 or 206)
-    faults: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAULTS, 0))
+    faults: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAULTS + STALLS, 0))
 
 
 class FaultProxy:
@@ -177,6 +184,7 @@ class FaultProxy:
         self._limit: int | None = None
         self._match = ".rec"
         self._lock = threading.Lock()
+        self._stopping = threading.Event()  # releases the stalled responses
         proxy = self
 
         class Handler(_ProxyHandler):
@@ -198,6 +206,7 @@ class FaultProxy:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()
         self._server.shutdown()
         self._server.server_close()
 
@@ -208,8 +217,8 @@ class FaultProxy:
         self.stop()
 
     def inject(self, fault: str | None, *, every: int = 1, limit: int | None = None, match: str = ".rec") -> None:
-        if fault is not None and fault not in FAULTS:
-            raise ValueError(f"fault must be one of {FAULTS} or None, got {fault!r}")
+        if fault is not None and fault not in FAULTS + STALLS:
+            raise ValueError(f"fault must be one of {FAULTS + STALLS} or None, got {fault!r}")
         with self._lock:
             self._fault, self._every, self._limit, self._match = fault, every, limit, match
 
@@ -229,6 +238,38 @@ class FaultProxy:
                 return None
             self.counts.faults[self._fault] += 1
             return self._fault
+
+
+class NoCredentials:
+    """A credential service with no credentials to give; see the module docstring. A ``with`` block serves it."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                owner.paths.append(self.path)
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:  # quiet
+                pass
+
+        self._server = _Server(("127.0.0.1", 0), Handler)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> NoCredentials:
+        threading.Thread(target=self._server.serve_forever, name="no-credentials", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 class _Server(ThreadingHTTPServer):
@@ -280,6 +321,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if fault == "slowdown":
             self._reply(503, [("Content-Type", "application/xml")], SLOWDOWN_BODY)
             return
+        if fault == "hang":
+            self._hold()
+            return
         if fault == "reset":
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.close_connection = True
@@ -300,7 +344,22 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
+        if fault == "stall" and len(data) > 1:
+            self.send_response(status)
+            for name, value in headers:
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self._hold()
+            return
         self._reply(status, headers, data)
+
+    def _hold(self) -> None:
+        """Send nothing more until the proxy stops, then close the connection."""
+        self.owner._stopping.wait()
+        self.close_connection = True
 
     def _upstream(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
         connection = http.client.HTTPConnection("127.0.0.1", self.owner.upstream_port, timeout=60)

@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,22 @@ def test_the_index_is_fetched_once_and_a_batch_in_one_request_per_shard(fault_pr
     records = remote.fetch(neighbours)
     assert [records.read_view(k)[1] for k in range(16)] == [open_shards(packed_dir).read(int(i))[1] for i in neighbours]
     assert fault_proxy.counts.matching_gets - before == len({remote.location(int(i))[0] for i in neighbours})
+
+
+def test_batches_named_ahead_are_requested_before_they_are_asked_for(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path) -> None:
+    """A torch loader worker names the batches queued to it (prefetch_factor - 1 of them) as ``ahead``."""
+    remote, local = open_shards(remote_packed), open_shards(packed_dir)
+    batches = [np.arange(4 * k, 4 * k + 4) for k in range(4)]  # neighbours in one shard: one request each
+    before = fault_proxy.counts.matching_gets
+    remote.fetch(batches[0], ahead=batches[1:])
+    deadline = time.monotonic() + 30
+    while fault_proxy.counts.matching_gets - before < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fault_proxy.counts.matching_gets - before == 4  # the three batches ahead, requested before anyone asked
+    for batch in batches[1:]:
+        records = remote.fetch(batch)
+        assert [records.read_view(k)[1] for k in range(4)] == [local.read(int(i))[1] for i in batch]
+    assert fault_proxy.counts.matching_gets - before == 4
 
 
 @pytest.mark.parametrize("fault", FAULTS)

@@ -51,6 +51,7 @@ def test_yaml_yes_for_resume_means_yes(tmp_path: Path) -> None:
         ("", ["train.amp=fp8"], "train.amp must be one of auto, none, bf16, fp16, got 'fp8'"),
         ("", ["data.backend=jax"], "data.backend must be one of torch, dali, synthetic"),
         ("", ["train.batch_size=0"], "train.batch_size must be > 0"),
+        ("", ["data.prefetch_factor=0"], "data.prefetch_factor must be > 0"),
         ("", ["optim.label_smoothing=1.5"], "optim.label_smoothing must be in [0, 1)"),
         ("", ["optim.momentum=-0.9"], "optim.momentum must be >= 0, got -0.9"),
         ("", ["batch_size=3"], "expected section.key=value"),
@@ -225,3 +226,22 @@ def test_a_target_top1_without_validation_is_refused() -> None:
 def test_linear_ramp_needs_its_peak_before_the_last_epoch() -> None:
     with pytest.raises(ConfigError, match=r"optim.lr_peak_epoch 4 must come before the last epoch \(train.epochs 4\)"):
         load_config(None, ["optim.schedule=linear_ramp", "optim.warmup_epochs=0", "train.epochs=4", "optim.lr_peak_epoch=4"])
+
+
+def test_data_prefetch_factor_reaches_the_trainers_and_the_benchs_torch_loaders(packed_dir: Path) -> None:
+    """From a URL each worker then fetches the records of data.prefetch_factor - 1 batches ahead (tests/remote)."""
+    from imgpipe._sys.distenv import DistEnv
+    from imgpipe.bench.probes import make_loader
+    from imgpipe.train.data import build_data
+    from imgpipe.train.launch import RankContext
+    from imgpipe.train.precision import resolve_auto
+
+    ctx = RankContext(DistEnv(), torch.device("cpu"), None, 30.0)
+    config = resolve_auto(load_config(None, [f"data.path={packed_dir}", "data.prefetch_factor=3", "data.workers=0", "train.batch_size=4"]), ctx.device)
+    data = build_data(config, ctx)
+    bench = make_loader("torch", config, ctx, None)
+    try:
+        assert data.train._prefetch_factor == data.val._prefetch_factor == bench._prefetch_factor == 3
+    finally:
+        for loader in (data.train, data.val, bench):
+            loader.close()
