@@ -95,7 +95,7 @@ class TrainSection:
     timeout_s: float = 1800.0  # process-group timeout
     log_every: int = 50
     validate: bool = True
-    compile: bool | str = "auto"  # torch.compile: true | false | auto (true on a CUDA GPU with native bf16)
+    compile: bool | str = False  # torch.compile: true | false | auto (true on a CUDA GPU with native bf16); off as in timm, FFCV, Composer
     ema: bool = False  # keep an exponential moving average of the weights; validate and report it too
     ema_decay: float = 0.9998  # per optimizer step
     mixup_alpha: float = 0.0  # > 0: mix each image with its neighbour in the global batch, lambda ~ Beta(alpha, alpha)
