@@ -147,7 +147,8 @@ def default_yaml() -> str:
 
 def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = (), recipe: str | None = None) -> TrainConfig:
     """Start from the defaults, or from recipe ``recipe`` (``imgpipe.train.recipe``); the file ``path``
-    overrides it key by key, then ``section.key=value`` overrides; validate."""
+    overrides it key by key, then ``section.key=value`` overrides; validate. An empty section
+    (``data:`` with every key commented out, which YAML reads as null) overrides nothing."""
     raw: dict[str, Any] = {}
     origins: dict[str, str] = {}
     if recipe:
@@ -157,6 +158,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         origins = {f"{section}.{key}": f"recipe {recipe}" for section, values in raw.items() if isinstance(values, dict) for key in values}
     if path:
         for section, values in read_yaml(path).items():
+            values = {} if values is None else values
             if isinstance(values, dict) and isinstance(raw.get(section), dict):
                 raw[section].update(values)
                 for key in values:

@@ -66,6 +66,19 @@ def test_config_overrides_the_recipe_and_set_overrides_both(tmp_path: Path) -> N
         load_config(recipe="rn99")
 
 
+def test_an_empty_section_of_the_config_keeps_the_recipes_keys(tmp_path: Path) -> None:
+    config = tmp_path / "mine.yaml"
+    config.write_text("data:\n  # path: /data\n  # workers: 4\nmodel:\ntrain: {epochs: 5}\n")  # data: and model: are null in YAML
+    merged = load_config(config, ["data.workers=2"], recipe="rn50-16ep")
+    assert merged.data.image_size == 160 and merged.data.val_image_size == 256 and merged.data.workers == 2
+    assert merged.model.name == "resnet50" and merged.model.blurpool and merged.train.epochs == 5
+    alone = load_config(config, ["data.path=/data"])  # without a recipe: the defaults, and --set into the empty section
+    assert alone.data.path == "/data" and alone.model == load_config().model
+    config.write_text("dtaa:\n")
+    with pytest.raises(ConfigError, match=r"unknown section 'dtaa'; did you mean 'data'\?"):
+        load_config(config, recipe="rn50-16ep")
+
+
 def test_the_cli_lists_prints_and_refuses_recipes(tmp_path: Path) -> None:
     listed = imgpipe("train", "--list-recipes")
     assert listed.returncode == 0, listed.stderr
