@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -128,6 +128,13 @@ class BenchConfig:
         if self.model:
             train.model.name = self.model
         return train if device is None else resolve_auto(train, device)
+
+    def with_trainer_model(self) -> BenchConfig:
+        """With a recipe and neither ``model`` nor ``compute_ms``: this config running the trainer config's
+        model (recipe < config < ``--set``, as ``imgpipe train`` resolves it); else this config."""
+        if not self.train_recipe or self.model or self.compute_ms:
+            return self
+        return replace(self, model=self.train_config().model.name)
 
 
 @dataclass

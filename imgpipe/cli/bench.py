@@ -34,7 +34,7 @@ def _counts(text: str) -> tuple[int, ...]:
 @click.option("--cold", is_flag=True, help="Evict DATA's shards from the page cache before each run, so the disk is measured.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the read order and augmentations.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Trainer YAML config (imgpipe train --config): the model and loaders run with its options (train.amp, train.channels_last, ...); the bench's own options win.")
-@click.option("--recipe", default=None, metavar="NAME", help="Trainer recipe (imgpipe train --list-recipes), under --config: its options and training size, and its model unless --model or --compute-ms.")
+@click.option("--recipe", default=None, metavar="NAME", help="Trainer recipe (imgpipe train --list-recipes), under --config and --set: its options, training size and model (unless --model or --compute-ms).")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override one trainer config key, as imgpipe train --set (repeatable).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the results as JSON (schema: docs/bench-json.md).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write per-rank timelines and throughput as a PNG (needs imgpipe[plot]).")
@@ -68,15 +68,11 @@ def bench_command(
         counts: tuple[int, ...] = (default_workers(gpus or nproc),)
     else:
         counts = _counts(workers)
-    if recipe and not model and not compute_ms:  # the recipe's model, at the recipe's size
-        from imgpipe.train.config import load_config
-
-        model = load_config(None, overrides, recipe=recipe).model.name
     config = BenchConfig(
         data=data, split=split, gpus=gpus, nproc=nproc, backends=resolve_backends(backend), workers=counts,
         steps=steps, warmup=warmup, batch_size=batch_size, image_size=image_size, model=model, compute_ms=compute_ms,
         cold=cold, seed=seed, train_config_path=config_path, train_overrides=tuple(overrides), train_recipe=recipe,
-    )
+    ).with_trainer_model()
     outcome = bench(config)
     if outcome is None:  # a non-zero rank under torchrun/SLURM: rank 0 reports
         return

@@ -4,8 +4,8 @@ A progressive-resizing run changes the image size between epochs. Compiled with 
 each new size would be a new graph until dynamo's recompile limit, after which it silently runs
 uncompiled; so the height and width of each batch are marked dynamic (``maybe_mark_dynamic``:
 kept static where the model needs them to be), and the whole ramp runs one training graph.
-``auto`` (``precision.resolve_auto``) compiles on a CUDA GPU with native bf16, where inductor's
-kernels pay for the compile time, and not on the CPU, where compiling a ResNet takes minutes.
+Off by default; ``auto`` (``precision.resolve_auto``) compiles on a CUDA GPU with native bf16,
+where inductor's kernels pay for the compile time, and not on the CPU, where compiling a ResNet takes minutes.
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ from imgpipe.format.bytesource import is_url
 from imgpipe.loaders.seeding import MAX_SEED
 from imgpipe.train.resolution import parse_resolution
 
+DEFAULT_WARMUP_EPOCHS = 5.0  # before cosine and step (Goyal et al.'s gradual warm-up)
+
 
 @dataclass
 class DataConfig:
@@ -70,12 +72,19 @@ class OptimConfig:
     nesterov: bool = True
     weight_decay: float = 1e-4
     bn_weight_decay: float = 0.0  # of BatchNorm weights and biases and of biases (parameters of one dimension)
-    warmup_epochs: float = 5.0
+    warmup_epochs: float | None = None  # null: 5 before cosine or step; none before linear_ramp, whose ramp is its warm-up
     schedule: str = "cosine"  # cosine | step | linear_ramp (FFCV's cyclic: up from 0 to the peak, then down to 0)
     lr_peak_epoch: float = 2.0  # linear_ramp: the epoch of the peak
     step_epochs: list[int] = field(default_factory=lambda: [30, 60, 80])
     step_gamma: float = 0.1
     label_smoothing: float = 0.1
+
+    @property
+    def warmup(self) -> float:
+        """The warm-up in epochs: ``warmup_epochs``, else the schedule's (FFCV's linear_ramp has none of its own)."""
+        if self.warmup_epochs is not None:
+            return self.warmup_epochs
+        return 0.0 if self.schedule == "linear_ramp" else DEFAULT_WARMUP_EPOCHS
 
 
 @dataclass
@@ -96,7 +105,7 @@ class TrainSection:
     timeout_s: float = 1800.0  # process-group timeout
     log_every: int = 50
     validate: bool = True
-    compile: bool | str = "auto"  # torch.compile: true | false | auto (true on a CUDA GPU with native bf16)
+    compile: bool | str = False  # torch.compile: true | false | auto (true on a CUDA GPU with native bf16); off as in timm, FFCV, Composer
     ema: bool = False  # keep an exponential moving average of the weights; validate and report it too
     ema_decay: float = 0.9998  # per optimizer step
     mixup_alpha: float = 0.0  # > 0: mix each image with its neighbour in the global batch, lambda ~ Beta(alpha, alpha)
@@ -148,7 +157,8 @@ def default_yaml() -> str:
 
 def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = (), recipe: str | None = None) -> TrainConfig:
     """Start from the defaults, or from recipe ``recipe`` (``imgpipe.train.recipe``); the file ``path``
-    overrides it key by key, then ``section.key=value`` overrides; validate."""
+    overrides it key by key, then ``section.key=value`` overrides; validate. An empty section
+    (``data:`` with every key commented out, which YAML reads as null) overrides nothing."""
     raw: dict[str, Any] = {}
     origins: dict[str, str] = {}
     if recipe:
@@ -158,6 +168,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         origins = {f"{section}.{key}": f"recipe {recipe}" for section, values in raw.items() if isinstance(values, dict) for key in values}
     if path:
         for section, values in read_yaml(path).items():
+            values = {} if values is None else values
             if isinstance(values, dict) and isinstance(raw.get(section), dict):
                 raw[section].update(values)
                 for key in values:
@@ -324,10 +335,10 @@ def _validate_time_to_accuracy(config: TrainConfig, blame: _Blame) -> None:
         raise ConfigError(f"{blame('data.val_crop_ratio')}: data.val_crop_ratio must be in (0, 1], such as 224/256 = 0.875, got {config.data.val_crop_ratio}")
     optim = config.optim
     if optim.schedule == "linear_ramp":
-        if optim.warmup_epochs > 0:
+        if optim.warmup_epochs:
             raise ConfigError(
-                f"{blame('optim.schedule')}: optim.schedule linear_ramp ramps up to optim.lr_peak_epoch by itself; "
-                f"set optim.warmup_epochs: 0 (got {optim.warmup_epochs:g})"
+                f"{blame('optim.warmup_epochs')}: optim.warmup_epochs {optim.warmup_epochs:g} with optim.schedule linear_ramp, which ramps "
+                "up to optim.lr_peak_epoch by itself: unset optim.warmup_epochs, or choose schedule cosine or step"
             )
         if optim.lr_peak_epoch >= config.train.epochs:
             raise ConfigError(

@@ -4,7 +4,8 @@
 
 - under torchrun or SLURM (their variables are set): run ``fn`` in this process as that rank;
 - ``gpus=N`` (N > 1), or ``gpus=0, nproc=N`` (N > 1): start N ranks itself (``spawn``), with
-  MASTER_ADDR=127.0.0.1, a free port, RANK/WORLD_SIZE/LOCAL_RANK set, and watch them: when one
+  MASTER_ADDR=127.0.0.1, a free port, RANK/WORLD_SIZE/LOCAL_RANK set (CPU ranks share the cores:
+  :func:`cpu_threads`), and watch them: when one
   exits non-zero the others are stopped (SIGTERM, then SIGKILL after a grace period) and a
   DistributedError names the rank; when the others timed out in a collective, it names the rank
   that never reached it (still running, silent). Every rank dies with its parent (``die_with_parent``);
@@ -37,7 +38,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from tqdm import tqdm
 
-from imgpipe._sys.distenv import DistEnv
+from imgpipe._sys.distenv import DistEnv, available_cpus
 from imgpipe._sys.procs import die_with_parent
 from imgpipe.errors import DistributedError, ImgpipeError, Stopped
 
@@ -306,6 +307,15 @@ def _sigint_ignored_by_children() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
+def cpu_threads(ranks: int, environ: Any) -> int | None:
+    """Torch threads for each of ``ranks`` CPU ranks started here: this process's CPUs shared between them,
+    as torchrun's OMP_NUM_THREADS=1 and the bench share them (each rank's default, all the cores, makes
+    their OpenMP threads wait on each other at every operation); None where OMP_NUM_THREADS is set."""
+    if environ.get("OMP_NUM_THREADS"):
+        return None
+    return max(1, available_cpus() // ranks)
+
+
 def _rank_main(
     rank: int, world: int, port: int, parent_pid: int, log_level: int,
     fn: Callable, arg: Any, use_cuda: bool, backend: str | None, timeout_s: float, conn: Any,
@@ -328,6 +338,11 @@ def _rank_main(
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world),
     )
+    threads = None if use_cuda else cpu_threads(world, os.environ)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     try:
         result = run_rank(fn, arg, DistEnv.detect(), use_cuda=use_cuda, backend=backend, timeout_s=timeout_s)
     except ImgpipeError as e:

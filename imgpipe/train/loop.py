@@ -658,7 +658,7 @@ def lr_schedule(config: TrainConfig, steps_per_epoch: int) -> Any:
     linear_ramp, FFCV's cyclic schedule: from 1e-4 at step 0 linearly up to 1 at optim.lr_peak_epoch,
     then linearly down to 0 at the end of train.epochs (FFCV interpolates per epoch, then per step
     inside each epoch: the same line, its knots on whole epochs)."""
-    warmup = int(round(config.optim.warmup_epochs * steps_per_epoch))
+    warmup = int(round(config.optim.warmup * steps_per_epoch))
     total = max(1, config.train.epochs * steps_per_epoch)
     boundaries = [e * steps_per_epoch for e in config.optim.step_epochs]
     gamma, cosine = config.optim.step_gamma, config.optim.schedule == "cosine"

@@ -3,7 +3,8 @@
 On a CUDA GPU with native bf16 (compute capability 8.0 and later) auto is bf16 autocast and
 channels_last, the usual recipe behind NVIDIA's ResNet-50 numbers (about twice fp32 NCHW), and
 torch.compile; elsewhere (the CPU, older GPUs) it is no autocast, NCHW and no compile (on the
-CPU compiling a ResNet takes minutes of a short run). Explicit values are kept.
+CPU compiling a ResNet takes minutes of a short run). amp and channels_last default to auto,
+compile to false. Explicit values are kept.
 """
 
 from __future__ import annotations

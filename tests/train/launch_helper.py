@@ -58,6 +58,7 @@ def per_rank(ctx: RankContext, mode: str) -> dict:
         "backend": ctx.backend,
         "sum": value.item(),
         "ranks": ranks,
+        "threads": torch.get_num_threads(),
     }
 
 

@@ -155,6 +155,23 @@ def test_linear_ramp_is_ffcvs_cyclic_schedule() -> None:
     assert all(factor(s) < factor(s + 1) for s in range(20)) and all(factor(s) > factor(s + 1) for s in range(20, 160))
 
 
+def test_linear_ramp_alone_has_no_warmup_and_a_warmup_set_with_it_is_refused_in_one_line(tmp_path: Path) -> None:
+    ramp = load_config(None, ["optim.schedule=linear_ramp", "train.epochs=16"])
+    assert ramp.optim.warmup_epochs is None and ramp.optim.warmup == 0.0
+    assert lr_schedule(ramp, steps_per_epoch=10)(0) == pytest.approx(1e-4)  # FFCV's start, no warm-up before it
+    assert load_config(None, ["optim.schedule=linear_ramp", "optim.warmup_epochs=0"]).optim.warmup == 0.0
+    assert load_config().optim.warmup == 5.0 and load_config(None, ["optim.schedule=step"]).optim.warmup == 5.0
+    assert yaml.safe_load(default_yaml())["optim"]["warmup_epochs"] is None
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["optim.schedule=linear_ramp", "optim.warmup_epochs=2"])
+    assert str(error.value) == (
+        "--set optim.warmup_epochs=2: optim.warmup_epochs 2 with optim.schedule linear_ramp, which ramps up to "
+        "optim.lr_peak_epoch by itself: unset optim.warmup_epochs, or choose schedule cosine or step"
+    )
+    with pytest.raises(ConfigError, match=r"^.*cfg.yaml: optim.warmup_epochs 0.5 with optim.schedule linear_ramp"):
+        load_config(write(tmp_path, "optim: {warmup_epochs: 0.5}\n"), ["optim.schedule=linear_ramp"])
+
+
 def test_bn_weight_decay_is_the_decay_of_bn_and_bias_parameters() -> None:
     import torchvision
 
@@ -199,7 +216,6 @@ def test_a_resolution_ramp_rounds_to_32_px_inside_as_ffcv_does() -> None:
         ("data.val_image_size=0", "data.val_image_size must be > 0 or null"),
         ("data.val_crop_ratio=1.2", "data.val_crop_ratio must be in (0, 1]"),
         ("data.val_flip_tta=maybe", "data.val_flip_tta must be bool"),
-        ("optim.schedule=linear_ramp", "optim.schedule linear_ramp ramps up to optim.lr_peak_epoch by itself; set optim.warmup_epochs: 0"),
         ("optim.bn_weight_decay=-1", "optim.bn_weight_decay must be >= 0"),
         ("optim.lr_peak_epoch=-2", "optim.lr_peak_epoch must be >= 0"),
         ("model.blurpool=1", "model.blurpool must be bool"),

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from imgpipe.errors import DistributedError
-from imgpipe.train.launch import check_launcher_env, free_port
+from imgpipe._sys.distenv import available_cpus
+from imgpipe.train.launch import check_launcher_env, cpu_threads, free_port
 
 sys.path.insert(0, str(Path(__file__).parent))
 from proctree import descendants, quiet_env, wait_gone  # noqa: E402
@@ -52,7 +53,7 @@ def test_plain_run_is_one_process_without_a_group() -> None:
     done = run_helper("ok")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert result == {"rank": 0, "world_size": 1, "source": "single", "device": "cpu", "backend": None, "sum": 1.0, "ranks": [0]}
+    assert result == {"rank": 0, "world_size": 1, "source": "single", "device": "cpu", "backend": None, "sum": 1.0, "ranks": [0], "threads": 1}
 
 
 @pytest.mark.timeout(120)
@@ -83,6 +84,20 @@ def test_two_spawned_gloo_ranks() -> None:
     assert [r for r, _ in result["ranks"]] == [0, 1]
     assert len({port for _, port in result["ranks"]}) == 1
     assert "leaked semaphore" not in done.stderr  # a rank's os._exit leaves no named semaphore behind
+
+
+@pytest.mark.timeout(180)
+def test_spawned_cpu_ranks_share_the_cores_unless_omp_num_threads_says() -> None:
+    assert cpu_threads(2, {}) == max(1, available_cpus() // 2) and cpu_threads(64 * available_cpus(), {}) == 1
+    assert cpu_threads(2, {"OMP_NUM_THREADS": "3"}) is None
+    unset = {k: v for k, v in quiet_env().items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    threads = {}
+    for name, env, nproc in (("shared", unset, "2"), ("set", {**unset, "OMP_NUM_THREADS": "2"}, "2"), ("alone", {**unset, "OMP_NUM_THREADS": "2"}, "1")):
+        done = run_helper("ok", "--nproc", nproc, env=env)
+        assert done.returncode == 0, done.stderr
+        threads[name] = json.loads(done.stdout)["threads"]
+    assert threads["shared"] == max(1, available_cpus() // 2)
+    assert threads["set"] == threads["alone"]  # OMP_NUM_THREADS kept: what one process with it gets
 
 
 def run_watched(*args: str) -> tuple[int, str, set[int]]:

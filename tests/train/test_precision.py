@@ -1,4 +1,4 @@
-"""train.amp and train.channels_last default to auto: bf16 + channels_last on a bf16 GPU, none + NCHW on the CPU."""
+"""train.amp and train.channels_last default to auto: bf16 + channels_last on a bf16 GPU, none + NCHW on the CPU; train.compile to false."""
 
 from __future__ import annotations
 
@@ -23,6 +23,17 @@ def test_auto_is_no_autocast_and_nchw_on_the_cpu() -> None:
     assert (resolved.train.amp, resolved.train.channels_last) == ("none", False)
     assert describe(resolved) == "amp none, NCHW"
     assert TrainConfig().train.amp == "auto"  # a copy: the caller's config is left as it was
+
+
+def test_compile_is_off_by_default_and_auto_compiles_only_on_a_cuda_gpu_with_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert TrainConfig().train.compile is False and yaml.safe_load(default_yaml())["train"]["compile"] is False
+    assert resolve_auto(TrainConfig(), torch.device("cpu")).train.compile is False
+    auto = load_config(None, ["train.compile=auto"])
+    assert resolve_auto(auto, torch.device("cpu")).train.compile is False
+    for capability, compiled in (((8, 0), True), ((7, 0), False)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, capability=capability: capability)
+        assert resolve_auto(auto, torch.device("cuda", 0)).train.compile is compiled
+        assert resolve_auto(TrainConfig(), torch.device("cuda", 0)).train.compile is False  # the default stays off on a GPU
 
 
 @pytest.mark.parametrize(("amp", "channels_last"), [("bf16", True), ("fp16", False), ("none", True), ("bf16", "auto")])

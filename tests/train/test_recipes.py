@@ -17,12 +17,13 @@ from imgpipe.train.recipe import recipe_names
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "imgpipe" / "train" / "recipes"
-# FFCV's ffcv-imagenet configs: (epochs, ramp, lr at global batch, global batch, weight decay, arch)
+# FFCV's ffcv-imagenet configs (commit 4dd291a): (epochs, ramp, lr at global batch, global batch, weight decay, arch,
+# where lr_peak_epoch 2 comes from: the rn18 configs set it, the rn50 ones leave train_imagenet.py's default)
 FFCV = {
-    "rn50-16ep": (16, (11, 13), 1.7, 4096, 1e-4, "resnet50"),
-    "rn50-88ep": (88, (65, 76), 1.7, 4096, 1e-4, "resnet50"),
-    "rn18-16ep": (16, (11, 13), 0.5, 1024, 5e-5, "resnet18"),
-    "rn18-88ep": (88, (65, 76), 0.5, 1024, 5e-5, "resnet18"),
+    "rn50-16ep": (16, (11, 13), 1.7, 4096, 1e-4, "resnet50", "script default"),
+    "rn50-88ep": (88, (65, 76), 1.7, 4096, 1e-4, "resnet50", "script default"),
+    "rn18-16ep": (16, (11, 13), 0.5, 1024, 5e-5, "resnet18", "config lr.lr_peak_epoch"),
+    "rn18-88ep": (88, (65, 76), 0.5, 1024, 5e-5, "resnet18", "config lr.lr_peak_epoch"),
 }
 
 
@@ -32,7 +33,7 @@ def imgpipe(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("name", sorted(FFCV))
 def test_each_recipe_loads_with_ffcvs_hyperparameters(name: str) -> None:
-    epochs, (start, end), lr, global_batch, decay, arch = FFCV[name]
+    epochs, (start, end), lr, global_batch, decay, arch, peak_source = FFCV[name]
     config = load_config(recipe=name)
     assert config.model.name == arch and config.model.blurpool
     assert config.data.resolution == {"start_px": 160, "end_px": 192, "start_ramp": start, "end_ramp": end}
@@ -46,6 +47,8 @@ def test_each_recipe_loads_with_ffcvs_hyperparameters(name: str) -> None:
     for line in text.splitlines():
         if ":" in line and not line.startswith(("#", "data:", "model:", "optim:", "train:")):
             assert "  # " in line, f"{name}: no source for {line.strip()!r}"  # every value says where it came from
+    (peak,) = [line for line in text.splitlines() if line.strip().startswith("lr_peak_epoch:")]
+    assert peak.split("  # ")[1].startswith(peak_source), peak
 
 
 def test_the_recipes_are_the_four_of_the_issue() -> None:
@@ -64,6 +67,19 @@ def test_config_overrides_the_recipe_and_set_overrides_both(tmp_path: Path) -> N
     assert str(error.value).startswith("--set optim.lr_peak_epoch=20: optim.lr_peak_epoch 20 must come before the last epoch")
     with pytest.raises(ConfigError, match=r"^no recipe 'rn99'; the recipes are rn18-16ep, rn18-88ep, rn50-16ep, rn50-88ep"):
         load_config(recipe="rn99")
+
+
+def test_an_empty_section_of_the_config_keeps_the_recipes_keys(tmp_path: Path) -> None:
+    config = tmp_path / "mine.yaml"
+    config.write_text("data:\n  # path: /data\n  # workers: 4\nmodel:\ntrain: {epochs: 5}\n")  # data: and model: are null in YAML
+    merged = load_config(config, ["data.workers=2"], recipe="rn50-16ep")
+    assert merged.data.image_size == 160 and merged.data.val_image_size == 256 and merged.data.workers == 2
+    assert merged.model.name == "resnet50" and merged.model.blurpool and merged.train.epochs == 5
+    alone = load_config(config, ["data.path=/data"])  # without a recipe: the defaults, and --set into the empty section
+    assert alone.data.path == "/data" and alone.model == load_config().model
+    config.write_text("dtaa:\n")
+    with pytest.raises(ConfigError, match=r"unknown section 'dtaa'; did you mean 'data'\?"):
+        load_config(config, recipe="rn50-16ep")
 
 
 def test_the_cli_lists_prints_and_refuses_recipes(tmp_path: Path) -> None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
 
-from train_cli import VAL_RECORDS, epochs_of, imgpipe_train, write_config
+from train_cli import VAL_RECORDS, epochs_of, imgpipe_train, one_line_error, write_config
 
 RAMP = ["data.resolution=[32, 48, 48]", "data.val_image_size=48", "data.val_flip_tta=true", "train.ema=true", "train.ema_decay=0.5"]
 
@@ -88,9 +89,10 @@ def test_the_trainer_compiles_one_training_graph_for_the_whole_ramp(packed: Path
     finally:
         torch._dynamo.reset()
     assert result.epochs_completed == 4 and [e["resolution"] for e in epochs_of(tmp_path / "run")] == [32, 40, 48, 56]
-    # at most 2, not one per size: at 32 px ResNet's last feature map is 1 x 1, and dynamo specializes
-    # that first graph on it (its guard: 2 <= height <= 32); every larger size then runs the second
-    assert counter.frame_count <= 2, f"{counter.frame_count} compiled graphs for 4 resolutions"
+    # compiled (a trainer that stops compiling leaves the counter at 0), and at most 2 graphs, not one per
+    # size: at 32 px ResNet's last feature map is 1 x 1, and dynamo specializes that first graph on it
+    # (its guard: 2 <= height <= 32); every larger size then runs the second
+    assert 1 <= counter.frame_count <= 2 and counter.op_count > 0, f"{counter.frame_count} compiled graphs for 4 resolutions"
 
 
 def test_flip_tta_averages_the_logits_of_the_image_and_its_mirror() -> None:
@@ -102,3 +104,52 @@ def test_flip_tta_averages_the_logits_of_the_image_and_its_mirror() -> None:
     torch.testing.assert_close(val_logits(model, x, True), (model(x) + model(x.flip(3))) / 2)
     torch.testing.assert_close(val_logits(model, x, True), val_logits(model, x.flip(3), True))  # mirror-invariant
     assert not torch.allclose(val_logits(model, x, False), val_logits(model, x.flip(3), False))
+
+
+@pytest.mark.timeout(300)
+def test_a_run_with_mixup_cutmix_and_blurpool_mixes_the_loaders_records_and_saves_the_blur(
+    packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One CPU rank, one epoch of 5 steps: the mixed batches are the loader's records (each train record once),
+    their soft targets the draws of those records, the loss finite, and the checkpoint holds the blur."""
+    from imgpipe.train import mixing, run
+    from imgpipe.train.config import load_config
+
+    calls = []
+    apply = mixing.Mixing.apply
+
+    def spy(self: mixing.Mixing, images: torch.Tensor, labels: torch.Tensor, records, epoch: int, classes: int):
+        mixed, targets = apply(self, images, labels, records, epoch, classes)
+        calls.append((self, epoch, images.shape[-1], np.array(records), labels.clone(), targets.clone()))
+        return mixed, targets
+
+    monkeypatch.setattr(mixing.Mixing, "apply", spy)
+    items = ["train.epochs=1", "train.mixup_alpha=0.4", "train.cutmix_alpha=1.0", "model.blurpool=true"]
+    result = run(load_config(write_config(tmp_path, packed, validate=False, batch_size=32), items), gpus=0)
+    assert result.epochs_completed == 1 and len(calls) == 5 and np.isfinite(result.train_loss[0])
+    records = np.concatenate([c[3] for c in calls])
+    assert sorted(records.tolist()) == list(range(160)) and not np.array_equal(records, np.arange(160))  # the loader's shuffled records
+    kinds = set()
+    for mix, epoch, size, records, labels, targets in calls:
+        torch.testing.assert_close(targets.sum(1), torch.ones(len(records)))
+        for k, record in enumerate(records.tolist()):
+            draw = mix.draw(epoch, record, size)
+            kinds.add(draw.cutmix)
+            want = torch.zeros(targets.shape[1])
+            want[labels[k]] += draw.lam
+            want[labels[k ^ 1]] += 1 - draw.lam
+            torch.testing.assert_close(targets[k], want)
+    assert kinds == {False, True} and any((t.max(1).values < 0.99).any() for *_, t in calls)  # both kinds ran, the targets soft
+    saved = torch.load(tmp_path / "run" / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
+    blurred = sorted(key for key in saved if key.endswith(".blur_filter"))
+    # resnet18 strides in conv1 and downsample.0 of the first block of layers 2-4
+    assert blurred == sorted(f"layer{i}.0.{part}.blur_filter" for i in (2, 3, 4) for part in ("conv1", "downsample.0"))
+    kernel = torch.tensor([1.0, 2.0, 1.0])
+    assert torch.equal(saved["layer2.0.conv1.blur_filter"][0, 0], torch.outer(kernel, kernel) / 16)
+
+
+@pytest.mark.timeout(120)
+def test_mixing_with_an_odd_per_rank_batch_is_refused_in_one_line(packed: Path, tmp_path: Path) -> None:
+    config = write_config(tmp_path, packed, validate=False, batch_size=15)
+    done = imgpipe_train(config, "--gpus", "0", *sets("train.cutmix_alpha=1.0"))
+    one_line_error(done, "per-rank batch must be even, not 15", "train.batch_size or train.global_batch_size")
