@@ -59,7 +59,7 @@ from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, EvalGeometry
 from imgpipe.loaders.pixels import describe_jpeg_decoder, region_decoder
 
 from _data import describe_tree, make_imagenet_shaped  # benchmarks/ is on sys.path when run as a script
-from _measure import run_epochs
+from _measure import compile_bytecode, run_epochs
 
 LOADERS = ("imgpipe-torch", "imgpipe-torch-whole", "torchvision", "dali-plain", "imgpipe-dali")
 DEFAULT_LOADERS = ("imgpipe-torch", "torchvision", "dali-plain", "imgpipe-dali")
@@ -400,6 +400,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
+    compile_bytecode()
     if a.child:
         print(json.dumps(run_child(json.loads(a.child))))
         return 0

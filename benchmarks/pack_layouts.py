@@ -34,6 +34,7 @@ import zipfile
 from pathlib import Path
 
 from _data import describe_tree, make_imagenet_shaped  # benchmarks/ is on sys.path when run as a script
+from _measure import compile_bytecode
 from pack_vs_im2rec import children_cpu, records_in, run_timed, tree_stats
 
 from imgpipe.packing.zipsource import KAGGLE_ZIP
@@ -112,6 +113,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help=f"comma-separated, from {', '.join(LAYOUTS)}")
     args = parser.parse_args()
+    compile_bytecode()
     layouts = [name.strip() for name in args.layouts.split(",") if name.strip()]
 
     args.work.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import statistics
 import sys
 import tempfile
@@ -23,7 +22,6 @@ import time
 import zlib
 from pathlib import Path
 
-from PIL import Image
 
 from imgpipe.format.jpeg import inspect_jpeg
 from imgpipe.format.recordio import IRHeader, format_index_line, frame_parts, pack_header

@@ -51,6 +51,7 @@ from imgpipe.packing.codec import _short_side_size
 from imgpipe.synth import make_synthetic
 
 from _data import describe_tree, make_imagenet_shaped  # benchmarks/ is on sys.path when run as a script
+from _measure import compile_bytecode
 
 
 def run_timed(commands: list[list[str]], cwd: Path | None = None) -> float:
@@ -221,6 +222,7 @@ def main() -> None:
     parser.add_argument("--cp", action="store_true", help="also time cp -r of the train tree (mode a)")
     parser.add_argument("--mxnet-python", default=os.environ.get("IMGPIPE_MXNET_PYTHON"), help="python of the MXNet venv")
     args = parser.parse_args()
+    compile_bytecode()
 
     args.work.mkdir(parents=True, exist_ok=True)
     src = args.src

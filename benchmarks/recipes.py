@@ -44,6 +44,8 @@ from pathlib import Path
 
 import yaml
 
+from _measure import compile_bytecode  # benchmarks/ is on sys.path when run as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -131,6 +133,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="pairs of runs, round r with seed r (the top-1 of one seed moves by points)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "imgpipe-recipes-bench")
     args = parser.parse_args()
+    compile_bytecode()
     args.work.mkdir(parents=True, exist_ok=True)
     packed = make_data(args.work, args.classes, args.per_class, args.val_per_class, args.resize)
     print(f"recipes: resnet18, {args.classes} classes x {args.per_class} train / {args.val_per_class} val (packed at short side {args.resize}), "

@@ -48,7 +48,7 @@ from typing import Any
 
 import _s3_server  # benchmarks/ is on sys.path when run as a script
 from _data import describe_tree, make_imagenet_shaped
-from _measure import run_epochs
+from _measure import compile_bytecode, run_epochs
 from open_index import build as build_index
 from remote_peers import PEERS, epoch_figures, prepare_peer, run_peer
 from remote_stage import compare as compare_stage
@@ -163,6 +163,7 @@ def first_batches(a: argparse.Namespace, server: Any, env: dict[str, str], work:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
+    compile_bytecode()
     src, rec = prepare(a)
     train = src / "train"
     print(f"data: {a.images} train JPEGs ({describe_tree(train)}), {a.shard_mb} MB shards; batch {a.batch_size}, {a.image_size} px uint8, "

@@ -35,6 +35,7 @@ from typing import Any
 
 import _s3_server  # benchmarks/ is on sys.path when run as a script
 from _data import describe_tree
+from _measure import compile_bytecode
 from loaders import in_own_process, prepare, run_script
 
 PEER_CHILD = Path(__file__).with_name("_peer_child.py")
@@ -139,6 +140,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
+    compile_bytecode()
     a.data, a.prepare_workers = "imagenet", len(os.sched_getaffinity(0))
     src, rec = prepare(a)
     train = src / "train"

@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "tests" / "remote"))
 from s3_server import S3Server  # noqa: E402  (benchmarks/ and tests/remote/ on sys.path)
 
 from open_index import build  # noqa: E402
+from _measure import compile_bytecode  # noqa: E402
 
 BUCKET = "imgpipe-bench"
 JPEG_MEAN_BYTES = 110_000  # ImageNet's train JPEGs: 1.28 M files, about 140 GB
@@ -133,6 +134,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=None, help="imgpipe stage --jobs (default: its own)")
     parser.add_argument("--dir", type=Path, help="keep the dataset here (default: a temporary folder)")
     args = parser.parse_args()
+    compile_bytecode()
 
     with tempfile.TemporaryDirectory(prefix="remote_stage.") as tmp, S3Server(lifetime_s=7200, latency_s=args.latency_ms / 1000) as server:
         work = args.dir or Path(tmp)

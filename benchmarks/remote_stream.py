@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT / "tests" / "remote"))
 from s3_server import S3Server  # noqa: E402  (benchmarks/ and tests/remote/ on sys.path)
 
 from _data import make_imagenet_shaped  # noqa: E402
+from _measure import compile_bytecode  # noqa: E402
 from open_index import build  # noqa: E402
 
 BUCKET = "imgpipe-bench"
@@ -131,6 +132,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", type=Path, help="keep the datasets here (default: a temporary folder)")
     args = parser.parse_args()
+    compile_bytecode()
 
     with tempfile.TemporaryDirectory(prefix="remote_stream.") as tmp, S3Server(lifetime_s=7200, latency_s=args.latency_ms / 1000) as server:
         work = args.dir or Path(tmp)

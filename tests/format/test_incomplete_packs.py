@@ -12,7 +12,6 @@ import pytest
 
 from imgpipe.errors import DatasetError
 from imgpipe.packing.journal import JOURNAL_DIR
-from imgpipe.packing.packer import pack
 from imgpipe.format.shardset import open_shards
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,12 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from _tiny_shards import tiny_jpeg  # noqa: E402
-
-from imgpipe.loaders import pixels  # noqa: E402
-from imgpipe.packing import codec, shrink  # noqa: E402
-from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
+from imgpipe.loaders import pixels
+from imgpipe.loaders.torch import make_torch_loader
+from imgpipe.packing import codec, shrink
 
 HEADER_DIRS = ["/usr/include", "/usr/local/include"] + ([os.environ["CONDA_PREFIX"] + "/include"] if "CONDA_PREFIX" in os.environ else [])
 
