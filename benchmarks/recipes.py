@@ -18,7 +18,7 @@ shared with other work disturbs a ratio taken within one round less).
 
 Usage::
 
-    python benchmarks/recipes.py                 # 50 classes x 32 train / 10 val, 96 px, 8 epochs, 2 rounds (~10 min on 2 idle cores)
+    python benchmarks/recipes.py                 # 50 classes x 32 train / 10 val, 96 px, 8 epochs, 2 rounds, 1 thread (~40 min on 2 idle cores)
     python benchmarks/recipes.py --rounds 4      # medians over 4 seeds
 
 The sizes: fixed at 96 px; progressive at 64 px, then 96 px for the last two epochs, validated at
@@ -129,7 +129,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--base-lr", type=float, default=0.4)
     parser.add_argument("--workers", type=int, default=1, help="loader workers per run")
-    parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of each run")
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run (1: the model's step scales with the image as on a GPU, and the loader worker has the other core)")
     parser.add_argument("--rounds", type=int, default=2, help="pairs of runs, round r with seed r (the top-1 of one seed moves by points)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "imgpipe-recipes-bench")
     args = parser.parse_args()

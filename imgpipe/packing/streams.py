@@ -20,9 +20,9 @@ import numpy as np
 
 from imgpipe._sys.oserrors import advice, describe
 from imgpipe.errors import DatasetError
-from imgpipe.packing import fastzlib
+from imgpipe.packing import fastzlib, tarwalk
 from imgpipe.packing.parquetpages import ChunkReader, Images, Unsupported
-from imgpipe.packing.tarsource import TarEntry
+from imgpipe.packing.tarwalk import TarEntry, TarfileWalk, TarWalk
 
 READ_BUFFER = 1 << 20
 IMAGE_COLUMN = "image"
@@ -99,15 +99,17 @@ class ForwardFile(io.RawIOBase):
         super().close()
 
 
-def open_tar_gz(path: Path) -> tuple[ForwardFile, tarfile.TarFile]:
-    """A tar over the decompressed ``path``, read front to back (gzip's own checks: a truncated file or a bad crc32 raise)."""
+def open_tar_gz(path: Path) -> ForwardFile:
+    """The decompressed ``path``, read front to back (gzip's own checks: a truncated file or a bad crc32 raise)."""
     raw = open(path, "rb")
-    stream = ForwardFile(io.BufferedReader(fastzlib.open_gzip(raw), READ_BUFFER), raw)  # type: ignore[arg-type]
-    try:
-        return stream, tarfile.TarFile(fileobj=stream, mode="r")  # type: ignore[arg-type]
-    except BaseException:
-        stream.close()
-        raise
+    return ForwardFile(io.BufferedReader(fastzlib.open_gzip(raw), READ_BUFFER), raw)  # type: ignore[arg-type]
+
+
+def tar_walk(stream: ForwardFile, plain: bool) -> TarWalk | TarfileWalk:
+    """The members of the tar in ``stream``: walked by ``tarwalk`` where every header is ``plain``, else by ``tarfile``."""
+    if plain:
+        return TarWalk(stream.read, lambda count: stream.seek(count, io.SEEK_CUR))
+    return TarfileWalk(stream)  # type: ignore[arg-type]
 
 
 def broken_tar_gz(path: Path, error: BaseException, last: str) -> DatasetError:
@@ -126,20 +128,25 @@ def list_tar_gz(path: Path) -> list[TarEntry]:
     Reads to the end of the gzip stream, so a truncated download or a bad crc32 is a
     DatasetError naming the archive and the last member read.
     """
+    try:
+        return _list_tar_gz(path, plain=True)
+    except tarwalk.Unsupported:  # a header tarwalk leaves to tarfile: list it again, all of it by tarfile
+        return _list_tar_gz(path, plain=False)
+
+
+def _list_tar_gz(path: Path, plain: bool) -> list[TarEntry]:
     entries: list[TarEntry] = []
     last = "its first member"
     ordinal = 0
     try:
-        stream, tar = open_tar_gz(path)
-        with stream, tar:
-            for member in tar:
+        with open_tar_gz(path) as stream:
+            for member in tar_walk(stream, plain):
                 offset = -1
                 if member.type in tarfile.REGULAR_TYPES:
                     offset, ordinal = ordinal, ordinal + 1
                 name = member.name[2:] if member.name.startswith("./") else member.name
                 entries.append(TarEntry(name, offset, member.size, member.type, member.linkname))
                 last = f"member {name}"
-                tar.members.clear()
             while stream.readinto(stream.scratch):  # the gzip trailer: its crc32 and length are checked at the end
                 pass
     except GZIP_ERRORS as e:
@@ -148,18 +155,28 @@ def list_tar_gz(path: Path) -> list[TarEntry]:
 
 
 def _tar_gz_members(path: Path, wanted: np.ndarray) -> Iterator[tuple[int, bytes]]:
+    given = 0
+    try:
+        for item in _wanted_members(path, wanted, plain=True):
+            yield item
+            given += 1
+    except tarwalk.Unsupported:  # read again by tarfile from the first member not given yet
+        yield from _wanted_members(path, wanted[given:], plain=False)
+
+
+def _wanted_members(path: Path, wanted: np.ndarray, plain: bool) -> Iterator[tuple[int, bytes]]:
     last = "its first member"
     targets = iter(wanted.tolist())
     target = next(targets)
     ordinal = 0
     try:
-        stream, tar = open_tar_gz(path)
-        with stream, tar:
-            for member in tar:
+        with open_tar_gz(path) as stream:
+            walk = tar_walk(stream, plain)
+            for member in walk:
                 if member.type not in tarfile.REGULAR_TYPES:
                     continue
                 if ordinal == target:
-                    data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    data = walk.data(member)
                     if len(data) != member.size:
                         raise EOFError(f"member {member.name} ends early")
                     yield ordinal, data
@@ -168,7 +185,6 @@ def _tar_gz_members(path: Path, wanted: np.ndarray) -> Iterator[tuple[int, bytes
                         return
                 last = f"member {member.name}"
                 ordinal += 1
-                tar.members.clear()
     except GZIP_ERRORS as e:
         raise broken_tar_gz(path, e, last) from None
     raise DatasetError(f"{path}: has {ordinal} files, fewer than when it was listed; it changed since: rerun to list it again")

@@ -28,7 +28,7 @@ import os
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -39,13 +39,13 @@ from imgpipe._sys.oserrors import describe
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.packing.members import DANGLING_LINK, OUTSIDE_LINK, SPAN, ArchiveFile, MemberSpans, OpenArchive
+from imgpipe.packing.tarwalk import BLOCK, TarEntry, TarfileWalk, TarWalk, Unsupported
 from imgpipe.packing.source import NEWLINE_REASON, VAL_CSV, SourceTree, SplitItems, is_image_name, label_flat_val, read_val_csv, warn_left_out
 
 logger = logging.getLogger(__name__)
 
 TRAIN_TAR = "ILSVRC2012_img_train.tar"
 VAL_TAR = "ILSVRC2012_img_val.tar"
-BLOCK = 512
 ESCAPE_REASON = "member name is absolute or climbs out with '..'"
 MAX_LINK_HOPS = 40  # Linux's limit on symbolic links followed in one path lookup
 
@@ -77,15 +77,6 @@ class _Listing:
     ignored: int = 0
 
 
-@dataclass(frozen=True)
-class TarEntry:
-    """One tar member as listed: its name, where its data lies, its type and link target."""
-
-    name: str
-    offset: int
-    size: int
-    type: bytes  # tarfile.REGTYPE, LNKTYPE, SYMTYPE, DIRTYPE, ...
-    linkname: str = ""
 
 
 def find_tars(src: str | os.PathLike | Sequence[str | os.PathLike]) -> TarFiles | None:
@@ -415,24 +406,48 @@ def list_tar(source: OpenArchive, start: int, size: int, where: str, download: s
     """Every member of the tar at [start, start + size) of ``source``, in order, with absolute data offsets.
 
     Raises a DatasetError naming ``where`` and the last good member when the tar is truncated or
-    corrupt, and saying to download ``download`` (the file holding it) again.
+    corrupt, and saying to download ``download`` (the file holding it) again. Plain headers are
+    walked by ``tarwalk``; a tar with any other kind is read by ``tarfile`` instead.
     """
-    window = Window(source, start, size)
+    try:
+        return _listed(TarWalk(*_window_reader(source, start, size)), source, start, size, where, download)
+    except Unsupported:
+        return _listed(TarfileWalk(Window(source, start, size)), source, start, size, where, download)  # type: ignore[arg-type]
+
+
+def _window_reader(source: OpenArchive, start: int, size: int) -> tuple[Callable[[int], bytes], Callable[[int], None]]:
+    """``read(n)`` and ``skip(n)`` over bytes [start, start + size) of ``source``."""
+    position = 0
+
+    def read(count: int) -> bytes:
+        nonlocal position
+        count = max(0, min(count, size - position))
+        data = source.pread(count, start + position) if count else b""
+        position += len(data)
+        return data
+
+    def skip(count: int) -> None:
+        nonlocal position
+        position += count
+
+    return read, skip
+
+
+def _listed(walk: TarWalk | TarfileWalk, source: OpenArchive, start: int, size: int, where: str, download: str) -> list[TarEntry]:
     members: list[TarEntry] = []
     last = "its first member"
     try:
-        with tarfile.TarFile(fileobj=window, mode="r") as archive:  # type: ignore[arg-type]
-            while (member := archive.next()) is not None:
-                if member.offset_data + member.size > size:
-                    raise DatasetError(_broken(where, f"ends inside member {_clean(member.name)}", download))
-                if member.isreg() and member.sparse is not None:
-                    raise DatasetError(f"{where}: member {member.name} is a sparse file; ImageNet tars have none: download {download} again")
-                members.append(TarEntry(_clean(member.name), start + member.offset_data, member.size, member.type, member.linkname))
-                last = f"member {_clean(member.name)}"
-                archive.members.clear()  # memory stays flat: the names are kept here, not as TarInfo objects
-            end = archive.offset
+        for member in walk:
+            name = _clean(member.name)
+            if member.offset + member.size > size:
+                raise DatasetError(_broken(where, f"ends inside member {name}", download))
+            if member.type == tarfile.GNUTYPE_SPARSE:
+                raise DatasetError(f"{where}: member {member.name} is a sparse file; ImageNet tars have none: download {download} again")
+            members.append(TarEntry(name, start + member.offset, member.size, member.type, member.linkname))
+            last = f"member {name}"
     except tarfile.TarError as e:
         raise DatasetError(_broken(where, f"{e} after {last}", download)) from None
+    end = walk.end
     tail = source.pread(BLOCK, start + end) if end + BLOCK <= size else b""
     if len(tail) < BLOCK:
         raise DatasetError(_broken(where, f"ends after {last} without the end-of-archive block", download))

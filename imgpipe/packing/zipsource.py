@@ -28,7 +28,8 @@ from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.packing.members import SPAN, ZIP_DEFLATED, ZIP_STORED, ArchiveFile, MemberSpans, member_reader
 from imgpipe.packing.source import KAGGLE_DATA, NEWLINE_REASON, VAL_CSV, SourceTree, SplitItems, is_image_name, label_flat_val, warn_left_out
-from imgpipe.packing.tarsource import ESCAPE_REASON, TarEntry, resolve_links
+from imgpipe.packing.tarsource import ESCAPE_REASON, resolve_links
+from imgpipe.packing.tarwalk import TarEntry
 
 logger = logging.getLogger(__name__)
 

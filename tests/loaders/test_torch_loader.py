@@ -666,18 +666,25 @@ time.sleep(120)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_workers_die_at_once_with_a_killed_loader_process(tiny: Path) -> None:
     """A SIGKILLed training process leaves no loader workers behind."""
-    import time
-
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     child = subprocess.Popen([sys.executable, "-c", WORKERS_THEN_WAIT, str(tiny)], stdout=subprocess.PIPE, text=True, env=env)
     assert child.stdout.readline().strip() == "ready"
+    assert_workers_die_with(child)
+
+
+def assert_workers_die_with(child: subprocess.Popen) -> None:
+    """Kill ``child`` once its two loader workers run: they must be gone within 10 s (and are killed here if not)."""
+    import time
+
     deadline = time.monotonic() + 60
     while len(workers := descendants(child.pid)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.02)
     assert len(workers) == 2
     child.kill()
     child.wait(timeout=30)
     left = wait_gone(workers, 10)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
     assert not left, f"loader workers {left} outlived their killed process"
 
 
@@ -701,20 +708,8 @@ next(iter(loader))
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_workers_whose_loader_process_died_before_their_init_exit(tiny: Path) -> None:
     """A worker whose parent is already gone when its ``worker_init_fn`` runs does not watch its new parent forever."""
-    import time
-
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
-    child = subprocess.Popen([sys.executable, "-c", LATE_WORKERS, str(tiny)], env=env)
-    deadline = time.monotonic() + 60
-    while len(workers := descendants(child.pid)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert len(workers) == 2
-    child.kill()
-    child.wait(timeout=30)
-    left = wait_gone(workers, 10)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"loader workers {left} outlived their killed process"
+    assert_workers_die_with(subprocess.Popen([sys.executable, "-c", LATE_WORKERS, str(tiny)], env=env))
 
 
 def prefetched_in_a_thread(loader: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -20,7 +20,7 @@ _opened: list[Any] = []
 
 def open_tar_gz(path: Path) -> Any:
     opened = _open_tar_gz(path)
-    _opened.append(opened[0])
+    _opened.append(opened)
     return opened
 
 

@@ -333,26 +333,19 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if fault == "corrupt" and data:  # a byte flipped where the request's number says: damage in transit differs every time
             at = (owner.counts.matching_gets * 7919) % len(data)
             data = data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
-        if fault == "truncate" and len(data) > 1:
-            self.send_response(status)
+        if fault in ("truncate", "stall") and len(data) > 1:
+            self.send_response(status)  # the whole body announced, half of it sent
             for name, value in headers:
                 self.send_header(name, value)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data[: len(data) // 2])
             self.wfile.flush()
+            if fault == "stall":
+                self._hold()
+                return
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
-            return
-        if fault == "stall" and len(data) > 1:
-            self.send_response(status)
-            for name, value in headers:
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data[: len(data) // 2])
-            self.wfile.flush()
-            self._hold()
             return
         self._reply(status, headers, data)
 
