@@ -1,9 +1,9 @@
 """How long, and how much memory, opening a 1.28 M-record dataset takes: imgpipe vs MXNet.
 
 Builds an ImageNet-sized index from tiny records (8-byte payloads) as N shards with the
-labels, sources and crc32 sidecars and a manifest, then, each time in a fresh interpreter:
+labels, sources, crc32 and index sidecars and a manifest, then, each time in a fresh interpreter:
 
-* ``imgpipe.open_shards(DIR)``: manifest, every .idx, the labels sidecar (what a loader does);
+* ``imgpipe.open_shards(DIR)``: manifest, the index sidecar, the labels sidecar (what a loader does);
 * ``recordio.read_index`` of every .idx alone;
 * MXNet's ``MXIndexedRecordIO(idx, rec, "r")`` for every shard (it parses the .idx into a dict),
   when the reference venv is given (``--mxnet-python`` or ``IMGPIPE_MXNET_PYTHON``).
@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 
 from imgpipe.format import recordio
+from imgpipe.format.layout import index_bytes
 from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
 
 PROBE = r"""
@@ -110,6 +111,8 @@ def build(folder: Path, records: int, shards: int, classes: int = 1000, payload:
     (folder / "train.sources.txt").write_bytes(sources)
     np.save(folder / "train.labels.npy", labels, allow_pickle=False)
     np.save(folder / "train.crc32.npy", crcs, allow_pickle=False)
+    indexes = [recordio.read_index(folder / info.index) for info in infos]
+    (folder / "train.index.npy").write_bytes(index_bytes(np.concatenate([k for k, _ in indexes]), np.concatenate([o for _, o in indexes])))
     split = SplitInfo(
         shards=infos,
         sources="train.sources.txt",
@@ -118,6 +121,8 @@ def build(folder: Path, records: int, shards: int, classes: int = 1000, payload:
         labels_sha256=sha256_file(folder / "train.labels.npy"),
         checksums="train.crc32.npy",
         checksums_sha256=sha256_file(folder / "train.crc32.npy"),
+        index_sidecar="train.index.npy",
+        index_sidecar_sha256=sha256_file(folder / "train.index.npy"),
     )
     options = {"benchmark": "open_index", "records": records, "shards": shards}
     write_manifest(folder, Manifest(classes=wnids, splits={"train": split}, options=options, source="synthetic"))

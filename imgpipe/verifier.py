@@ -39,7 +39,7 @@ from imgpipe._sys.oserrors import describe
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError
 from imgpipe.format.bytesource import ByteSource, LocalSource, is_url, open_source
 from imgpipe.format.checksum import crc32
-from imgpipe.format.layout import SidecarError, parse_checksums, parse_labels, parse_sources
+from imgpipe.format.layout import SidecarError, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
 from imgpipe.format.manifest import (
     MANIFEST_NAME, Manifest, ShardInfo, load_manifest, read_manifest, sha256_file, stays_inside_source_root, incomplete_folder,
 )
@@ -110,6 +110,7 @@ class ShardCheck:
     num_classes: int | None = None
     decode: bool = False
     remote: str | None = None  # the folder's URL: ``rec`` and ``idx`` are names in it
+    sidecar_index: tuple[str, np.ndarray, np.ndarray] | None = None  # the index sidecar's name, and its keys and offsets of this shard
 
 
 @dataclass
@@ -178,9 +179,11 @@ def _manifest_checks(source: ByteSource, manifest: Manifest, decode: bool, probl
         total = split.records
         sources = _load_sources(source, split.sources, split.sources_sha256, total, problems)
         labels = _load_sidecar(source, split.labels, split.labels_sha256, problems, lambda data: parse_labels(data, total, classes))
-        crcs = None
+        crcs = index = None
         if split.checksums:
             crcs = _load_sidecar(source, split.checksums, split.checksums_sha256, problems, lambda data: parse_checksums(data, total))
+        if split.index_sidecar:
+            index = _load_sidecar(source, split.index_sidecar, split.index_sidecar_sha256, problems, lambda data: parse_index_sidecar(data, total))
         first = 0
         for shard in split.shards:
             stop = first + shard.records
@@ -195,6 +198,7 @@ def _manifest_checks(source: ByteSource, manifest: Manifest, decode: bool, probl
                     sources=None if sources is None else sources[first:stop],
                     num_classes=classes,
                     decode=decode,
+                    sidecar_index=None if index is None else (split.index_sidecar, index[0][first:stop], index[1][first:stop]),
                 )
             )
             first = stop
@@ -387,3 +391,20 @@ def _check_index(check: ShardCheck, starts: list[int], ids: list[int], problems:
             problems.append(Problem(name, f"line {k + 1}: offset {offset} is not the start of a record", number, offset, source))
     if len(keys) != len(starts):
         problems.append(Problem(name, f"{len(keys)} index lines for {len(starts)} records in {check.rec.name}"))
+    if check.sidecar_index is not None:
+        problems += _sidecar_differences(check, name, keys, offsets)
+
+
+def _sidecar_differences(check: ShardCheck, idx_name: str, keys: np.ndarray, offsets: np.ndarray) -> list[Problem]:
+    """The first line where the index sidecar says other than the shard's .idx (readers trust the one, MXNet the other)."""
+    sidecar, sidecar_keys, sidecar_offsets = check.sidecar_index  # type: ignore[misc]
+    if len(sidecar_keys) != len(keys):
+        return [Problem(sidecar, f"{len(sidecar_keys)} entries for {idx_name}, which has {len(keys)} lines; rerun 'imgpipe pack'")]
+    differ = np.flatnonzero((sidecar_keys != keys) | (sidecar_offsets != offsets))
+    if not differ.size:
+        return []
+    k = int(differ[0])
+    number, source = _locate(check, k)
+    said = f"key {int(sidecar_keys[k])}, offset {int(sidecar_offsets[k])}"
+    told = f"{idx_name} line {k + 1} says key {int(keys[k])}, offset {int(offsets[k])}"
+    return [Problem(sidecar, f"{said} but {told}; rerun 'imgpipe pack'", number, None, source)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -70,3 +71,12 @@ def make_tiny_pack(
     )
     write_manifest(dst, Manifest(classes=wnids, splits={split: split_info}, options={}, source="/nowhere"))
     return dst
+
+
+def without_index_sidecar(folder: Path) -> None:
+    """A packed ``folder`` as packs made before the index sidecar are: no sidecar, no mention of it in the manifest."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for split in manifest["splits"].values():
+        (folder / split.pop("index_sidecar")).unlink()
+        del split["index_sidecar_sha256"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))

@@ -271,3 +271,30 @@ def test_a_killed_verify_leaves_no_worker_behind(tmp_path: Path) -> None:
     for pid in left:  # do not leave them running if the check fails
         os.kill(pid, signal.SIGKILL)
     assert not left, f"verify workers {left} outlived their killed parent"
+
+
+def test_an_index_sidecar_that_differs_from_the_idx_files_is_located(dataset: Path) -> None:
+    """Readers open a split from its index sidecar, MXNet and DALI from the .idx files: verify holds them to one another."""
+    import hashlib
+    import json
+
+    from imgpipe.format.layout import index_bytes, parse_index_sidecar
+
+    path = dataset / "train.index.npy"
+    keys, offsets = parse_index_sidecar(path.read_bytes(), open_shards(dataset).labels.size)
+    rec, idx, first = shard(dataset, "train", 1)
+    offsets = offsets.copy()
+    offsets[first + 2] += 4  # a consistent forgery: the manifest's sha256 follows the sidecar
+    data = index_bytes(keys, offsets)
+    path.write_bytes(data)
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    manifest["splits"]["train"]["index_sidecar_sha256"] = hashlib.sha256(data).hexdigest()
+    (dataset / "manifest.json").write_text(json.dumps(manifest))
+    found = problem_lines(dataset)
+    said = f"train.index.npy: record {first + 2} (source {source_of(dataset, 'train', first + 2)}): key {keys[first + 2]}, offset {offsets[first + 2]}"
+    assert found == [f"{said} but {idx.name} line 3 says key {keys[first + 2]}, offset {offsets[first + 2] - 4}; rerun 'imgpipe pack'"]
+
+
+def test_a_missing_index_sidecar_is_a_problem(dataset: Path) -> None:
+    (dataset / "val.index.npy").unlink()
+    assert problem_lines(dataset) == ["val.index.npy: missing sidecar"]

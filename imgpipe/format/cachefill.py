@@ -33,8 +33,10 @@ import numpy as np
 from imgpipe.errors import ImgpipeError, RemoteError
 from imgpipe.format.bytesource import ByteRange
 from imgpipe.format.layout import SidecarError, parse_checksums
+from imgpipe.format.manifest import SplitInfo
+from imgpipe.format.recordio import format_index_line
 from imgpipe.format.nodecache import NodeCache, boot_id, warn_unwritable
-from imgpipe.format.shardset import record_problem, split_index
+from imgpipe.format.shardset import index_files, record_problem, split_index
 from imgpipe.format.store_client import TRANSIENT, StoreError
 
 logger = logging.getLogger(__name__)
@@ -288,6 +290,7 @@ class Filler:
         self.thread = threading.Thread(target=self.run, name="imgpipe-cache-fill", daemon=True)
         self.progress = Progress()
         self._stop = threading.Event()
+        self._sidecar_indexes: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # (keys, offsets) of the splits opened from their index sidecar
 
     def stop(self) -> None:
         self._stop.set()
@@ -313,13 +316,16 @@ class Filler:
             if self._stop.is_set():
                 return
         info = [cache.split(name) for name in order]
-        cache.whole_files([f for split in info for f in (split.sources, split.labels)], self.upstream.read_files)
+        for name, (keys, offsets) in self._sidecar_indexes.items():
+            _write_shard_indexes(cache, cache.split(name), keys, offsets)
+        rest = [f for split in info for f in (split.sources, split.labels, *(s.index for s in split.shards))]
+        cache.whole_files(rest, self.upstream.read_files)
         if all(split.all_complete() for split in splits):
             cache.commit()
 
     def _load(self, name: str) -> SplitFill:
         info = self.cache.split(name)
-        names = [s.index for s in info.shards] + ([info.checksums] if info.checksums else [])
+        names = index_files(info) + ([info.checksums] if info.checksums else [])
         blobs = self.cache.whole_files(names, self.upstream.read_files)
         crcs = None
         if info.checksums:
@@ -327,7 +333,9 @@ class Filler:
                 crcs = parse_checksums(blobs.pop(), info.records)
             except SidecarError:
                 crcs = None
-        _, offsets, ends, _ = split_index(self.upstream.where, blobs, info)
+        _, offsets, ends, keys = split_index(self.upstream.where, blobs, info)
+        if info.index_sidecar:
+            self._sidecar_indexes[name] = keys, offsets
         return SplitFill(self.cache, name, offsets, ends, crcs)
 
     def _fill_split(self, split: SplitFill) -> None:
@@ -360,6 +368,17 @@ class Filler:
                 split.release(s)
             if not self.cache.current():
                 self._stop.set()
+
+
+def _write_shard_indexes(cache: NodeCache, info: SplitInfo, keys: np.ndarray, offsets: np.ndarray) -> None:
+    """Each shard's .idx the cache lacks, written from the index sidecar where that gives the bytes the
+    manifest lists (as imgpipe's packs do), so that the node fetches none of them; the others are fetched."""
+    first = np.concatenate([[0], np.cumsum([s.records for s in info.shards])]).tolist()
+    lacking = set(cache.lacking([s.index for s in info.shards]))
+    for s, shard in enumerate(info.shards):
+        if shard.index in lacking:
+            a, b = first[s], first[s + 1]
+            cache.keep_if_listed(shard.index, "".join(map(format_index_line, keys[a:b].tolist(), offsets[a:b].tolist())).encode())
 
 
 def _stopped(folder: Path, error: ImgpipeError) -> None:

@@ -8,6 +8,7 @@ Layout of a packed folder::
     DST/{split}.sources.txt                 sidecar: one source path per record, in record order
     DST/{split}.labels.npy                  sidecar: int32 label per record, in record order
     DST/{split}.crc32.npy                   sidecar: uint32 zlib.crc32 of each record (IRHeader + image), in record order
+    DST/{split}.index.npy                   sidecar: every .idx of the split as one int64 array, keys then offsets
 
 The readers take the sidecar's bytes (so verify can hash the same bytes it parses) and raise
 :class:`SidecarError` without the path; each caller turns that into its own kind of report.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+import warnings
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -29,7 +31,8 @@ SHARD_FILE = re.compile(r"^(?P<split>[^/]+)-\d{5}-of-\d{5}\.(?P<ext>rec|idx|json
 SOURCES_SUFFIX = ".sources.txt"
 LABELS_SUFFIX = ".labels.npy"
 CHECKSUMS_SUFFIX = ".crc32.npy"
-SIDECAR_SUFFIXES = (SOURCES_SUFFIX, LABELS_SUFFIX, CHECKSUMS_SUFFIX)
+INDEX_SUFFIX = ".index.npy"
+SIDECAR_SUFFIXES = (SOURCES_SUFFIX, LABELS_SUFFIX, CHECKSUMS_SUFFIX, INDEX_SUFFIX)
 
 
 def shard_stem(split: str, number: int, count: int) -> str:
@@ -53,6 +56,10 @@ def labels_name(split: str) -> str:
 
 def checksums_name(split: str) -> str:
     return split + CHECKSUMS_SUFFIX
+
+
+def index_name(split: str) -> str:
+    return split + INDEX_SUFFIX
 
 
 class SidecarError(ValueError):
@@ -83,6 +90,12 @@ def labels_bytes(labels: np.ndarray) -> bytes:
 
 def checksums_bytes(crcs: np.ndarray) -> bytes:
     return _npy_bytes(np.asarray(crcs).astype(np.uint32))
+
+
+def index_bytes(keys: np.ndarray, offsets: np.ndarray) -> bytes:
+    """The index sidecar: the split's .idx files in shard order as one (2, records) int64 array, keys
+    then offsets, so that a reader opens a split of any number of shards with one read, not one per shard."""
+    return _npy_bytes(np.stack([np.asarray(keys, dtype=np.int64), np.asarray(offsets, dtype=np.int64)]))
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:
@@ -144,13 +157,43 @@ def parse_checksums(data: bytes, count: int) -> np.ndarray:
     return crcs.astype(np.uint32)
 
 
+def parse_index_sidecar(data: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The index sidecar of ``count`` records as (keys, offsets) int64 arrays (read-only views of ``data``)."""
+    array = _npy_view(data, 2)
+    if array.shape != (2, count):
+        raise SidecarError(f"holds a {array.shape} array, expected (2, {count}): keys and offsets of {count} records")
+    if array[1].size and array[1].min() < 0:
+        raise SidecarError(f"record {int(np.argmin(array[1]))}: negative offset {int(array[1].min())}", record=int(np.argmin(array[1])))
+    return array[0].astype(np.int64, copy=False), array[1].astype(np.int64, copy=False)
+
+
 def _parse_integers(data: bytes, count: int) -> np.ndarray:
-    try:
-        array = np.load(io.BytesIO(data), allow_pickle=False)
-    except Exception as e:  # a damaged header reaches numpy's literal_eval: SyntaxError, TokenError, ...
-        raise SidecarError(f"not a readable .npy file ({type(e).__name__}: {e})") from None
-    if array.ndim != 1 or array.dtype.kind not in "iu":
-        raise SidecarError(f"must be a 1-D integer array, got {array.dtype} {array.shape}")
+    array = _npy_view(data, 1)
     if array.shape[0] != count:
         raise SidecarError(f"holds {array.shape[0]} values, the manifest counts {count} records")
     return array
+
+
+_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def _npy_view(data: bytes, ndim: int) -> np.ndarray:
+    """The integer array of a .npy file's bytes, without a copy; its header is checked against the
+    bytes that follow it before anything is allocated, so a header cannot ask for more memory."""
+    stream = io.BytesIO(data)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a deprecated dtype in a damaged header is as unreadable as a bad one
+            version = np.lib.format.read_magic(stream)
+            if version not in _HEADER_READERS:
+                raise ValueError(f"format version {version}")
+            shape, fortran, dtype = _HEADER_READERS[version](stream)  # numpy's parser: headers over 10,000 bytes refused
+    except Exception as e:  # a damaged header reaches numpy's literal_eval: SyntaxError, TokenError, ...
+        raise SidecarError(f"not a readable .npy file ({type(e).__name__}: {e})") from None
+    if len(shape) != ndim or dtype.kind not in "iu" or dtype.hasobject or (fortran and ndim > 1):
+        raise SidecarError(f"must be a {ndim}-D integer array, got {dtype} {shape}{' (Fortran order)' if fortran and ndim > 1 else ''}")
+    count = int(np.prod(shape, dtype=object))
+    body = len(data) - stream.tell()
+    if body != count * dtype.itemsize:
+        raise SidecarError(f"its header says {shape} {dtype} ({count * dtype.itemsize} bytes) but {body} bytes follow it")
+    return np.frombuffer(data, dtype=dtype, count=count, offset=stream.tell()).reshape(shape)

@@ -57,6 +57,8 @@ class SplitInfo:
     labels_sha256: str
     checksums: str = ""  # optional sidecar of per-record crc32s ("" when absent); lets verify locate a corrupt record
     checksums_sha256: str = ""
+    index_sidecar: str = ""  # optional: every .idx of the split as one array ("" when absent), so a split opens with one read
+    index_sidecar_sha256: str = ""
 
     @property
     def records(self) -> int:
@@ -122,6 +124,8 @@ class Manifest:
                     labels_sha256=split["labels_sha256"],
                     checksums=split.get("checksums", ""),
                     checksums_sha256=split.get("checksums_sha256", ""),
+                    index_sidecar=split.get("index_sidecar", ""),
+                    index_sidecar_sha256=split.get("index_sidecar_sha256", ""),
                 )
                 for name, split in data["splits"].items()
             }
@@ -140,8 +144,9 @@ class Manifest:
             check_plain_name(name, where)
             check_plain_name(split.sources, where)
             check_plain_name(split.labels, where)
-            if split.checksums:
-                check_plain_name(split.checksums, where)
+            for sidecar in (split.checksums, split.index_sidecar):
+                if sidecar:
+                    check_plain_name(sidecar, where)
             for shard in split.shards:
                 check_plain_name(shard.name, where)
                 check_plain_name(shard.index, where)

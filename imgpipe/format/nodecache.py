@@ -77,6 +77,8 @@ def manifest_files(manifest: Manifest) -> dict[str, tuple[int | None, str]]:
         files[split.sources] = (None, split.sources_sha256)
         if split.checksums:
             files[split.checksums] = (None, split.checksums_sha256)
+        if split.index_sidecar:
+            files[split.index_sidecar] = (None, split.index_sidecar_sha256)
     return files
 
 
@@ -237,6 +239,17 @@ class NodeCache:
                 blobs[k] = data
             self._fetch_files(names, blobs, fetch)
         return blobs  # type: ignore[return-value]  (every item is set)
+
+    def lacking(self, names: Sequence[str]) -> list[str]:
+        """Those of the files ``names`` that the folder does not hold as the manifest lists them."""
+        return [name for name, blob in zip(names, self._local_files(names)) if blob is None]
+
+    def keep_if_listed(self, name: str, data: bytes) -> bool:
+        """Write ``data`` as the file ``name`` if it is what the manifest lists; False (nothing written) if not."""
+        if not self._matches(name, data):
+            return False
+        self._write_quietly(name, data)
+        return True
 
     def _local_files(self, names: Sequence[str]) -> list[bytes | None]:
         """The files of the folder whose sha256 matches the manifest; None for the others."""

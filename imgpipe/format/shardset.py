@@ -24,7 +24,7 @@ from imgpipe.format import recordio
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError, RecordIOError, RemoteError
 from imgpipe.format.bytesource import ByteRange, ByteSource, LocalSource, RangeError, is_url, open_source
 from imgpipe.format.checksum import crc32
-from imgpipe.format.layout import SHARD_FILE, SidecarError, SourceLines, parse_checksums, parse_labels, parse_sources
+from imgpipe.format.layout import SHARD_FILE, SidecarError, SourceLines, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, SplitInfo, fetch_manifest, incomplete_folder, load_manifest, manifest_path
 
 logger = logging.getLogger(__name__)
@@ -306,7 +306,7 @@ def open_shards(path: PathLike | Sequence[PathLike], split: str = "train", *, ca
     """Open a packed folder (with manifest.json) at a path or a URL, or bare .rec files with their .idx (path, list or glob).
 
     A URL (``s3://bucket/prefix``, ``gs://``, ``az://``, ``http(s)://``) must hold a packed folder;
-    its index and sidecars are read once, here (the .idx files concurrently). ``cache_dir``: a
+    its index and sidecars are read once, here, concurrently. ``cache_dir``: a
     node-local folder that caches the URL's dataset as it is read, and becomes its packed folder
     (``imgpipe.format.nodecache``). In a local folder
     without a manifest only file names decide the split: ``{split}-NNNNN-of-NNNNN.rec`` or
@@ -384,8 +384,12 @@ def _open_packed(folder: Path, split: str) -> ShardSet:
     manifest: Manifest = load_manifest(folder)
     info = _split_info(manifest, split, manifest_path(folder))
     recs = [folder / s.name for s in info.shards]
-    indexes = _local_indexes(recs, [folder / s.index for s in info.shards])
-    shard, offsets, ends, keys = _index_arrays(indexes, [s.records for s in info.shards])
+    if info.index_sidecar:
+        sizes = [_shard_size(rec) for rec in recs]
+        sidecar = folder / info.index_sidecar
+        shard, offsets, ends, keys = sidecar_index(_read_local(sidecar, "index sidecar"), info, sizes, sidecar)
+    else:
+        shard, offsets, ends, keys = _index_arrays(_local_indexes(recs, [folder / s.index for s in info.shards]), [s.records for s in info.shards])
     labels = _labels(_read_local(folder / info.labels, "labels sidecar"), folder / info.labels, len(offsets), len(manifest.classes))
     return ShardSet(
         LocalSource(folder), [s.name for s in info.shards], shard, offsets, ends, keys,
@@ -399,11 +403,11 @@ def _open_bare(recs: list[Path], split: str) -> ShardSet:
 
 
 def _open_remote(source: ByteSource, split: str, cache_dir: PathLike | None = None) -> ShardSet:
-    """A packed folder at a URL: the manifest, then every .idx, the labels and the crc32 sidecar in one
-    concurrent fetch; with ``cache_dir``, those found there, and then the records through it."""
+    """A packed folder at a URL: the manifest, then the index (its sidecar, or every .idx of an older
+    pack), the labels and the crc32 sidecar in one concurrent fetch; with ``cache_dir``, those found there, and then the records through it."""
     manifest_bytes, manifest = fetch_manifest(source)
     info = _split_info(manifest, split, source.where(MANIFEST_NAME))
-    names = [s.index for s in info.shards] + [info.labels] + ([info.checksums] if info.checksums else [])
+    names = index_files(info) + [info.labels] + ([info.checksums] if info.checksums else [])
     read_files = source.read_files
     cache = None
     if cache_dir is not None:
@@ -418,14 +422,14 @@ def _open_remote(source: ByteSource, split: str, cache_dir: PathLike | None = No
     except FileNotFoundError as e:
         raise DatasetError(f"{e}: the manifest lists it; run 'imgpipe verify {source.location}'") from None
     count = info.records
-    labels = _labels(blobs[len(info.shards)], source.where(info.labels), count, len(manifest.classes))
+    labels = _labels(blobs[len(index_files(info))], source.where(info.labels), count, len(manifest.classes))
     checksums = None
     if info.checksums:
         try:
             checksums = parse_checksums(blobs[-1], count)
         except SidecarError as e:
             raise DatasetError(f"{source.where(info.checksums)}: {e}; rerun 'imgpipe pack'") from None
-    del blobs[len(info.shards):]
+    del blobs[len(index_files(info)):]
     shard, offsets, ends, keys = split_index(source.where, blobs, info)
     rec_names = [s.name for s in info.shards]
     byte_source = source
@@ -440,10 +444,43 @@ def _open_remote(source: ByteSource, split: str, cache_dir: PathLike | None = No
     )
 
 
+def index_files(info: SplitInfo) -> list[str]:
+    """The files that hold a split's index: its index sidecar, or (in packs made before it) every .idx."""
+    return [info.index_sidecar] if info.index_sidecar else [s.index for s in info.shards]
+
+
 def split_index(where: Callable[[str], str], blobs: list[bytes], info: SplitInfo) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(shard number, offset, end, key) of every record of a split, from its .idx files' bytes in shard
-    order (``blobs`` is emptied as they are parsed); ``where(name)`` names a file in errors."""
+    """(shard number, offset, end, key) of every record of a split, from the bytes of its
+    ``index_files`` in order (``blobs`` is emptied as they are parsed); ``where(name)`` names a file in errors."""
+    if info.index_sidecar:
+        return sidecar_index(blobs.pop(), info, [s.bytes for s in info.shards], where(info.index_sidecar))
     return _index_arrays(_remote_indexes(where, blobs, info), [s.records for s in info.shards])
+
+
+def sidecar_index(data: bytes, info: SplitInfo, sizes: list[int], where: object) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``split_index`` from the split's index sidecar, each shard's records ending at ``sizes``."""
+    try:
+        keys, offsets = parse_index_sidecar(data, info.records)
+    except SidecarError as e:
+        raise DatasetError(f"{where}: {e}; run 'imgpipe verify' on its folder") from None
+    counts = np.array([s.records for s in info.shards], dtype=np.int64)
+    shard = np.repeat(np.arange(len(info.shards), dtype=np.int32), counts)
+    size = np.repeat(np.asarray(sizes, dtype=np.int64), counts)
+    past = offsets >= size
+    if past.any():
+        k = int(np.argmax(past))
+        raise DatasetError(
+            f"{where}: record {k}: offset {int(offsets[k])} is past the end of {info.shards[shard[k]].name} ({int(size[k])} bytes); "
+            "run 'imgpipe verify' on its folder"
+        )
+    last = np.cumsum(counts) - 1  # each shard's last record
+    ends = np.empty_like(offsets)
+    ends[:-1] = offsets[1:]
+    ends[last[counts > 0]] = np.asarray(sizes, dtype=np.int64)[counts > 0]
+    if not bool(np.all(ends > offsets)):  # records out of file order within a shard (an index not written by imgpipe)
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        ends = np.concatenate([_record_ends(offsets[a:b], n) for a, b, n in zip(bounds[:-1], bounds[1:], sizes)] or [ends])
+    return shard, offsets, ends, keys
 
 
 def _split_info(manifest: Manifest, split: str, where: object) -> SplitInfo:
@@ -453,6 +490,13 @@ def _split_info(manifest: Manifest, split: str, where: object) -> SplitInfo:
 
 
 IndexPart = tuple[np.ndarray, np.ndarray, int, str, str]  # keys, offsets, .rec size, .idx and .rec as shown
+
+
+def _shard_size(rec: Path) -> int:
+    try:
+        return rec.stat().st_size
+    except FileNotFoundError:
+        raise DatasetError(f"{rec}: shard is missing; run 'imgpipe verify' on its folder") from None
 
 
 def _local_indexes(recs: list[Path], idxs: list[Path]) -> Iterator[IndexPart]:

@@ -37,10 +37,12 @@ from imgpipe._sys.atomic import fsync_dir
 from imgpipe._sys.diskinfo import check_free_space, warn_if_slow
 from imgpipe._sys.distenv import available_cpus
 from imgpipe._sys.oserrors import NO_SPACE, describe, write_probe
-from imgpipe.errors import DatasetError, ImgpipeError, PackError
+from imgpipe.errors import DatasetError, ImgpipeError, PackError, RecordIOError
+from imgpipe.format import recordio
 from imgpipe.packing.journal import JOURNAL_DIR, Journal, ShardResult
 from imgpipe.format.layout import (
-    SIDECAR_SUFFIXES, checksums_bytes, checksums_name, is_shard_file, labels_bytes, labels_name, sources_bytes, sources_name, write_sidecar,
+    SIDECAR_SUFFIXES, checksums_bytes, checksums_name, index_bytes, index_name, is_shard_file, labels_bytes, labels_name, sources_bytes,
+    sources_name, write_sidecar,
 )
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped, SplitInfo, load_manifest, write_manifest
 from imgpipe.loaders.seeding import MAX_SEED
@@ -529,6 +531,7 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
     for name, split in plan.splits.items():
         kept: list[np.ndarray] = []
         crcs: list[np.ndarray] = []
+        indexes: list[tuple[np.ndarray, np.ndarray]] = []
         shard_infos = []
         for spec in split.shards:
             entry = journal.read_entry(spec.name)
@@ -545,6 +548,7 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
             positions = np.array([p for p in range(spec.start, spec.stop) if p not in gone], dtype=np.int64)
             kept.append(positions)
             crcs.append(np.array(entry.crc32, dtype=np.uint32))
+            indexes.append(_read_published_index(dst / f"{final}.idx"))
             shard_infos.append(
                 ShardInfo(f"{final}.rec", f"{final}.idx", entry.records, entry.bytes, entry.sha256, entry.index_bytes, entry.index_sha256)
             )
@@ -566,6 +570,10 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
             labels_sha256=write_sidecar(dst / labels_name(name), labels_bytes(split.labels[order])),
             checksums=checksums_name(name),
             checksums_sha256=write_sidecar(dst / checksums_name(name), checksums_bytes(np.concatenate(crcs))),
+            index_sidecar=index_name(name),
+            index_sidecar_sha256=write_sidecar(
+                dst / index_name(name), index_bytes(np.concatenate([k for k, _ in indexes]), np.concatenate([o for _, o in indexes]))
+            ),
         )
         report.records[name] = int(order.size)
     skipped += [Skipped(name, path, reason) for name, rejected in plan.rejected.items() for path, reason in rejected]
@@ -579,6 +587,14 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
     report.skipped = skipped
     report.actions = dict(sorted(actions.items()))
     report.repairs = dict(sorted(repairs.items()))
+
+
+def _read_published_index(idx: Path) -> tuple[np.ndarray, np.ndarray]:
+    """A written shard's .idx as (keys, offsets), for the split's index sidecar."""
+    try:
+        return recordio.read_index(idx)
+    except (OSError, RecordIOError) as e:
+        raise PackError(f"{idx}: cannot read the shard's index back ({e}); rerun the pack") from None
 
 
 def _publish(dst: Path, spec: ShardSpec, final: str | None) -> None:

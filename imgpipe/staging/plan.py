@@ -12,7 +12,7 @@ from functools import partial
 from typing import Callable
 
 from imgpipe.errors import DatasetError, RecordIOError
-from imgpipe.format.layout import SidecarError, parse_checksums, parse_labels, parse_sources
+from imgpipe.format.layout import SidecarError, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest
 from imgpipe.format.recordio import parse_index
 
@@ -59,6 +59,8 @@ def manifest_files(manifest: Manifest, where: object = MANIFEST_NAME) -> list[Li
         files.append(ListedFile(split.sources, split.sources_sha256, None, partial(parse_sources, count=count)))
         if split.checksums:  # absent in packs made before the crc32 sidecar
             files.append(ListedFile(split.checksums, split.checksums_sha256, None, partial(parse_checksums, count=count)))
+        if split.index_sidecar:  # absent in packs made before the index sidecar
+            files.append(ListedFile(split.index_sidecar, split.index_sidecar_sha256, None, partial(parse_index_sidecar, count=count)))
     seen: set[str] = set()
     for listed in files:
         if listed.name in seen:

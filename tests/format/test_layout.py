@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import io
+import tracemalloc
+from functools import partial
+from typing import Callable
+
 import numpy as np
 import pytest
 
 from imgpipe.format import layout
-from imgpipe.format.layout import SidecarError, parse_checksums, parse_labels, parse_sources
+from imgpipe.format.layout import SidecarError, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
 
 
 def test_names_of_shards_and_sidecars() -> None:
     assert layout.shard_stem("train", 3, 12) == "train-00003-of-00012"
     assert layout.is_shard_file("train-00003-of-00012.rec") and layout.is_shard_file("val-00000-of-00001.idx")
     assert not layout.is_shard_file("train-00003-of-00012.json") and not layout.is_shard_file("train.rec")
-    names = (layout.sources_name("val"), layout.labels_name("val"), layout.checksums_name("val"))
-    assert names == ("val.sources.txt", "val.labels.npy", "val.crc32.npy")
+    names = (layout.sources_name("val"), layout.labels_name("val"), layout.checksums_name("val"), layout.index_name("val"))
+    assert names == ("val.sources.txt", "val.labels.npy", "val.crc32.npy", "val.index.npy")
     assert all(name.endswith(layout.SIDECAR_SUFFIXES) for name in names)
 
 
@@ -26,6 +31,42 @@ def test_writers_and_readers_round_trip() -> None:
     crcs = np.array([0, 0xFFFFFFFF, 7], dtype=np.uint32)
     assert parse_checksums(layout.checksums_bytes(crcs), 3).tolist() == crcs.tolist()
     assert len(parse_sources(b"a\nb", 2)) == 2 and len(parse_sources(b"", 0)) == 0
+    keys, offsets = parse_index_sidecar(layout.index_bytes(np.array([5, 9, 2]), np.array([0, 4096, 1 << 40])), 3)
+    assert keys.dtype == offsets.dtype == np.int64
+    assert keys.tolist() == [5, 9, 2] and offsets.tolist() == [0, 4096, 1 << 40]
+
+
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        (layout.index_bytes(np.arange(2), np.arange(2)), r"holds a \(2, 2\) array, expected \(2, 3\)"),
+        (layout._npy_bytes(np.zeros((3, 2), np.int64)), r"holds a \(3, 2\) array"),
+        (layout._npy_bytes(np.zeros(6, np.int64)), "must be a 2-D integer array"),
+        (layout._npy_bytes(np.asfortranarray(np.zeros((2, 3), np.int64))), "Fortran order"),
+        (layout.index_bytes(np.arange(3), np.array([0, -8, 16])), "record 1: negative offset -8"),
+    ],
+)
+def test_a_bad_index_sidecar_is_one_error(data: bytes, message: str) -> None:
+    with pytest.raises(SidecarError, match=message):
+        parse_index_sidecar(data, 3)
+
+
+@pytest.mark.parametrize(
+    "parse,shape",
+    [(partial(parse_labels, count=1 << 31, classes=4), (1 << 31,)), (partial(parse_index_sidecar, count=1 << 30), (2, 1 << 30))],
+)
+def test_a_header_that_claims_more_than_follows_allocates_nothing(parse: Callable[[bytes], object], shape: tuple[int, ...]) -> None:
+    """A .npy header is a length field: its shape is checked against the bytes after it before any array exists."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<i8", "fortran_order": False, "shape": shape})
+    tracemalloc.start()
+    try:
+        with pytest.raises(SidecarError, match="but 16 bytes follow it"):
+            parse(header.getvalue() + bytes(16))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20  # numpy's own np.load would ask for 16 GiB here
 
 
 @pytest.mark.parametrize(

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from _tiny_shards import make_tiny_pack  # noqa: E402
+from _tiny_shards import make_tiny_pack, without_index_sidecar  # noqa: E402
 
 from imgpipe.errors import DatasetError, RecordIOError  # noqa: E402
 from imgpipe.format.recordio import MAGIC_BYTES, IndexedRecordWriter, IRHeader, pack_header, read_index, read_record_at, unpack_header  # noqa: E402
 from imgpipe.format.dali_index import write_dali_index  # noqa: E402
 from imgpipe.format.shardset import open_shards  # noqa: E402
+from imgpipe.format.layout import index_bytes, parse_index_sidecar  # noqa: E402
 
 
 @pytest.fixture
@@ -56,6 +57,43 @@ def test_index_arrays_match_the_idx_files(tiny: Path) -> None:
         starts += len(keys)
     assert s.describe(7).startswith(f"{s.rec_paths[s.location(7)[0]].name} record 7 (id 14, offset ")
     assert s.describe(7).endswith("source train/n00000003/n00000003_7.JPEG)")
+
+
+def test_the_index_sidecar_is_the_idx_files_and_opens_the_same_split(packed_dir: Path, tmp_path: Path) -> None:
+    with_sidecar, without = tmp_path / "with", tmp_path / "without"
+    shutil.copytree(packed_dir, with_sidecar)
+    shutil.copytree(packed_dir, without)
+    without_index_sidecar(without)
+    for split in ("train", "val"):
+        keys, offsets = parse_index_sidecar((packed_dir / f"{split}.index.npy").read_bytes(), len(open_shards(without, split)))
+        idx = [read_index(p) for p in sorted(packed_dir.glob(f"{split}-*.idx"))]
+        assert keys.tolist() == np.concatenate([k for k, _ in idx]).tolist()
+        assert offsets.tolist() == np.concatenate([o for _, o in idx]).tolist()
+    for p in with_sidecar.glob("*.idx"):
+        p.unlink()  # opened from the sidecar, a split needs none of them
+    for split in ("train", "val"):
+        a, b = open_shards(with_sidecar, split), open_shards(without, split)
+        assert [a.location(i) for i in range(len(a))] == [b.location(i) for i in range(len(b))]
+        assert a.keys.tolist() == b.keys.tolist() and a.labels.tolist() == b.labels.tolist()
+        assert all(a.read(i) == b.read(i) for i in range(len(a)))
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (lambda d: (d / "train.index.npy").unlink(), "train.index.npy: index sidecar is missing"),
+        (lambda d: (d / "train.index.npy").write_bytes(b"\x93NUMPY garbage"), "train.index.npy: not a readable .npy file"),
+        (lambda d: (d / "train.index.npy").write_bytes(index_bytes(np.arange(3), np.arange(3))), r"holds a \(2, 3\) array, expected \(2, 48\)"),
+        (lambda d: (d / "train.index.npy").write_bytes(index_bytes(np.arange(48), np.arange(48) * 10**8)), "record 1: offset 100000000 is past the end of train-00000-of-00002.rec"),
+    ],
+)
+def test_a_broken_index_sidecar_is_one_dataset_error(packed_dir: Path, tmp_path: Path, damage, message: str) -> None:
+    folder = tmp_path / "packed"
+    shutil.copytree(packed_dir, folder)
+    damage(folder)
+    with pytest.raises(DatasetError, match=message) as info:
+        open_shards(folder)
+    assert "\n" not in str(info.value)
 
 
 def test_read_view_is_read_without_the_copy(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ from imgpipe.synthlayouts import LAYOUTS
 SYNTH = dict(classes=6, per_class=5, val_per_class=2, seed=7, quirks=True, min_side=32, max_side=64, progress=False)
 ARCHIVES = ("split-tar", "hf-tar", "hf-parquet", "wds", "kaggle-zip")
 STREAMS = ("hf-tar", "hf-parquet")
-COMPARED = (".rec", ".idx", ".labels.npy", ".crc32.npy")
+COMPARED = (".rec", ".idx", ".labels.npy", ".crc32.npy", ".index.npy")
 
 
 def imgpipe(*args: object, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -48,7 +48,7 @@ def imgpipe(*args: object, env: dict[str, str] | None = None, timeout: float = 1
 
 
 def shard_files(dst: Path) -> dict[str, bytes]:
-    """What must be byte-identical: every .rec, .idx, labels and crc32 sidecar."""
+    """What must be byte-identical: every .rec, .idx, labels, crc32 and index sidecar."""
     return {p.name: p.read_bytes() for p in sorted(dst.iterdir()) if p.name.endswith(COMPARED)}
 
 
@@ -81,7 +81,7 @@ def test_layout_packs_byte_identical_to_the_extracted_tree(
 ) -> None:
     report = pack(datasets / layout, tmp_path / "out", shards="train=3,val=2", workers=workers, progress=False)
     assert shard_files(tmp_path / "out") == shard_files(tree_pack)
-    assert len(shard_files(tree_pack)) == 2 * 5 + 4
+    assert len(shard_files(tree_pack)) == 2 * 5 + 6
     tree, packed = load_manifest(tree_pack), load_manifest(tmp_path / "out")
     assert packed.layout == layout and tree.layout == "imagenet"
     assert packed.options == tree.options

@@ -24,7 +24,7 @@ from imgpipe.packing.packer import pack
 from imgpipe.synth import make_synthetic
 
 SYNTH = dict(classes=3, per_class=3, val_per_class=1, seed=3, min_side=24, max_side=40, progress=False)
-COMPARED = (".rec", ".idx", ".labels.npy", ".crc32.npy")
+COMPARED = (".rec", ".idx", ".labels.npy", ".crc32.npy", ".index.npy")
 
 
 def shard_files(dst: Path) -> dict[str, bytes]:

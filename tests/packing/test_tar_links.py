@@ -24,7 +24,7 @@ from imgpipe.synth import make_synthetic
 pytestmark = pytest.mark.skipif(shutil.which("tar") is None, reason="GNU tar is the reference extractor")
 
 SYNTH = dict(classes=3, per_class=2, val_per_class=3, seed=5, min_side=32, max_side=64, progress=False)
-COMPARED = (".rec", ".idx", ".labels.npy", ".crc32.npy")
+COMPARED = (".rec", ".idx", ".labels.npy", ".crc32.npy", ".index.npy")
 
 
 def val_name(k: int) -> str:
@@ -76,7 +76,7 @@ def extract_and_compare(
     from_tree = pack(tree, tmp_path / "from-tree", **options)
     from_tar = pack(src, tmp_path / "from-tar", **options)
     assert packed(tmp_path / "from-tar") == packed(tmp_path / "from-tree")
-    assert len(packed(tmp_path / "from-tree")) == 2 * (2 * 2 + 2)
+    assert len(packed(tmp_path / "from-tree")) == 2 * (2 * 2 + 3)
     return from_tree, from_tar
 
 

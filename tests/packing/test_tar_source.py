@@ -65,7 +65,7 @@ def test_tars_pack_byte_identical_to_extracted_tree_and_verify(twins: tuple[Path
     from_tars = pack(tars, tmp_path / "tars", **options)
     sidecars = ("manifest.json", "train.sources.txt", "val.sources.txt")
     assert output_files(tmp_path / "tars", sidecars) == output_files(tmp_path / "tree", sidecars)
-    assert len(output_files(tmp_path / "tree", sidecars)) == 2 * 5 + 4  # .rec/.idx of 5 shards, labels and crc32 of 2 splits
+    assert len(output_files(tmp_path / "tree", sidecars)) == 2 * 5 + 6  # .rec/.idx of 5 shards, labels, crc32 and index of 2 splits
     a, b = load_manifest(tmp_path / "tree"), load_manifest(tmp_path / "tars")
     assert a.classes == b.classes and a.options == b.options and b.source == str(tars)
     assert {s: [x.sha256 for x in a.splits[s].shards] for s in a.splits} == {s: [x.sha256 for x in b.splits[s].shards] for s in b.splits}

@@ -101,6 +101,7 @@ def test_epochs_through_a_cache_equal_the_folder_then_it_verifies_and_serves_the
     if fault is not None:
         assert fault_proxy.counts.faults[fault] > 0
     fault_proxy.inject(None)
+    assert not [path for path in fault_proxy.counts.bodies if ".idx" in path]  # the node wrote each .idx from the index sidecar
     _verify(cache)
     _assert_same(_epochs(_torch(cache)), local)  # a packed folder like any other
     gets = fault_proxy.counts.gets

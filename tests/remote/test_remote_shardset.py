@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ from s3_server import FAULTS, FaultProxy, S3Server, free_port
 
 from imgpipe.errors import ConfigError, DatasetError, RemoteError
 from imgpipe.format.shardset import open_shards
+from tests._tiny_shards import without_index_sidecar
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,13 +50,22 @@ def test_a_folder_served_over_http_reads_the_same(s3_env: S3Server, remote_packe
 
 def test_the_index_is_fetched_once_and_a_batch_in_one_request_per_shard(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path) -> None:
     remote = open_shards(remote_packed)
-    shards = len(remote.rec_names)
-    assert fault_proxy.counts.gets == 1 + shards + 2  # manifest, every .idx, labels and crc32 sidecars
+    assert fault_proxy.counts.gets == 4  # manifest, then the index, labels and crc32 sidecars: 4 for any number of shards
     before = fault_proxy.counts.matching_gets
     neighbours = np.arange(10, 26)  # 16 neighbouring records, as block_shuffle puts them in one batch
     records = remote.fetch(neighbours)
     assert [records.read_view(k)[1] for k in range(16)] == [open_shards(packed_dir).read(int(i))[1] for i in neighbours]
     assert fault_proxy.counts.matching_gets - before == len({remote.location(int(i))[0] for i in neighbours})
+
+
+def test_a_pack_made_before_the_index_sidecar_is_read_from_its_idx_files(
+    fault_proxy: FaultProxy, s3_server: S3Server, packed_dir: Path, tmp_path: Path
+) -> None:
+    older = Path(shutil.copytree(packed_dir, tmp_path / "older"))
+    without_index_sidecar(older)
+    remote = open_shards(s3_server.upload(older, BUCKET, "older"))
+    assert fault_proxy.counts.gets == 1 + len(remote.rec_names) + 2  # manifest, every .idx, labels and crc32 sidecars
+    _same_records(open_shards(packed_dir), remote)
 
 
 def test_batches_named_ahead_are_requested_before_they_are_asked_for(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path) -> None:
