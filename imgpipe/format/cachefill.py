@@ -33,7 +33,6 @@ import numpy as np
 from imgpipe.errors import ImgpipeError, RemoteError
 from imgpipe.format.bytesource import ByteRange
 from imgpipe.format.layout import SidecarError, parse_checksums
-from imgpipe.format.manifest import SplitInfo
 from imgpipe.format.recordio import format_index_line
 from imgpipe.format.nodecache import NodeCache, boot_id, warn_unwritable
 from imgpipe.format.shardset import index_files, record_problem, split_index
@@ -290,7 +289,7 @@ class Filler:
         self.thread = threading.Thread(target=self.run, name="imgpipe-cache-fill", daemon=True)
         self.progress = Progress()
         self._stop = threading.Event()
-        self._sidecar_indexes: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # (keys, offsets) of the splits opened from their index sidecar
+        self._sidecar_keys: dict[str, np.ndarray] = {}  # the records' keys of each split opened from its index sidecar
 
     def stop(self) -> None:
         self._stop.set()
@@ -316,8 +315,9 @@ class Filler:
             if self._stop.is_set():
                 return
         info = [cache.split(name) for name in order]
-        for name, (keys, offsets) in self._sidecar_indexes.items():
-            _write_shard_indexes(cache, cache.split(name), keys, offsets)
+        for split in splits:
+            if split.name in self._sidecar_keys:
+                _write_shard_indexes(split, self._sidecar_keys[split.name])
         rest = [f for split in info for f in (split.sources, split.labels, *(s.index for s in split.shards))]
         cache.whole_files(rest, self.upstream.read_files)
         if all(split.all_complete() for split in splits):
@@ -335,7 +335,7 @@ class Filler:
                 crcs = None
         _, offsets, ends, keys = split_index(self.upstream.where, blobs, info)
         if info.index_sidecar:
-            self._sidecar_indexes[name] = keys, offsets
+            self._sidecar_keys[name] = keys
         return SplitFill(self.cache, name, offsets, ends, crcs)
 
     def _fill_split(self, split: SplitFill) -> None:
@@ -370,15 +370,17 @@ class Filler:
                 self._stop.set()
 
 
-def _write_shard_indexes(cache: NodeCache, info: SplitInfo, keys: np.ndarray, offsets: np.ndarray) -> None:
-    """Each shard's .idx the cache lacks, written from the index sidecar where that gives the bytes the
-    manifest lists (as imgpipe's packs do), so that the node fetches none of them; the others are fetched."""
-    first = np.concatenate([[0], np.cumsum([s.records for s in info.shards])]).tolist()
-    lacking = set(cache.lacking([s.index for s in info.shards]))
-    for s, shard in enumerate(info.shards):
+def _write_shard_indexes(split: SplitFill, keys: np.ndarray) -> None:
+    """Each shard's .idx the cache lacks, written from the split's ``keys`` and offsets (its index sidecar's)
+    where that gives the bytes the manifest lists (as imgpipe's packs do), so that the node fetches none
+    of them; the others are fetched."""
+    shards = split.cache.split(split.name).shards
+    lacking = set(split.cache.lacking([shard.index for shard in shards]))
+    for s, shard in enumerate(shards):
         if shard.index in lacking:
-            a, b = first[s], first[s + 1]
-            cache.keep_if_listed(shard.index, "".join(map(format_index_line, keys[a:b].tolist(), offsets[a:b].tolist())).encode())
+            records = slice(split.records(s).start, split.records(s).stop)
+            text = "".join(map(format_index_line, keys[records].tolist(), split.offsets[records].tolist()))
+            split.cache.keep_if_listed(shard.index, text.encode())
 
 
 def _stopped(folder: Path, error: ImgpipeError) -> None:

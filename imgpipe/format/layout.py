@@ -163,7 +163,8 @@ def parse_index_sidecar(data: bytes, count: int) -> tuple[np.ndarray, np.ndarray
     if array.shape != (2, count):
         raise SidecarError(f"holds a {array.shape} array, expected (2, {count}): keys and offsets of {count} records")
     if array[1].size and array[1].min() < 0:
-        raise SidecarError(f"record {int(np.argmin(array[1]))}: negative offset {int(array[1].min())}", record=int(np.argmin(array[1])))
+        bad = int(np.argmin(array[1]))
+        raise SidecarError(f"record {bad}: negative offset {int(array[1][bad])}", record=bad)
     return array[0].astype(np.int64, copy=False), array[1].astype(np.int64, copy=False)
 
 

@@ -421,15 +421,15 @@ def _open_remote(source: ByteSource, split: str, cache_dir: PathLike | None = No
         blobs = read_files(names)
     except FileNotFoundError as e:
         raise DatasetError(f"{e}: the manifest lists it; run 'imgpipe verify {source.location}'") from None
-    count = info.records
-    labels = _labels(blobs[len(index_files(info))], source.where(info.labels), count, len(manifest.classes))
+    count, index_count = info.records, len(index_files(info))
+    labels = _labels(blobs[index_count], source.where(info.labels), count, len(manifest.classes))
     checksums = None
     if info.checksums:
         try:
             checksums = parse_checksums(blobs[-1], count)
         except SidecarError as e:
             raise DatasetError(f"{source.where(info.checksums)}: {e}; rerun 'imgpipe pack'") from None
-    del blobs[len(index_files(info)):]
+    del blobs[index_count:]
     shard, offsets, ends, keys = split_index(source.where, blobs, info)
     rec_names = [s.name for s in info.shards]
     byte_source = source
@@ -479,7 +479,7 @@ def sidecar_index(data: bytes, info: SplitInfo, sizes: list[int], where: object)
     ends[last[counts > 0]] = np.asarray(sizes, dtype=np.int64)[counts > 0]
     if not bool(np.all(ends > offsets)):  # records out of file order within a shard (an index not written by imgpipe)
         bounds = np.concatenate([[0], np.cumsum(counts)])
-        ends = np.concatenate([_record_ends(offsets[a:b], n) for a, b, n in zip(bounds[:-1], bounds[1:], sizes)] or [ends])
+        ends = np.concatenate([_record_ends(offsets[a:b], n) for a, b, n in zip(bounds[:-1], bounds[1:], sizes)])
     return shard, offsets, ends, keys
 
 

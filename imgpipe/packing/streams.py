@@ -22,7 +22,7 @@ from imgpipe._sys.oserrors import advice, describe
 from imgpipe.errors import DatasetError
 from imgpipe.packing import fastzlib, tarwalk
 from imgpipe.packing.parquetpages import ChunkReader, Images, Unsupported
-from imgpipe.packing.tarwalk import TarEntry, TarfileWalk, TarWalk
+from imgpipe.packing.tarwalk import TarEntry
 
 READ_BUFFER = 1 << 20
 IMAGE_COLUMN = "image"
@@ -105,13 +105,6 @@ def open_tar_gz(path: Path) -> ForwardFile:
     return ForwardFile(io.BufferedReader(fastzlib.open_gzip(raw), READ_BUFFER), raw)  # type: ignore[arg-type]
 
 
-def tar_walk(stream: ForwardFile, plain: bool) -> TarWalk | TarfileWalk:
-    """The members of the tar in ``stream``: walked by ``tarwalk`` where every header is ``plain``, else by ``tarfile``."""
-    if plain:
-        return TarWalk(stream.read, lambda count: stream.seek(count, io.SEEK_CUR))
-    return TarfileWalk(stream)  # type: ignore[arg-type]
-
-
 def broken_tar_gz(path: Path, error: BaseException, last: str) -> DatasetError:
     """A file the OS will not read says why; a damaged one, to download it again."""
     if isinstance(error, OSError) and advice(error, writing=False):
@@ -140,7 +133,7 @@ def _list_tar_gz(path: Path, plain: bool) -> list[TarEntry]:
     ordinal = 0
     try:
         with open_tar_gz(path) as stream:
-            for member in tar_walk(stream, plain):
+            for member in tarwalk.walk_file(stream, plain):  # type: ignore[arg-type]
                 offset = -1
                 if member.type in tarfile.REGULAR_TYPES:
                     offset, ordinal = ordinal, ordinal + 1
@@ -171,7 +164,7 @@ def _wanted_members(path: Path, wanted: np.ndarray, plain: bool) -> Iterator[tup
     ordinal = 0
     try:
         with open_tar_gz(path) as stream:
-            walk = tar_walk(stream, plain)
+            walk = tarwalk.walk_file(stream, plain)  # type: ignore[arg-type]
             for member in walk:
                 if member.type not in tarfile.REGULAR_TYPES:
                     continue

@@ -28,7 +28,7 @@ import os
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -39,7 +39,7 @@ from imgpipe._sys.oserrors import describe
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.packing.members import DANGLING_LINK, OUTSIDE_LINK, SPAN, ArchiveFile, MemberSpans, OpenArchive
-from imgpipe.packing.tarwalk import BLOCK, TarEntry, TarfileWalk, TarWalk, Unsupported
+from imgpipe.packing.tarwalk import BLOCK, TarEntry, TarfileWalk, TarWalk, Unsupported, walk_file
 from imgpipe.packing.source import NEWLINE_REASON, VAL_CSV, SourceTree, SplitItems, is_image_name, label_flat_val, read_val_csv, warn_left_out
 
 logger = logging.getLogger(__name__)
@@ -410,27 +410,9 @@ def list_tar(source: OpenArchive, start: int, size: int, where: str, download: s
     walked by ``tarwalk``; a tar with any other kind is read by ``tarfile`` instead.
     """
     try:
-        return _listed(TarWalk(*_window_reader(source, start, size)), source, start, size, where, download)
+        return _listed(walk_file(Window(source, start, size), plain=True), source, start, size, where, download)
     except Unsupported:
-        return _listed(TarfileWalk(Window(source, start, size)), source, start, size, where, download)  # type: ignore[arg-type]
-
-
-def _window_reader(source: OpenArchive, start: int, size: int) -> tuple[Callable[[int], bytes], Callable[[int], None]]:
-    """``read(n)`` and ``skip(n)`` over bytes [start, start + size) of ``source``."""
-    position = 0
-
-    def read(count: int) -> bytes:
-        nonlocal position
-        count = max(0, min(count, size - position))
-        data = source.pread(count, start + position) if count else b""
-        position += len(data)
-        return data
-
-    def skip(count: int) -> None:
-        nonlocal position
-        position += count
-
-    return read, skip
+        return _listed(walk_file(Window(source, start, size), plain=False), source, start, size, where, download)
 
 
 def _listed(walk: TarWalk | TarfileWalk, source: OpenArchive, start: int, size: int, where: str, download: str) -> list[TarEntry]:
@@ -479,11 +461,17 @@ class Window(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def,override]
-        count = max(0, min(len(buffer), self.size - self.position))
+    def read(self, size: int | None = -1) -> bytes:
+        """Up to ``size`` bytes (the rest of the window if negative) with one ``pread``, no buffer copy."""
+        left = max(0, self.size - self.position)
+        count = left if size is None or size < 0 else min(size, left)
         data = self.source.pread(count, self.start + self.position) if count else b""
-        buffer[: len(data)] = data
         self.position += len(data)
+        return data
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def,override]
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
         return len(data)
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:

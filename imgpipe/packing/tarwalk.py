@@ -12,6 +12,7 @@ its verdict on a damaged archive stay ``tarfile``'s own.
 from __future__ import annotations
 
 import functools
+import io
 import re
 import struct
 import tarfile
@@ -97,6 +98,14 @@ class TarfileWalk:
     def data(self, member: TarEntry) -> bytes:
         """The data of ``member``, the one just yielded."""
         return self._archive.extractfile(self._info).read()  # type: ignore[union-attr]
+
+
+def walk_file(fileobj: IO[bytes], plain: bool) -> TarWalk | TarfileWalk:
+    """The members of the tar in ``fileobj``, from where it stands: walked by ``TarWalk`` where every
+    header is ``plain``, else by ``tarfile``."""
+    if plain:
+        return TarWalk(fileobj.read, lambda count: fileobj.seek(count, io.SEEK_CUR))
+    return TarfileWalk(fileobj)
 
 
 def parse(header: bytes, offset: int) -> TarEntry:

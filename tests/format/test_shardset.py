@@ -18,7 +18,8 @@ from _tiny_shards import make_tiny_pack, without_index_sidecar  # noqa: E402
 from imgpipe.errors import DatasetError, RecordIOError  # noqa: E402
 from imgpipe.format.recordio import MAGIC_BYTES, IndexedRecordWriter, IRHeader, pack_header, read_index, read_record_at, unpack_header  # noqa: E402
 from imgpipe.format.dali_index import write_dali_index  # noqa: E402
-from imgpipe.format.shardset import open_shards  # noqa: E402
+from imgpipe.format.shardset import open_shards, sidecar_index  # noqa: E402
+from imgpipe.format.manifest import ShardInfo, SplitInfo  # noqa: E402
 from imgpipe.format.layout import index_bytes, parse_index_sidecar  # noqa: E402
 
 
@@ -76,6 +77,14 @@ def test_the_index_sidecar_is_the_idx_files_and_opens_the_same_split(packed_dir:
         assert [a.location(i) for i in range(len(a))] == [b.location(i) for i in range(len(b))]
         assert a.keys.tolist() == b.keys.tolist() and a.labels.tolist() == b.labels.tolist()
         assert all(a.read(i) == b.read(i) for i in range(len(a)))
+
+
+def test_an_index_sidecar_out_of_file_order_gives_each_record_its_own_end() -> None:
+    """Records listed out of file order within a shard (an index imgpipe does not write) still end where the next one in the file starts."""
+    info = SplitInfo([ShardInfo("a.rec", "a.idx", 3, 30, "", 0, ""), ShardInfo("b.rec", "b.idx", 2, 8, "", 0, "")], "", "", "", "")
+    shard, offsets, ends, keys = sidecar_index(index_bytes(np.arange(5), np.array([20, 0, 10, 0, 5])), info, [30, 8], "x")
+    assert shard.tolist() == [0, 0, 0, 1, 1] and keys.tolist() == [0, 1, 2, 3, 4]
+    assert offsets.tolist() == [20, 0, 10, 0, 5] and ends.tolist() == [30, 10, 20, 5, 8]
 
 
 @pytest.mark.parametrize(
