@@ -9,6 +9,10 @@ Rows (2 loader workers, uint8 224 px train batches of 64, ImageNet-shaped JPEGs 
 first, loader construction included, is "cold", the second "warm"):
 
 * ``imgpipe-local``: imgpipe's torch loader from the packed folder on the local disk (page cache warm);
+* ``local+fill``: the local folder's epochs while another process fills a fresh ``cache_dir`` of
+  the bucket (``FILL_BESIDE``, started with the loader): the same fill on the same cores, never
+  waited for. Its cold epoch is the most a cold epoch through a cache can reach on this machine,
+  whatever the order the bytes come in;
 * ``imgpipe-cache``: from the bucket with an empty ``cache_dir``: the first epoch streams what it
   needs while the rest of the dataset is fetched in the background, the second reads the cache;
 * ``imgpipe-stream``: from the bucket without a cache: images/s and range GETs per record;
@@ -56,8 +60,8 @@ from remote_stream import tiny_jpeg, upload  # puts tests/remote/ on sys.path
 from s3_server import S3Server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCAL, CACHE, STREAM = "imgpipe-local", "imgpipe-cache", "imgpipe-stream"
-ROWS = (LOCAL, CACHE, STREAM)
+LOCAL, BESIDE, CACHE, STREAM = "imgpipe-local", "local+fill", "imgpipe-cache", "imgpipe-stream"
+ROWS = (LOCAL, BESIDE, CACHE, STREAM)
 BUCKET = "imgpipe-bench"
 
 FIRST_BATCH = """
@@ -83,6 +87,16 @@ while sys.argv[3] == "whole" and not os.path.exists(os.path.join(sys.argv[2], "m
 os._exit(0)
 """
 
+FILL_BESIDE = """
+import os, sys, time
+from imgpipe.format.shardset import open_shards
+print("ready", flush=True)
+sys.stdin.readline()  # the loader beside it is being built
+open_shards(sys.argv[1], "train", cache_dir=sys.argv[2])
+while not os.path.exists(os.path.join(sys.argv[2], "manifest.json")):
+    time.sleep(0.05)  # this process's store helper fills the cache meanwhile
+"""
+
 
 # ----------------------------------------------------------------------------- child
 
@@ -95,13 +109,22 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     cache_dir = spec.get("cache_dir")
+    beside = None
+    if spec.get("fill_beside"):  # imported and waiting: the fill starts with the loader
+        beside = subprocess.Popen([sys.executable, "-c", FILL_BESIDE, *spec["fill_beside"]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert beside.stdin is not None and beside.stdout is not None and beside.stdout.readline().strip() == "ready"
 
     def build() -> Any:
+        if beside is not None:
+            beside.stdin.write("go\n")  # type: ignore[union-attr]
+            beside.stdin.flush()  # type: ignore[union-attr]
         return make_torch_loader(spec["data"], batch_size=spec["batch_size"], image_size=spec["image_size"], workers=spec["workers"],
                                  device=None, normalize=False, rank=0, world_size=1, cache_dir=cache_dir)  # fmt: skip
 
     counters = (lambda: _s3_server.fetch_counts(spec["endpoint"])) if spec.get("endpoint") else None
     result = run_epochs(build, spec["epochs"], torch.uint8, counters)
+    if beside is not None and beside.wait(timeout=600) != 0:
+        raise SystemExit("the fill beside the local loader failed")
     if cache_dir:
         result["cache_complete"] = (Path(cache_dir) / "manifest.json").is_file()
     return result
@@ -196,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     cache = work / "cache"
                     shutil.rmtree(cache, ignore_errors=True)
-                    spec.update(data=str(rec) if name == LOCAL else url, cache_dir=str(cache) if name == CACHE else None)
+                    spec.update(data=str(rec) if name in (LOCAL, BESIDE) else url, cache_dir=str(cache) if name == CACHE else None)
+                    if name == BESIDE:
+                        spec["fill_beside"] = [url, str(cache)]
                     result = run_child(spec, env)
                     shutil.rmtree(cache, ignore_errors=True)
                 runs[name].append(result)
@@ -253,6 +278,8 @@ def report_epochs(runs: dict[str, list[dict[str, Any] | None]], a: argparse.Name
     peers = [p for p in PEERS if figures.get(p)]
     goals = [("cache, first epoch (cold) / local folder, first epoch", ratio(CACHE, 0, [LOCAL], 0), 0.9),
              ("cache, second epoch / local folder, second epoch", ratio(CACHE, 1, [LOCAL], 1), 0.95),
+             ("local folder beside the same fill, first epoch / local folder alone (this machine's ceiling)", ratio(BESIDE, 0, [LOCAL], 0), None),
+             ("cache, first epoch / local folder beside the same fill, first epoch", ratio(CACHE, 0, [BESIDE], 0), None),
              ("stream, second epoch / local folder, second epoch", ratio(STREAM, 1, [LOCAL], 1), None)]  # fmt: skip
     if peers:
         goals += [(f"cache, first epoch / the better peer's cold first epoch ({', '.join(peers)})", ratio(CACHE, 0, peers, 0), 1.5),

@@ -17,8 +17,6 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, TypeVar
 
-from tqdm import tqdm
-
 PARENT_CHECK_S = 0.2  # how often a child looks whether its parent is still there
 
 T = TypeVar("T")
@@ -68,6 +66,8 @@ def map_in_processes(
 
     With ``desc``, a tqdm bar (shown when ``progress``) advances once per result.
     """
+    from tqdm import tqdm  # here, not above: the processes that only watch their parent (the store helper) never import it
+
     tasks = list(tasks)
     bar = tqdm(total=len(tasks), unit=unit, desc=desc, disable=not progress or desc is None, dynamic_ncols=True)
     try:
