@@ -17,11 +17,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+# Tests send SIGINT (Ctrl-C) to the commands they start. A runner started in the background without
+# job control (`cmd &` in a script, nohup) inherits SIGINT ignored, and so would every command a
+# test starts: give this process Python's own handler back, which exec resets to the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 STRICT_ENV = "IMGPIPE_STRICT_DEPS"
 MXNET_ENV = "IMGPIPE_MXNET_PYTHON"
