@@ -29,7 +29,9 @@ every threshold is a named constant below:
      Next action: a local SSD for rotational disks and network filesystems, otherwise more workers.
    * *decode bound* otherwise. Next action: raise workers to K = max(workers + 1,
      ceil(worker time per batch / the rank's own time per batch)) (enough workers to make
-     one batch per step), the DALI backend, or packing with ``--resize 256``; first of all, for
+     one batch per step), unless a run with more workers was measured and was slower (then the
+     cores are the limit: not more workers, more CPUs), the DALI backend, or packing with
+     ``--resize 256``; first of all, for
      the torch backend of an install without the region decoder, reinstalling where
      libjpeg-turbo's headers are.
 3. **Compute bound** otherwise, with the loader's headroom: workers x compute time / loader
@@ -219,7 +221,13 @@ def _input_bound(result: BenchResult, run: RunResult) -> Verdict | None:
         return Verdict("io", message, run.backend, run.workers, cause="I/O")
     target = _workers_needed(run, loader)
     cores = max(1, result.cpus // max(1, len(run.ranks)))
-    if target is None:
+    tried = _more_workers_tried(result, run)
+    if tried is not None:
+        raise_workers = (
+            f"not more workers ({plural(tried.workers, 'worker')} gave {tried.images_per_s:.0f} images/s against "
+            f"{run.images_per_s:.0f} with {run.workers}: the {result.cpus} core(s) are busy, add CPUs)"
+        )
+    elif target is None:
         raise_workers = "raise workers"
     elif target > cores:
         raise_workers = f"raise workers to {target} (more than the {cores} core(s) per rank here: add CPUs)"
@@ -268,6 +276,15 @@ def _deeper_prefetch(result: BenchResult, io: StoreIO | None, loader: tuple[floa
         f"a batch in {loader[1]:.0f} ms: raise prefetch_factor to {ahead + 1} (`--set data.prefetch_factor={ahead + 1}`, "
         f"make_torch_loader's prefetch_factor) so each worker fetches {ahead} batches ahead"
     )
+
+
+def _more_workers_tried(result: BenchResult, run: RunResult) -> RunResult | None:
+    """The run of ``run``'s backend with the most workers beyond ``run``'s, if one was measured.
+
+    ``run`` is the fastest, so that run was no faster: more workers did not help on these cores.
+    """
+    more = [r for r in result.runs if r.backend == run.backend and r.workers > run.workers]
+    return max(more, key=lambda r: r.workers) if more else None
 
 
 def _workers_needed(run: RunResult, loader: tuple[float, float, float] | None) -> int | None:

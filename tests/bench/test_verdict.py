@@ -57,6 +57,20 @@ def test_decode_bound_beyond_the_cores_says_so_and_dali_runs_are_not_told_to_use
     assert v.bound == "decode" and "--backend dali" not in v.message and "--resize 256" in v.message
 
 
+def test_decode_bound_after_more_workers_measured_slower_says_not_more_workers_but_more_cpus() -> None:
+    # the demo's case: 2 workers on 2 cores for 2 ranks decoded slower than 1; "raise workers to 2" would contradict the table
+    one = run([rank_stats(r, wait=0.02, read=0.002, decode=0.05, compute=0.04) for r in range(2)], workers=1)
+    two = run([rank_stats(r, wait=0.03, read=0.002, decode=0.09, compute=0.04) for r in range(2)], workers=2)
+    assert one.images_per_s > two.images_per_s
+    v = decide(result([one, two], cpus=2))
+    assert v.bound == "decode" and v.workers == 1
+    assert "raise workers" not in v.message
+    assert f"not more workers (2 workers gave {two.images_per_s:.0f} images/s against {one.images_per_s:.0f} with 1" in v.message
+    assert "add CPUs" in v.message and "--backend dali" in v.message
+    # with only the one worker count measured, the advice to raise it stands
+    assert "raise workers to" in decide(result([one], cpus=2)).message
+
+
 def test_a_decode_bound_torch_run_without_the_region_decoder_is_told_to_build_it_first() -> None:
     ranks = [rank_stats(0, wait=0.05, read=0.001, decode=0.30, compute=0.02)]
     without = decide(result([run(ranks, workers=2)], cpus=4, region_decoder=False))
