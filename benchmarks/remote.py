@@ -10,7 +10,7 @@ first, loader construction included, is "cold", the second "warm"):
 
 * ``imgpipe-local``: imgpipe's torch loader from the packed folder on the local disk (page cache warm);
 * ``local+fill``: the local folder's epochs while another process fills a fresh ``cache_dir`` of
-  the bucket (``FILL_BESIDE``, started with the loader): the same fill on the same cores, never
+  the bucket (``OPEN_AND_FILL``, started with the loader): the same fill on the same cores, never
   waited for. Its cold epoch is the most a cold epoch through a cache can reach on this machine,
   whatever the order the bytes come in;
 * ``imgpipe-cache``: from the bucket with an empty ``cache_dir``: the first epoch streams what it
@@ -78,23 +78,16 @@ assert images.shape == (256, 3, 64, 64)
 print(json.dumps({"open_s": t2 - t1, "first_batch_s": t3 - t1, "imports_s": t1 - t0}), flush=True)
 """
 
-OPEN_ONCE = """
+OPEN_AND_FILL = """
 import os, sys, time
 from imgpipe.format.shardset import open_shards
+if sys.argv[3] == "beside":  # imported, then the loader beside it says go: the fill starts with the loader
+    print("ready", flush=True)
+    sys.stdin.readline()
 open_shards(sys.argv[1], "train", cache_dir=sys.argv[2])
-while sys.argv[3] == "whole" and not os.path.exists(os.path.join(sys.argv[2], "manifest.json")):
-    time.sleep(0.2)  # this process's store helper fills the cache meanwhile
-os._exit(0)
-"""
-
-FILL_BESIDE = """
-import os, sys, time
-from imgpipe.format.shardset import open_shards
-print("ready", flush=True)
-sys.stdin.readline()  # the loader beside it is being built
-open_shards(sys.argv[1], "train", cache_dir=sys.argv[2])
-while not os.path.exists(os.path.join(sys.argv[2], "manifest.json")):
+while sys.argv[3] != "index" and not os.path.exists(os.path.join(sys.argv[2], "manifest.json")):
     time.sleep(0.05)  # this process's store helper fills the cache meanwhile
+os._exit(0)  # "index": the process ends before its filler got far
 """
 
 
@@ -111,7 +104,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     cache_dir = spec.get("cache_dir")
     beside = None
     if spec.get("fill_beside"):  # imported and waiting: the fill starts with the loader
-        beside = subprocess.Popen([sys.executable, "-c", FILL_BESIDE, *spec["fill_beside"]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        beside = subprocess.Popen([sys.executable, "-c", OPEN_AND_FILL, *spec["fill_beside"], "beside"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert beside.stdin is not None and beside.stdout is not None and beside.stdout.readline().strip() == "ready"
 
     def build() -> Any:
@@ -167,9 +160,9 @@ def first_batches(a: argparse.Namespace, server: Any, env: dict[str, str], work:
         build_index(index, a.records, a.index_shards, payload=tiny_jpeg())
     url = upload(server, index, f"index-{a.records}")
     held, whole = work / "cache-index", work / "cache-whole"
-    run_script(OPEN_ONCE, url, str(held), "index", env=env)  # the index fetched into the cache; the process ends before its filler got far
+    run_script(OPEN_AND_FILL, url, str(held), "index", env=env)  # the index fetched into the cache, and no more
     opened = time.perf_counter()
-    run_script(OPEN_ONCE, url, str(whole), "whole", env=env)
+    run_script(OPEN_AND_FILL, url, str(whole), "whole", env=env)
     print(f"index: {a.records:,} records in {a.index_shards} shards; a cache of all of it filled in {time.perf_counter() - opened:.0f} s")
     cases = {"local folder": (str(index), ""), "bucket, cold": (url, ""), "cache holding the index": (url, str(held)), "cache complete": (url, str(whole))}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
