@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,6 +101,28 @@ def test_a_file_as_dst_and_an_empty_splits_list_are_one_line_errors(synth_tree: 
 def test_info_on_a_rec_file_is_a_one_line_error(packed_dir: Path) -> None:
     rec = packed_dir / load_manifest(packed_dir).splits["val"].shards[0].name
     assert_one_line_error(imgpipe("info", rec), "no manifest", rec.name)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda m: m["splits"]["train"]["shards"][0].update(records="x"), "ShardInfo records is 'x', not int"),
+        (lambda m: m["splits"]["train"]["shards"][0].update(bytes=None), "ShardInfo bytes is None, not int"),
+        (lambda m: m["splits"]["train"]["shards"][0].update(records=8.5), "ShardInfo records is 8.5, not int"),
+        (lambda m: m["splits"]["train"].update(labels=7), "SplitInfo labels is 7, not str"),
+        (lambda m: m.update(options=["abc"]), "malformed manifest (ValueError"),
+        (lambda m: m.update(classes=[1, 2]), "classes must be names"),
+    ],
+)
+def test_a_manifest_field_of_the_wrong_type_is_one_line_naming_it(packed_dir: Path, tmp_path: Path, edit: Any, named: str) -> None:
+    data = tmp_path / "edited"
+    shutil.copytree(packed_dir, data)
+    manifest = json.loads((data / "manifest.json").read_text())
+    edit(manifest)
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    for command in ("verify", "info"):
+        assert_one_line_error(imgpipe(command, data), "manifest.json: malformed manifest", named)
 
 
 @pytest.mark.timeout(60)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -138,8 +138,12 @@ class Manifest:
                 fingerprint=str(data.get("fingerprint", "")),
                 layout=str(data.get("layout", "")),
             )
-        except (KeyError, TypeError, AttributeError) as e:
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise DatasetError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
+        for item in (manifest, *manifest.skipped, *(s for split in splits.values() for s in (split, *split.shards))):
+            _check_field_types(item, where)
+        if not all(isinstance(c, str) for c in manifest.classes):
+            raise DatasetError(f"{where}: malformed manifest (classes must be names, got {manifest.classes[:3]!r}...)")
         for name, split in manifest.splits.items():
             check_plain_name(name, where)
             check_plain_name(split.sources, where)
@@ -153,6 +157,18 @@ class Manifest:
                 if shard.records < 0 or shard.bytes < 0:
                     raise DatasetError(f"{where}: shard {shard.name} has a negative count")
         return manifest
+
+
+_FIELD_TYPES = {"int": int, "str": str}
+
+
+def _check_field_types(item: object, where: object) -> None:
+    """Refuse a number or name of the wrong JSON type (``"records": "x"``, ``"bytes": null``, 8.5 records)."""
+    for f in fields(item):  # type: ignore[arg-type]
+        expected = _FIELD_TYPES.get(str(f.type))  # the annotation's text (from __future__ import annotations)
+        value = getattr(item, f.name)
+        if expected is not None and (not isinstance(value, expected) or isinstance(value, bool)):
+            raise DatasetError(f"{where}: malformed manifest ({type(item).__name__} {f.name} is {value!r}, not {f.type}); rerun 'imgpipe pack' to rewrite it")
 
 
 def check_plain_name(name: str, where: object = MANIFEST_NAME) -> str:

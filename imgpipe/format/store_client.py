@@ -343,7 +343,11 @@ class DirectClient:
 
     def _call(self, url: str, name: str, request: Callable[[Any], Any]) -> Any:
         try:
-            return request(self._store(url))
+            store = self._store(url)
+        except Exception as e:  # obstore refused the URL itself (an invalid host, an unknown scheme): no retry mends that
+            return StoreError(FAILED, f"{url}: not a URL imgpipe can read ({' '.join(str(e).split('Debug source:')[0].split())[:200]})")
+        try:
+            return request(store)
         except Exception as e:  # every obstore failure becomes a value; the caller decides
             return store_error(e, url, name)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -204,6 +205,7 @@ def main(argv: list[str]) -> None:
 
     fd, parent, budget = int(argv[0]), int(argv[1]), float(argv[2])
     die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the whole process group: the parent handles it, and this helper ends with it
     serve(Connection(fd), budget)
 
 

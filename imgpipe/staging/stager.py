@@ -230,6 +230,8 @@ def _refuse_same_folder(source: ByteSource, target: Target) -> None:
     )
     if same:
         raise DatasetError(f"{target.location}: SRC and DST are the same folder; give another DST")
+    if not (source.remote or target.remote) and Path(source.location).resolve() in Path(target.location).resolve().parents:
+        raise DatasetError(f"{target.location}: DST is inside SRC {source.location}; a copy there would become part of the dataset it copies: give a DST outside it")
 
 
 def _report(source: ByteSource, target: Target, manifest_bytes: bytes, start: float, *, waited: bool = False) -> StageReport:

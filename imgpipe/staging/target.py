@@ -14,7 +14,7 @@ from pathlib import Path
 from imgpipe._sys.atomic import atomic_write_bytes, fsync_dir
 from imgpipe._sys.oserrors import describe, write_probe
 from imgpipe.errors import DatasetError
-from imgpipe.format.bytesource import url_scheme
+from imgpipe.format.bytesource import open_source, url_scheme
 from imgpipe.format.manifest import MANIFEST_NAME, STAGE_DIR, STAGED_SUFFIX
 
 PART_SUFFIX = ".part"
@@ -147,7 +147,9 @@ class StoreTarget:
 
         if url_scheme(url) in ("http", "https"):
             raise DatasetError(f"{url}: imgpipe cannot write to a plain HTTP server; give an s3://, gs:// or az:// URL, or a local folder")
-        self.store = ObjectStoreSource(url)
+        store = open_source(url)  # an unsupported scheme is one line here, as for SRC
+        assert isinstance(store, ObjectStoreSource)
+        self.store = store
         self.location = self.store.location
         self._journal = ObjectStoreSource(f"{self.location}/{STAGE_DIR}")
 

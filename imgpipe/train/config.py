@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
@@ -187,6 +188,8 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a text file in UTF-8 (byte {e.start}); give a YAML config file") from None
     try:
         loaded = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -295,6 +298,8 @@ def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str,
         raise ConfigError(f"{blame('train.global_batch_size')}: train.global_batch_size must be > 0 or null, got {config.train.global_batch_size}")
     if config.train.max_steps is not None and config.train.max_steps <= 0:
         raise ConfigError(f"{blame('train.max_steps')}: train.max_steps must be > 0 or null, got {config.train.max_steps}")
+    if config.optim.momentum >= 1.0:
+        raise ConfigError(f"{blame('optim.momentum')}: optim.momentum must be in [0, 1), got {config.optim.momentum}")
     if not 0.0 <= config.optim.label_smoothing < 1.0:
         raise ConfigError(f"{blame('optim.label_smoothing')}: optim.label_smoothing must be in [0, 1), got {config.optim.label_smoothing}")
     if config.output.overwrite and config.output.resume != "no":
@@ -408,6 +413,8 @@ def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
             return value
     elif hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # YAML's .inf and .nan
+                raise ConfigError(f"{where}: {key} must be a finite number, got {value!r}")
             return float(value)
     elif hint is str:
         if isinstance(value, str):

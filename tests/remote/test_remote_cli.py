@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,9 @@ from remote_env import BUCKET
 from s3_server import S3Server, free_port
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
+sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
 from _cli import assert_one_line_error  # noqa: E402
+from proctree import descendants, wait_gone  # noqa: E402
 
 from imgpipe.format.shardset import open_shards  # noqa: E402
 
@@ -72,6 +76,32 @@ def test_bad_credentials_are_one_line(s3_env: S3Server, remote_packed: str) -> N
 def test_an_unreachable_endpoint_is_one_line_within_the_retry_time(s3_env: S3Server) -> None:
     done = imgpipe("info", f"s3://{BUCKET}/packed", AWS_ENDPOINT_URL=f"http://127.0.0.1:{free_port()}", IMGPIPE_REMOTE_TIMEOUT="2")
     assert_one_line_error(done, f"s3://{BUCKET}/packed/manifest.json: ", "gave up after")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("url", "why"), [("https://256.256.256.256/data", "invalid IPv4 address"), ("s3:///data", "Unable to recognise URL")])
+def test_a_url_the_client_cannot_parse_is_one_line_at_once_not_retried(url: str, why: str) -> None:
+    for command in ("info", "verify"):
+        done = imgpipe(command, url, timeout=20)  # the retry time is 30 s: a retried error would time out here
+        assert_one_line_error(done, f"{url}: not a URL imgpipe can read (", why)
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_an_endpoint_is_retried_stops_every_process_without_a_traceback(s3_env: S3Server) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
+    run = subprocess.Popen([sys.executable, "-m", "imgpipe", "verify", f"s3://{BUCKET}/packed", "--no-progress"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (helpers := descendants(run.pid)) and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.05)
+    assert helpers, "verify started no store helper"
+    time.sleep(1.0)  # the helper is waiting on its requests
+    os.killpg(run.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole process group
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "imgpipe: aborted" in err
+    assert not wait_gone(helpers, 10)
 
 
 @pytest.mark.timeout(120)

@@ -102,6 +102,16 @@ def test_a_missing_or_unpacked_src_is_one_line(packed_dir: Path, tmp_path: Path)
 
 
 @pytest.mark.timeout(120)
+def test_a_dst_inside_src_or_at_an_unsupported_url_is_one_line_and_nothing_is_copied(packed_dir: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(packed_dir, src)
+    before = sorted(p.name for p in src.iterdir())
+    assert_one_line_error(imgpipe("stage", str(src), str(src / "sub" / "copy")), "DST is inside SRC", "give a DST outside it")
+    assert sorted(p.name for p in src.iterdir()) == before
+    assert_one_line_error(imgpipe("stage", str(src), "s4://bucket/imagenet"), "s4://bucket/imagenet: unsupported URL scheme 's4'")
+
+
+@pytest.mark.timeout(120)
 def test_too_little_space_is_one_line_before_anything_is_copied(packed_dir: Path, tmp_path: Path) -> None:
     with tmpfs(tmp_path / "small", "256k") as small:  # the pack is about 400 KB
         done = imgpipe("stage", str(packed_dir), str(small / "imagenet"))

@@ -54,6 +54,10 @@ def test_yaml_yes_for_resume_means_yes(tmp_path: Path) -> None:
         ("", ["data.prefetch_factor=0"], "data.prefetch_factor must be > 0"),
         ("", ["optim.label_smoothing=1.5"], "optim.label_smoothing must be in [0, 1)"),
         ("", ["optim.momentum=-0.9"], "optim.momentum must be >= 0, got -0.9"),
+        ("", ["optim.momentum=7"], "optim.momentum must be in [0, 1), got 7.0"),
+        ("optim: {base_lr: .inf}\n", [], "optim.base_lr must be a finite number, got inf"),
+        ("optim: {weight_decay: .nan}\n", [], "optim.weight_decay must be a finite number, got nan"),
+        ("", ["optim.base_lr=-.inf"], "optim.base_lr must be a finite number, got -inf"),
         ("", ["batch_size=3"], "expected section.key=value"),
         ("- 1\n- 2\n", [], "the top level must be a mapping"),
         ("train: [1\n", [], "not valid YAML"),
@@ -85,6 +89,13 @@ def test_a_bad_set_value_blames_the_set_item_not_the_file(tmp_path: Path, overri
     with pytest.raises(ConfigError) as error:  # a bad value in the file still names the file
         load_config(write(tmp_path, "train: {batch_size: abc}\n"), ["train.epochs=3"])
     assert str(error.value).startswith(f"{config}: train.batch_size must be int")
+
+
+def test_a_config_file_not_in_utf8_is_one_line(tmp_path: Path) -> None:
+    binary = tmp_path / "config.yaml"
+    binary.write_bytes(b"\xff\xfetrain: {}\n")
+    with pytest.raises(ConfigError, match=r"config.yaml: not a text file in UTF-8 \(byte 0\)"):
+        load_config(binary)
 
 
 def test_missing_file(tmp_path: Path) -> None:
