@@ -130,7 +130,7 @@ def store_error(error: BaseException, url: str, name: str = "") -> StoreError:
     text = " ".join(str(error).split())
     code = re.search(r"<Code>([^<]+)</Code>", str(error))
     status = re.search(r"status code: (\d{3})", text)
-    detail = re.sub(r"\s*(<\?xml|Debug source:).*", "", text)[:300]
+    detail = error_detail(error)
     if code is not None and code[1] == "NoSuchBucket":
         return StoreError(NO_BUCKET, f"{url}: the bucket does not exist")
     if isinstance(error, (ox.NotFoundError, FileNotFoundError)):
@@ -145,6 +145,11 @@ def store_error(error: BaseException, url: str, name: str = "") -> StoreError:
     if isinstance(error, (ox.InvalidPathError, ox.NotSupportedError, ox.UnknownConfigurationKeyError)):
         return StoreError(FAILED, f"{url}: {detail}")
     return StoreError(TRANSIENT, detail or type(error).__name__)
+
+
+def error_detail(error: BaseException) -> str:
+    """An obstore exception's message on one short line, without the XML body or the Rust debug dump after it."""
+    return re.sub(r"\s*(<\?xml|Debug source:).*", "", " ".join(str(error).split()))[:300]
 
 
 def credential_variables(url: str) -> str:
@@ -345,7 +350,7 @@ class DirectClient:
         try:
             store = self._store(url)
         except Exception as e:  # obstore refused the URL itself (an invalid host, an unknown scheme): no retry mends that
-            return StoreError(FAILED, f"{url}: not a URL imgpipe can read ({' '.join(str(e).split('Debug source:')[0].split())[:200]})")
+            return StoreError(FAILED, f"{url}: not a URL imgpipe can read ({error_detail(e)})")
         try:
             return request(store)
         except Exception as e:  # every obstore failure becomes a value; the caller decides

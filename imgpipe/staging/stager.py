@@ -81,7 +81,7 @@ def stage(
     start = time.monotonic()
     source, manifest_bytes = _open_src(src)
     target = _target(dst)
-    _refuse_same_folder(source, target)
+    _refuse_overlapping_folders(source, target)
     if target.manifest_bytes() == manifest_bytes:
         return _report(source, target, manifest_bytes, start)
     if isinstance(target, StoreTarget):
@@ -222,7 +222,8 @@ def _target(dst: str | os.PathLike) -> Target:
     return StoreTarget(str(dst).rstrip("/")) if is_url(dst) else LocalTarget(dst)
 
 
-def _refuse_same_folder(source: ByteSource, target: Target) -> None:
+def _refuse_overlapping_folders(source: ByteSource, target: Target) -> None:
+    """One line when DST is SRC, or a folder inside it."""
     same = (
         source.location == target.location
         if source.remote or target.remote
