@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test interop-venv clean
 
-$(VENV)/.installed: pyproject.toml setup.py imgpipe/loaders/_jpeg_region.c imgpipe/packing/_jpeg_shrink.c
+$(VENV)/.installed: pyproject.toml setup.py imgpipe/image/_jpeg_region.c imgpipe/image/_jpeg_shrink.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
 	$(PY) -m pip install --quiet $(TORCH_PINS) -e '.[dev,dali,remote]'

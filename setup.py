@@ -13,15 +13,15 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "imgpipe.loaders._jpeg_region",
-            ["imgpipe/loaders/_jpeg_region.c"],
+            "imgpipe.image._jpeg_region",
+            ["imgpipe/image/_jpeg_region.c"],
             libraries=["jpeg"],
             extra_compile_args=["-O2", "-Wall"],
             optional=True,
         ),
         Extension(
-            "imgpipe.packing._jpeg_shrink",
-            ["imgpipe/packing/_jpeg_shrink.c"],
+            "imgpipe.image._jpeg_shrink",
+            ["imgpipe/image/_jpeg_shrink.c"],
             libraries=["jpeg"],
             extra_compile_args=["-O3", "-Wall"],  # -O3: the vertical resize pass vectorizes
             optional=True,

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from imgpipe.synth import class_image, make_wnids
+from imgpipe.synth.tree import class_image, make_wnids
 
 IMAGENET_QUALITY = 95  # with synth's pictures: ~108 KB at 500x375, near ImageNet's median file
 IMAGENET_LARGE = 0.025  # share of images with a long side of 1,000-2,400 px

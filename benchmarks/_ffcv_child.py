@@ -21,9 +21,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
-
 from _measure import run_epochs  # benchmarks/ is on sys.path when run as a script
+from PIL import Image
 
 JPEG_QUALITY = 90  # FFCV's default, and its ImageNet example's
 
@@ -67,8 +66,13 @@ def make_loader(spec: dict[str, Any]) -> Any:
         image.append(NormalizeImage(np.array(spec["mean"]), np.array(spec["std"]), np.float32))
     image += [ToTensor(), ToTorchImage(channels_last=False)]
     return Loader(
-        spec["beton"], batch_size=spec["batch_size"], num_workers=spec["workers"], os_cache=True, order=OrderOption.RANDOM,
-        drop_last=True, pipelines={"image": image, "label": [IntDecoder(), ToTensor(), Squeeze()]},
+        spec["beton"],
+        batch_size=spec["batch_size"],
+        num_workers=spec["workers"],
+        os_cache=True,
+        order=OrderOption.RANDOM,
+        drop_last=True,
+        pipelines={"image": image, "label": [IntDecoder(), ToTensor(), Squeeze()]},
     )
 
 

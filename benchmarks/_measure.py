@@ -60,7 +60,11 @@ def one_epoch(loader: Any, dtype: Any) -> int:
     """Images of one pass (every batch checked: the dtype asked, contiguous NCHW, a label per image)."""
     images = 0
     for batch, labels in loader:
-        assert batch.dtype == dtype and batch.is_contiguous() and batch.shape[0] == labels.shape[0], (batch.dtype, batch.shape, batch.stride())
+        assert batch.dtype == dtype and batch.is_contiguous() and batch.shape[0] == labels.shape[0], (
+            batch.dtype,
+            batch.shape,
+            batch.stride(),
+        )
         images += int(labels.numel())
     return images
 

@@ -34,7 +34,6 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 import torch.nn.functional as F
-
 from _measure import run_epochs  # benchmarks/ is on sys.path when run as a script
 from _s3_server import fetch_counts
 
@@ -130,9 +129,11 @@ def mosaic_loader(spec: dict[str, Any]) -> Any:
             sample = super().__getitem__(index)
             return train_sample(sample["image"], size), sample["label"]
 
-    dataset = MosaicTrain(remote=spec["url"], local=spec["cache_dir"], shuffle=True, shuffle_seed=spec["seed"], batch_size=spec["batch_size"])
+    dataset = MosaicTrain(
+        remote=spec["url"], local=spec["cache_dir"], shuffle=True, shuffle_seed=spec["seed"], batch_size=spec["batch_size"]
+    )
     return torch.utils.data.DataLoader(
-        dataset, batch_size=spec["batch_size"], num_workers=spec["workers"], drop_last=True, persistent_workers=spec["workers"] > 0,
+        dataset, batch_size=spec["batch_size"], num_workers=spec["workers"], drop_last=True, persistent_workers=spec["workers"] > 0
     )
 
 
@@ -152,7 +153,7 @@ def litdata_loader(spec: dict[str, Any]) -> Any:
         transform=lambda item: (train_sample(item["image"], size), item["label"]),
     )  # fmt: skip
     return StreamingDataLoader(
-        dataset, batch_size=spec["batch_size"], num_workers=spec["workers"], drop_last=True, persistent_workers=spec["workers"] > 0,
+        dataset, batch_size=spec["batch_size"], num_workers=spec["workers"], drop_last=True, persistent_workers=spec["workers"] > 0
     )
 
 
@@ -168,7 +169,9 @@ def configure_environment(spec: dict[str, Any]) -> list[str]:
     notes = []
     if spec.get("peer") == "litdata" and spec["endpoint"].startswith("http://"):
         allow_http_for_litdata()
-        notes.append("litdata: allow_http added to its obstore client options (0.2.76 leaves it out, so an http:// endpoint fails as shipped)")
+        notes.append(
+            "litdata: allow_http added to its obstore client options (0.2.76 leaves it out, so an http:// endpoint fails as shipped)"
+        )
     return notes
 
 
@@ -178,8 +181,8 @@ def cache_bytes(folder: Path) -> int:
 
 def run(spec: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     """The peer's epochs from the bucket, each with what the server answered and what the cache gained during it."""
-    import streaming
     import litdata
+    import streaming
 
     torch.set_num_threads(1)  # as loaders.run_child: the loader's work is its workers'
     cache = Path(spec["cache_dir"])
@@ -206,7 +209,11 @@ def main(argv: list[str]) -> int:
         shards = make_shards(spec)
         made = time.perf_counter()
         uploaded = upload(shards, spec["url"])
-        print(json.dumps({"peer": spec["peer"], "shards": str(shards), "convert_s": made - began, "upload_s": time.perf_counter() - made, **uploaded}))
+        print(
+            json.dumps(
+                {"peer": spec["peer"], "shards": str(shards), "convert_s": made - began, "upload_s": time.perf_counter() - made, **uploaded}
+            )
+        )
         return 0
     print(json.dumps(run(spec, notes)))
     return 0

@@ -167,7 +167,9 @@ class S3Server:
         self.stop()
 
 
-def start(host: str = "127.0.0.1", port: int = 0, latency_s: float = 0.02, lifetime_s: float = DEFAULT_LIFETIME_S, python: str = sys.executable) -> S3Server:
+def start(
+    host: str = "127.0.0.1", port: int = 0, latency_s: float = 0.02, lifetime_s: float = DEFAULT_LIFETIME_S, python: str = sys.executable
+) -> S3Server:
     """Start the server in a child process (``python`` must have moto[server]); it dies with this
     process and after ``lifetime_s`` at the latest."""
     command = [python, os.path.abspath(__file__), "--host", host, "--port", str(port), "--latency-s", str(latency_s),

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from imgpipe.format.jpeg import jpeg_size
 from imgpipe.format.shardset import open_shards
+from imgpipe.image.jpeg import jpeg_size
 from imgpipe.loaders import pixels
 from imgpipe.loaders.geometry import TrainGeometry, sample_crop
 from imgpipe.loaders.torch import normalization

@@ -49,17 +49,16 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import torch
+from _data import describe_tree, make_imagenet_shaped  # benchmarks/ is on sys.path when run as a script
+from _measure import compile_bytecode, run_epochs
 from PIL import Image
 
 import imgpipe
-from imgpipe.format.dali_index import write_dali_index
 from imgpipe.format.manifest import manifest_path
 from imgpipe.format.shardset import open_shards
+from imgpipe.loaders.dali_index import write_dali_index
 from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, EvalGeometry
 from imgpipe.loaders.pixels import describe_jpeg_decoder, region_decoder
-
-from _data import describe_tree, make_imagenet_shaped  # benchmarks/ is on sys.path when run as a script
-from _measure import compile_bytecode, run_epochs
 
 LOADERS = ("imgpipe-torch", "imgpipe-torch-whole", "torchvision", "dali-plain", "imgpipe-dali")
 DEFAULT_LOADERS = ("imgpipe-torch", "torchvision", "dali-plain", "imgpipe-dali")
@@ -89,7 +88,7 @@ def prepare(a: argparse.Namespace) -> tuple[Path, Path]:
         src = make_imagenet_shaped(a.work / f"imagenet-shaped-{a.images}", a.images, a.classes, a.prepare_workers)
         rec, splits = a.work / f"rec-imagenet-shaped-{a.images}", ["train"]
     else:
-        from imgpipe.synth import make_synthetic
+        from imgpipe.synth.tree import make_synthetic
 
         src, rec, splits = a.work / f"src-{a.classes}x{a.per_class}", a.work / f"rec-{a.classes}x{a.per_class}", ["train", "val"]
         if not (src / "LOC_val_solution.csv").is_file():
@@ -116,8 +115,14 @@ def prepare_ffcv(a: argparse.Namespace, src: Path) -> Path:
 
 def imgpipe_torch(rec: Path, train: bool, s: dict[str, Any]) -> Any:
     return imgpipe.make_torch_loader(
-        rec, "train" if train else "val", batch_size=s["batch_size"], train=train, image_size=s["image_size"], workers=s["workers"],
-        device=None, normalize=s["dtype"] == "float32",
+        rec,
+        "train" if train else "val",
+        batch_size=s["batch_size"],
+        train=train,
+        image_size=s["image_size"],
+        workers=s["workers"],
+        device=None,
+        normalize=s["dtype"] == "float32",
     )
 
 
@@ -131,8 +136,14 @@ def imgpipe_torch_whole(rec: Path, train: bool, s: dict[str, Any]) -> Any:
 
 def imgpipe_dali(rec: Path, train: bool, s: dict[str, Any]) -> Any:
     return imgpipe.make_dali_loader(
-        rec, "train" if train else "val", batch_size=s["batch_size"], train=train, image_size=s["image_size"], workers=s["workers"],
-        device=None, normalize=s["dtype"] == "float32",
+        rec,
+        "train" if train else "val",
+        batch_size=s["batch_size"],
+        train=train,
+        image_size=s["image_size"],
+        workers=s["workers"],
+        device=None,
+        normalize=s["dtype"] == "float32",
     )
 
 
@@ -142,7 +153,7 @@ def torchvision_baseline(src: Path, train: bool, s: dict[str, Any]) -> Any:
     from torchvision.datasets import ImageFolder
     from torchvision.datasets.folder import default_loader
 
-    from imgpipe.packing.source import scan
+    from imgpipe.ingest.scan import scan
 
     size = s["image_size"]
     if s["dtype"] == "float32":
@@ -184,8 +195,11 @@ class PlainDali:
         pipe = Pipeline(batch_size=s["batch_size"], num_threads=max(1, s["workers"]), device_id=None, seed=0)
         with pipe:
             jpegs, labels = fn.readers.mxnet(
-                path=[str(p) for p in shards.rec_paths], index_path=[str(write_dali_index(shards))],
-                random_shuffle=train, pad_last_batch=not train, name="Reader",
+                path=[str(p) for p in shards.rec_paths],
+                index_path=[str(write_dali_index(shards))],
+                random_shuffle=train,
+                pad_last_batch=not train,
+                name="Reader",
             )
             if train:
                 images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
@@ -314,7 +328,9 @@ def verdict(value: float, goal: float | None) -> str:
     return "" if goal is None else f"goal >= {goal}x: {'PASS' if value >= goal else 'MISS'}"
 
 
-def report(runs: dict[str, list[dict[str, Any]]], decode: list[tuple[float, float]], workers: list[int], cpus: int, a: argparse.Namespace) -> dict[str, Any]:
+def report(
+    runs: dict[str, list[dict[str, Any]]], decode: list[tuple[float, float]], workers: list[int], cpus: int, a: argparse.Namespace
+) -> dict[str, Any]:
     """Print the tables (rates, memory, ratios against the goals) and return them as figures."""
     figures: dict[str, Any] = {}
     print(f"\n{'loader':20s} {'output':7s} {'split':5s} {'wk':>2s} {'first':>7s} {'steady':>7s} {'/core':>6s} {'/CPU-s':>6s}"
@@ -323,15 +339,23 @@ def report(runs: dict[str, list[dict[str, Any]]], decode: list[tuple[float, floa
         name, dtype, split, w = key.split("|")
         r = {k: statistics.median(rates(x)[k] for x in results) for k in ("first", "steady", "steady_per_cpu_s")}
         last = results[-1]["epochs"]
-        workers_mb = f"{[round(e['worker_rss_mb']) for e in last]} ({[round(e['worker_private_mb']) for e in last]})" if last[0]["worker_rss_mb"] else "(threads, no workers)"
+        workers_mb = (
+            f"{[round(e['worker_rss_mb']) for e in last]} ({[round(e['worker_private_mb']) for e in last]})"
+            if last[0]["worker_rss_mb"]
+            else "(threads, no workers)"
+        )
         memory = f"{workers_mb} | {[round(e['main_rss_mb']) for e in last]} ({[round(e['main_private_mb']) for e in last]})"
         per_core = r["steady"] / min(max(1, int(w)), cpus)
-        print(f"{name:20s} {dtype:7s} {split:5s} {w:>2s} {r['first']:7.0f} {r['steady']:7.0f} {per_core:6.0f} {r['steady_per_cpu_s']:6.0f}  {memory}")
+        print(
+            f"{name:20s} {dtype:7s} {split:5s} {w:>2s} {r['first']:7.0f} {r['steady']:7.0f} {per_core:6.0f} {r['steady_per_cpu_s']:6.0f}  {memory}"
+        )
         figures[key] = {**r, "per_core": per_core, "rounds": [rates(x) for x in results], "last_round_epochs": last}
     rate, per_cpu = statistics.median(r for r, _ in decode), statistics.median(c for _, c in decode)
     print(f"{'pillow decode-only':20s} {'uint8':7s} train  1 {'':7s} {rate:7.0f} {rate:6.0f} {per_cpu:6.0f}  (one process, whole decode)")
     figures["decode_only"] = decode
-    print("\nratios: median over rounds of the ratio within each round (steady state; first epoch in brackets); goals from issues 12 and 15")
+    print(
+        "\nratios: median over rounds of the ratio within each round (steady state; first epoch in brackets); goals from issues 12 and 15"
+    )
     for split in a.splits:
         for w in workers:
             for mine, theirs, dtype, goal in GOALS:
@@ -344,7 +368,12 @@ def report(runs: dict[str, list[dict[str, Any]]], decode: list[tuple[float, floa
                 goal = goal if split == "train" else None
                 print(f"  {mine} / {theirs:20s} {dtype:7s} {split:5s} {w:2d} workers {steady:5.2f}x ({first:4.2f}x, per CPU-s {per_cpu:4.2f}x)  "
                       f"{verdict(steady, goal):18s} rounds {', '.join(f'{x:.2f}' for x in rounds)}")  # fmt: skip
-                figures[f"ratio {mine}/{theirs} {dtype} {split} {w}"] = {"steady": steady, "first": first, "per_cpu_s": per_cpu, "rounds": rounds}
+                figures[f"ratio {mine}/{theirs} {dtype} {split} {w}"] = {
+                    "steady": steady,
+                    "first": first,
+                    "per_cpu_s": per_cpu,
+                    "rounds": rounds,
+                }
             k = f"imgpipe-torch|uint8|train|{w}"
             if split == "train" and k in runs:
                 cores = min(w, cpus)
@@ -368,17 +397,23 @@ def worker_counts(text: str, cpus: int) -> list[int]:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", choices=["imagenet", "synth"], default="imagenet", help="ImageNet-shaped JPEGs (train only), or imgpipe synth's")
+    p.add_argument(
+        "--data", choices=["imagenet", "synth"], default="imagenet", help="ImageNet-shaped JPEGs (train only), or imgpipe synth's"
+    )
     p.add_argument("--images", type=int, default=3000, help="ImageNet-shaped train JPEGs")
     p.add_argument("--quick", action="store_true", help="smaller data (600 images; synth: 10 classes x 40 + 10 val), 2 rounds")
-    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "imgpipe-bench-loaders", help="data folder (reused between runs)")
+    p.add_argument(
+        "--work", type=Path, default=Path(tempfile.gettempdir()) / "imgpipe-bench-loaders", help="data folder (reused between runs)"
+    )
     p.add_argument("--classes", type=int, default=20)
     p.add_argument("--per-class", type=int, default=100, help="synth: train images per class")
     p.add_argument("--val-per-class", type=int, default=20, help="synth: val images per class")
     p.add_argument("--splits", default="train", help="train and/or val (val: --data synth only)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--workers", default="2,all", help="comma-separated DataLoader worker (= DALI thread) counts; 'all' = the CPUs available")
+    p.add_argument(
+        "--workers", default="2,all", help="comma-separated DataLoader worker (= DALI thread) counts; 'all' = the CPUs available"
+    )
     p.add_argument("--epochs", type=int, default=4, help="epochs per process: the first (start-up included), then the steady state")
     p.add_argument("--rounds", type=int, default=3, help="every configuration once per round, each in its own process")
     p.add_argument("--dtypes", default=",".join(DTYPES), help="float32 (normalized) and/or uint8")
@@ -436,10 +471,15 @@ def main(argv: list[str] | None = None) -> int:
             result = in_own_process(spec, a.ffcv_python)
             runs[f"{name}|{dtype}|{split}|{w}"].append(result)
             r = rates(result)
-            print(f"  round {round_ + 1}: {name:20s} {dtype:7s} {split:5s} {w} workers: first {r['first']:6.0f}, steady {r['steady']:6.0f} images/s", flush=True)
+            print(
+                f"  round {round_ + 1}: {name:20s} {dtype:7s} {split:5s} {w} workers: first {r['first']:6.0f}, steady {r['steady']:6.0f} images/s",
+                flush=True,
+            )
     figures = report(runs, decode, workers, cpus, a)
     if a.json:
-        a.json.write_text(json.dumps({"config": {k: str(v) for k, v in vars(a).items()}, "cpus": cpus, **figures}, indent=1, default=float) + "\n")
+        a.json.write_text(
+            json.dumps({"config": {k: str(v) for k, v in vars(a).items()}, "cpus": cpus, **figures}, indent=1, default=float) + "\n"
+        )
     return 0
 
 

@@ -4,7 +4,7 @@ Layouts: image-net.org's train tar in parts (split-tar), timm's WebDataset shard
 Kaggle's zip (kaggle-zip, deflated members as ``zip`` makes them; kaggle-zip-stored, the same
 zip with its members stored), Hugging Face's Parquet (hf-parquet) and
 tar.gz (hf-tar); each is written once from the ImageNet-shaped tree (``_data``) by
-``imgpipe.synthlayouts``. Every run is a whole ``imgpipe pack SRC DST --splits train`` in a
+``imgpipe.synth.layouts``. Every run is a whole ``imgpipe pack SRC DST --splits train`` in a
 fresh process into a fresh DST (so the Parquet and tar.gz listings are made each time), with
 the page cache warm. Runs are interleaved (tree, then every layout, per round) and each
 layout's figure is the median over rounds of tree time / layout time measured in the same
@@ -37,14 +37,14 @@ from _data import describe_tree, make_imagenet_shaped  # benchmarks/ is on sys.p
 from _measure import compile_bytecode
 from pack_vs_im2rec import children_cpu, records_in, run_timed, tree_stats
 
-from imgpipe.packing.zipsource import KAGGLE_ZIP
+from imgpipe.ingest.kaggle_zip import KAGGLE_ZIP
 
 LAYOUTS = ("split-tar", "wds", "kaggle-zip", "kaggle-zip-stored", "hf-parquet", "hf-tar")
 
 
 def layout_copy(tree: Path, work: Path, layout: str) -> Path:
     """The tree written in ``layout`` (once; reused by later runs)."""
-    from imgpipe.synthlayouts import write_layout
+    from imgpipe.synth.layouts import write_layout
 
     out = work / f"{tree.name}-{layout}"
     done = out / ".complete"
@@ -74,8 +74,8 @@ def warm(folder: Path) -> int:
 
 def stream_split(layout: str, src: Path, images: int, workers: int) -> None:
     """Where a stream layout's extra time goes: the listing pass, and the reading that both passes repeat (one process)."""
-    from imgpipe.packing import fastzlib
-    from imgpipe.packing.source import scan
+    from imgpipe.ingest import fastzlib
+    from imgpipe.ingest.scan import scan
 
     started = time.process_time(), time.perf_counter()
     scan(src, ["train"], workers)
@@ -93,7 +93,7 @@ def stream_split(layout: str, src: Path, images: int, workers: int) -> None:
     else:
         import pyarrow.parquet as pq
 
-        from imgpipe.packing.streams import page_reader, row_group_images
+        from imgpipe.ingest.parquet import page_reader, row_group_images
 
         for path in sorted((src / "data").glob("train-*.parquet")):
             parquet = pq.ParquetFile(path)

@@ -44,14 +44,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from PIL import Image
-
-from imgpipe.packing import shrink
-from imgpipe.packing.codec import _short_side_size
-from imgpipe.synth import make_synthetic
-
 from _data import describe_tree, make_imagenet_shaped  # benchmarks/ is on sys.path when run as a script
 from _measure import compile_bytecode
+from PIL import Image
+
+from imgpipe.image import shrink
+from imgpipe.image.codec import _short_side_size
+from imgpipe.synth.tree import make_synthetic
 
 
 def run_timed(commands: list[list[str]], cwd: Path | None = None) -> float:
@@ -111,13 +110,15 @@ def im2rec_commands(mxnet_python: str, im2rec: str, src: Path, prefix: Path, wor
 def records_in(folder: Path) -> int:
     return sum(len(p.read_text().splitlines()) for p in folder.glob("*.idx"))
 
+
 # ----------------------------------------------------------------------------- ImageNet-shaped data and the per-core limit
+
 
 def per_core_limit(train: Path, short: int = 256, quality: int = 95, limit: int = 600) -> dict[str, float]:
     """Images/s of one process, files already in memory: decode + antialiased resize + encode.
 
     ``pillow``: ``draft`` (libjpeg's 1/2, 1/4, 1/8, as pack), ``resize(BILINEAR)``, ``save``: Pillow's
-    libjpeg-turbo. ``libjpeg-turbo``: the same work in one C call (``imgpipe.packing.shrink``), which is
+    libjpeg-turbo. ``libjpeg-turbo``: the same work in one C call (``imgpipe.image.shrink``), which is
     what pack runs for a clean JPEG. Images whose shorter side is already ``short`` are skipped,
     as pack keeps them.
     """
@@ -150,7 +151,7 @@ def per_core_limit(train: Path, short: int = 256, quality: int = 95, limit: int 
 
 
 def dct_scale_costs(train: Path, short: int = 256, quality: int = 95, limit: int = 300) -> dict[str, float]:
-    """Milliseconds per image of ``imgpipe.packing.shrink`` decoding at 6/8, 7/8 and 8/8, on the images whose
+    """Milliseconds per image of ``imgpipe.image.shrink`` decoding at 6/8, 7/8 and 8/8, on the images whose
     shorter side is 4/3-2x ``short`` (so 6/8 still covers the target; most of ImageNet): libjpeg-turbo's
     M/8 scales other than 1/2, 1/4, 1/8 have no SIMD IDCT, and this shows whether they still pay."""
     if not shrink.available():
@@ -181,10 +182,9 @@ def median_pair_ratio(imgpipe_times: list[float], im2rec_times: list[float]) -> 
     return statistics.median(b / a for a, b in zip(imgpipe_times, im2rec_times))
 
 
-
 def time_tars(src: Path, work: Path, workers: int, repeats: int, images: int) -> None:
     """Mode t: keep-bytes pack from the train tar (read in place) vs from the extracted tree, runs interleaved."""
-    from imgpipe.synthtars import write_imagenet_tars
+    from imgpipe.synth.tars import write_imagenet_tars
 
     tars = work / f"{src.name}-tars"
     if not (tars / "ILSVRC2012_img_train.tar").is_file():
@@ -258,7 +258,9 @@ def main() -> None:
             if im2rec:
                 (out / "im2rec").mkdir(parents=True)
                 cpu = children_cpu()
-                times["im2rec"].append(run_timed(im2rec_commands(args.mxnet_python, im2rec, src, out / "im2rec" / "train", args.workers, resize)))
+                times["im2rec"].append(
+                    run_timed(im2rec_commands(args.mxnet_python, im2rec, src, out / "im2rec" / "train", args.workers, resize))
+                )
                 cpu_times["im2rec"].append(children_cpu() - cpu)
                 assert records_in(out / "im2rec") == images, "im2rec packed an unexpected number of records"
             if args.cp and not resize:

@@ -43,7 +43,6 @@ import time
 from pathlib import Path
 
 import yaml
-
 from _measure import compile_bytecode  # benchmarks/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,12 +53,14 @@ def make_data(work: Path, classes: int, per_class: int, val_per_class: int, resi
     packed = work / f"packed-{classes}x{per_class}-r{resize}"
     if (packed / "manifest.json").exists():
         return packed
-    from imgpipe.packing.packer import pack
-    from imgpipe.synth import make_synthetic
+    from imgpipe.pack.packer import pack
+    from imgpipe.synth.tree import make_synthetic
 
     src = work / f"src-{classes}x{per_class}"
     if not (src / "train").exists():
-        make_synthetic(src, classes=classes, per_class=per_class, val_per_class=val_per_class, min_side=200, max_side=400, workers=2, progress=False)
+        make_synthetic(
+            src, classes=classes, per_class=per_class, val_per_class=val_per_class, min_side=200, max_side=400, workers=2, progress=False
+        )
     pack(src, packed, shards=4, workers=2, resize=resize, progress=False)
     return packed
 
@@ -78,7 +79,14 @@ def config(args: argparse.Namespace, packed: Path, out: Path, progressive: bool,
     text = {
         "data": data,
         "model": {"name": "resnet18"},
-        "optim": {"base_lr": args.base_lr, "schedule": "linear_ramp", "lr_peak_epoch": 2, "warmup_epochs": 0, "label_smoothing": 0.1, "nesterov": False},
+        "optim": {
+            "base_lr": args.base_lr,
+            "schedule": "linear_ramp",
+            "lr_peak_epoch": 2,
+            "warmup_epochs": 0,
+            "label_smoothing": 0.1,
+            "nesterov": False,
+        },
         "train": {"epochs": args.epochs, "batch_size": args.batch, "seed": seed, "log_every": 1000, "timeout_s": 600, "compile": False},
         "output": {"dir": str(out), "tensorboard": False, "checkpoint_every_epochs": 0},
     }
@@ -92,14 +100,21 @@ def run(args: argparse.Namespace, packed: Path, out: Path, progressive: bool, se
     path = config(args, packed, out, progressive, seed)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT))
     start, cpu = time.perf_counter(), children_cpu_s()
-    done = subprocess.run([sys.executable, "-m", "imgpipe", "train", "--config", str(path), "--gpus", "0"], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "imgpipe", "train", "--config", str(path), "--gpus", "0"], env=env, capture_output=True, text=True
+    )
     if done.returncode != 0:
         sys.exit(f"recipes: the {'progressive' if progressive else 'fixed'} run failed:\n{done.stderr[-3000:]}")
     epochs = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "epoch"]
     last = epochs[-1]
     return {
-        "top1": last["val_top1"], "wall_s": last["wall_s"], "process_s": time.perf_counter() - start, "cpu_s": children_cpu_s() - cpu,
-        "sizes": [e["resolution"] for e in epochs], "val_px": last["val_resolution"], "top1_by_epoch": [round(e["val_top1"], 3) for e in epochs],
+        "top1": last["val_top1"],
+        "wall_s": last["wall_s"],
+        "process_s": time.perf_counter() - start,
+        "cpu_s": children_cpu_s() - cpu,
+        "sizes": [e["resolution"] for e in epochs],
+        "val_px": last["val_resolution"],
+        "top1_by_epoch": [round(e["val_top1"], 3) for e in epochs],
     }
 
 
@@ -129,15 +144,23 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--base-lr", type=float, default=0.4)
     parser.add_argument("--workers", type=int, default=1, help="loader workers per run")
-    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run (1: the model's step scales with the image as on a GPU, and the loader worker has the other core)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS of each run (1: the model's step scales with the image as on a GPU, and the loader worker has the other core)",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="pairs of runs, round r with seed r (the top-1 of one seed moves by points)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "imgpipe-recipes-bench")
     args = parser.parse_args()
     compile_bytecode()
     args.work.mkdir(parents=True, exist_ok=True)
     packed = make_data(args.work, args.classes, args.per_class, args.val_per_class, args.resize)
-    print(f"recipes: resnet18, {args.classes} classes x {args.per_class} train / {args.val_per_class} val (packed at short side {args.resize}), "
-          f"{args.epochs} epochs, batch {args.batch}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
+    print(
+        f"recipes: resnet18, {args.classes} classes x {args.per_class} train / {args.val_per_class} val (packed at short side {args.resize}), "
+        f"{args.epochs} epochs, batch {args.batch}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
     fixed, progressive, ratios, cpu_ratios = [], [], [], []
     for round_ in range(args.rounds):
         a = run(args, packed, args.work / f"fixed-{round_}", progressive=False, seed=round_)
@@ -151,13 +174,19 @@ def main() -> None:
     top1_fixed = statistics.median(r["top1"] for r in fixed)
     top1_prog = statistics.median(r["top1"] for r in progressive)
     ratio = statistics.median(ratios)
-    print(f"fixed {args.size} px, seeds 0-{args.rounds - 1}: median top-1 {top1_fixed:.4f}, median wall {statistics.median(r['wall_s'] for r in fixed):.1f} s")
-    print(f"progressive {args.start}->{args.size} px, val {args.val_size} px: median top-1 {top1_prog:.4f}, median wall {statistics.median(r['wall_s'] for r in progressive):.1f} s")
+    print(
+        f"fixed {args.size} px, seeds 0-{args.rounds - 1}: median top-1 {top1_fixed:.4f}, median wall {statistics.median(r['wall_s'] for r in fixed):.1f} s"
+    )
+    print(
+        f"progressive {args.start}->{args.size} px, val {args.val_size} px: median top-1 {top1_prog:.4f}, median wall {statistics.median(r['wall_s'] for r in progressive):.1f} s"
+    )
     gap = 100 * (top1_fixed - top1_prog)
     verdict = "met" if gap <= 2.0 and ratio <= 0.8 else "NOT met"
-    print(f"progressive vs fixed: {-gap:+.1f} points of top-1, {ratio:.2f}x the wall time (median of {args.rounds} round ratio(s)), "
-          f"{statistics.median(cpu_ratios):.2f}x the CPU time (whole processes: less disturbed by other work on the machine); "
-          f"goal (within 2 points, <= 0.8x the wall time): {verdict}; load average now {os.getloadavg()[0]:.1f}")
+    print(
+        f"progressive vs fixed: {-gap:+.1f} points of top-1, {ratio:.2f}x the wall time (median of {args.rounds} round ratio(s)), "
+        f"{statistics.median(cpu_ratios):.2f}x the CPU time (whole processes: less disturbed by other work on the machine); "
+        f"goal (within 2 points, <= 0.8x the wall time): {verdict}; load average now {os.getloadavg()[0]:.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ print(json.dumps({"open_s": t2 - t1, "first_batch_s": t3 - t1, "imports_s": t1 -
 
 OPEN_AND_FILL = """
 import os, sys, time
-from imgpipe.format.shardset import open_shards
+from imgpipe.cache.opening import open_shards
 if sys.argv[3] == "beside":  # imported, then the loader beside it says go: the fill starts with the loader
     print("ready", flush=True)
     sys.stdin.readline()
@@ -104,7 +104,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     cache_dir = spec.get("cache_dir")
     beside = None
     if spec.get("fill_beside"):  # imported and waiting: the fill starts with the loader
-        beside = subprocess.Popen([sys.executable, "-c", OPEN_AND_FILL, *spec["fill_beside"], "beside"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        beside = subprocess.Popen(
+            [sys.executable, "-c", OPEN_AND_FILL, *spec["fill_beside"], "beside"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert beside.stdin is not None and beside.stdout is not None and beside.stdout.readline().strip() == "ready"
 
     def build() -> Any:
@@ -164,7 +166,12 @@ def first_batches(a: argparse.Namespace, server: Any, env: dict[str, str], work:
     opened = time.perf_counter()
     run_script(OPEN_AND_FILL, url, str(whole), "whole", env=env)
     print(f"index: {a.records:,} records in {a.index_shards} shards; a cache of all of it filled in {time.perf_counter() - opened:.0f} s")
-    cases = {"local folder": (str(index), ""), "bucket, cold": (url, ""), "cache holding the index": (url, str(held)), "cache complete": (url, str(whole))}
+    cases = {
+        "local folder": (str(index), ""),
+        "bucket, cold": (url, ""),
+        "cache holding the index": (url, str(held)),
+        "cache complete": (url, str(whole)),
+    }
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
     for round_ in range(a.rounds):
         for name in cases if round_ % 2 == 0 else list(cases)[::-1]:
@@ -187,7 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="remote-bench.") as tmp, S3Server(lifetime_s=7200, latency_s=a.latency_ms / 1e3) as server:
         work = Path(tmp)
         os.environ.update(server.env())  # for the peers' children too
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        }
         url = upload(server, rec, rec.name)
         peers = [p for p in PEERS if a.peers_python and not a.no_epochs]
         urls = {}
@@ -199,12 +210,21 @@ def main(argv: list[str] | None = None) -> int:
         failures: list[str] = []
         for round_ in range(a.rounds):
             for name in names if round_ % 2 == 0 else names[::-1]:
-                spec = {"name": name, "batch_size": a.batch_size, "image_size": a.image_size, "workers": a.workers, "epochs": 2, "endpoint": server.endpoint}
+                spec = {
+                    "name": name,
+                    "batch_size": a.batch_size,
+                    "image_size": a.image_size,
+                    "workers": a.workers,
+                    "epochs": 2,
+                    "endpoint": server.endpoint,
+                }
                 if name in PEERS:
                     try:
                         result = run_peer(a.peers_python, name, urls[name], server.endpoint, work / "peer-cache", batch_size=a.batch_size,
                                           image_size=a.image_size, workers=a.workers, epochs=2)  # fmt: skip
-                    except SystemExit as e:  # a peer that fails in one round (LitData's forked workers can hang on a chunk) is left out of it
+                    except (
+                        SystemExit
+                    ) as e:  # a peer that fails in one round (LitData's forked workers can hang on a chunk) is left out of it
                         failures.append(f"{name}, round {round_ + 1}: {str(e).strip().splitlines()[-1][:300]}")
                         runs[name].append(None)
                         print(f"  round {round_ + 1}: {name:15s} FAILED (left out of this round)", flush=True)
@@ -247,7 +267,9 @@ def report_epochs(runs: dict[str, list[dict[str, Any] | None]], a: argparse.Name
     by_round = {name: [None if r is None else epoch_figures(r) for r in results] for name, results in runs.items()}
     figures = {name: [f for f in rounds if f is not None] for name, rounds in by_round.items()}
     images = runs[LOCAL][0]["epochs"][0]["images"]  # type: ignore[index]
-    print(f"\n{'loader':15s} {'cold img/s':>10s} {'warm img/s':>10s} {'range GETs/record cold/warm':>28s} {'MB cold':>8s} {'requests/s cold/warm':>21s}")
+    print(
+        f"\n{'loader':15s} {'cold img/s':>10s} {'warm img/s':>10s} {'range GETs/record cold/warm':>28s} {'MB cold':>8s} {'requests/s cold/warm':>21s}"
+    )
     for name, rounds in figures.items():
         if not rounds:
             print(f"{name:15s} failed in every round")
@@ -298,7 +320,9 @@ def report_stage(stage: dict[str, Any], runs: dict[str, list[dict[str, Any] | No
 
 
 def report_first_batches(first: dict[str, list[dict[str, Any]]], a: argparse.Namespace) -> None:
-    print(f"\ntime to the first batch, {a.records:,} records in {a.index_shards} shards (fresh interpreter, after the imports; batch 256, 64 px, 2 workers):")
+    print(
+        f"\ntime to the first batch, {a.records:,} records in {a.index_shards} shards (fresh interpreter, after the imports; batch 256, 64 px, 2 workers):"
+    )
     goals_s = {"bucket, cold": 5.0, "cache holding the index": 1.0, "cache complete": 1.0}
     for name, results in first.items():
         med = {k: statistics.median(r[k] for r in results) for k in results[0]}
@@ -310,7 +334,9 @@ def report_first_batches(first: dict[str, list[dict[str, Any]]], a: argparse.Nam
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--child", help=argparse.SUPPRESS)
-    p.add_argument("--peers-python", type=Path, help="the interpreter of the peers' venv (bash benchmarks/peers_env.sh VENV); without it, no peer rows")
+    p.add_argument(
+        "--peers-python", type=Path, help="the interpreter of the peers' venv (bash benchmarks/peers_env.sh VENV); without it, no peer rows"
+    )
     p.add_argument("--images", type=int, default=3000, help="ImageNet-shaped train JPEGs")
     p.add_argument("--classes", type=int, default=20)
     p.add_argument("--shard-mb", type=int, default=16, help="shard size, imgpipe's and the peers'")
@@ -325,7 +351,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="600 images, 1 round, a 128,000-record index in 100 shards")
-    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "imgpipe-bench-loaders", help="data folder (reused between runs)")
+    p.add_argument(
+        "--work", type=Path, default=Path(tempfile.gettempdir()) / "imgpipe-bench-loaders", help="data folder (reused between runs)"
+    )
     a = p.parse_args(argv)
     if a.quick:
         a.images, a.classes, a.rounds, a.records, a.index_shards = 600, 10, 1, 128_000, 100

@@ -84,7 +84,9 @@ def epoch_figures(result: dict[str, Any]) -> list[dict[str, float]]:
 def report(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Print the per-loader table and the ratios against imgpipe from a local folder; return the figures."""
     figures: dict[str, Any] = {}
-    print(f"\n{'loader':14s} {'cold img/s':>10s} {'warm img/s':>10s} {'/CPU-s cold/warm':>16s}  {'GETs cold/warm':>14s} {'MB cold/warm':>13s} {'req/s cold':>10s} {'cache MB':>8s}")
+    print(
+        f"\n{'loader':14s} {'cold img/s':>10s} {'warm img/s':>10s} {'/CPU-s cold/warm':>16s}  {'GETs cold/warm':>14s} {'MB cold/warm':>13s} {'req/s cold':>10s} {'cache MB':>8s}"
+    )
     for name, results in runs.items():
         per_round = [epoch_figures(r) for r in results]
         cold = statistics.median(f[0]["images_per_s"] for f in per_round)
@@ -116,9 +118,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--images", type=int, default=3000, help="ImageNet-shaped train JPEGs")
     p.add_argument("--classes", type=int, default=20)
     p.add_argument("--quick", action="store_true", help="600 images, 1 round")
-    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "imgpipe-bench-loaders", help="data folder (reused between runs; shared with loaders.py)")
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "imgpipe-bench-loaders",
+        help="data folder (reused between runs; shared with loaders.py)",
+    )
     p.add_argument("--only", default=",".join((*PEERS, BASELINE)), help=f"comma-separated subset of {', '.join((*PEERS, BASELINE))}")
-    p.add_argument("--shard-mb", type=int, default=16, help="the peers' shard size: 24 shards of the 3,000 JPEGs, 12 per worker (their libraries' default, 64 MB, makes 6)")
+    p.add_argument(
+        "--shard-mb",
+        type=int,
+        default=16,
+        help="the peers' shard size: 24 shards of the 3,000 JPEGs, 12 per worker (their libraries' default, 64 MB, makes 6)",
+    )
     p.add_argument("--latency-ms", type=float, default=20.0, help="added by the server before every request")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--image-size", type=int, default=224)
@@ -151,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         for peer in (n for n in a.names if n in PEERS):
             written = prepare_peer(a.peers_python, peer, train, a.work, server.url, shard_mb=a.shard_mb)
             urls[peer] = written["url"]
-            print(f"{peer}: {written['files']} files, {written['bytes'] / 1e6:.0f} MB in {written['url']} (uploaded in {written['upload_s']:.1f} s)")
+            print(
+                f"{peer}: {written['files']} files, {written['bytes'] / 1e6:.0f} MB in {written['url']} (uploaded in {written['upload_s']:.1f} s)"
+            )
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in a.names}
         notes: set[str] = set()
         for round_ in range(a.rounds):

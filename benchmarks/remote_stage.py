@@ -40,10 +40,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "remote"))
-from s3_server import S3Server  # noqa: E402  (benchmarks/ and tests/remote/ on sys.path)
-
-from open_index import build  # noqa: E402
 from _measure import compile_bytecode  # noqa: E402
+from open_index import build  # noqa: E402
+from s3_server import S3Server  # noqa: E402  (benchmarks/ and tests/remote/ on sys.path)
 
 BUCKET = "imgpipe-bench"
 JPEG_MEAN_BYTES = 110_000  # ImageNet's train JPEGs: 1.28 M files, about 140 GB
@@ -118,7 +117,12 @@ def compare(url: str, env: dict[str, str], work: Path, *, rounds: int = 3, jobs:
     out: dict[str, Any] = {"rounds": rounds}
     for name, results in runs.items():
         seconds = statistics.median(r["seconds"] for r in results)
-        out[name] = {"seconds": seconds, "mb_s": results[0]["bytes"] / seconds / 1e6, "bytes": results[0]["bytes"], "all_seconds": [r["seconds"] for r in results]}
+        out[name] = {
+            "seconds": seconds,
+            "mb_s": results[0]["bytes"] / seconds / 1e6,
+            "bytes": results[0]["bytes"],
+            "all_seconds": [r["seconds"] for r in results],
+        }
         if "requests" in results[0]:
             out[name]["gets"] = statistics.median(r["requests"] for r in results)
     out["ratio"] = out["imgpipe stage"]["seconds"] / out["boto3 s3transfer"]["seconds"]
@@ -149,14 +153,18 @@ def main() -> None:
         os.environ.update(server.env())
         t0 = time.perf_counter()
         up = stage(data, f"s3://{BUCKET}/packed")
-        print(f"{up.files} files, {up.total_bytes / 1e6:,.0f} MB ({args.shards} shards) uploaded by imgpipe stage in {time.perf_counter() - t0:.1f} s; "
-              f"{args.latency_ms:.0f} ms added per request; {args.rounds} alternating round(s), each copy in a fresh interpreter")
+        print(
+            f"{up.files} files, {up.total_bytes / 1e6:,.0f} MB ({args.shards} shards) uploaded by imgpipe stage in {time.perf_counter() - t0:.1f} s; "
+            f"{args.latency_ms:.0f} ms added per request; {args.rounds} alternating round(s), each copy in a fresh interpreter"
+        )
         result = compare(f"s3://{BUCKET}/packed", env, work, rounds=args.rounds, jobs=args.jobs, counts=server.counts)
 
     print(f"\nbucket -> local folder, medians of {args.rounds} round(s):")
     for name in ("boto3 s3transfer", "imgpipe stage"):
         r = result[name]
-        print(f"  {name:17s} {r['seconds']:6.2f} s  {r['mb_s']:6.0f} MB/s  {r.get('gets', 0):5.0f} GETs   (each round: {', '.join(f'{s:.2f}' for s in r['all_seconds'])} s)")
+        print(
+            f"  {name:17s} {r['seconds']:6.2f} s  {r['mb_s']:6.0f} MB/s  {r.get('gets', 0):5.0f} GETs   (each round: {', '.join(f'{s:.2f}' for s in r['all_seconds'])} s)"
+        )
     print(f"  imgpipe stage / boto3: {result['ratio']:.2f}x the time (goal: <= 1.10x)")
 
 

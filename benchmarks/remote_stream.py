@@ -38,11 +38,10 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "remote"))
-from s3_server import S3Server  # noqa: E402  (benchmarks/ and tests/remote/ on sys.path)
-
 from _data import make_imagenet_shaped  # noqa: E402
 from _measure import compile_bytecode  # noqa: E402
 from open_index import build  # noqa: E402
+from s3_server import S3Server  # noqa: E402  (benchmarks/ and tests/remote/ on sys.path)
 
 BUCKET = "imgpipe-bench"
 
@@ -79,7 +78,9 @@ loader.close()
 
 def second_epoch(data: str, kwargs: dict, env: dict[str, str], server: S3Server) -> dict:
     """The second epoch of a fresh loader (workers and clients started), with the range GETs the server answered during it."""
-    proc = subprocess.Popen([sys.executable, "-c", EPOCH, data, json.dumps(kwargs)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", EPOCH, data, json.dumps(kwargs)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
     assert proc.stdin is not None and proc.stdout is not None
     if proc.stdout.readline().strip() != "warm":
         raise RuntimeError(f"the first epoch of {data} failed (exit code {proc.wait()})")
@@ -141,7 +142,7 @@ def main() -> None:
             build(index, args.records, args.shards, payload=tiny_jpeg())
         images = work / "images"
         if not (images / "manifest.json").is_file():
-            from imgpipe.packing.packer import pack
+            from imgpipe.pack.packer import pack
 
             tree = make_imagenet_shaped(work / "tree", args.images, classes=10, workers=2)
             pack(tree, images, shard_size=args.shard_size, workers=2, progress=False)

@@ -11,12 +11,12 @@ from typing import Any
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "open_shards": "imgpipe.format.shardset",
+    "open_shards": "imgpipe.cache.opening",
     "ShardSet": "imgpipe.format.shardset",
     "make_torch_loader": "imgpipe.loaders.torch",
     "make_dali_loader": "imgpipe.loaders.dali",
-    "pack": "imgpipe.packing.packer",
-    "verify": "imgpipe.verifier",
+    "pack": "imgpipe.pack.packer",
+    "verify": "imgpipe.format.verify",
     "stage": "imgpipe.staging.stager",
     "DistEnv": "imgpipe._sys.distenv",
     "ImgpipeError": "imgpipe.errors",

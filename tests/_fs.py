@@ -29,7 +29,10 @@ def tmpfs(path: Path, size: str, *, read_only: bool = False) -> Iterator[Path]:
     """A tmpfs of ``size`` (e.g. "2m") mounted at ``path`` for the block, then unmounted."""
     path.mkdir(parents=True, exist_ok=True)
     options = f"size={size}" + (",ro" if read_only else "")
-    mounted = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True).returncode == 0
+    mounted = (
+        os.geteuid() == 0
+        and subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True).returncode == 0
+    )
     if not mounted:
         pytest.skip("a real full or read-only file system needs root to mount a tmpfs")
     try:

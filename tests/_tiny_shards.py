@@ -57,8 +57,15 @@ def make_tiny_pack(
                 payload = b"definitely not a JPEG" * 3 if i in corrupt else tiny_jpeg(rng, w, h)
                 writer.write(2 * i, pack_header(IRHeader(0, float(labels[i]), 2 * i, 0), payload))
         infos.append(
-            ShardInfo(name=rec.name, index=idx.name, records=int(bounds[s + 1] - bounds[s]), bytes=rec.stat().st_size,
-                      sha256=sha256_file(rec), index_bytes=idx.stat().st_size, index_sha256=sha256_file(idx))
+            ShardInfo(
+                name=rec.name,
+                index=idx.name,
+                records=int(bounds[s + 1] - bounds[s]),
+                bytes=rec.stat().st_size,
+                sha256=sha256_file(rec),
+                index_bytes=idx.stat().st_size,
+                index_sha256=sha256_file(idx),
+            )
         )
     (dst / f"{split}.sources.txt").write_text("".join(p + "\n" for p in sources), encoding="utf-8")
     np.save(dst / f"{split}.labels.npy", labels, allow_pickle=False)

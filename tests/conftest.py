@@ -32,7 +32,16 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 STRICT_ENV = "IMGPIPE_STRICT_DEPS"
 MXNET_ENV = "IMGPIPE_MXNET_PYTHON"
-STRICT_TOOLS = ("dali", "mxnet", "python-isal", "moto", "obstore", "boto3", "_jpeg_shrink is not built", "region decoder was not built")  # a skip naming one fails under make test
+STRICT_TOOLS = (
+    "dali",
+    "mxnet",
+    "python-isal",
+    "moto",
+    "obstore",
+    "boto3",
+    "_jpeg_shrink is not built",
+    "region decoder was not built",
+)  # a skip naming one fails under make test
 
 SYNTH_CLASSES = 4
 SYNTH_PER_CLASS = 12
@@ -42,11 +51,17 @@ SYNTH_VAL_PER_CLASS = 3
 @pytest.fixture(scope="session")
 def synth_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``train/<wnid>/*.JPEG`` (4 classes x 12), flat ``val/`` (3 per class) + ``LOC_val_solution.csv``; 64-160 px."""
-    from imgpipe.synth import make_synthetic
+    from imgpipe.synth.tree import make_synthetic
 
     root = tmp_path_factory.mktemp("synth") / "imagenet"
     make_synthetic(
-        root, classes=SYNTH_CLASSES, per_class=SYNTH_PER_CLASS, val_per_class=SYNTH_VAL_PER_CLASS, seed=0, min_side=64, max_side=160,
+        root,
+        classes=SYNTH_CLASSES,
+        per_class=SYNTH_PER_CLASS,
+        val_per_class=SYNTH_VAL_PER_CLASS,
+        seed=0,
+        min_side=64,
+        max_side=160,
         progress=False,
     )
     return root
@@ -55,7 +70,7 @@ def synth_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def packed_dir(synth_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``synth_tree`` packed into 2 train shards + 1 val shard (no resize, shuffled with seed 0)."""
-    from imgpipe.packing.packer import pack
+    from imgpipe.pack.packer import pack
 
     dst = tmp_path_factory.mktemp("packed") / "packed"
     pack(synth_tree, dst, shards="train=2,val=1", workers=1, progress=False)
@@ -139,3 +154,16 @@ def pytest_runtest_makereport() -> Iterator[None]:
         return
     report.outcome = "failed"
     report.longrepr = f"skipped, but {why}: {reason}"
+
+
+@pytest.fixture(params=["libjpeg-turbo", "pillow"])
+def scan_check(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which check ``codec.keep_failure`` makes: the extension's, or (hidden as on an installation
+    built without a compiler; pack's workers are forked, so they inherit it) Pillow's whole decode."""
+    from imgpipe.image import codec
+
+    if request.param == "pillow":
+        monkeypatch.setattr(codec, "_scan_problem", None)
+    elif codec._scan_problem is None:
+        pytest.skip("imgpipe.image._jpeg_shrink is not built")
+    return request.param

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from _cli import assert_one_line_error
 from _fs import as_plain_user, fill, tmpfs
+
 from imgpipe.format.manifest import load_manifest
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, read_index
-from imgpipe.synth import make_synthetic
+from imgpipe.synth.tree import make_synthetic
 
 
 def imgpipe(*args: object) -> subprocess.CompletedProcess[str]:
@@ -37,7 +37,10 @@ def test_pack_verify_info_round_trip(synth_tree: Path, tmp_path: Path) -> None:
 
     verified = imgpipe("verify", dst, "--decode", "--workers", "2")
     assert verified.returncode == 0, verified.stdout + verified.stderr
-    assert verified.stdout.strip() == f"{dst}: OK: checked and decoded 60 records in 3 shard(s), {manifest.splits['train'].bytes / 1e6 + manifest.splits['val'].bytes / 1e6:,.1f} MB"
+    assert (
+        verified.stdout.strip()
+        == f"{dst}: OK: checked and decoded 60 records in 3 shard(s), {manifest.splits['train'].bytes / 1e6 + manifest.splits['val'].bytes / 1e6:,.1f} MB"
+    )
 
     info = imgpipe("info", dst)
     assert info.returncode == 0, info.stderr
@@ -165,7 +168,9 @@ def test_a_stopped_pack_says_a_rerun_resumes_and_it_does(tmp_path: Path, signum:
 
 def imgpipe_as_user(*args: object) -> subprocess.CompletedProcess[str]:
     """``imgpipe`` as a plain user meets file permissions, root included (tests/_fs.py)."""
-    return subprocess.run([sys.executable, "-m", "imgpipe", *map(str, args)], capture_output=True, text=True, timeout=120, preexec_fn=as_plain_user)
+    return subprocess.run(
+        [sys.executable, "-m", "imgpipe", *map(str, args)], capture_output=True, text=True, timeout=120, preexec_fn=as_plain_user
+    )
 
 
 @pytest.mark.timeout(120)
@@ -210,7 +215,10 @@ def test_a_disk_that_fills_up_mid_pack_names_dst_and_the_rerun_resumes(tmp_path:
         stdout, stderr = proc.communicate(timeout=60)
         assert_one_line_error(
             subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr),
-            f"DST {dst}: writing shard", "No space left on device (ENOSPC)", "free space there", "rerun the same command to resume",
+            f"DST {dst}: writing shard",
+            "No space left on device (ENOSPC)",
+            "free space there",
+            "rerun the same command to resume",
         )
         assert list(dst.glob(".*.tmp")) == []
         filler.unlink()

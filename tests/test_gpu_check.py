@@ -15,9 +15,19 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "gpu_check.sh"
 LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OUT"}
 TINY = {
-    "GPU_CHECK_GPUS": "0", "GPU_CHECK_MODEL": "resnet18", "GPU_CHECK_BATCH": "8", "GPU_CHECK_SIZES": "32 40", "GPU_CHECK_VAL_SIZE": "48",
-    "GPU_CHECK_PER_CLASS": "2", "GPU_CHECK_VAL_PER_CLASS": "3", "GPU_CHECK_MIN_SIDE": "48", "GPU_CHECK_MAX_SIDE": "64",
-    "GPU_CHECK_BENCH_STEPS": "3", "GPU_CHECK_WORKERS": "1", "GPU_CHECK_RESUME_AT": "1", "GPU_CHECK_DALI": "0",
+    "GPU_CHECK_GPUS": "0",
+    "GPU_CHECK_MODEL": "resnet18",
+    "GPU_CHECK_BATCH": "8",
+    "GPU_CHECK_SIZES": "32 40",
+    "GPU_CHECK_VAL_SIZE": "48",
+    "GPU_CHECK_PER_CLASS": "2",
+    "GPU_CHECK_VAL_PER_CLASS": "3",
+    "GPU_CHECK_MIN_SIDE": "48",
+    "GPU_CHECK_MAX_SIDE": "64",
+    "GPU_CHECK_BENCH_STEPS": "3",
+    "GPU_CHECK_WORKERS": "1",
+    "GPU_CHECK_RESUME_AT": "1",
+    "GPU_CHECK_DALI": "0",
 }
 
 
@@ -62,6 +72,14 @@ def test_a_model_that_does_not_exist_fails_every_run_and_the_script(work: Path) 
     assert done.returncode == 1, done.stdout[-3000:]
     failed = [line for line in done.stdout.splitlines() if line.startswith("gpu_check: FAILED: ")]
     assert [line.split()[2] for line in failed] == [
-        "ceiling-32", "torch-32", "ceiling-40", "torch-40", "ramp", "fp16", "resume", "spawn", "bench",
+        "ceiling-32",
+        "torch-32",
+        "ceiling-40",
+        "torch-40",
+        "ramp",
+        "fp16",
+        "resume",
+        "spawn",
+        "bench",
     ], done.stdout[-3000:]
     assert "every step passed" not in done.stdout

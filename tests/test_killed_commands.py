@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "train"))
 from proctree import descendants, wait_gone  # noqa: E402
 
-from imgpipe.synth import make_synthetic  # noqa: E402
+from imgpipe.synth.tree import make_synthetic  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

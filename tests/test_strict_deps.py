@@ -64,7 +64,9 @@ def test_an_installed_but_broken_dali_fails_instead_of_skipping(tmp_path: Path, 
     (tmp_path / "nvidia" / "__init__.py").write_text("__path__ = __import__('pkgutil').extend_path(__path__, __name__)\n")
     (package / "__init__.py").write_text("raise ImportError('libdali.so: cannot open shared object file')\n")
     result = run_pytest(DALI_TESTS, strict=strict, pythonpath=[tmp_path])
-    assert re.fullmatch(r"2 (failed|errors)|1 failed, 1 error", result.stdout.strip().splitlines()[-1].split(" in ")[0]), result.stdout[-3000:]
+    assert re.fullmatch(r"2 (failed|errors)|1 failed, 1 error", result.stdout.strip().splitlines()[-1].split(" in ")[0]), result.stdout[
+        -3000:
+    ]
     assert result.returncode != 0 and "libdali.so" in result.stdout
 
 
@@ -99,7 +101,7 @@ def test_make_rebuilds_the_mxnet_venv_under_a_stale_stamp(tmp_path: Path) -> Non
     assert rebuilt.returncode != 0 and "false -m venv --clear .venv-mxnet" in rebuilt.stdout and not stamp.exists()
 
     mxnet = os.environ.get("IMGPIPE_MXNET_PYTHON") or sys.executable
-    venv_python.write_text(f"#!/bin/sh\nexec {mxnet} \"$@\"\n")
+    venv_python.write_text(f'#!/bin/sh\nexec {mxnet} "$@"\n')
     venv_python.chmod(0o755)
     stamp.touch()
     kept = subprocess.run(make, cwd=tmp_path, capture_output=True, text=True, timeout=50)
@@ -108,7 +110,7 @@ def test_make_rebuilds_the_mxnet_venv_under_a_stale_stamp(tmp_path: Path) -> Non
 
 
 EXTENSION_TESTS = [
-    "tests/packing/test_shrink.py::test_clean_jpeg_is_resized_by_libjpeg_turbo_in_one_call",  # skip() in the test
+    "tests/image/test_shrink.py::test_clean_jpeg_is_resized_by_libjpeg_turbo_in_one_call",  # skip() in the test
     "tests/loaders/test_jpeg_region.py::test_reduced_regions_are_pillows_draft_decode",  # skipif(decode_region is None)
 ]
 
@@ -121,7 +123,7 @@ def test_tests_of_an_unbuilt_c_extension_fail_under_make_test(tmp_path: Path, st
         "import sys\n"
         "class NoExtensions:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name in ('imgpipe.packing._jpeg_shrink', 'imgpipe.loaders._jpeg_region'):\n"
+        "        if name in ('imgpipe.image._jpeg_shrink', 'imgpipe.image._jpeg_region'):\n"
         "            raise ImportError(name + ' is not built')\n"
         "sys.meta_path.insert(0, NoExtensions())\n"
     )

@@ -1,4 +1,4 @@
-"""imgpipe.synth and ``imgpipe synth``: determinism, photo-like sizes, class signal, quirks, val CSV."""
+"""imgpipe.synth.tree and ``imgpipe synth``: determinism, photo-like sizes, class signal, quirks, val CSV."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from imgpipe.format.jpeg import inspect_jpeg
-from imgpipe.packing.codec import prepare_image
 from imgpipe.errors import DatasetError
-from imgpipe.packing.source import scan
-from imgpipe.synth import QUIRKS, make_synthetic
+from imgpipe.image.codec import prepare_image
+from imgpipe.image.jpeg import inspect_jpeg
+from imgpipe.ingest.scan import scan
+from imgpipe.synth.tree import QUIRKS, make_synthetic
 
 SMALL = dict(classes=3, per_class=4, val_per_class=2, seed=5, min_side=40, max_side=72, progress=False)
 

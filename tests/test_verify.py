@@ -16,9 +16,9 @@ import pytest
 
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import load_manifest
-from imgpipe.format.shardset import open_shards
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, IndexedRecordWriter, IRHeader, pack_header, read_index
-from imgpipe.verifier import verify
+from imgpipe.format.shardset import open_shards
+from imgpipe.format.verify import verify
 from tests._tiny_shards import make_tiny_pack
 from tests.train.proctree import descendants, wait_gone
 
@@ -98,7 +98,9 @@ def test_edited_index_line_is_located(dataset: Path) -> None:
     idx.write_text("".join(lines))
     found = problem_lines(dataset)
     assert any(
-        line.startswith(f"{idx.name}: record {first + 2} (offset {int(offset) + 4}") and "line 3" in line and "not the start of a record" in line
+        line.startswith(f"{idx.name}: record {first + 2} (offset {int(offset) + 4}")
+        and "line 3" in line
+        and "not the start of a record" in line
         for line in found
     ), found
 
@@ -259,8 +261,11 @@ def test_float_labels_are_reported_like_open_shards_reports_them(dataset: Path) 
 def test_a_killed_verify_leaves_no_worker_behind(tmp_path: Path) -> None:
     """kill -9 of ``imgpipe verify --decode`` mid-run: its pool workers are gone within seconds, not orphaned."""
     dst = make_tiny_pack(tmp_path / "packed", records=1200, shards=12, min_side=100, max_side=300)
-    verify_run = subprocess.Popen([sys.executable, "-m", "imgpipe", "verify", "--decode", "--workers", "2", "--no-progress", str(dst)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    verify_run = subprocess.Popen(
+        [sys.executable, "-m", "imgpipe", "verify", "--decode", "--workers", "2", "--no-progress", str(dst)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while len(workers := descendants(verify_run.pid)) < 2 and time.monotonic() < deadline and verify_run.poll() is None:
         time.sleep(0.01)

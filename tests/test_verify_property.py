@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from imgpipe.format.manifest import load_manifest
 from imgpipe.format.recordio import FRAME_HEADER, read_index
-from imgpipe.verifier import verify
+from imgpipe.format.verify import verify
 
 SIDECARS = [f"{split}.{kind}" for split in ("train", "val") for kind in ("sources.txt", "labels.npy", "crc32.npy")]
 

@@ -70,10 +70,7 @@ def loader_pass(backend: str) -> None:
     for batch, labels in loader:
         images += labels.numel()
     elapsed = time.perf_counter() - start
-    print(
-        f"{backend:5s} loader: {len(loader)} batches of {tuple(batch.shape)} {batch.dtype}, "
-        f"{images / elapsed:,.0f} images/s"
-    )
+    print(f"{backend:5s} loader: {len(loader)} batches of {tuple(batch.shape)} {batch.dtype}, {images / elapsed:,.0f} images/s")
     if backend == "torch":
         from imgpipe.loaders.pixels import describe_jpeg_decoder
 
@@ -125,24 +122,39 @@ def main() -> None:
     imgpipe("train", "--print-config", stdout=config)  # the defaults a user starts from
     imgpipe(
         "train",
-        "--config", str(config),
-        "--gpus", "0", "--nproc", "2",
-        "--set", f"data.path={REC}",
-        "--set", f"output.dir={DEMO / 'run'}",
-        "--set", "model.name=resnet18",
-        "--set", "data.resolution=[48, 64]",
-        "--set", "data.val_image_size=80",
-        "--set", "data.val_flip_tta=true",
-        "--set", "train.epochs=1",
-        "--set", "train.batch_size=16",
+        "--config",
+        str(config),
+        "--gpus",
+        "0",
+        "--nproc",
+        "2",
+        "--set",
+        f"data.path={REC}",
+        "--set",
+        f"output.dir={DEMO / 'run'}",
+        "--set",
+        "model.name=resnet18",
+        "--set",
+        "data.resolution=[48, 64]",
+        "--set",
+        "data.val_image_size=80",
+        "--set",
+        "data.val_flip_tta=true",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "train.batch_size=16",
     )
 
     step("6b. resume that run on 1 process: the same global batch (32), so the same data stream, one more epoch, at 64 px")
     imgpipe(
         "train",
-        "--config", str(DEMO / "run" / "config.yaml"),  # the resolved config the run saved
-        "--gpus", "0",
-        "--set", "train.epochs=2",
+        "--config",
+        str(DEMO / "run" / "config.yaml"),  # the resolved config the run saved
+        "--gpus",
+        "0",
+        "--set",
+        "train.epochs=2",
         "--resume",
     )
 
@@ -150,7 +162,9 @@ def main() -> None:
     imgpipe("train", "--list-recipes")
 
     step("7. find the bottleneck")
-    imgpipe("bench", str(REC), "--gpus", "0", "--nproc", "2", "--steps", "8", "--batch-size", "16", "--workers", "1,2", "--compute-ms", "40")
+    imgpipe(
+        "bench", str(REC), "--gpus", "0", "--nproc", "2", "--steps", "8", "--batch-size", "16", "--workers", "1,2", "--compute-ms", "40"
+    )
 
     print(f"\ndemo finished in {time.perf_counter() - start:.0f} s; outputs in {DEMO}")
 

@@ -104,7 +104,7 @@ fi
 step decoder 60 "$PY" - > "$WORK/decoder.txt" <<'EOF'
 import importlib.util
 from imgpipe.loaders.pixels import describe_jpeg_decoder
-shrink = "built" if importlib.util.find_spec("imgpipe.packing._jpeg_shrink") else "not built (pack --resize uses Pillow)"
+shrink = "built" if importlib.util.find_spec("imgpipe.image._jpeg_shrink") else "not built (pack --resize uses Pillow)"
 print(f"JPEG decoding: {describe_jpeg_decoder()}; pack's shrinker: {shrink}")
 EOF
 cat "$WORK/decoder.txt"
@@ -114,7 +114,7 @@ step data 300 "$PY" - "$WORK" "$PER_CLASS" "$VAL_PER_CLASS" "$MIN_SIDE" "$MAX_SI
 import sys, time
 from pathlib import Path
 from imgpipe import pack  # the public API: stays where the modules move
-from imgpipe.synth import make_synthetic
+from imgpipe.synth.tree import make_synthetic
 work = Path(sys.argv[1])
 per_class, val_per_class, min_side, max_side, workers = map(int, sys.argv[2:])
 start = time.perf_counter()

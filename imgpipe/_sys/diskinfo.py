@@ -18,9 +18,36 @@ from imgpipe.errors import ImgpipeError, PackError
 logger = logging.getLogger(__name__)
 
 NETWORK_FILESYSTEMS = frozenset(
-    {"nfs", "nfs4", "cifs", "smb", "smb3", "smbfs", "fuse.sshfs", "sshfs", "lustre", "gpfs", "beegfs", "ceph",
-     "fuse.ceph", "fuse.cephfs", "glusterfs", "fuse.glusterfs", "afs", "9p", "fuse.s3fs", "fuse.gcsfuse",
-     "fuse.rclone", "fuse.juicefs", "ocfs2", "wekafs", "virtiofs", "panfs", "pvfs2", "orangefs"}
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb",
+        "smb3",
+        "smbfs",
+        "fuse.sshfs",
+        "sshfs",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "ceph",
+        "fuse.ceph",
+        "fuse.cephfs",
+        "glusterfs",
+        "fuse.glusterfs",
+        "afs",
+        "9p",
+        "fuse.s3fs",
+        "fuse.gcsfuse",
+        "fuse.rclone",
+        "fuse.juicefs",
+        "ocfs2",
+        "wekafs",
+        "virtiofs",
+        "panfs",
+        "pvfs2",
+        "orangefs",
+    }
 )
 
 
@@ -82,9 +109,7 @@ def _rotational(device: str, sys_block: Path) -> bool | None:
     return None
 
 
-def device_for_path(
-    path: str | os.PathLike, *, mounts_file: str = "/proc/mounts", sys_block: str | os.PathLike = "/sys/block"
-) -> DiskInfo:
+def device_for_path(path: str | os.PathLike, *, mounts_file: str = "/proc/mounts", sys_block: str | os.PathLike = "/sys/block") -> DiskInfo:
     """Find the mount holding ``path`` (which need not exist yet) and describe its device."""
     target = os.path.realpath(os.path.abspath(path))  # non-strict: a path that does not exist yet is fine
     best: tuple[str, str, str] | None = None
@@ -121,9 +146,7 @@ def check_free_space(path: str | os.PathLike, needed: int, *, what: str = "the o
         shown = (format_bytes(needed), format_bytes(free))
         if shown[0] == shown[1]:  # too close to tell apart at this precision
             shown = (f"{needed:,} bytes", f"{free:,} bytes")
-        raise error(
-            f"{path}: {what} needs about {shown[0]} but only {shown[1]} is free there; free some space or choose another DST"
-        )
+        raise error(f"{path}: {what} needs about {shown[0]} but only {shown[1]} is free there; free some space or choose another DST")
 
 
 def warn_if_slow(
@@ -134,10 +157,11 @@ def warn_if_slow(
     if info.network:
         logger.warning(
             "%s %s is on a network filesystem (%s at %s): reads and writes will be slow; use a local SSD if you can",
-            role, path, info.fstype, info.mountpoint,
+            role,
+            path,
+            info.fstype,
+            info.mountpoint,
         )
     elif info.rotational:
-        logger.warning(
-            "%s %s is on a rotational disk (%s): random reads will be slow; use an SSD if you can", role, path, info.device
-        )
+        logger.warning("%s %s is on a rotational disk (%s): random reads will be slow; use an SSD if you can", role, path, info.device)
     return info

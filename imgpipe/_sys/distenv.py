@@ -48,11 +48,7 @@ class DistEnv:
             return from_torch
         if "RANK" in env and "WORLD_SIZE" in env:
             return cls(
-                _int(env, "RANK", 0),
-                _int(env, "WORLD_SIZE", 1),
-                _int(env, "LOCAL_RANK", 0),
-                _int(env, "LOCAL_WORLD_SIZE", 1),
-                "torchrun",
+                _int(env, "RANK", 0), _int(env, "WORLD_SIZE", 1), _int(env, "LOCAL_RANK", 0), _int(env, "LOCAL_WORLD_SIZE", 1), "torchrun"
             )
         if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
             ntasks = _int(env, "SLURM_NTASKS", 1)
@@ -88,7 +84,9 @@ def _from_torch_distributed(env: Mapping[str, str]) -> DistEnv | None:
     if not (dist.is_available() and dist.is_initialized()):
         return None
     rank, world = dist.get_rank(), dist.get_world_size()
-    return DistEnv(rank, world, _int(env, "LOCAL_RANK", _int(env, "SLURM_LOCALID", rank)), _local_world_size(env, world), "torch.distributed")
+    return DistEnv(
+        rank, world, _int(env, "LOCAL_RANK", _int(env, "SLURM_LOCALID", rank)), _local_world_size(env, world), "torch.distributed"
+    )
 
 
 def _int(env: Mapping[str, str], name: str, default: int, first_of_list: bool = False) -> int:

@@ -59,8 +59,14 @@ def process_start_time() -> float | None:
 
 
 def map_in_processes(
-    fn: Callable[[T], R], tasks: Iterable[T], *, workers: int, chunksize: int = 1,
-    desc: str | None = None, unit: str = "it", progress: bool = False,
+    fn: Callable[[T], R],
+    tasks: Iterable[T],
+    *,
+    workers: int,
+    chunksize: int = 1,
+    desc: str | None = None,
+    unit: str = "it",
+    progress: bool = False,
 ) -> Iterator[R]:
     """Yield ``fn(task)`` for each task, in task order: inline for ``workers <= 1``, else in a pool.
 

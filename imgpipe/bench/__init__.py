@@ -7,7 +7,8 @@ while the system is sampled (:mod:`.system`, :mod:`.cache`), then decides the ve
 
 from __future__ import annotations
 
-from imgpipe.bench.runner import BenchConfig, BenchResult
+from imgpipe.bench.config import BenchConfig
+from imgpipe.bench.runner import BenchResult
 from imgpipe.bench.verdict import Verdict
 
 

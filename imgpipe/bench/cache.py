@@ -91,4 +91,3 @@ def evict(paths: Iterable[str | os.PathLike]) -> int:
             os.close(fd)
     logger.debug("evicted %d files from the page cache", count)
     return count
-

@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
-    from imgpipe.bench.runner import BenchConfig
+    from imgpipe.bench.config import BenchConfig
     from imgpipe.train.config import TrainConfig
 
 

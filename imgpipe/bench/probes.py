@@ -77,7 +77,9 @@ def make_loader(backend: str, train: TrainConfig, ctx: Any, timer: StageTimer | 
     if backend == "torch":
         from imgpipe.loaders.torch import make_torch_loader
 
-        return make_torch_loader(path, split, batch_size=batch_size, train=True, stage_timer=timer, prefetch_factor=train.data.prefetch_factor, **kwargs)
+        return make_torch_loader(
+            path, split, batch_size=batch_size, train=True, stage_timer=timer, prefetch_factor=train.data.prefetch_factor, **kwargs
+        )
     from imgpipe.loaders.dali import make_dali_loader
 
     kwargs["workers"] = max(1, kwargs["workers"])  # DALI needs a thread (the bench always gives a count)

@@ -147,7 +147,8 @@ def format_report(result: BenchResult, verdict: Verdict) -> str:
         f"imgpipe bench: {config.data} ({config.split}, {result.records} records, {result.data_bytes / 1e6:.1f} MB) "
         f"on {describe_disk(result.disk)}",
         f"{config.ranks} rank(s) on {result.device}, batch {config.batch_size}, {config.train_size} px, "
-        + (f"model {config.model}" if config.model else f"compute {config.compute_ms:g} ms") + (", cold cache" if config.cold else ""),
+        + (f"model {config.model}" if config.model else f"compute {config.compute_ms:g} ms")
+        + (", cold cache" if config.cold else ""),
         "",
         f"{'backend':<8} {'workers':>7} {'images/s':>9} {'balance':>7} {'cpu %':>6} {'iowait %':>8} {'read MB/s':>9} {'cached %':>8}",
     ]
@@ -160,10 +161,11 @@ def format_report(result: BenchResult, verdict: Verdict) -> str:
             f"{_num(100 * run.resident_before if run.resident_before is not None else None, 8, 0)}"
         )
     judged = next(r for r in result.runs if r.backend == verdict.backend and r.workers == verdict.workers)
-    lines += ["", f"ranks of {judged.backend} with {plural(judged.workers, 'worker')} (stage times: ms per batch; read and decode are worker time)"]
-    lines.append(
-        f"{'rank':>4} {'images/s':>9} {'wait %':>6} {'p50 ms':>7} {'p95 ms':>7} " + " ".join(f"{s:>7}" for s in STAGES)
-    )
+    lines += [
+        "",
+        f"ranks of {judged.backend} with {plural(judged.workers, 'worker')} (stage times: ms per batch; read and decode are worker time)",
+    ]
+    lines.append(f"{'rank':>4} {'images/s':>9} {'wait %':>6} {'p50 ms':>7} {'p95 ms':>7} " + " ".join(f"{s:>7}" for s in STAGES))
     for rank in judged.ranks:
         summary = rank.summary()
         stages = rank.stage_ms()
@@ -193,8 +195,11 @@ def write_plot(path: str | os.PathLike, result: BenchResult, verdict: Verdict) -
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     judged = next(r for r in result.runs if r.backend == verdict.backend and r.workers == verdict.workers)
-    fig, (timeline, bars) = plt.subplots(2, 1, figsize=(10, 3 + 0.5 * len(judged.ranks) + 3), gridspec_kw={"height_ratios": [max(2, len(judged.ranks)), 3]})
+    fig, (timeline, bars) = plt.subplots(
+        2, 1, figsize=(10, 3 + 0.5 * len(judged.ranks) + 3), gridspec_kw={"height_ratios": [max(2, len(judged.ranks)), 3]}
+    )
     colors = {"data-wait": "tab:red", "compute": "tab:blue", "sync (other ranks)": "tab:gray"}
     for row, rank in enumerate(judged.ranks):
         for label, spans in (
@@ -208,7 +213,11 @@ def write_plot(path: str | os.PathLike, result: BenchResult, verdict: Verdict) -
     timeline.set_title(f"{judged.backend}, {plural(judged.workers, 'worker')}: where each rank's time goes")
     timeline.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, fontsize="small", frameon=False)
     labels = [f"{r.backend}\n{plural(r.workers, 'worker')}" for r in result.runs]
-    bars.bar(range(len(result.runs)), [r.images_per_s for r in result.runs], color=["tab:green" if r is judged else "tab:olive" for r in result.runs])
+    bars.bar(
+        range(len(result.runs)),
+        [r.images_per_s for r in result.runs],
+        color=["tab:green" if r is judged else "tab:olive" for r in result.runs],
+    )
     bars.set_xticks(range(len(result.runs)), labels)
     bars.set_ylabel("images/s (all ranks)")
     bars.set_title("throughput per backend and worker count")

@@ -52,9 +52,9 @@ from typing import Any
 from imgpipe.bench.runner import BenchResult, RunResult
 from imgpipe.bench.stats import StoreIO
 from imgpipe.bench.system import describe_disk
-from imgpipe.format.bytesource import is_url
-from imgpipe.format.objectstore import FETCH_THREADS
 from imgpipe.loaders.pixels import REGION_DECODER_HEADERS
+from imgpipe.storage.objectstore import FETCH_THREADS
+from imgpipe.storage.source import is_url
 
 DATA_BOUND_WAIT = 0.20
 MIN_CONSUME_MS = 1.0  # a rank's own time per batch below this: too small to size workers from
@@ -175,12 +175,16 @@ def _straggler(result: BenchResult, run: RunResult) -> Verdict | None:
     if cause == "decode":
         action = f"give rank {rank} more CPU (other processes on its cores?) or more workers"
     elif is_url(result.config.data):
-        action = f"check rank {rank}'s network path to the store, or keep the data on its node ({_LOCAL_COPY.format(data=result.config.data)})"
+        action = (
+            f"check rank {rank}'s network path to the store, or keep the data on its node ({_LOCAL_COPY.format(data=result.config.data)})"
+        )
     elif result.disk.rotational or result.disk.network:
         action = f"pack to an SSD with `imgpipe pack SRC /ssd/imagenet` (or copy {result.config.data} there) and bench again"
     else:
         action = f"check the disk that serves rank {rank} (a slow or failing disk, a network mount) and put its data on a local SSD"
-    message = f"rank {rank} is a straggler: it waits for data {_pct(wait)} of the time, against {_pct(others)} on the others{detail}; {action}"
+    message = (
+        f"rank {rank} is a straggler: it waits for data {_pct(wait)} of the time, against {_pct(others)} on the others{detail}; {action}"
+    )
     return Verdict("straggler", message, run.backend, run.workers, straggler=rank, cause=cause)
 
 
@@ -212,7 +216,11 @@ def _input_bound(result: BenchResult, run: RunResult) -> Verdict | None:
     if remote and read_share is not None and read_share >= READ_SHARE_IO:
         return _remote_bound(result, run, wait, read_share, loader)
     if not remote and ((iowait is not None and iowait >= IOWAIT_HIGH_PCT) or (read_share is not None and read_share >= READ_SHARE_IO)):
-        evidence = f"{iowait:.0f} % iowait" if iowait is not None and iowait >= IOWAIT_HIGH_PCT else f"reading takes {_pct(read_share or 0)} of the loader's time"
+        evidence = (
+            f"{iowait:.0f} % iowait"
+            if iowait is not None and iowait >= IOWAIT_HIGH_PCT
+            else f"reading takes {_pct(read_share or 0)} of the loader's time"
+        )
         if slow_disk:
             action = f"pack to an SSD with `imgpipe pack SRC /ssd/imagenet` (or copy {result.config.data} there) and bench again"
         else:
@@ -235,15 +243,23 @@ def _input_bound(result: BenchResult, run: RunResult) -> Verdict | None:
         raise_workers = f"raise workers to {target}"
     options = [raise_workers] + (["use `--backend dali`"] if run.backend != "dali" else []) + ["pack with `--resize 256`"]
     if run.backend == "torch" and not result.region_decoder:
-        options.insert(0, f"reinstall imgpipe where libjpeg-turbo's headers are ({REGION_DECODER_HEADERS}) so the torch loader decodes only each crop")
-    message = f"decode bound: ranks wait for data {_pct(wait)} of the time while decoding dominates the loader; " + ", ".join(options[:-1]) + f", or {options[-1]}"
+        options.insert(
+            0, f"reinstall imgpipe where libjpeg-turbo's headers are ({REGION_DECODER_HEADERS}) so the torch loader decodes only each crop"
+        )
+    message = (
+        f"decode bound: ranks wait for data {_pct(wait)} of the time while decoding dominates the loader; "
+        + ", ".join(options[:-1])
+        + f", or {options[-1]}"
+    )
     return Verdict("decode", message, run.backend, run.workers, cause="decode")
 
 
 _LOCAL_COPY = "a cache dir (`cache_dir=DIR`, in the trainer `data.cache: DIR`) fills a copy on the node as it streams, or `imgpipe stage {data} /local/dir` copies it there once (`data.stage: DIR`)"
 
 
-def _remote_bound(result: BenchResult, run: RunResult, wait: float, read_share: float, loader: tuple[float, float, float] | None) -> Verdict:
+def _remote_bound(
+    result: BenchResult, run: RunResult, wait: float, read_share: float, loader: tuple[float, float, float] | None
+) -> Verdict:
     """The loader waits for the store: quote what the store did, and how to stop waiting for it."""
     data = result.config.data
     io = run.store_io
@@ -319,11 +335,12 @@ def _notes(result: BenchResult, run: RunResult) -> list[str]:
         )
     if run.resident_before is not None and run.resident_before >= WARM_CACHE and not result.config.cold:
         notes.append(
-            f"{_pct(run.resident_before)} of DATA was in the page cache, so the disk was barely read; "
-            "rerun with --cold to measure the disk"
+            f"{_pct(run.resident_before)} of DATA was in the page cache, so the disk was barely read; rerun with --cold to measure the disk"
         )
     if is_url(result.config.data) and not any(r.timed_stages for r in run.ranks):
-        notes.append("the DALI loader's reads are not timed, so waiting for the store and decoding cannot be told apart; `--backend torch` measures both")
+        notes.append(
+            "the DALI loader's reads are not timed, so waiting for the store and decoding cannot be told apart; `--backend torch` measures both"
+        )
     backends = sorted({r.backend for r in result.runs})
     workers = {r.workers for r in result.runs}
     if len(workers) > 1:

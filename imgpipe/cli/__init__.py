@@ -15,11 +15,7 @@ from imgpipe.errors import ImgpipeError, Stopped
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
 def cli(verbose: bool) -> None:
     """imgpipe: pack ImageNet into RecordIO shards, load it fast and correctly, train and benchmark."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="imgpipe: %(levelname)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="imgpipe: %(levelname)s: %(message)s", stream=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:

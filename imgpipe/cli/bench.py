@@ -24,24 +24,69 @@ def _counts(text: str) -> tuple[int, ...]:
 @click.option("--gpus", type=int, default=None, help="GPU ranks to start (one per GPU). Default: every GPU torch sees, or 0 without CUDA.")
 @click.option("--nproc", type=int, default=1, show_default=True, help="CPU ranks to start with --gpus 0.")
 @click.option("--backend", type=click.Choice(["torch", "dali", "all"]), default="torch", show_default=True, help="Loader(s) to measure.")
-@click.option("--workers", default=None, help="Loader worker counts to sweep, e.g. 1,2,4; the best is reported per backend. Default: the loaders' default for this many ranks.")
+@click.option(
+    "--workers",
+    default=None,
+    help="Loader worker counts to sweep, e.g. 1,2,4; the best is reported per backend. Default: the loaders' default for this many ranks.",
+)
 @click.option("--steps", type=int, default=30, show_default=True, help="Measured steps per rank and run (after --warmup).")
 @click.option("--warmup", type=int, default=3, show_default=True, help="Steps run first and not measured (worker start-up).")
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Images per batch per rank.")
-@click.option("--image-size", type=int, default=None, help="Training crop size. Default: the size the trainer config (--config, --recipe) trains its first epoch at, else 224.")
+@click.option(
+    "--image-size",
+    type=int,
+    default=None,
+    help="Training crop size. Default: the size the trainer config (--config, --recipe) trains its first epoch at, else 224.",
+)
 @click.option("--model", default=None, help="torchvision model to run forward+backward on each batch (e.g. resnet50).")
-@click.option("--compute-ms", type=float, default=0.0, show_default=True, help="Simulated compute per step instead of --model (0: loader only).")
+@click.option(
+    "--compute-ms", type=float, default=0.0, show_default=True, help="Simulated compute per step instead of --model (0: loader only)."
+)
 @click.option("--cold", is_flag=True, help="Evict DATA's shards from the page cache before each run, so the disk is measured.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the read order and augmentations.")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Trainer YAML config (imgpipe train --config): the model and loaders run with its options (train.amp, train.channels_last, ...); the bench's own options win.")
-@click.option("--recipe", default=None, metavar="NAME", help="Trainer recipe (imgpipe train --list-recipes), under --config and --set: its options, training size and model (unless --model or --compute-ms).")
-@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override one trainer config key, as imgpipe train --set (repeatable).")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="Trainer YAML config (imgpipe train --config): the model and loaders run with its options (train.amp, train.channels_last, ...); the bench's own options win.",
+)
+@click.option(
+    "--recipe",
+    default=None,
+    metavar="NAME",
+    help="Trainer recipe (imgpipe train --list-recipes), under --config and --set: its options, training size and model (unless --model or --compute-ms).",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="SECTION.KEY=VALUE",
+    help="Override one trainer config key, as imgpipe train --set (repeatable).",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the results as JSON (schema: docs/bench-json.md).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write per-rank timelines and throughput as a PNG (needs imgpipe[plot]).")
+@click.option(
+    "--plot", "plot_path", type=click.Path(dir_okay=False), help="Write per-rank timelines and throughput as a PNG (needs imgpipe[plot])."
+)
 def bench_command(
-    data: str, split: str, gpus: int | None, nproc: int, backend: str, workers: str | None, steps: int, warmup: int, batch_size: int,
-    image_size: int | None, model: str | None, compute_ms: float, cold: bool, seed: int, config_path: str | None, recipe: str | None,
-    overrides: tuple[str, ...], json_path: str | None, plot_path: str | None,
+    data: str,
+    split: str,
+    gpus: int | None,
+    nproc: int,
+    backend: str,
+    workers: str | None,
+    steps: int,
+    warmup: int,
+    batch_size: int,
+    image_size: int | None,
+    model: str | None,
+    compute_ms: float,
+    cold: bool,
+    seed: int,
+    config_path: str | None,
+    recipe: str | None,
+    overrides: tuple[str, ...],
+    json_path: str | None,
+    plot_path: str | None,
 ) -> None:
     """Find the bottleneck of loading DATA (a folder made by `imgpipe pack`, or its URL), rank by rank, and say what to change.
 
@@ -69,9 +114,23 @@ def bench_command(
     else:
         counts = _counts(workers)
     config = BenchConfig(
-        data=data, split=split, gpus=gpus, nproc=nproc, backends=resolve_backends(backend), workers=counts,
-        steps=steps, warmup=warmup, batch_size=batch_size, image_size=image_size, model=model, compute_ms=compute_ms,
-        cold=cold, seed=seed, train_config_path=config_path, train_overrides=tuple(overrides), train_recipe=recipe,
+        data=data,
+        split=split,
+        gpus=gpus,
+        nproc=nproc,
+        backends=resolve_backends(backend),
+        workers=counts,
+        steps=steps,
+        warmup=warmup,
+        batch_size=batch_size,
+        image_size=image_size,
+        model=model,
+        compute_ms=compute_ms,
+        cold=cold,
+        seed=seed,
+        train_config_path=config_path,
+        train_overrides=tuple(overrides),
+        train_recipe=recipe,
     ).with_trainer_model()
     outcome = bench(config)
     if outcome is None:  # a non-zero rank under torchrun/SLURM: rank 0 reports

@@ -21,7 +21,8 @@ logger = logging.getLogger(__name__)
 @click.argument("dst")
 @click.option("--splits", default=None, help="Comma-separated splits to pack (default: every split found), e.g. train,val.")
 @click.option(
-    "--shard-size", default=None,
+    "--shard-size",
+    default=None,
     help="Target shard size, e.g. 256MB (default), 2MB, 1GiB; measured on the source files, so --resize gives smaller shards.",
 )
 @click.option("--shards", default=None, help="Shard count instead of --shard-size: N per split, or train=1024,val=64.")
@@ -33,7 +34,9 @@ logger = logging.getLogger(__name__)
 @click.option("--overwrite", is_flag=True, help="Delete a previous pack in DST and start again.")
 @click.option("--strict", is_flag=True, help="Exit non-zero if any source file was skipped.")
 @click.option("--num-nodes", type=int, default=None, help="Machines sharing the pack (default: SLURM_NNODES under srun, else 1).")
-@click.option("--node-rank", type=int, default=None, help="This machine's rank in 0..num-nodes-1 (default: SLURM_NODEID under srun, else 0).")
+@click.option(
+    "--node-rank", type=int, default=None, help="This machine's rank in 0..num-nodes-1 (default: SLURM_NODEID under srun, else 0)."
+)
 @click.option("--finalize", is_flag=True, help="Only write the manifest once every node has finished.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def pack_command(
@@ -46,7 +49,7 @@ def pack_command(
     ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar, and ILSVRC2012_devkit_t12.tar.gz or
     LOC_val_solution.csv.
     """
-    from imgpipe.packing.packer import pack
+    from imgpipe.pack.packer import pack
 
     split_list = [s.strip() for s in splits.split(",") if s.strip()] if splits is not None else None
     if split_list == []:
@@ -54,8 +57,13 @@ def pack_command(
     nodes, rank = node_identity(num_nodes, node_rank, os.environ)
     try:
         report = pack(
-            src[0] if len(src) == 1 else src, dst, splits=split_list, num_nodes=nodes, node_rank=rank,
-            progress=not no_progress and sys.stderr.isatty(), **options,  # type: ignore[arg-type]
+            src[0] if len(src) == 1 else src,
+            dst,
+            splits=split_list,
+            num_nodes=nodes,
+            node_rank=rank,
+            progress=not no_progress and sys.stderr.isatty(),
+            **options,  # type: ignore[arg-type]
         )
     except (KeyboardInterrupt, Stopped) as e:
         signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
@@ -93,7 +101,7 @@ def _slurm_int(environ: Mapping[str, str], name: str, option: str) -> int:
 @click.option("--max-problems", type=click.IntRange(min=0), default=50, show_default=True, help="Print at most this many problems.")
 def verify_command(dst: str, decode: bool, workers: int | None, no_progress: bool, max_problems: int) -> None:
     """Check a packed folder (or bare .rec/.idx pairs) for completeness and integrity."""
-    from imgpipe.verifier import verify
+    from imgpipe.format.verify import verify
 
     report = verify(dst, decode=decode, workers=workers, progress=not no_progress and sys.stderr.isatty())
     for problem in report.problems[:max_problems]:
@@ -107,9 +115,11 @@ def verify_command(dst: str, decode: bool, workers: int | None, no_progress: boo
 
 @cli.command("info")
 @click.argument("dst", type=click.Path(path_type=str))
-@click.option("--skipped", "show_skipped", type=click.IntRange(min=0), default=20, show_default=True, help="List at most this many skipped files.")
+@click.option(
+    "--skipped", "show_skipped", type=click.IntRange(min=0), default=20, show_default=True, help="List at most this many skipped files."
+)
 def info_command(dst: str, show_skipped: int) -> None:
     """Print what a packed dataset holds: splits, records, bytes, classes, options, skipped files."""
-    from imgpipe.info import describe, format_info
+    from imgpipe.format.info import describe, format_info
 
     click.echo(format_info(describe(dst), show_skipped=show_skipped))

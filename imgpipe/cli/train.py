@@ -11,21 +11,39 @@ from imgpipe.cli import cli
 
 
 @cli.command("train")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML config (see --print-config); over --recipe, key by key.")
+@click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False), help="YAML config (see --print-config); over --recipe, key by key."
+)
 @click.option("--recipe", default=None, metavar="NAME", help="Start from a shipped recipe (see --list-recipes), e.g. rn50-16ep.")
-@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override one config key (repeatable); over --config and --recipe.")
-@click.option("--gpus", type=int, default=None, help="GPUs to use: N>1 starts N ranks here; 0 = CPU only. Default: all of CUDA if present, one rank.")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="SECTION.KEY=VALUE",
+    help="Override one config key (repeatable); over --config and --recipe.",
+)
+@click.option(
+    "--gpus", type=int, default=None, help="GPUs to use: N>1 starts N ranks here; 0 = CPU only. Default: all of CUDA if present, one rank."
+)
 @click.option("--nproc", type=int, default=None, help="CPU ranks to start here (with --gpus 0).")
 @click.option("--resume", is_flag=True, help="Continue from <output.dir>/checkpoint.pt (same as --set output.resume=yes).")
 @click.option(
-    "--overwrite", is_flag=True,
+    "--overwrite",
+    is_flag=True,
     help="Start afresh in an output.dir that holds a run: delete its checkpoint, metrics and TensorBoard events (same as --set output.overwrite=true).",
 )
 @click.option("--print-config", is_flag=True, help="Print the resolved config (the defaults without --config) as YAML and exit.")
 @click.option("--list-recipes", is_flag=True, help="Name the shipped recipes and exit.")
 def train_command(
-    config_path: str | None, recipe: str | None, overrides: tuple[str, ...], gpus: int | None, nproc: int | None, resume: bool,
-    overwrite: bool, print_config: bool, list_recipes: bool,
+    config_path: str | None,
+    recipe: str | None,
+    overrides: tuple[str, ...],
+    gpus: int | None,
+    nproc: int | None,
+    resume: bool,
+    overwrite: bool,
+    print_config: bool,
+    list_recipes: bool,
 ) -> None:
     """Train a torchvision (or timm:NAME) model on packed shards with DDP (however it is launched)."""
     from imgpipe.train import load_config, run
@@ -46,7 +64,10 @@ def train_command(
     if result is None:  # a non-zero rank under torchrun/SLURM
         return
     if result.stopped_by:
-        click.echo(f"imgpipe: stopped by {result.stopped_by} at step {result.step}; checkpoint {result.checkpoint}; continue with --resume", err=True)
+        click.echo(
+            f"imgpipe: stopped by {result.stopped_by} at step {result.step}; checkpoint {result.checkpoint}; continue with --resume",
+            err=True,
+        )
         sys.exit(143 if result.stopped_by == "SIGTERM" else 130)
     click.echo(f"{summary_line(result, config.train.target_top1)}; outputs in {result.output_dir}")
 

@@ -21,13 +21,14 @@ from typing import Any
 
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe.errors import DatasetError
-from imgpipe.format.bytesource import ByteSource, is_url, open_source
 from imgpipe.format.layout import SHARD_FILE
+from imgpipe.storage.opening import open_source
+from imgpipe.storage.source import ByteSource, is_url
 
 FORMAT = "imgpipe-recordio"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-JOURNAL_DIR = ".imgpipe-pack"  # the pack journal (see imgpipe.packing.journal)
+JOURNAL_DIR = ".imgpipe-pack"  # the pack journal (see imgpipe.pack.journal)
 STAGE_DIR = ".imgpipe-stage"  # the journal of imgpipe stage in its DST (see imgpipe.staging.target)
 STAGED_SUFFIX = ".done"  # a file verified in place, in STAGE_DIR
 PLAN_NAME = "plan.json"  # in the journal: options, fingerprint, planned shard count
@@ -168,7 +169,9 @@ def _check_field_types(item: object, where: object) -> None:
         expected = _FIELD_TYPES.get(str(f.type))  # the annotation's text (from __future__ import annotations)
         value = getattr(item, f.name)
         if expected is not None and (not isinstance(value, expected) or isinstance(value, bool)):
-            raise DatasetError(f"{where}: malformed manifest ({type(item).__name__} {f.name} is {value!r}, not {f.type}); rerun 'imgpipe pack' to rewrite it")
+            raise DatasetError(
+                f"{where}: malformed manifest ({type(item).__name__} {f.name} is {value!r}, not {f.type}); rerun 'imgpipe pack' to rewrite it"
+            )
 
 
 def check_plain_name(name: str, where: object = MANIFEST_NAME) -> str:

@@ -103,9 +103,7 @@ def unpack_header(record: bytes | memoryview, path: object = "<record>", offset:
     if flag > 0:
         need = flag * 4
         if need > len(record) - IR_SIZE:
-            raise RecordIOError(
-                path, offset, f"IRHeader label count {flag} needs {need} bytes but the record has {len(record) - IR_SIZE}"
-            )
+            raise RecordIOError(path, offset, f"IRHeader label count {flag} needs {need} bytes but the record has {len(record) - IR_SIZE}")
         labels = np.frombuffer(record, dtype="<f4", count=flag, offset=IR_SIZE).astype(np.float32)
         body += need
         return IRHeader(flag, labels, rid, rid2), record[body:]

@@ -3,7 +3,7 @@
 The whole index lives in a few numpy arrays (shard number, start and end offset, key per
 record: about 28 bytes a record), so workers never hold per-record Python objects and a
 forked worker's memory stays flat. The index says which bytes a record is; a ``ByteSource``
-(``bytesource.py``) fetches them: ``pread`` from a local folder, concurrent range GETs from a
+(``imgpipe.storage``) fetches them: ``pread`` from a local folder, concurrent range GETs from a
 URL, where every record is also checked against the crc32 sidecar. Sources open files and
 clients lazily in each process: they reopen after a fork and pickle without them.
 """
@@ -15,17 +15,18 @@ import logging
 import os
 from concurrent.futures import Future
 from pathlib import Path
-from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from imgpipe._sys.checksum import crc32
+from imgpipe.errors import DatasetError, ImgpipeError, RecordIOError, RemoteError
 from imgpipe.format import recordio
-from imgpipe.errors import ConfigError, DatasetError, ImgpipeError, RecordIOError, RemoteError
-from imgpipe.format.bytesource import ByteRange, ByteSource, LocalSource, RangeError, is_url, open_source
-from imgpipe.format.checksum import crc32
 from imgpipe.format.layout import SHARD_FILE, SidecarError, SourceLines, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, SplitInfo, fetch_manifest, incomplete_folder, load_manifest, manifest_path
+from imgpipe.storage.local import LocalSource
+from imgpipe.storage.opening import open_source
+from imgpipe.storage.source import ByteRange, ByteSource, RangeError, is_url
 
 logger = logging.getLogger(__name__)
 
@@ -218,7 +219,9 @@ class ShardSet:
 
     def _label_of(self, i: int) -> int:
         shard, start, end = self.location(i)
-        label = recordio.peek_scalar_label(self.byte_source.read_range(self.rec_names[shard], start, min(start + recordio.LABEL_PROBE_BYTES, end)))
+        label = recordio.peek_scalar_label(
+            self.byte_source.read_range(self.rec_names[shard], start, min(start + recordio.LABEL_PROBE_BYTES, end))
+        )
         if label is not None:
             return _integral_label(label, self, i)
         header, _ = self.read(i)
@@ -302,27 +305,21 @@ def _read_sources(source: ByteSource, name: str, count: int) -> SourceLines:
 # ---------------------------------------------------------------------- opening
 
 
-def open_shards(path: PathLike | Sequence[PathLike], split: str = "train", *, cache_dir: PathLike | None = None) -> ShardSet:
+def open_shards(path: PathLike | Sequence[PathLike], split: str = "train") -> ShardSet:
     """Open a packed folder (with manifest.json) at a path or a URL, or bare .rec files with their .idx (path, list or glob).
 
     A URL (``s3://bucket/prefix``, ``gs://``, ``az://``, ``http(s)://``) must hold a packed folder;
-    its index and sidecars are read once, here, concurrently. ``cache_dir``: a
-    node-local folder that caches the URL's dataset as it is read, and becomes its packed folder
-    (``imgpipe.format.nodecache``). In a local folder
+    its index and sidecars are read once, here, concurrently. In a local folder
     without a manifest only file names decide the split: ``{split}-NNNNN-of-NNNNN.rec`` or
     ``{split}.rec`` (im2rec's prefix). Given files or a glob, every file given is read as
     ``split``, and a shard named for another split is an error (a ``*.rec`` glob would mix them).
+    A node cache in front of a URL is ``imgpipe.cache.opening.open_shards``.
     """
-    if cache_dir is not None:
-        if not isinstance(cache_dir, (str, os.PathLike)) or is_url(cache_dir):
-            raise ConfigError(f"cache_dir must be a local folder, got {cache_dir!r}")
-        if not is_url(path):
-            raise ConfigError(f"cache_dir caches a dataset read from a URL; {path} is read where it is (copy a folder with 'imgpipe stage')")
     if is_url(path):
-        return _open_remote(open_source(path), split, cache_dir)  # type: ignore[arg-type]
+        return open_url(open_source(path), split)  # type: ignore[arg-type]
     if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
         if manifest_path(path).is_file():
-            return _open_packed(Path(path), split)
+            return open_packed(Path(path), split)
         unfinished = incomplete_folder(path)
         if unfinished is not None:
             raise DatasetError(unfinished)
@@ -331,7 +328,9 @@ def open_shards(path: PathLike | Sequence[PathLike], split: str = "train", *, ca
     other = next((rec for rec in recs if SHARD_FILE.match(rec.name) and _split_of(rec) != split), None)
     if other is not None:
         named = _split_of(other)
-        raise DatasetError(f"{other}: a shard of split {named!r}, opened as split {split!r}; give only that split's files and split={named!r}")
+        raise DatasetError(
+            f"{other}: a shard of split {named!r}, opened as split {split!r}; give only that split's files and split={named!r}"
+        )
     return _open_bare(recs, split)
 
 
@@ -380,7 +379,8 @@ def _expand(path: PathLike | Sequence[PathLike]) -> list[Path]:
     return recs
 
 
-def _open_packed(folder: Path, split: str) -> ShardSet:
+def open_packed(folder: Path, split: str) -> ShardSet:
+    """A split of a local packed folder (one with its manifest)."""
     manifest: Manifest = load_manifest(folder)
     info = _split_info(manifest, split, manifest_path(folder))
     recs = [folder / s.name for s in info.shards]
@@ -389,11 +389,21 @@ def _open_packed(folder: Path, split: str) -> ShardSet:
         sidecar = folder / info.index_sidecar
         shard, offsets, ends, keys = sidecar_index(_read_local(sidecar, "index sidecar"), info, sizes, sidecar)
     else:
-        shard, offsets, ends, keys = _index_arrays(_local_indexes(recs, [folder / s.index for s in info.shards]), [s.records for s in info.shards])
+        shard, offsets, ends, keys = _index_arrays(
+            _local_indexes(recs, [folder / s.index for s in info.shards]), [s.records for s in info.shards]
+        )
     labels = _labels(_read_local(folder / info.labels, "labels sidecar"), folder / info.labels, len(offsets), len(manifest.classes))
     return ShardSet(
-        LocalSource(folder), [s.name for s in info.shards], shard, offsets, ends, keys,
-        split=split, labels=labels, classes=list(manifest.classes), sources_name=info.sources,
+        LocalSource(folder),
+        [s.name for s in info.shards],
+        shard,
+        offsets,
+        ends,
+        keys,
+        split=split,
+        labels=labels,
+        classes=list(manifest.classes),
+        sources_name=info.sources,
     )
 
 
@@ -402,23 +412,26 @@ def _open_bare(recs: list[Path], split: str) -> ShardSet:
     return ShardSet(LocalSource(None), [str(rec) for rec in recs], shard, offsets, ends, keys, split=split)
 
 
-def _open_remote(source: ByteSource, split: str, cache_dir: PathLike | None = None) -> ShardSet:
-    """A packed folder at a URL: the manifest, then the index (its sidecar, or every .idx of an older
-    pack), the labels and the crc32 sidecar in one concurrent fetch; with ``cache_dir``, those found there, and then the records through it."""
-    manifest_bytes, manifest = fetch_manifest(source)
+ReaderFactory = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], ByteSource]
+
+
+def open_url(
+    source: ByteSource,
+    split: str,
+    *,
+    fetched: tuple[bytes, Manifest] | None = None,
+    read_files: Callable[[list[str]], list[bytes]] | None = None,
+    reader: ReaderFactory | None = None,
+) -> ShardSet:
+    """A packed folder at a URL: the manifest (unless ``fetched``), then the index (its sidecar, or every
+    .idx of an older pack), the labels and the crc32 sidecar in one concurrent fetch. A cache in front of
+    the URL passes ``read_files`` (the index files, from the cache where it holds them) and ``reader``
+    (the records' byte source, from the offsets, ends and crc32s)."""
+    manifest = (fetched or fetch_manifest(source))[1]
     info = _split_info(manifest, split, source.where(MANIFEST_NAME))
     names = index_files(info) + [info.labels] + ([info.checksums] if info.checksums else [])
-    read_files = source.read_files
-    cache = None
-    if cache_dir is not None:
-        from imgpipe.format.nodecache import NodeCache
-
-        cache = NodeCache.open(cache_dir, source, manifest_bytes, manifest)
-        if cache.complete:
-            return _open_packed(cache.folder, split)
-        read_files = partial(cache.whole_files, fetch=source.read_files)
     try:
-        blobs = read_files(names)
+        blobs = (read_files or source.read_files)(names)
     except FileNotFoundError as e:
         raise DatasetError(f"{e}: the manifest lists it; run 'imgpipe verify {source.location}'") from None
     count, index_count = info.records, len(index_files(info))
@@ -431,16 +444,20 @@ def _open_remote(source: ByteSource, split: str, cache_dir: PathLike | None = No
             raise DatasetError(f"{source.where(info.checksums)}: {e}; rerun 'imgpipe pack'") from None
     del blobs[index_count:]
     shard, offsets, ends, keys = split_index(source.where, blobs, info)
-    rec_names = [s.name for s in info.shards]
-    byte_source = source
-    if cache is not None:
-        from imgpipe.format.cachesource import CacheSource
-
-        byte_source = CacheSource(source, cache, split, offsets, ends, checksums)
-        cache.start_filling(split, source)
+    byte_source = reader(offsets, ends, checksums) if reader is not None else source
     return ShardSet(
-        byte_source, rec_names, shard, offsets, ends, keys, split=split, labels=labels,
-        classes=list(manifest.classes), sources_name=info.sources, checksums=checksums, shard_bytes=[s.bytes for s in info.shards],
+        byte_source,
+        [s.name for s in info.shards],
+        shard,
+        offsets,
+        ends,
+        keys,
+        split=split,
+        labels=labels,
+        classes=list(manifest.classes),
+        sources_name=info.sources,
+        checksums=checksums,
+        shard_bytes=[s.bytes for s in info.shards],
     )
 
 

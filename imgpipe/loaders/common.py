@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from imgpipe._sys.distenv import DistEnv, available_cpus
+from imgpipe.cache.opening import open_shards
 from imgpipe.errors import ConfigError, DatasetError
-from imgpipe.format.shardset import ShardSet, open_shards
+from imgpipe.format.shardset import ShardSet
 from imgpipe.loaders.geometry import EVAL_CROP_FRACTION, EvalGeometry, TrainGeometry
 from imgpipe.loaders.sampler import REMAINDER_POLICIES, EpochSampler
 
@@ -217,7 +218,14 @@ class RankStream(NamedTuple):
 
 
 def open_rank_stream(
-    path: object, args: LoaderArgs, *, remainder: object, shuffle: object, block_shuffle: object, shuffle_window: object, cache_dir: object = None
+    path: object,
+    args: LoaderArgs,
+    *,
+    remainder: object,
+    shuffle: object,
+    block_shuffle: object,
+    shuffle_window: object,
+    cache_dir: object = None,
 ) -> RankStream:
     """Check the sampling arguments (as each loader documents them), open ``path`` for this rank (through
     ``cache_dir``) and build its ``EpochSampler``; a split without records, or a train split without one
@@ -246,6 +254,8 @@ def open_rank_stream(
     )
     if args.train and len(sampler) == 0:
         raise no_full_batch(path, args.split, len(shards), env.world_size, args.batch_size, FULL_BATCH_FIX)
-    geometry = TrainGeometry(image_size=args.image_size) if args.train else EvalGeometry(image_size=args.image_size, crop_fraction=args.crop_ratio)
+    geometry = (
+        TrainGeometry(image_size=args.image_size) if args.train else EvalGeometry(image_size=args.image_size, crop_fraction=args.crop_ratio)
+    )
     shards.labels  # noqa: B018  (bare .rec files: read header labels once here, not in every worker)
     return RankStream(env, shards, sampler, geometry)

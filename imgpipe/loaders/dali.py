@@ -16,7 +16,7 @@ left unfinished). ``state_dict`` / ``load_state_dict`` are the sampler's, as in 
 The feed runs in this process, in a thread of its own two batches ahead of DALI's calls; where
 the CPUs are all busy decoding, its per-record Python work (read, JPEG header, crop draw: 60 us)
 competes with them.
-Users who drive ``fn.readers.mxnet`` themselves keep ``imgpipe.format.dali_index.write_dali_index``.
+Users who drive ``fn.readers.mxnet`` themselves keep ``imgpipe.loaders.dali_index.write_dali_index``.
 """
 
 from __future__ import annotations
@@ -30,18 +30,10 @@ import torch
 
 from imgpipe._sys.distenv import DistEnv
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
-from imgpipe.loaders.base import SampledLoader
-from imgpipe.loaders.common import (
-    CURRENT_DEVICE,
-    ON_CORRUPT,
-    check_choice,
-    check_int,
-    check_loader_args,
-    default_workers,
-    open_rank_stream,
-)
-from imgpipe.loaders.dali_feed import FEED_NAMES, UNDECODABLE_FIX, DaliFeed
 from imgpipe.format.shardset import ShardSet
+from imgpipe.loaders.base import SampledLoader
+from imgpipe.loaders.common import CURRENT_DEVICE, ON_CORRUPT, check_choice, check_int, check_loader_args, default_workers, open_rank_stream
+from imgpipe.loaders.dali_feed import FEED_NAMES, UNDECODABLE_FIX, DaliFeed
 from imgpipe.loaders.geometry import EVAL_CROP_FRACTION
 from imgpipe.loaders.sampler import EpochSampler
 
@@ -117,7 +109,7 @@ class DaliLoader(SampledLoader):
         self._reusable = False
         for remaining in range(len(batches) - 1, -1, -1):
             try:
-                images, = pipe.run()
+                (images,) = pipe.run()
             except RuntimeError as e:
                 self._pipe = None  # DALI's pipeline is unusable after an error
                 raise self._decode_error(e) from None
@@ -171,14 +163,16 @@ class DaliLoader(SampledLoader):
         fix = UNDECODABLE_FIX
         found = first_undecodable(self.shards, indices)
         if found is None:
-            return DatasetError(f"DALI could not decode one of records {', '.join(map(str, indices))} of {self.shards!r} (Pillow decodes them all); {fix}")
+            return DatasetError(
+                f"DALI could not decode one of records {', '.join(map(str, indices))} of {self.shards!r} (Pillow decodes them all); {fix}"
+            )
         index, reason = found
         return DatasetError(f"cannot decode {self.shards.describe(index)}: {reason}; {fix}")
 
 
 def first_undecodable(shards: ShardSet, indices: Iterable[int]) -> tuple[int, str] | None:
     """The first of ``indices`` whose record does not read or decode whole, with the reason; None if all do."""
-    from imgpipe.packing.codec import decode_failure
+    from imgpipe.image.codec import decode_failure
 
     for index in indices:
         try:
@@ -296,8 +290,18 @@ def make_dali_loader(
     """
     _import_dali()
     args = check_loader_args(
-        split=split, batch_size=batch_size, train=train, image_size=image_size, workers=workers, seed=seed, rank=rank,
-        world_size=world_size, device=device, normalize=normalize, channels_last=channels_last, crop_ratio=crop_ratio,
+        split=split,
+        batch_size=batch_size,
+        train=train,
+        image_size=image_size,
+        workers=workers,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        normalize=normalize,
+        channels_last=channels_last,
+        crop_ratio=crop_ratio,
     )
     prefetch = check_int("prefetch", prefetch, minimum=1)
     if check_choice("on_corrupt", on_corrupt, ON_CORRUPT) == "skip":
@@ -317,7 +321,9 @@ def make_dali_loader(
         channels_last=args.channels_last,
         prefetch=prefetch,
     )
-    return DaliLoader(spec, shards, sampler, DaliFeed(shards, geometry, args.seed), env=env, follow_world=args.rank is None, workers=args.workers)
+    return DaliLoader(
+        spec, shards, sampler, DaliFeed(shards, geometry, args.seed), env=env, follow_world=args.rank is None, workers=args.workers
+    )
 
 
 def dali_threads(workers: int | None, env: DistEnv) -> int:

@@ -34,10 +34,10 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image
 
-from imgpipe.format.jpeg import jpeg_size
-from imgpipe.packing.codec import decode_failure
 from imgpipe.errors import DatasetError
 from imgpipe.format.shardset import ShardSet
+from imgpipe.image.codec import decode_failure
+from imgpipe.image.jpeg import jpeg_size
 from imgpipe.loaders.geometry import Crop, EvalGeometry, TrainGeometry, sample_crop
 
 UNDECODABLE_FIX = "run 'imgpipe verify --decode' on the folder, or use the torch loader with on_corrupt='skip'"

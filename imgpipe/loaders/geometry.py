@@ -63,12 +63,7 @@ class TrainGeometry:
     flip_p: float = FLIP_P
 
     def __init__(
-        self,
-        *,
-        image_size: int,
-        scale: tuple[float, float] = TRAIN_SCALE,
-        ratio: tuple[float, float] = TRAIN_RATIO,
-        flip_p: float = FLIP_P,
+        self, *, image_size: int, scale: tuple[float, float] = TRAIN_SCALE, ratio: tuple[float, float] = TRAIN_RATIO, flip_p: float = FLIP_P
     ) -> None:
         if image_size < 1:
             raise ValueError(f"image_size must be >= 1, got {image_size}")

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from imgpipe.format.jpeg import jpeg_size
+from imgpipe.image.jpeg import jpeg_size
 from imgpipe.loaders.geometry import Crop
 
 REGION_DECODER_HEADERS = "apt install libjpeg-turbo8-dev, dnf install libjpeg-turbo-devel or conda install libjpeg-turbo"
@@ -54,7 +54,7 @@ def region_decoder() -> Callable[..., bytearray] | None:
     """``_jpeg_region.decode_region``; None where the extension was not built (no C compiler or
     no libjpeg-turbo headers when imgpipe was installed)."""
     try:
-        from imgpipe.loaders._jpeg_region import decode_region
+        from imgpipe.image._jpeg_region import decode_region
     except ImportError:
         return None
     return decode_region
@@ -63,7 +63,7 @@ def region_decoder() -> Callable[..., bytearray] | None:
 def describe_jpeg_decoder() -> str:
     """How the torch loader decodes JPEGs on this install, in words (benchmarks, the demo)."""
     if region_decoder() is not None:
-        from imgpipe.loaders._jpeg_region import LIBJPEG_TURBO_VERSION
+        from imgpipe.image._jpeg_region import LIBJPEG_TURBO_VERSION
 
         return f"crop regions only, by imgpipe's extension over libjpeg-turbo {LIBJPEG_TURBO_VERSION}"
     return f"whole images, by torchvision (imgpipe's region decoder was not built: {REGION_DECODER_HEADERS}, then reinstall imgpipe)"
@@ -110,7 +110,9 @@ def fast_jpeg_sample(payload: bytes | memoryview, crop: Crop, stored: tuple[int,
     return None if pixels is None else resample(pixels, crop.box, size)
 
 
-def region_sample(decode: Callable[..., bytearray], payload: bytes | memoryview, crop: Crop, stored: tuple[int, int], size: int) -> torch.Tensor:
+def region_sample(
+    decode: Callable[..., bytearray], payload: bytes | memoryview, crop: Crop, stored: tuple[int, int], size: int
+) -> torch.Tensor:
     """The box, unflipped, from the region decoder: just the box (train), the whole image (eval),
     or the box reduced in the DCT domain (a box that shrinks ``DRAFT_MIN_REDUCTION`` or more)."""
     if reduces_in_dct(crop, size):
@@ -122,7 +124,9 @@ def region_sample(decode: Callable[..., bytearray], payload: bytes | memoryview,
     return resample(hwc_tensor(decode(payload, 0, 0, width, height, 1), height, width), crop.box, size)
 
 
-def reduced_region_sample(decode: Callable[..., bytearray], payload: bytes | memoryview, crop: Crop, stored: tuple[int, int], size: int) -> torch.Tensor:
+def reduced_region_sample(
+    decode: Callable[..., bytearray], payload: bytes | memoryview, crop: Crop, stored: tuple[int, int], size: int
+) -> torch.Tensor:
     """The box decoded at the reduction Pillow's ``draft`` picks, with a margin as wide as the resize
     filter reaches, then Pillow's sub-pixel box resize: what ``pillow_sample`` computes, from a region."""
     reduction = draft_reduction(stored, crop, size)
@@ -237,4 +241,3 @@ def resize(pixels: torch.Tensor, height: int, width: int) -> torch.Tensor:
         return pixels
     batch = pixels.unsqueeze(0).contiguous(memory_format=torch.channels_last)
     return F.interpolate(batch, size=(height, width), mode="bilinear", antialias=True, align_corners=False)[0]
-

@@ -39,9 +39,9 @@ from typing import Iterator
 
 import torch
 
-from imgpipe.errors import ConfigError
 from imgpipe._sys.meminfo import MEMINFO, available_memory
 from imgpipe._sys.torch_private import storage_use_count
+from imgpipe.errors import ConfigError
 
 SHARED_MEMORY_DIR = "/dev/shm"
 HANDOVER_SLOTS = 2  # beyond the requests in flight: the batch being handed over and the one the caller holds
@@ -51,7 +51,9 @@ class BatchRing:
     """``slots`` batches of ``batch_size`` images (``dtype``) in shared memory, each claimed for a request
     only when no request and no caller's tensor uses it."""
 
-    def __init__(self, slots: int, *, batch_size: int, image_size: int, memory_format: torch.memory_format, dtype: torch.dtype = torch.uint8) -> None:
+    def __init__(
+        self, slots: int, *, batch_size: int, image_size: int, memory_format: torch.memory_format, dtype: torch.dtype = torch.uint8
+    ) -> None:
         self.batch_size = batch_size
         self.image_size = image_size  # the largest resolution a slot holds
         self.memory_format = memory_format
@@ -71,11 +73,24 @@ class BatchRing:
 
     @classmethod
     def for_dataloader(
-        cls, workers: int, prefetch_factor: int, *, batch_size: int, image_size: int, memory_format: torch.memory_format, dtype: torch.dtype = torch.uint8
+        cls,
+        workers: int,
+        prefetch_factor: int,
+        *,
+        batch_size: int,
+        image_size: int,
+        memory_format: torch.memory_format,
+        dtype: torch.dtype = torch.uint8,
     ) -> BatchRing:
         """The ring a DataLoader with these ``workers`` and ``prefetch_factor`` needs: its requests in
         flight, the batch being handed over and the one the caller holds."""
-        return cls(workers * prefetch_factor + HANDOVER_SLOTS, batch_size=batch_size, image_size=image_size, memory_format=memory_format, dtype=dtype)
+        return cls(
+            workers * prefetch_factor + HANDOVER_SLOTS,
+            batch_size=batch_size,
+            image_size=image_size,
+            memory_format=memory_format,
+            dtype=dtype,
+        )
 
     def claim(self) -> int | None:
         """A free slot for the next request (marked in flight); None when every slot is in flight or held."""

@@ -36,7 +36,9 @@ from imgpipe.loaders.seeding import order_rng
 REMAINDER_POLICIES = ("drop", "pad")
 
 
-def epoch_order(n: int, seed: int, epoch: int, *, shuffle: bool = True, block_size: int | None = None, window: int | None = None) -> np.ndarray:
+def epoch_order(
+    n: int, seed: int, epoch: int, *, shuffle: bool = True, block_size: int | None = None, window: int | None = None
+) -> np.ndarray:
     """The order of all ``n`` records in ``epoch``, identical on every rank (int64)."""
     if not shuffle:
         return np.arange(n, dtype=np.int64)
@@ -78,8 +80,7 @@ def rank_indices(
     batches = n // group if remainder == "drop" else -(-n // group)
     if remainder == "drop" and batches == 0:
         raise ConfigError(
-            f"{n} records cannot fill one batch of {batch_size} on each of {world_size} ranks; "
-            "lower the batch size or use remainder='pad'"
+            f"{n} records cannot fill one batch of {batch_size} on each of {world_size} ranks; lower the batch size or use remainder='pad'"
         )
     if n and batches * group > n:
         order = np.resize(order, batches * group)
@@ -161,8 +162,16 @@ class EpochSampler:
         when they are not a whole number of the new global batches, or when they are an evaluation
         pass's). A pass under way ends with the move, as an abandoned pass does: the next is the next epoch."""
         moved = EpochSampler(
-            self.n, batch_size=self.batch_size, train=self.train, shuffle=self.shuffle, seed=self.seed, rank=rank,
-            world_size=world_size, remainder=self.remainder, block_size=self.block_size, window=self.window,
+            self.n,
+            batch_size=self.batch_size,
+            train=self.train,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            rank=rank,
+            world_size=world_size,
+            remainder=self.remainder,
+            block_size=self.block_size,
+            window=self.window,
             resolution=self._next_resolution,
         )
         epoch, batches = self._next_epoch, 0 if self._active else self._resume_batches
@@ -174,8 +183,16 @@ class EpochSampler:
                 "building it, or build it once the process group exists"
             )
         moved.epoch = self.epoch
-        moved.load_state_dict({**self.state_dict(), "epoch": epoch, "batches": records // moved.global_batch,
-                               "global_batch": moved.global_batch, "world_size": world_size, "resolution": self._next_resolution})
+        moved.load_state_dict(
+            {
+                **self.state_dict(),
+                "epoch": epoch,
+                "batches": records // moved.global_batch,
+                "global_batch": moved.global_batch,
+                "world_size": world_size,
+                "resolution": self._next_resolution,
+            }
+        )
         return moved
 
     def __len__(self) -> int:

@@ -24,7 +24,6 @@ import struct
 
 import numpy as np
 
-MAX_SEED = 2**32 - 1  # the range of a user's seed (pack and train): numpy's global generator takes words below 2**32
 _SAMPLE_DOMAIN = 0x53414D50  # "SAMP"
 _ORDER_DOMAIN = 0x4F524452  # "ORDR"
 _WORKER_DOMAIN = 0x574F524B  # "WORK"

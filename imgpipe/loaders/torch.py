@@ -54,11 +54,12 @@ from PIL import Image, UnidentifiedImageError
 from torch.multiprocessing import reductions
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from imgpipe.loaders import seeding
 from imgpipe._sys.distenv import DistEnv
 from imgpipe._sys.procs import die_with_parent
 from imgpipe._sys.torch_private import shutdown_persistent_workers
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError, RemoteError
+from imgpipe.format.shardset import PathLike, Records, ShardSet
+from imgpipe.loaders import seeding
 from imgpipe.loaders.base import SampledLoader
 from imgpipe.loaders.common import (
     CURRENT_DEVICE,
@@ -72,10 +73,9 @@ from imgpipe.loaders.common import (
     default_workers,
     open_rank_stream,
 )
+from imgpipe.loaders.geometry import EVAL_CROP_FRACTION, IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry, sample_crop
 from imgpipe.loaders.pixels import decode_sample, load_decoders
 from imgpipe.loaders.ring import BatchRing
-from imgpipe.format.shardset import PathLike, Records, ShardSet
-from imgpipe.loaders.geometry import EVAL_CROP_FRACTION, IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry, sample_crop
 from imgpipe.loaders.sampler import EpochSampler
 from imgpipe.loaders.stage_timer import BatchTimes, StageTimer, request_delta
 
@@ -182,7 +182,9 @@ class BatchDataset(Dataset):
     def __len__(self) -> int:
         return len(self.shards)
 
-    def __getitem__(self, request: BatchRequest | tuple[int, np.ndarray]) -> tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None, BatchTimes | None]:
+    def __getitem__(
+        self, request: BatchRequest | tuple[int, np.ndarray]
+    ) -> tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None, BatchTimes | None]:
         if self.stage_timer is None:
             return (*self._build(request), None)
         self._read_s = 0.0
@@ -219,7 +221,11 @@ class BatchDataset(Dataset):
                 reason = "not a decodable image" if isinstance(e, UnidentifiedImageError) else str(e)
                 message = str(e) if isinstance(e, RemoteError) else f"cannot decode {self.shards.describe(index)}: {reason}"
                 if self.on_corrupt == "raise":
-                    fix = "on_corrupt='skip' replaces such a record" if isinstance(e, RemoteError) else "run 'imgpipe verify' or use on_corrupt='skip'"
+                    fix = (
+                        "on_corrupt='skip' replaces such a record"
+                        if isinstance(e, RemoteError)
+                        else "run 'imgpipe verify' or use on_corrupt='skip'"
+                    )
                     return sent, labels, np.zeros(0, np.int64), f"{message}; {fix}"
                 bad.append(slot)
                 continue
@@ -232,7 +238,12 @@ class BatchDataset(Dataset):
         if bad:
             good = sorted(set(range(len(indices))) - set(bad))
             if not good:
-                return sent, labels, indices[bad], f"no decodable record in a batch of {len(indices)} starting at {self.shards.describe(int(indices[0]))}"
+                return (
+                    sent,
+                    labels,
+                    indices[bad],
+                    f"no decodable record in a batch of {len(indices)} starting at {self.shards.describe(int(indices[0]))}",
+                )
             for slot in bad:
                 donor = next((s for s in good if s > slot), good[0])
                 images[slot] = images[donor]
@@ -282,7 +293,10 @@ class BatchDataset(Dataset):
             return own, None
         if not isinstance(result, torch.Tensor) or result.shape != own.shape or result.dtype != torch.uint8:
             got = f"{result.dtype} {tuple(result.shape)}" if isinstance(result, torch.Tensor) else type(result).__name__
-            return sample, f"sample_transform must return a uint8 tensor of shape {tuple(own.shape)}, got {got} for {self.shards.describe(index)}"
+            return (
+                sample,
+                f"sample_transform must return a uint8 tensor of shape {tuple(own.shape)}, got {got} for {self.shards.describe(index)}",
+            )
         return result, None
 
     @property
@@ -329,7 +343,9 @@ class RingRequests(Sampler):
     def __iter__(self) -> Iterator[BatchRequest]:
         queued, step = self.queued, self.lookahead
         for j, (epoch, indices) in enumerate(queued):
-            ahead = () if step is None else tuple(queued[k][1] for k in range(j + step, min(len(queued), j + step * (self.depth + 1)), step))
+            ahead = (
+                () if step is None else tuple(queued[k][1] for k in range(j + step, min(len(queued), j + step * (self.depth + 1)), step))
+            )
             yield BatchRequest(epoch, indices, None if self.ring is None else self.ring.claim(), ahead, self.size)
 
 
@@ -394,8 +410,12 @@ class TorchLoader(SampledLoader):
         workers, dataset = self._worker_count(), self.dataset
         if workers > 0 and self._persistent_workers:
             self._ring = dataset.ring = BatchRing.for_dataloader(
-                workers, self._prefetch_factor, batch_size=self.sampler.batch_size, image_size=self._ring_size,
-                memory_format=dataset.memory_format, dtype=torch.float32 if dataset.normalize else torch.uint8,
+                workers,
+                self._prefetch_factor,
+                batch_size=self.sampler.batch_size,
+                image_size=self._ring_size,
+                memory_format=dataset.memory_format,
+                dtype=torch.float32 if dataset.normalize else torch.uint8,
             )
         remote = self.shards.byte_source.remote  # a worker fetches the records of the batches queued to it after the one it builds
         self._requests = RingRequests(self._ring, max(1, workers) if remote else None, depth=max(1, self._prefetch_factor - 1))
@@ -440,7 +460,9 @@ class TorchLoader(SampledLoader):
                 self.sampler.mark_consumed()
                 yield images, labels
 
-    def _receive(self, result: tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None, BatchTimes | None]) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    def _receive(
+        self, result: tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None, BatchTimes | None]
+    ) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """A worker's result as (images, labels, whether the images are a ring slot's view); raises its error."""
         release_dead_shared_storages()
         images, labels, skipped, error, _times = result
@@ -582,8 +604,18 @@ def make_torch_loader(
     ``loader.close()`` stops persistent workers.
     """
     args = check_loader_args(
-        split=split, batch_size=batch_size, train=train, image_size=image_size, workers=workers, seed=seed, rank=rank,
-        world_size=world_size, device=device, normalize=normalize, channels_last=channels_last, crop_ratio=crop_ratio,
+        split=split,
+        batch_size=batch_size,
+        train=train,
+        image_size=image_size,
+        workers=workers,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        normalize=normalize,
+        channels_last=channels_last,
+        crop_ratio=crop_ratio,
     )
     max_image_size = check_optional_int("max_image_size", max_image_size, minimum=1)
     check_choice("on_corrupt", on_corrupt, ON_CORRUPT)
@@ -600,7 +632,9 @@ def make_torch_loader(
     env, shards, sampler, geometry = open_rank_stream(
         path, args, remainder=remainder, shuffle=shuffle, block_shuffle=block_shuffle, shuffle_window=shuffle_window, cache_dir=cache_dir
     )
-    layout = torch.channels_last if args.channels_last or device.type == "cuda" else torch.contiguous_format  # HWC slots: one memcpy per image
+    layout = (
+        torch.channels_last if args.channels_last or device.type == "cuda" else torch.contiguous_format
+    )  # HWC slots: one memcpy per image
     dataset = BatchDataset(
         shards,
         geometry=geometry,

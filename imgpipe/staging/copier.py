@@ -24,10 +24,11 @@ from typing import Any, Callable
 from imgpipe._sys.oserrors import describe
 from imgpipe._sys.threads import DaemonPool
 from imgpipe.errors import DatasetError
-from imgpipe.format.bytesource import ByteSource, LocalSource
 from imgpipe.format.layout import SidecarError
 from imgpipe.staging.plan import StagedFile
 from imgpipe.staging.target import LocalTarget, Target
+from imgpipe.storage.local import LocalSource
+from imgpipe.storage.source import ByteSource
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +175,9 @@ class Copier:
     def check_unhashed(self, staged: StagedFile, path: Path) -> DatasetError | None:
         """A file whose sha256 the manifest lacks: its size, and for an index or a sidecar its parse; None when right."""
         where = self.source.where(staged.name)
-        logger.warning("%s: the manifest holds no sha256 for it: checked by its size%s only", where, " and by parsing it" if staged.parse else "")
+        logger.warning(
+            "%s: the manifest holds no sha256 for it: checked by its size%s only", where, " and by parsing it" if staged.parse else ""
+        )
         size = path.stat().st_size
         if size != staged.size:
             return DatasetError(f"{where}: {size} bytes copied of {staged.size}; rerun")
@@ -182,7 +185,9 @@ class Copier:
             try:
                 staged.parse(path.read_bytes())
             except SidecarError as e:
-                return DatasetError(f"{where}: {e} (the manifest holds no sha256 for it); run 'imgpipe verify {self.source.location or where}'")
+                return DatasetError(
+                    f"{where}: {e} (the manifest holds no sha256 for it); run 'imgpipe verify {self.source.location or where}'"
+                )
         return None
 
     def wrong_hash(self, staged: StagedFile, digest: str, wrong: set[str], tries: int) -> DatasetError | None:
@@ -194,7 +199,9 @@ class Copier:
                 f"packing; run 'imgpipe verify {self.source.location or where}'"
             )
         if tries >= FILE_TRIES:
-            return DatasetError(f"{where}: sha256 differs from the manifest in {tries} copies, each differently: bytes are damaged on the way; check the network or the disk, then rerun")
+            return DatasetError(
+                f"{where}: sha256 differs from the manifest in {tries} copies, each differently: bytes are damaged on the way; check the network or the disk, then rerun"
+            )
         wrong.add(digest)
         return None
 

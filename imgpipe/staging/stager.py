@@ -26,13 +26,15 @@ from tqdm import tqdm
 from imgpipe._sys.diskinfo import check_free_space, format_bytes
 from imgpipe._sys.pidlock import release
 from imgpipe.errors import ConfigError, DatasetError
-from imgpipe.format.bytesource import ByteSource, LocalSource, is_url, open_source
 from imgpipe.format.layout import SIDECAR_SUFFIXES, is_shard_file
 from imgpipe.format.manifest import JOURNAL_DIR, MANIFEST_NAME, parse_manifest, unfinished_pack
 from imgpipe.staging.copier import Copier
 from imgpipe.staging.plan import ListedFile, StagedFile, manifest_files, staged
 from imgpipe.staging.target import LocalTarget, StoreTarget, Target
 from imgpipe.staging.waiting import STALL_S, lock_or_wait, record_failure, wait_for_copy
+from imgpipe.storage.local import LocalSource
+from imgpipe.storage.opening import open_source
+from imgpipe.storage.source import ByteSource, is_url
 
 logger = logging.getLogger(__name__)
 
@@ -60,14 +62,21 @@ class StageReport:
         else:
             rate = format_bytes(self.copied_bytes / max(self.seconds, 1e-3))
             kept = self.total_bytes - self.copied_bytes
-            how = f"{format_bytes(self.copied_bytes)} copied in {self.seconds:.1f} s ({rate}/s)" + (
-                f", {format_bytes(kept)} kept from an earlier run" if kept else ""
-            ) + (f" ({self.found_in_place} file(s) of it found in place and checked)" if self.found_in_place else "")
+            how = (
+                f"{format_bytes(self.copied_bytes)} copied in {self.seconds:.1f} s ({rate}/s)"
+                + (f", {format_bytes(kept)} kept from an earlier run" if kept else "")
+                + (f" ({self.found_in_place} file(s) of it found in place and checked)" if self.found_in_place else "")
+            )
         return f"{self.dst}: staged from {self.src}: {self.files} files, {format_bytes(self.total_bytes)}, each checked against its sha256; {how}"
 
 
 def stage(
-    src: str | os.PathLike, dst: str | os.PathLike, *, jobs: int = DEFAULT_JOBS, overwrite: bool = False, progress: bool = False,
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    jobs: int = DEFAULT_JOBS,
+    overwrite: bool = False,
+    progress: bool = False,
     stall_s: float = STALL_S,
 ) -> StageReport:
     """Copy the packed folder ``src`` to ``dst``; see the module docstring.
@@ -124,7 +133,9 @@ def stage_on_node(src: str, dst: str, *, local_rank: int, progress: bool = False
 # ----------------------------------------------------------------------------- the copy
 
 
-def _copy(source: ByteSource, target: Target, manifest_bytes: bytes, *, jobs: int, overwrite: bool, progress: bool, start: float) -> StageReport:
+def _copy(
+    source: ByteSource, target: Target, manifest_bytes: bytes, *, jobs: int, overwrite: bool, progress: bool, start: float
+) -> StageReport:
     manifest_where = source.where(MANIFEST_NAME)
     listed = manifest_files(parse_manifest(manifest_bytes, manifest_where), manifest_where)
     files = _sized(source, listed)
@@ -139,9 +150,21 @@ def _copy(source: ByteSource, target: Target, manifest_bytes: bytes, *, jobs: in
         target.remove_parts()
         check_free_space(target.folder, sum(f.size for f in todo), what="the copy", error=DatasetError)
     total = sum(f.size for f in files)
-    logger.debug("stage %s -> %s: %d of %d files to copy, %d to check in place", source.location, target.location, len(todo), len(files), len(rehash))
-    scratch = None if isinstance(target, LocalTarget) or isinstance(source, LocalSource) else Path(tempfile.mkdtemp(prefix="imgpipe-stage-"))
-    bar = tqdm(total=sum(f.size for f in todo + rehash), unit="B", unit_scale=True, unit_divisor=1024, desc="stage", disable=not progress, dynamic_ncols=True)
+    logger.debug(
+        "stage %s -> %s: %d of %d files to copy, %d to check in place", source.location, target.location, len(todo), len(files), len(rehash)
+    )
+    scratch = (
+        None if isinstance(target, LocalTarget) or isinstance(source, LocalSource) else Path(tempfile.mkdtemp(prefix="imgpipe-stage-"))
+    )
+    bar = tqdm(
+        total=sum(f.size for f in todo + rehash),
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc="stage",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     try:
         copier = Copier(source, target, jobs=jobs, bar=bar, scratch=scratch)
         copier.run(todo, rehash)
@@ -152,7 +175,13 @@ def _copy(source: ByteSource, target: Target, manifest_bytes: bytes, *, jobs: in
     target.write_manifest(manifest_bytes)  # the commit point
     target.clear_journal()
     return StageReport(
-        str(source.location), str(target.location), len(files), total, copier.copied_bytes, time.monotonic() - start, found_in_place=copier.found_in_place
+        str(source.location),
+        str(target.location),
+        len(files),
+        total,
+        copier.copied_bytes,
+        time.monotonic() - start,
+        found_in_place=copier.found_in_place,
     )
 
 
@@ -174,7 +203,9 @@ def _sized(source: ByteSource, listed: list[ListedFile]) -> list[StagedFile]:
         if size is None:
             raise DatasetError(f"{where}: missing, though the manifest lists it; run 'imgpipe verify {source.location}'")
         if item.size is not None and size != item.size:
-            raise DatasetError(f"{where}: {size} bytes, the manifest says {item.size}: the file at the source changed since packing; run 'imgpipe verify {source.location}'")
+            raise DatasetError(
+                f"{where}: {size} bytes, the manifest says {item.size}: the file at the source changed since packing; run 'imgpipe verify {source.location}'"
+            )
         files.append(staged(item, size))
     return files
 
@@ -182,12 +213,16 @@ def _sized(source: ByteSource, listed: list[ListedFile]) -> list[StagedFile]:
 def _clear_the_way(source: ByteSource, target: Target, names: set[str], present: dict[str, int], overwrite: bool) -> None:
     """Refuse a DST holding another dataset (or an unfinished pack); with ``overwrite``, remove that dataset's files."""
     if isinstance(target, LocalTarget) and (target.folder / JOURNAL_DIR).is_dir() and MANIFEST_NAME not in present:
-        raise DatasetError(f"{unfinished_pack(target.folder) or f'{target.folder}: holds a pack journal ({JOURNAL_DIR}/)'}; stage into another DST")
+        raise DatasetError(
+            f"{unfinished_pack(target.folder) or f'{target.folder}: holds a pack journal ({JOURNAL_DIR}/)'}; stage into another DST"
+        )
     others = sorted(n for n in present if n not in names and (n == MANIFEST_NAME or is_shard_file(n) or n.endswith(SIDECAR_SUFFIXES)))
     if not others:
         return
     if not overwrite:
-        what = f"{'its own ' + MANIFEST_NAME if MANIFEST_NAME in others else others[0]}" + (f" and {len(others) - 1} more file(s)" if len(others) > 1 else "")
+        what = f"{'its own ' + MANIFEST_NAME if MANIFEST_NAME in others else others[0]}" + (
+            f" and {len(others) - 1} more file(s)" if len(others) > 1 else ""
+        )
         raise DatasetError(
             f"{target.location}: holds another dataset ({what} that {source.location}'s manifest does not match); "
             "choose an empty DST, or pass --overwrite to replace it"
@@ -205,13 +240,17 @@ def _open_src(src: str | os.PathLike) -> tuple[ByteSource, bytes]:
     if not is_url(src):
         folder = Path(src)
         if not folder.is_dir():
-            raise DatasetError(f"{src}: {'not a folder' if folder.exists() else 'no such folder'}; give a folder made by 'imgpipe pack', or its URL")
+            raise DatasetError(
+                f"{src}: {'not a folder' if folder.exists() else 'no such folder'}; give a folder made by 'imgpipe pack', or its URL"
+            )
     source = open_source(str(src).rstrip("/") if is_url(src) else src)
     try:
         data = source.read_file(MANIFEST_NAME)
     except FileNotFoundError:
         unfinished = None if source.remote else unfinished_pack(src)
-        raise DatasetError(unfinished or f"{source.where(MANIFEST_NAME)}: no manifest; is {source.location} a folder made by 'imgpipe pack'?") from None
+        raise DatasetError(
+            unfinished or f"{source.where(MANIFEST_NAME)}: no manifest; is {source.location} a folder made by 'imgpipe pack'?"
+        ) from None
     except OSError as e:
         raise DatasetError(f"{source.where(MANIFEST_NAME)}: cannot read the manifest ({e.strerror or e})") from None
     parse_manifest(data, source.where(MANIFEST_NAME))  # one line now for a manifest that is not one
@@ -232,7 +271,9 @@ def _refuse_overlapping_folders(source: ByteSource, target: Target) -> None:
     if same:
         raise DatasetError(f"{target.location}: SRC and DST are the same folder; give another DST")
     if not (source.remote or target.remote) and Path(source.location).resolve() in Path(target.location).resolve().parents:
-        raise DatasetError(f"{target.location}: DST is inside SRC {source.location}; a copy there would become part of the dataset it copies: give a DST outside it")
+        raise DatasetError(
+            f"{target.location}: DST is inside SRC {source.location}; a copy there would become part of the dataset it copies: give a DST outside it"
+        )
 
 
 def _report(source: ByteSource, target: Target, manifest_bytes: bytes, start: float, *, waited: bool = False) -> StageReport:

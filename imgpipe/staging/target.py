@@ -14,8 +14,9 @@ from pathlib import Path
 from imgpipe._sys.atomic import atomic_write_bytes, fsync_dir
 from imgpipe._sys.oserrors import describe, write_probe
 from imgpipe.errors import DatasetError
-from imgpipe.format.bytesource import open_source, url_scheme
 from imgpipe.format.manifest import MANIFEST_NAME, STAGE_DIR, STAGED_SUFFIX
+from imgpipe.storage.opening import open_source
+from imgpipe.storage.source import url_scheme
 
 PART_SUFFIX = ".part"
 DONE_SUFFIX = STAGED_SUFFIX
@@ -143,7 +144,7 @@ class StoreTarget:
     remote = True
 
     def __init__(self, url: str) -> None:
-        from imgpipe.format.objectstore import ObjectStoreSource
+        from imgpipe.storage.objectstore import ObjectStoreSource
 
         if url_scheme(url) in ("http", "https"):
             raise DatasetError(f"{url}: imgpipe cannot write to a plain HTTP server; give an s3://, gs:// or az:// URL, or a local folder")

@@ -43,7 +43,9 @@ def lock_or_wait(target: LocalTarget, manifest_bytes: bytes, stall_s: float = ST
         if not told:
             logger.info("%s: another imgpipe stage (%s) is copying there; waiting for it", target.location, describe_holder(holder))
             told = True
-        progress.check(f"{target.location}: the imgpipe stage copying there ({describe_holder(holder)}) made no progress for {stall_s:.0f} s; stop it and rerun")
+        progress.check(
+            f"{target.location}: the imgpipe stage copying there ({describe_holder(holder)}) made no progress for {stall_s:.0f} s; stop it and rerun"
+        )
         time.sleep(POLL_S)
 
 
@@ -59,7 +61,9 @@ def wait_for_copy(target: LocalTarget, manifest_bytes: bytes, src: str, stall_s:
             raise DatasetError(f"{dst}: local rank 0 could not stage {src} there: {failure}")
         holder = lock_holder(target.lock_path)
         if holder is not None and _modified_since(target.lock_path, since) and not holder_alive(*holder) and not is_held(target.lock_path):
-            raise DatasetError(f"{dst}: local rank 0 ({describe_holder(holder)}) stopped staging {src} there before it finished; rerun to resume the copy")
+            raise DatasetError(
+                f"{dst}: local rank 0 ({describe_holder(holder)}) stopped staging {src} there before it finished; rerun to resume the copy"
+            )
         progress.check(f"{dst}: waited {stall_s:.0f} s for local rank 0 to stage {src} there, and saw no progress; is it running?")
         time.sleep(POLL_S)
 

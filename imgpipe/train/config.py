@@ -21,9 +21,9 @@ import yaml
 
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe._sys.oserrors import describe, write_probe
+from imgpipe._sys.validate import MAX_SEED
 from imgpipe.errors import ConfigError
-from imgpipe.format.bytesource import is_url
-from imgpipe.loaders.seeding import MAX_SEED
+from imgpipe.storage.source import is_url
 from imgpipe.train.resolution import parse_resolution
 
 DEFAULT_WARMUP_EPOCHS = 5.0  # before cosine and step (Goyal et al.'s gradual warm-up)
@@ -236,7 +236,9 @@ def from_dict(raw: Mapping[str, Any], where: str = "<config>", origins: Mapping[
         hints = typing.get_type_hints(type(target))
         for key, value in values.items():
             if key not in hints:
-                raise ConfigError(f"{blame(f'{section}.{key}')}: unknown key '{section}.{key}'{_suggest(str(key), list(hints), prefix=f'{section}.')}")
+                raise ConfigError(
+                    f"{blame(f'{section}.{key}')}: unknown key '{section}.{key}'{_suggest(str(key), list(hints), prefix=f'{section}.')}"
+                )
             setattr(target, key, _coerce(value, hints[key], f"{section}.{key}", blame(f"{section}.{key}")))
     validate(config, where, origins)
     return config
@@ -295,7 +297,9 @@ def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str,
         if value is not None and value < 0:
             raise ConfigError(f"{blame(key)}: {key} must be >= 0, got {value}")
     if config.train.global_batch_size is not None and config.train.global_batch_size <= 0:
-        raise ConfigError(f"{blame('train.global_batch_size')}: train.global_batch_size must be > 0 or null, got {config.train.global_batch_size}")
+        raise ConfigError(
+            f"{blame('train.global_batch_size')}: train.global_batch_size must be > 0 or null, got {config.train.global_batch_size}"
+        )
     if config.train.max_steps is not None and config.train.max_steps <= 0:
         raise ConfigError(f"{blame('train.max_steps')}: train.max_steps must be > 0 or null, got {config.train.max_steps}")
     if config.optim.momentum >= 1.0:
@@ -315,14 +319,20 @@ def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str,
             "unset data.cache"
         )
     if config.data.cache and config.data.stage:
-        raise ConfigError(f"{blame('data.cache')}: data.cache and data.stage both set: stage copies the whole dataset before training, the cache fills as it trains; give one")
+        raise ConfigError(
+            f"{blame('data.cache')}: data.cache and data.stage both set: stage copies the whole dataset before training, the cache fills as it trains; give one"
+        )
     if config.data.stage:
         if is_url(config.data.stage):
-            raise ConfigError(f"{blame('data.stage')}: data.stage must be a folder on each node's disk, not a URL ({config.data.stage}); the URL goes in data.path")
+            raise ConfigError(
+                f"{blame('data.stage')}: data.stage must be a folder on each node's disk, not a URL ({config.data.stage}); the URL goes in data.path"
+            )
         if not config.data.path:
             raise ConfigError(f"{blame('data.stage')}: data.stage needs data.path, the dataset to copy there")
         if os.path.abspath(config.data.stage) == (config.data.path if is_url(config.data.path) else os.path.abspath(config.data.path)):
-            raise ConfigError(f"{blame('data.stage')}: data.stage is data.path itself; give another folder, or leave data.stage empty to read data.path")
+            raise ConfigError(
+                f"{blame('data.stage')}: data.stage is data.path itself; give another folder, or leave data.stage empty to read data.path"
+            )
     if config.model.num_classes is not None and config.model.num_classes < 2:
         raise ConfigError(f"{blame('model.num_classes')}: model.num_classes must be >= 2 or null (taken from the manifest)")
     _validate_time_to_accuracy(config, blame)
@@ -335,9 +345,13 @@ def _validate_time_to_accuracy(config: TrainConfig, blame: _Blame) -> None:
     except ConfigError as e:
         raise ConfigError(f"{blame('data.resolution')}: {e}") from None
     if config.data.val_image_size is not None and config.data.val_image_size <= 0:
-        raise ConfigError(f"{blame('data.val_image_size')}: data.val_image_size must be > 0 or null (data.image_size), got {config.data.val_image_size}")
+        raise ConfigError(
+            f"{blame('data.val_image_size')}: data.val_image_size must be > 0 or null (data.image_size), got {config.data.val_image_size}"
+        )
     if not 0.0 < config.data.val_crop_ratio <= 1.0:
-        raise ConfigError(f"{blame('data.val_crop_ratio')}: data.val_crop_ratio must be in (0, 1], such as 224/256 = 0.875, got {config.data.val_crop_ratio}")
+        raise ConfigError(
+            f"{blame('data.val_crop_ratio')}: data.val_crop_ratio must be in (0, 1], such as 224/256 = 0.875, got {config.data.val_crop_ratio}"
+        )
     optim = config.optim
     if optim.schedule == "linear_ramp":
         if optim.warmup_epochs:
@@ -354,9 +368,13 @@ def _validate_time_to_accuracy(config: TrainConfig, blame: _Blame) -> None:
         raise ConfigError(f"{blame('train.ema_decay')}: train.ema_decay must be in (0, 1), such as 0.9998, got {config.train.ema_decay}")
     target = config.train.target_top1
     if target is not None and not 0.0 < target <= 1.0:
-        raise ConfigError(f"{blame('train.target_top1')}: train.target_top1 must be a top-1 accuracy in (0, 1], such as 0.738, or null, got {target}")
+        raise ConfigError(
+            f"{blame('train.target_top1')}: train.target_top1 must be a top-1 accuracy in (0, 1], such as 0.738, or null, got {target}"
+        )
     if target is not None and not config.train.validate:
-        raise ConfigError(f"{blame('train.target_top1')}: train.target_top1 is checked against the validation: set train.validate: true, or target_top1: null")
+        raise ConfigError(
+            f"{blame('train.target_top1')}: train.target_top1 is checked against the validation: set train.validate: true, or target_top1: null"
+        )
 
 
 def make_output_dir(config: TrainConfig) -> Path:

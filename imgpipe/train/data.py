@@ -60,11 +60,30 @@ def build_data(config: TrainConfig, ctx: RankContext) -> TrainData:
         make = _loader_factory(backend)
         ring = {"max_image_size": max(sizes)} if backend == "torch" else {}  # the ring holds the ramp's largest size from the start
         prefetch = {"prefetch_factor": config.data.prefetch_factor} if backend == "torch" else {}  # DALI reads ahead by its own rule
-        train = make(location, config.data.train_split, batch_size=config.train.batch_size, train=True, image_size=sizes[0], **ring, **prefetch, **kwargs)
-        val = make(
-            location, val_split, batch_size=config.train.batch_size, train=False,
-            image_size=config.data.val_image_size or config.data.image_size, crop_ratio=config.data.val_crop_ratio, **prefetch, **kwargs,
-        ) if val_split else None
+        train = make(
+            location,
+            config.data.train_split,
+            batch_size=config.train.batch_size,
+            train=True,
+            image_size=sizes[0],
+            **ring,
+            **prefetch,
+            **kwargs,
+        )
+        val = (
+            make(
+                location,
+                val_split,
+                batch_size=config.train.batch_size,
+                train=False,
+                image_size=config.data.val_image_size or config.data.image_size,
+                crop_ratio=config.data.val_crop_ratio,
+                **prefetch,
+                **kwargs,
+            )
+            if val_split
+            else None
+        )
     val_records = manifest.splits[val_split].records if val_split else 0
     return TrainData(train, val, list(manifest.classes), manifest.splits[config.data.train_split].records, val_records)
 
@@ -112,7 +131,9 @@ class SyntheticBatches:
 
     def __init__(self, manifest: Manifest, config: TrainConfig, ctx: RankContext) -> None:
         records = manifest.splits[config.data.train_split].records
-        self.batches = batch_count(records, rank=ctx.rank, world_size=ctx.world_size, batch_size=config.train.batch_size)  # >= 1: build_data checked
+        self.batches = batch_count(
+            records, rank=ctx.rank, world_size=ctx.world_size, batch_size=config.train.batch_size
+        )  # >= 1: build_data checked
         self._generator = torch.Generator().manual_seed(config.train.seed + ctx.rank)
         self._device, self._channels_last, self._n = ctx.device, bool(config.train.channels_last), config.train.batch_size
         self.labels = torch.randint(0, len(manifest.classes), (self._n,), generator=self._generator).to(ctx.device)

@@ -55,7 +55,9 @@ def install(model: torch.nn.Module, rank: int) -> None:
                 while True:
                     time.sleep(60)
             if kind == "oom":
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by " + FAULT_ENV.format(rank=rank) + ")")
+                raise torch.OutOfMemoryError(
+                    "CUDA out of memory. Tried to allocate 2.00 GiB (injected by " + FAULT_ENV.format(rank=rank) + ")"
+                )
             raise RuntimeError(ILLEGAL_ADDRESS_TEXT)
 
         model.register_forward_pre_hook(before_forward)

@@ -223,9 +223,7 @@ def init_process_group(env: DistEnv, device: Any, backend: str | None = None, ti
         options["device_id"] = device
     logger.debug("rank %d/%d joining %s group (timeout %.0fs)", env.rank, env.world_size, chosen, timeout_s)
     try:
-        dist.init_process_group(
-            chosen, rank=env.rank, world_size=env.world_size, timeout=datetime.timedelta(seconds=timeout_s), **options
-        )
+        dist.init_process_group(chosen, rank=env.rank, world_size=env.world_size, timeout=datetime.timedelta(seconds=timeout_s), **options)
     except (RuntimeError, ValueError) as e:
         raise DistributedError(f"rank {env.rank} could not join the {chosen} process group: {str(e).splitlines()[0]}") from e
     return chosen
@@ -261,7 +259,9 @@ def _check_gpu_count(ranks: int) -> None:
 # ----------------------------------------------------------------------------- local ranks
 
 
-def _spawn(fn: Callable[[RankContext, Any], T], arg: Any, ranks: int, *, use_cuda: bool, backend: str | None, timeout_s: float, grace_s: float) -> T:
+def _spawn(
+    fn: Callable[[RankContext, Any], T], arg: Any, ranks: int, *, use_cuda: bool, backend: str | None, timeout_s: float, grace_s: float
+) -> T:
     ctx = multiprocessing.get_context("spawn")
     port = free_port()
     procs, conns = [], []
@@ -269,7 +269,19 @@ def _spawn(fn: Callable[[RankContext, Any], T], arg: Any, ranks: int, *, use_cud
         parent_end, child_end = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=_rank_main,
-            args=(rank, ranks, port, os.getpid(), logging.getLogger().getEffectiveLevel(), fn, arg, use_cuda, backend, timeout_s, child_end),
+            args=(
+                rank,
+                ranks,
+                port,
+                os.getpid(),
+                logging.getLogger().getEffectiveLevel(),
+                fn,
+                arg,
+                use_cuda,
+                backend,
+                timeout_s,
+                child_end,
+            ),
             name=f"imgpipe-rank{rank}",
         )
         procs.append(proc)
@@ -317,8 +329,17 @@ def cpu_threads(ranks: int, environ: Any) -> int | None:
 
 
 def _rank_main(
-    rank: int, world: int, port: int, parent_pid: int, log_level: int,
-    fn: Callable, arg: Any, use_cuda: bool, backend: str | None, timeout_s: float, conn: Any,
+    rank: int,
+    world: int,
+    port: int,
+    parent_pid: int,
+    log_level: int,
+    fn: Callable,
+    arg: Any,
+    use_cuda: bool,
+    backend: str | None,
+    timeout_s: float,
+    conn: Any,
 ) -> None:
     """Entry point of a spawned rank: die with the parent, log like it, set the torchrun variables, run, report."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # started ignoring it: see _sigint_ignored_by_children
@@ -391,7 +412,9 @@ def _watch(procs: list, conns: list, forward: "_ForwardStopSignals", timeout_s: 
         _collect(procs, conns, pending, results, errors)
         failed = _failed(procs, pending, errors)
         if failed:
-            settle = time.monotonic() + (HANG_SETTLE_S if _timed_out(failed, errors) else SETTLE_S)  # let the rank that caused it report too
+            settle = time.monotonic() + (
+                HANG_SETTLE_S if _timed_out(failed, errors) else SETTLE_S
+            )  # let the rank that caused it report too
             while pending - set(errors) and time.monotonic() < settle:
                 time.sleep(0.05)
                 _collect(procs, conns, pending, results, errors)
@@ -452,6 +475,7 @@ def _timed_out(failed: list[int], errors: dict[int, str]) -> bool:
 
 def _hang_message(hung: list[int], waited: list[int], timeout_s: float) -> str:
     """The hung ranks are those still running, silent, when every other rank timed out waiting for them."""
+
     def ranks(group: list[int]) -> str:
         return f"rank{'s' if len(group) > 1 else ''} {', '.join(map(str, group))}"
 

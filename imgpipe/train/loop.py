@@ -32,9 +32,17 @@ from imgpipe.train.config import TrainConfig, save_config
 from imgpipe.train.data import TrainData, build_data
 from imgpipe.train.ema import EmaWeights
 from imgpipe.train.launch import RankContext, is_peer_failure, stop_requested
+from imgpipe.train.metrics import (
+    JsonlWriter,
+    StepTimer,
+    format_rank_table,
+    gather_objects,
+    gather_summaries,
+    global_images_per_s,
+    imbalance,
+)
 from imgpipe.train.mixing import Mixing
 from imgpipe.train.models import check_model_name, create_model, trained_min_size
-from imgpipe.train.metrics import JsonlWriter, StepTimer, format_rank_table, gather_objects, gather_summaries, global_images_per_s, imbalance
 from imgpipe.train.precision import describe, resolve_auto
 from imgpipe.train.process_state import run_scope
 from imgpipe.train.resolution import parse_resolution
@@ -156,7 +164,13 @@ class _Run:
     """The objects of one run and the steps of the loop."""
 
     def __init__(
-        self, ctx: RankContext, config: TrainConfig, data: TrainData, num_classes: int, saved: dict[str, Any] | None, request: dict[str, Any]
+        self,
+        ctx: RankContext,
+        config: TrainConfig,
+        data: TrainData,
+        num_classes: int,
+        saved: dict[str, Any] | None,
+        request: dict[str, Any],
     ) -> None:
         self.ctx, self.config, self.data = ctx, config, data
         self._saved = saved  # the checkpoint to resume from
@@ -183,7 +197,9 @@ class _Run:
         self.lr_factor = lr_schedule(config, self.steps_per_epoch)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.lr_factor)
         self.autocast_dtype, self.scaler = precision(config, self.device)
-        if config.train.amp == "fp16":  # the scaler skips steps with inf gradients; the schedule still advances (filter scoped by run_scope)
+        if (
+            config.train.amp == "fp16"
+        ):  # the scaler skips steps with inf gradients; the schedule still advances (filter scoped by run_scope)
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=config.optim.label_smoothing)
         self.topk = min(5, num_classes)
@@ -200,9 +216,16 @@ class _Run:
             save_config(config, self.out)
             logger.info(
                 "training %s on %d rank(s) (%s, %s%s): %d steps/epoch, global batch %d, lr %.4g, train at %s px, validate at %d px",
-                config.model.name, ctx.world_size, self.device, describe(config), ", compiled" if config.train.compile else "",
-                self.steps_per_epoch, self.global_batch, config.optim.base_lr * self.global_batch / 256,
-                "-".join(map(str, self.resolutions.distinct(config.train.epochs))), val_image_size(config),
+                config.model.name,
+                ctx.world_size,
+                self.device,
+                describe(config),
+                ", compiled" if config.train.compile else "",
+                self.steps_per_epoch,
+                self.global_batch,
+                config.optim.base_lr * self.global_batch / 256,
+                "-".join(map(str, self.resolutions.distinct(config.train.epochs))),
+                val_image_size(config),
             )
 
     # ------------------------------------------------------------------ the loop
@@ -243,7 +266,9 @@ class _Run:
         batches = self._epoch_batches()
         self.model.train()
         self.timer.reset()
-        bar = tqdm(total=self.steps_per_epoch, initial=state.epoch_step, desc=f"epoch {state.epoch}", disable=not self.ctx.is_main, leave=False)
+        bar = tqdm(
+            total=self.steps_per_epoch, initial=state.epoch_step, desc=f"epoch {state.epoch}", disable=not self.ctx.is_main, leave=False
+        )
         try:
             for images, labels in self.timer.iterate(batches):
                 final = (micro + 1) % self.accum == 0
@@ -283,7 +308,9 @@ class _Run:
         loader.set_resolution(self.resolutions.at(self.state.epoch))  # the schedule's, also over a resumed state's
         return iter(loader)
 
-    def _forward_backward(self, images: torch.Tensor, labels: torch.Tensor, targets: torch.Tensor, final: bool, totals: torch.Tensor) -> torch.Tensor:
+    def _forward_backward(
+        self, images: torch.Tensor, labels: torch.Tensor, targets: torch.Tensor, final: bool, totals: torch.Tensor
+    ) -> torch.Tensor:
         """One micro-batch; ``targets`` are the labels, or the soft targets of mixup/cutmix (accuracy counts ``labels``)."""
         sync = contextlib.nullcontext() if final or not self.ctx.distributed else self.ddp.no_sync()
         with sync:
@@ -440,10 +467,17 @@ class _Run:
         value = float(loss.float().item())
         lr = self.optimizer.param_groups[0]["lr"]
         bar.set_postfix(loss=f"{value:.3f}", lr=f"{lr:.3g}")
-        self.jsonl.write({
-            "kind": "step", "epoch": self.state.epoch, "step": self.state.step, "loss": value, "lr": lr,
-            "data_s": last.data_s if last else None, "compute_s": last.compute_s if last else None,
-        })
+        self.jsonl.write(
+            {
+                "kind": "step",
+                "epoch": self.state.epoch,
+                "step": self.state.step,
+                "loss": value,
+                "lr": lr,
+                "data_s": last.data_s if last else None,
+                "compute_s": last.compute_s if last else None,
+            }
+        )
         if self.tb is not None:
             self.tb.add_scalar("step/loss_rank0", value, self.state.step)
             self.tb.add_scalar("step/lr", lr, self.state.step)
@@ -476,7 +510,9 @@ class _Run:
         }
         path = ckpt.save_checkpoint(ckpt.checkpoint_path(self.out), state)
         self.result.checkpoint = str(path)
-        logger.info("checkpoint: %s (epoch %d, step %d)%s", path, self.state.epoch, self.state.step, "; resume with --resume" if stopping else "")
+        logger.info(
+            "checkpoint: %s (epoch %d, step %d)%s", path, self.state.epoch, self.state.step, "; resume with --resume" if stopping else ""
+        )
 
     def _maybe_resume(self) -> None:
         saved, self._saved = self._saved, None
@@ -485,8 +521,12 @@ class _Run:
         path = ckpt.checkpoint_path(self.out)
         ckpt.load_model_state(self.model, saved, path, self.config.model.name, self.num_classes)
         position = resume_position(
-            saved, self.config, global_batch=self.config.train.batch_size * self.ctx.world_size, steps_per_epoch=self.steps_per_epoch,
-            records=self.data.train_records, path=path,
+            saved,
+            self.config,
+            global_batch=self.config.train.batch_size * self.ctx.world_size,
+            steps_per_epoch=self.steps_per_epoch,
+            records=self.data.train_records,
+            path=path,
         )
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
@@ -500,7 +540,9 @@ class _Run:
         rngs = saved["rng"]
         ckpt.set_rng_state(rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else rngs[0], self.device)
         logger.info("resumed from %s at epoch %d, step %d", path, self.state.epoch, self.state.step)
-        logger.info("%s", resume_line(saved, self.ctx.world_size, self.config.train.batch_size, position, changed_settings(saved, self.config)))
+        logger.info(
+            "%s", resume_line(saved, self.ctx.world_size, self.config.train.batch_size, position, changed_settings(saved, self.config))
+        )
 
     def close(self) -> None:
         if self.tb is not None:
@@ -523,7 +565,9 @@ def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tupl
     if config.train.sync_bn and ctx.distributed:
         if ctx.device.type != "cuda":
             raise ConfigError("train.sync_bn needs GPUs (SyncBatchNorm is CUDA-only); set it to false for CPU runs")
-        logger.warning("train.sync_bn: every BatchNorm layer now all-reduces its statistics in every step; expect a slower step (worth it only for small per-rank batches)")
+        logger.warning(
+            "train.sync_bn: every BatchNorm layer now all-reduces its statistics in every step; expect a slower step (worth it only for small per-rank batches)"
+        )
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
     model = model.to(ctx.device, memory_format=memory_format)
@@ -606,8 +650,14 @@ def check_deterministic(model: torch.nn.Module, config: TrainConfig, device: tor
     """
     if not config.train.deterministic or device.type != "cuda":
         return
-    pools = (torch.nn.AdaptiveAvgPool1d, torch.nn.AdaptiveAvgPool2d, torch.nn.AdaptiveAvgPool3d,
-             torch.nn.AdaptiveMaxPool1d, torch.nn.AdaptiveMaxPool2d, torch.nn.AdaptiveMaxPool3d)
+    pools = (
+        torch.nn.AdaptiveAvgPool1d,
+        torch.nn.AdaptiveAvgPool2d,
+        torch.nn.AdaptiveAvgPool3d,
+        torch.nn.AdaptiveMaxPool1d,
+        torch.nn.AdaptiveMaxPool2d,
+        torch.nn.AdaptiveMaxPool3d,
+    )
     for name, module in model.named_modules():
         if isinstance(module, pools):
             size = module.output_size if isinstance(module.output_size, tuple) else (module.output_size,)
@@ -626,7 +676,10 @@ def build_optimizer(model: torch.nn.Module, config: TrainConfig, global_batch: i
     for param in model.parameters():
         if param.requires_grad:
             (no_decay if param.ndim <= 1 else decay).append(param)
-    groups = [{"params": decay, "weight_decay": config.optim.weight_decay}, {"params": no_decay, "weight_decay": config.optim.bn_weight_decay}]
+    groups = [
+        {"params": decay, "weight_decay": config.optim.weight_decay},
+        {"params": no_decay, "weight_decay": config.optim.bn_weight_decay},
+    ]
     return torch.optim.SGD(
         groups,
         lr=config.optim.base_lr * global_batch / 256,
@@ -647,8 +700,11 @@ def apply_optim_config(
     decay, no_decay = optimizer.param_groups  # as build_optimizer makes them
     for group, weight_decay in ((decay, config.optim.weight_decay), (no_decay, config.optim.bn_weight_decay)):
         group.update(
-            initial_lr=lr, lr=lr * lr_factor(step), weight_decay=weight_decay,
-            momentum=config.optim.momentum, nesterov=config.optim.nesterov and config.optim.momentum > 0,
+            initial_lr=lr,
+            lr=lr * lr_factor(step),
+            weight_decay=weight_decay,
+            momentum=config.optim.momentum,
+            nesterov=config.optim.nesterov and config.optim.momentum > 0,
         )
     scheduler.load_state_dict({**scheduler.state_dict(), "base_lrs": [lr, lr], "last_epoch": step})
 
@@ -720,4 +776,3 @@ def _oom_message(ctx: RankContext, config: TrainConfig) -> str:
         f"image_size {config.data.image_size}, amp {config.train.amp}{memory}; lower train.batch_size (keep the global batch "
         f"with train.grad_accum), use train.amp: bf16, and check that no other process holds this GPU (nvidia-smi)"
     )
-

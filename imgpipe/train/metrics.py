@@ -263,7 +263,9 @@ class JsonlWriter:
             finally:
                 os.close(fd)
         except OSError as e:
-            raise TrainError(f"{self.path}: cannot write metrics: {describe(e, writing=True)}, or set output.dir to another file system") from None
+            raise TrainError(
+                f"{self.path}: cannot write metrics: {describe(e, writing=True)}, or set output.dir to another file system"
+            ) from None
 
 
 def _jsonable(value: Any) -> Any:

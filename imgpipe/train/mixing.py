@@ -91,12 +91,16 @@ class Mixing:
         left, right = max(cx - cut // 2, 0), min(cx + cut // 2, size)
         return SampleMix(True, 1.0 - (bottom - top) * (right - left) / (size * size), (top, bottom, left, right))
 
-    def apply(self, images: torch.Tensor, labels: torch.Tensor, records: Sequence[int], epoch: int, classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def apply(
+        self, images: torch.Tensor, labels: torch.Tensor, records: Sequence[int], epoch: int, classes: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(mixed images, soft targets) for a batch whose sample k is record ``records[k]``; the partner
         of sample k is sample k ^ 1."""
         count, size = images.shape[0], images.shape[-1]
         if count % 2:
-            raise ConfigError(f"mixup/cutmix pair each sample with its neighbour: a batch of {count} cannot pair up; use an even per-rank batch")
+            raise ConfigError(
+                f"mixup/cutmix pair each sample with its neighbour: a batch of {count} cannot pair up; use an even per-rank batch"
+            )
         draws = [self.draw(epoch, int(record), size) for record in records]
         partner = torch.arange(count, device=images.device) ^ 1
         lam = torch.tensor([d.lam for d in draws], dtype=torch.float32)

@@ -36,7 +36,9 @@ def check_model_name(name: str, option: str = "model.name") -> None:
         timm, bare = _timm(option, name), name[len(TIMM_PREFIX) :]
         if not timm.is_model(bare):
             close = difflib.get_close_matches(bare, timm.list_models(), n=3)
-            raise ConfigError(f"{option} {name!r} is not a timm model" + (f"; did you mean {', '.join(TIMM_PREFIX + c for c in close)}?" if close else ""))
+            raise ConfigError(
+                f"{option} {name!r} is not a timm model" + (f"; did you mean {', '.join(TIMM_PREFIX + c for c in close)}?" if close else "")
+            )
         return
     import torchvision
 

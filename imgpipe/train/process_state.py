@@ -38,7 +38,12 @@ def run_scope(*, deterministic: bool, device: torch.device, is_main: bool) -> It
 def torch_settings(deterministic: bool, device: torch.device) -> Iterator[None]:
     """Deterministic algorithms (and cuBLAS's workspace for them), or cudnn.benchmark on CUDA; the previous settings after."""
     cudnn = torch.backends.cudnn
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(), cudnn.benchmark, cudnn.deterministic)
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        cudnn.benchmark,
+        cudnn.deterministic,
+    )
     workspace = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     try:
         if deterministic:

@@ -72,7 +72,9 @@ def resolve_batch(config: TrainConfig, world_size: int, saved: dict[str, Any] | 
             f"{where} global batch {global_batch} does not split over {world_size} ranks; run on a rank count that divides it "
             f"(per-rank batch {batch_splits(global_batch)})"
         )
-    return dataclasses.replace(config, train=dataclasses.replace(config.train, batch_size=global_batch // world_size, global_batch_size=global_batch))
+    return dataclasses.replace(
+        config, train=dataclasses.replace(config.train, batch_size=global_batch // world_size, global_batch_size=global_batch)
+    )
 
 
 def _requested_global_batch(config: TrainConfig, world_size: int, saved: dict[str, Any]) -> int | None:

@@ -9,10 +9,11 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from imgpipe.bench.runner import BenchConfig, BenchResult, RunResult
+from imgpipe._sys.diskinfo import DiskInfo
+from imgpipe.bench.config import BenchConfig
+from imgpipe.bench.runner import BenchResult, RunResult
 from imgpipe.bench.stats import RankStats, StepTimes
 from imgpipe.bench.system import SystemSummary
-from imgpipe._sys.diskinfo import DiskInfo
 from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
 from imgpipe.format.recordio import IndexedRecordWriter, IRHeader, pack_header
 
@@ -40,18 +41,41 @@ def make_pack(dst: Path, *, records: int, classes: int = 4, side: tuple[int, int
             for i in range(bounds[s], bounds[s + 1]):
                 w, h = (int(v) for v in rng.integers(side[0], side[1] + 1, size=2))
                 writer.write(i, pack_header(IRHeader(0, float(labels[i]), i, 0), _jpeg(rng, w, h)))
-        infos.append(ShardInfo(rec.name, idx.name, int(bounds[s + 1] - bounds[s]), rec.stat().st_size, sha256_file(rec),
-                               idx.stat().st_size, sha256_file(idx)))
+        infos.append(
+            ShardInfo(
+                rec.name,
+                idx.name,
+                int(bounds[s + 1] - bounds[s]),
+                rec.stat().st_size,
+                sha256_file(rec),
+                idx.stat().st_size,
+                sha256_file(idx),
+            )
+        )
     (dst / "train.sources.txt").write_text("".join(f"train/{wnids[l]}/{i}.JPEG\n" for i, l in enumerate(labels)))
     np.save(dst / "train.labels.npy", labels, allow_pickle=False)
-    split = SplitInfo(infos, "train.sources.txt", sha256_file(dst / "train.sources.txt"), "train.labels.npy",
-                      sha256_file(dst / "train.labels.npy"))
+    split = SplitInfo(
+        infos, "train.sources.txt", sha256_file(dst / "train.sources.txt"), "train.labels.npy", sha256_file(dst / "train.labels.npy")
+    )
     write_manifest(dst, Manifest(classes=wnids, splits={"train": split}, options={}, source="/nowhere"))
     return dst
 
 
-def rank_stats(rank: int, *, wait: float, read: float = 0.001, decode: float = 0.004, compute: float = 0.02, sync: float = 0.0,
-               steps: int = 10, batch: int = 8, timed: bool = True, requests: int = 0, request_s: float = 0.0, fetched: int = 0) -> RankStats:
+def rank_stats(
+    rank: int,
+    *,
+    wait: float,
+    read: float = 0.001,
+    decode: float = 0.004,
+    compute: float = 0.02,
+    sync: float = 0.0,
+    steps: int = 10,
+    batch: int = 8,
+    timed: bool = True,
+    requests: int = 0,
+    request_s: float = 0.0,
+    fetched: int = 0,
+) -> RankStats:
     """A rank whose every step has the given stage times (seconds) and, from a URL, store requests
     (``requests`` in as many calls, ``request_s`` seconds summed, ``fetched`` bytes)."""
     stats = RankStats(rank, batch, timed_stages=timed)
@@ -63,15 +87,25 @@ def rank_stats(rank: int, *, wait: float, read: float = 0.001, decode: float = 0
 
 
 def system(iowait: float = 1.0, cpu: float = 50.0) -> SystemSummary:
-    return SystemSummary(seconds=2.0, samples=9, cpu_util_pct=cpu, iowait_pct=iowait, iowait_max_pct=iowait,
-                         read_mb_s=5.0, mem_available_mb=1000.0, cached_mb=500.0)
+    return SystemSummary(
+        seconds=2.0,
+        samples=9,
+        cpu_util_pct=cpu,
+        iowait_pct=iowait,
+        iowait_max_pct=iowait,
+        read_mb_s=5.0,
+        mem_available_mb=1000.0,
+        cached_mb=500.0,
+    )
 
 
 SSD = DiskInfo("/dev/nvme0n1p2", "/", "ext4", False, False)
 HDD = DiskInfo("/dev/sdb1", "/data", "ext4", True, False)
 
 
-def result(runs: list[RunResult], *, disk: DiskInfo = SSD, cold: bool = False, cpus: int = 8, region_decoder: bool = True, **config: object) -> BenchResult:
+def result(
+    runs: list[RunResult], *, disk: DiskInfo = SSD, cold: bool = False, cpus: int = 8, region_decoder: bool = True, **config: object
+) -> BenchResult:
     """A BenchResult around hand-made runs."""
     ranks = len(runs[0].ranks)
     config.setdefault("compute_ms", 20.0)
@@ -80,7 +114,9 @@ def result(runs: list[RunResult], *, disk: DiskInfo = SSD, cold: bool = False, c
     return BenchResult(cfg, disk, records=1000, data_bytes=10**8, cpus=cpus, device="cpu", runs=runs, region_decoder=region_decoder)
 
 
-def run(ranks: list[RankStats], *, workers: int = 2, iowait: float = 1.0, resident: float | None = 0.0, backend: str = "torch") -> RunResult:
+def run(
+    ranks: list[RankStats], *, workers: int = 2, iowait: float = 1.0, resident: float | None = 0.0, backend: str = "torch"
+) -> RunResult:
     return RunResult(backend, workers, ranks, 0.0, 2.0, resident, system(iowait))
 
 
@@ -90,35 +126,75 @@ NUM = (int, float)
 OPT_NUM = (int, float, type(None))
 STAGES = {k: OPT_NUM for k in ("read", "decode", "collate", "h2d", "compute", "sync")}
 RANK = {
-    "rank": int, "images_per_s": NUM, "own_images_per_s": NUM, "data_wait_frac": NUM, "batch_ms_p50": NUM,
-    "batch_ms_p95": NUM, "steps": int, "images": int, "stages_ms": STAGES, "timeline": list,
+    "rank": int,
+    "images_per_s": NUM,
+    "own_images_per_s": NUM,
+    "data_wait_frac": NUM,
+    "batch_ms_p50": NUM,
+    "batch_ms_p95": NUM,
+    "steps": int,
+    "images": int,
+    "stages_ms": STAGES,
+    "timeline": list,
 }
 SYSTEM = {
-    "seconds": NUM, "samples": int, "cpu_util_pct": NUM, "iowait_pct": NUM, "iowait_max_pct": NUM, "read_mb_s": OPT_NUM,
-    "mem_available_mb": NUM, "cached_mb": NUM,
+    "seconds": NUM,
+    "samples": int,
+    "cpu_util_pct": NUM,
+    "iowait_pct": NUM,
+    "iowait_max_pct": NUM,
+    "read_mb_s": OPT_NUM,
+    "mem_available_mb": NUM,
+    "cached_mb": NUM,
 }
 STORE_IO = {"requests": int, "calls": int, "latency_ms": NUM, "requests_per_s": NUM, "mb_per_s": NUM, "bytes": int, "seconds": NUM}
 RUN = {
-    "backend": str, "workers": int, "images_per_s": NUM, "imbalance": NUM, "page_cache_resident_before": OPT_NUM,
-    "system": (SYSTEM, type(None)), "store_io": (STORE_IO, type(None)), "ranks": [RANK],
+    "backend": str,
+    "workers": int,
+    "images_per_s": NUM,
+    "imbalance": NUM,
+    "page_cache_resident_before": OPT_NUM,
+    "system": (SYSTEM, type(None)),
+    "store_io": (STORE_IO, type(None)),
+    "ranks": [RANK],
 }
 # docs/bench-json.md, schema_version 1: a key that disappears or changes type fails here
 SCHEMA: dict[str, Any] = {
     "schema_version": int,
     "imgpipe_version": str,
     "data": {
-        "path": str, "split": str, "records": int, "bytes": int,
+        "path": str,
+        "split": str,
+        "records": int,
+        "bytes": int,
         "disk": {"device": str, "mountpoint": str, "fstype": str, "rotational": (bool, type(None)), "network": bool},
     },
     "config": {
-        "ranks": int, "gpus": int, "device": str, "cpus": int, "region_decoder": bool, "backends": [str], "workers": [int], "steps": int, "warmup": int,
-        "batch_size": int, "image_size": int, "model": (str, type(None)), "compute_ms": NUM, "cold": bool,
+        "ranks": int,
+        "gpus": int,
+        "device": str,
+        "cpus": int,
+        "region_decoder": bool,
+        "backends": [str],
+        "workers": [int],
+        "steps": int,
+        "warmup": int,
+        "batch_size": int,
+        "image_size": int,
+        "model": (str, type(None)),
+        "compute_ms": NUM,
+        "cold": bool,
     },
     "runs": [RUN],
     "best": {"*": {"workers": int, "images_per_s": NUM}},
     "verdict": {
-        "bound": str, "message": str, "backend": str, "workers": int, "straggler": (int, type(None)),
-        "cause": (str, type(None)), "notes": [str],
+        "bound": str,
+        "message": str,
+        "backend": str,
+        "workers": int,
+        "straggler": (int, type(None)),
+        "cause": (str, type(None)),
+        "notes": [str],
     },
 }
 

@@ -12,9 +12,9 @@ import pytest
 from bench_helpers import SCHEMA, check
 from PIL import Image
 
+from imgpipe._sys.diskinfo import device_for_path
 from imgpipe.bench import BenchConfig, bench
 from imgpipe.bench.probes import READ_DELAY_ENV, read_delay_s
-from imgpipe._sys.diskinfo import device_for_path
 from imgpipe.errors import ConfigError, DatasetError
 
 
@@ -30,8 +30,28 @@ def test_cli_names_the_rank_slowed_on_purpose_with_an_io_cause(small_pack: Path,
     """Rank 1 reads through the documented delay hook (60 ms a record): the bench must find it."""
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     proc = imgpipe(
-        "bench", str(small_pack), "--gpus", "0", "--nproc", "2", "--workers", "1,2", "--steps", "10", "--warmup", "2",
-        "--batch-size", "4", "--image-size", "64", "--compute-ms", "50", "--json", str(out_json), "--plot", str(out_png),
+        "bench",
+        str(small_pack),
+        "--gpus",
+        "0",
+        "--nproc",
+        "2",
+        "--workers",
+        "1,2",
+        "--steps",
+        "10",
+        "--warmup",
+        "2",
+        "--batch-size",
+        "4",
+        "--image-size",
+        "64",
+        "--compute-ms",
+        "50",
+        "--json",
+        str(out_json),
+        "--plot",
+        str(out_png),
         env={READ_DELAY_ENV.format(rank=1): "60"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -104,9 +124,12 @@ def test_bad_options_are_one_line_config_errors(small_pack: Path) -> None:
         BenchConfig(data=str(small_pack), backends=("mxnet",)).check()
     # each message names the option that is wrong, and only that one
     for options, message in (
-        ({"warmup": -1}, "--warmup must be >= 0 (got -1)"), ({"steps": 0}, "--steps must be >= 1 (got 0)"),
-        ({"batch_size": 0}, "--batch-size must be >= 1 (got 0)"), ({"image_size": 4}, "--image-size must be >= 8 (got 4)"),
-        ({"nproc": 0}, "--nproc must be >= 1 (got 0)"), ({"gpus": -1}, "--gpus must be >= 0 (got -1)"),
+        ({"warmup": -1}, "--warmup must be >= 0 (got -1)"),
+        ({"steps": 0}, "--steps must be >= 1 (got 0)"),
+        ({"batch_size": 0}, "--batch-size must be >= 1 (got 0)"),
+        ({"image_size": 4}, "--image-size must be >= 8 (got 4)"),
+        ({"nproc": 0}, "--nproc must be >= 1 (got 0)"),
+        ({"gpus": -1}, "--gpus must be >= 0 (got -1)"),
         ({"model": "resnet5"}, "--model 'resnet5' is not a torchvision classification model; did you mean resnet50"),
     ):
         with pytest.raises(ConfigError) as error:
@@ -163,7 +186,9 @@ def test_dali_backend_runs_and_its_internal_stages_are_unknown(small_pack: Path)
 
     if not dali_available():
         pytest.skip("nvidia.dali is not importable (pip install 'imgpipe[dali]')")
-    config = BenchConfig(data=str(small_pack), backends=("dali",), workers=(1,), steps=3, warmup=1, batch_size=4, image_size=32, compute_ms=5)
+    config = BenchConfig(
+        data=str(small_pack), backends=("dali",), workers=(1,), steps=3, warmup=1, batch_size=4, image_size=32, compute_ms=5
+    )
     result, verdict = bench(config)
     rank = result.runs[0].ranks[0]
     stages = rank.stage_ms()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from imgpipe.bench import cache
 from imgpipe._sys.diskinfo import device_for_path
+from imgpipe.bench import cache
 
 
 @pytest.mark.timeout(60)
@@ -37,4 +37,3 @@ def test_residency_counts_pages(tmp_path: Path) -> None:
     small.write_bytes(b"x" * (cache.PAGE_SIZE + 1))
     counts = cache.resident_pages(small)
     assert counts is not None and counts[1] == 2
-

@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from imgpipe.bench.compute import Compute  # noqa: E402
+from imgpipe.bench.config import BenchConfig  # noqa: E402
 from imgpipe.bench.probes import make_loader  # noqa: E402
-from imgpipe.bench.runner import BenchConfig  # noqa: E402
 from imgpipe.errors import ConfigError  # noqa: E402
 from imgpipe.train.launch import RankContext, launch  # noqa: E402
 from imgpipe.train.loop import build_model, precision  # noqa: E402

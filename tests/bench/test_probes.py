@@ -10,8 +10,8 @@ torch = pytest.importorskip("torch")
 
 from _tiny_shards import make_tiny_pack  # noqa: E402
 
+from imgpipe.bench.config import BenchConfig  # noqa: E402
 from imgpipe.bench.probes import SlowReads, endless, make_loader  # noqa: E402
-from imgpipe.bench.runner import BenchConfig  # noqa: E402
 from imgpipe.loaders.stage_timer import BatchTimes, StageTimer  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
 from imgpipe.train.launch import RankContext, launch  # noqa: E402

@@ -46,7 +46,17 @@ def test_schema_check_catches_a_missing_key() -> None:
 
 def test_schema_is_documented() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "bench-json.md").read_text()
-    for key in ("schema_version", "page_cache_resident_before", "own_images_per_s", "stages_ms", "timeline", "iowait_pct", "straggler", "store_io", "latency_ms"):
+    for key in (
+        "schema_version",
+        "page_cache_resident_before",
+        "own_images_per_s",
+        "stages_ms",
+        "timeline",
+        "iowait_pct",
+        "straggler",
+        "store_io",
+        "latency_ms",
+    ):
         assert f"`{key}`" in doc, key
 
 

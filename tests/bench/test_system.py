@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from bench_helpers import DATA
 
+from imgpipe._sys.diskinfo import DiskInfo
 from imgpipe.bench.system import (
     SystemSampler,
     cpu_usage,
@@ -21,7 +22,6 @@ from imgpipe.bench.system import (
     summarize,
     take_sample,
 )
-from imgpipe._sys.diskinfo import DiskInfo
 
 HDD = DATA / "hdd_iowait"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from _cli import assert_one_line_error
 
-from imgpipe.bench.runner import BenchConfig
+from imgpipe.bench.config import BenchConfig
 
 
 def test_the_size_is_the_recipes_first_training_size_or_the_one_asked(tmp_path: Path) -> None:
@@ -42,6 +42,8 @@ def test_the_cli_builds_the_recipes_model_as_the_config_changes_it(tmp_path: Pat
     mine.write_text("model: {name: resnet1800}\n")
     done = subprocess.run(
         [sys.executable, "-m", "imgpipe", "bench", str(tmp_path), "--gpus", "0", "--recipe", "rn18-16ep", "--config", str(mine)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert_one_line_error(done, "--model 'resnet1800' is not a torchvision classification model")

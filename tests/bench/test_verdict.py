@@ -191,7 +191,9 @@ def test_notes_warm_cache_and_best_workers() -> None:
 URL = "s3://bucket/imagenet"
 
 
-def remote_run(*, read: float, decode: float, iowait: float = 1.0, backend: str = "torch", timed: bool = True, record_bytes: int = 110_000) -> RunResult:
+def remote_run(
+    *, read: float, decode: float, iowait: float = 1.0, backend: str = "torch", timed: bool = True, record_bytes: int = 110_000
+) -> RunResult:
     """2 ranks reading a URL: 8 records a batch, each batch 8 requests of 50 ms and ``record_bytes`` each."""
     ranks = [rank_stats(r, wait=0.05, read=read, decode=decode, compute=0.02, requests=8, request_s=0.4, fetched=8 * record_bytes, timed=timed)
              for r in range(2)]  # fmt: skip
@@ -201,7 +203,9 @@ def remote_run(*, read: float, decode: float, iowait: float = 1.0, backend: str 
 def test_a_url_whose_reads_dominate_is_remote_io_bound_with_the_store_figures_and_what_to_change() -> None:
     v = decide(result([remote_run(read=0.06, decode=0.01)], disk=data_disk(URL), data=URL))
     assert v.bound == "remote" and v.cause == "remote I/O"
-    assert v.message.startswith(f"remote I/O bound: fetching records from {URL} takes 86 % of the loader's time and ranks wait for data 71 % of the time")
+    assert v.message.startswith(
+        f"remote I/O bound: fetching records from {URL} takes 86 % of the loader's time and ranks wait for data 71 % of the time"
+    )
     # 2 ranks x 10 steps x 8 requests in 10 x 70 ms; 0.4 s of calls per 8 requests; 160 x 110 KB
     assert "the store answered 160 requests, 50 ms each on average (229 requests/s, 25.1 MB/s)" in v.message
     assert "`cache_dir=DIR`" in v.message and "`data.cache: DIR`" in v.message

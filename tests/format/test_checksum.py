@@ -7,7 +7,7 @@ import zlib
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imgpipe.format import checksum
+from imgpipe._sys import checksum
 
 
 @given(st.binary(max_size=70_000), st.integers(0, 64))

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from imgpipe.errors import DatasetError
-from imgpipe.packing.journal import JOURNAL_DIR
 from imgpipe.format.shardset import open_shards
+from imgpipe.pack.journal import JOURNAL_DIR
 
 
 def imgpipe(*args: object) -> subprocess.CompletedProcess[str]:
@@ -96,7 +96,9 @@ def test_a_pack_whose_every_image_is_skipped_is_one_line(tmp_path: Path) -> None
 
 
 def test_given_files_of_another_split_are_refused(packed_dir: Path) -> None:
-    with pytest.raises(DatasetError, match=r"val-00000-of-00001.rec: a shard of split 'val', opened as split 'train'; give only that split's files"):
+    with pytest.raises(
+        DatasetError, match=r"val-00000-of-00001.rec: a shard of split 'val', opened as split 'train'; give only that split's files"
+    ):
         open_shards(str(packed_dir / "*.rec"))
     with pytest.raises(DatasetError, match=r"split='val'"):
         open_shards(packed_dir / "val-00000-of-00001.rec")

@@ -7,10 +7,10 @@ import struct
 
 import numpy as np
 import pytest
-
 from _recordio_helpers import frame, read_indexed
-from imgpipe.format import recordio
+
 from imgpipe.errors import RecordIOError
+from imgpipe.format import recordio
 from imgpipe.format.recordio import MAGIC, MAGIC_BYTES, IRHeader
 
 M = MAGIC_BYTES
@@ -95,9 +95,7 @@ def test_magic_in_payload_is_split_as_dmlc_does(name: str) -> None:
 def test_split_frames_keep_4_byte_alignment_and_only_the_last_is_padded() -> None:
     payload = b"abcdefgh" + M + b"123"
     framed = frame(payload)
-    assert framed == (
-        struct.pack("<II", MAGIC, (1 << 29) | 8) + b"abcdefgh" + struct.pack("<II", MAGIC, (3 << 29) | 3) + b"123\0"
-    )
+    assert framed == (struct.pack("<II", MAGIC, (1 << 29) | 8) + b"abcdefgh" + struct.pack("<II", MAGIC, (3 << 29) | 3) + b"123\0")
 
 
 # ----------------------------------------------------------------------------- IRHeader
@@ -244,7 +242,9 @@ def test_parse_record_refuses_a_range_outside_the_buffer() -> None:
 def test_index_offset_past_end_of_rec_names_the_index(tmp_path) -> None:
     rec, idx, _, _ = write_shard(tmp_path, [b"a", b"b"])
     idx.write_text(idx.read_text() + "9\t4096\n")
-    with pytest.raises(RecordIOError, match=rf"^{re.escape(str(idx))}: offset 4096: index offset 4096 is past the end of {re.escape(str(rec))}"):
+    with pytest.raises(
+        RecordIOError, match=rf"^{re.escape(str(idx))}: offset 4096: index offset 4096 is past the end of {re.escape(str(rec))}"
+    ):
         list(read_indexed(rec, idx))
 
 
@@ -323,7 +323,6 @@ def test_large_canonical_index_parses_exactly(tmp_path) -> None:
     got_keys, got_offsets = recordio.read_index(path)
     assert np.array_equal(got_keys, keys) and np.array_equal(got_offsets, offsets)
     assert got_keys.flags.c_contiguous and got_offsets.flags.c_contiguous
-
 
 
 @pytest.mark.parametrize("chunk", [5, 64, 1 << 20])

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _recordio_helpers import frame, read_indexed
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from _recordio_helpers import frame, read_indexed
-from imgpipe.format import recordio
 from imgpipe.errors import RecordIOError
+from imgpipe.format import recordio
 from imgpipe.format.recordio import MAGIC, MAGIC_BYTES, IRHeader
 
 SLACK = 64 * 1024  # Python object overheads, exception objects, tracemalloc's own records
@@ -162,9 +162,12 @@ INDEX_TEXT = st.lists(st.sampled_from(list(b"0123456789-\t\n \r") + [ord("9")] *
 
 @pytest.mark.timeout(60)
 @settings(max_examples=300, deadline=None)
-@given(text=INDEX_TEXT | st.lists(st.tuples(st.integers(-(2**64), 2**64), st.integers(-5, 2**64)), max_size=6).map(
-    lambda pairs: "".join(f"{k}\t{o}\n" for k, o in pairs).encode()
-))
+@given(
+    text=INDEX_TEXT
+    | st.lists(st.tuples(st.integers(-(2**64), 2**64), st.integers(-5, 2**64)), max_size=6).map(
+        lambda pairs: "".join(f"{k}\t{o}\n" for k, o in pairs).encode()
+    )
+)
 def test_fast_index_parser_agrees_with_the_line_parser(text: bytes) -> None:
     """The vectorised path may only accept what the exact line parser accepts, with the same values."""
     fast = recordio._parse_canonical_index(text)

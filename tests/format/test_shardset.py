@@ -16,11 +16,11 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from _tiny_shards import make_tiny_pack, without_index_sidecar  # noqa: E402
 
 from imgpipe.errors import DatasetError, RecordIOError  # noqa: E402
-from imgpipe.format.recordio import MAGIC_BYTES, IndexedRecordWriter, IRHeader, pack_header, read_index, read_record_at, unpack_header  # noqa: E402
-from imgpipe.format.dali_index import write_dali_index  # noqa: E402
-from imgpipe.format.shardset import open_shards, sidecar_index  # noqa: E402
-from imgpipe.format.manifest import ShardInfo, SplitInfo  # noqa: E402
 from imgpipe.format.layout import index_bytes, parse_index_sidecar  # noqa: E402
+from imgpipe.format.manifest import ShardInfo, SplitInfo  # noqa: E402
+from imgpipe.format.recordio import MAGIC_BYTES, IndexedRecordWriter, IRHeader, pack_header, read_index, read_record_at, unpack_header  # noqa: E402
+from imgpipe.format.shardset import open_shards, sidecar_index  # noqa: E402
+from imgpipe.loaders.dali_index import write_dali_index  # noqa: E402
 
 
 @pytest.fixture
@@ -92,8 +92,14 @@ def test_an_index_sidecar_out_of_file_order_gives_each_record_its_own_end() -> N
     [
         (lambda d: (d / "train.index.npy").unlink(), "train.index.npy: index sidecar is missing"),
         (lambda d: (d / "train.index.npy").write_bytes(b"\x93NUMPY garbage"), "train.index.npy: not a readable .npy file"),
-        (lambda d: (d / "train.index.npy").write_bytes(index_bytes(np.arange(3), np.arange(3))), r"holds a \(2, 3\) array, expected \(2, 48\)"),
-        (lambda d: (d / "train.index.npy").write_bytes(index_bytes(np.arange(48), np.arange(48) * 10**8)), "record 1: offset 100000000 is past the end of train-00000-of-00002.rec"),
+        (
+            lambda d: (d / "train.index.npy").write_bytes(index_bytes(np.arange(3), np.arange(3))),
+            r"holds a \(2, 3\) array, expected \(2, 48\)",
+        ),
+        (
+            lambda d: (d / "train.index.npy").write_bytes(index_bytes(np.arange(48), np.arange(48) * 10**8)),
+            "record 1: offset 100000000 is past the end of train-00000-of-00002.rec",
+        ),
     ],
 )
 def test_a_broken_index_sidecar_is_one_dataset_error(packed_dir: Path, tmp_path: Path, damage, message: str) -> None:
@@ -140,7 +146,9 @@ def test_one_big_rec_made_by_mxnet_im2rec(synth_tree: Path, tmp_path: Path, mxne
     prefix = tmp_path / "train"
     im2rec = [mxnet_python, im2rec_script]
     subprocess.run([*im2rec, "--list", "--recursive", str(prefix), str(synth_tree / "train")], check=True, capture_output=True)
-    subprocess.run([*im2rec, "--pass-through", "--num-thread", "1", str(prefix), str(synth_tree / "train")], check=True, capture_output=True)
+    subprocess.run(
+        [*im2rec, "--pass-through", "--num-thread", "1", str(prefix), str(synth_tree / "train")], check=True, capture_output=True
+    )
     rows = [line.split("\t") for line in (tmp_path / "train.lst").read_text().splitlines()]
     s = open_shards(prefix.with_suffix(".rec"))
     assert len(s) == len(rows) == 48

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _recordio_helpers import read_indexed
 from PIL import Image
 
-from _recordio_helpers import read_indexed
 from imgpipe.format import recordio
 from imgpipe.format.recordio import MAGIC_BYTES as M
 from imgpipe.format.recordio import IRHeader
@@ -184,7 +184,9 @@ def test_mxnet_reads_every_shard_of_imgpipe_pack_like_imgpipe(mx, packed_dir: Pa
     for split in ("train", "val"):
         labels = np.load(packed_dir / f"{split}.labels.npy")
         mx_labels = [
-            d["label"] for shard, seen in zip(shards, mx["result"]["read"][2:]) if Path(shard["rec"]).name.startswith(split)
+            d["label"]
+            for shard, seen in zip(shards, mx["result"]["read"][2:])
+            if Path(shard["rec"]).name.startswith(split)
             for d in seen["sequential"]
         ]
         assert mx_labels == labels.astype(float).tolist()

@@ -23,7 +23,6 @@ from pathlib import Path
 import lightning as L
 import torch
 
-
 IMAGE_SIZE = 16
 
 
@@ -93,8 +92,15 @@ if __name__ == "__main__":
     elif mode:
         sys.exit(f"unknown mode {mode}")
     trainer = L.Trainer(
-        accelerator="cpu", devices=2, strategy="ddp", max_epochs=epochs, logger=False, enable_checkpointing=bool(callbacks),
-        callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=epochs,
+        logger=False,
+        enable_checkpointing=bool(callbacks),
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     model = Tiny(data, out, backend) if loaders else TinyWithLoaders(data, out, backend)
     trainer.fit(model, ckpt_path=ckpt_path, **loaders)

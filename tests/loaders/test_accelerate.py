@@ -42,10 +42,24 @@ def test_accelerate_ddp_trains_two_epochs_on_the_global_stream_and_resumes(tmp_p
         "CUDA_VISIBLE_DEVICES": "",  # CPU ranks: the loaders' default device is then the CPU, as the model's
     }
     launch = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        "0",
     ]
-    run = subprocess.run([*launch, str(SCRIPT), str(data), str(out), backend], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=380)
+    run = subprocess.run(
+        [*launch, str(SCRIPT), str(data), str(out), backend], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=380
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
@@ -57,7 +71,9 @@ def test_accelerate_ddp_trains_two_epochs_on_the_global_stream_and_resumes(tmp_p
         assert len(stream) == RECORDS // 8
         for r, rank in enumerate(ranks):
             mine = rank["epochs"][epoch]["train"]
-            assert [b["labels"] for b in mine] == [labels[4 * r : 4 * r + 4] for labels, _ in stream]  # rank r's batch b = global batch b's r-th slice
+            assert [b["labels"] for b in mine] == [
+                labels[4 * r : 4 * r + 4] for labels, _ in stream
+            ]  # rank r's batch b = global batch b's r-th slice
             if backend == "torch":  # the same crops and flips as on one process (DALI resizes with another filter)
                 for b, (_, sums) in zip(mine, stream):
                     assert b["sums"] == pytest.approx(sums[4 * r : 4 * r + 4], rel=1e-9)

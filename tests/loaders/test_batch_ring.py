@@ -135,7 +135,9 @@ def test_batches_kept_by_the_caller_never_change(tiny: Path, normalize: bool, mo
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("normalize", [False, True])
-def test_a_loop_that_drops_each_batch_gets_every_one_from_the_ring_without_a_copy(tiny: Path, normalize: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_loop_that_drops_each_batch_gets_every_one_from_the_ring_without_a_copy(
+    tiny: Path, normalize: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     claims = _recording_claims(monkeypatch)
     loader = _loader(tiny, workers=2, prefetch_factor=1, normalize=normalize)  # 2 in flight + 2: 4 slots
     slots = {slot.data_ptr() for slot in loader.dataset.ring.slots}
@@ -189,7 +191,10 @@ def test_shared_memory_that_runs_out_while_allocating_is_a_clear_error(monkeypat
         raise RuntimeError("unable to allocate shared memory(shm) for file </torch_1_2_0>: No space left on device (28)")
 
     monkeypatch.setattr(torch.Tensor, "share_memory_", out_of_room)
-    with pytest.raises(ConfigError, match=r"^the torch loader's 3 shared-memory batches need 0 MiB but /dev/shm ran out \(unable to allocate .*\); enlarge it") as info:
+    with pytest.raises(
+        ConfigError,
+        match=r"^the torch loader's 3 shared-memory batches need 0 MiB but /dev/shm ran out \(unable to allocate .*\); enlarge it",
+    ) as info:
         BatchRing(3, batch_size=2, image_size=4, memory_format=torch.contiguous_format)
     assert "\n" not in str(info.value)
 

@@ -12,9 +12,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _tiny_shards import make_tiny_pack  # noqa: E402
 
 from imgpipe.errors import DatasetError  # noqa: E402
-from imgpipe.format.jpeg import jpeg_size  # noqa: E402
-from imgpipe.loaders.dali_feed import DaliFeed, window_of  # noqa: E402
 from imgpipe.format.shardset import open_shards  # noqa: E402
+from imgpipe.image.jpeg import jpeg_size  # noqa: E402
+from imgpipe.loaders.dali_feed import DaliFeed, window_of  # noqa: E402
 from imgpipe.loaders.geometry import Crop, EvalGeometry, TrainGeometry, sample_crop  # noqa: E402
 
 

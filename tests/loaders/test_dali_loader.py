@@ -19,10 +19,10 @@ from PIL import Image
 
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
-from imgpipe.loaders.torch import make_torch_loader
-from imgpipe.loaders.sampler import rank_indices
 from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
 from imgpipe.format.recordio import IndexedRecordWriter, IRHeader, pack_header
+from imgpipe.loaders.sampler import rank_indices
+from imgpipe.loaders.torch import make_torch_loader
 
 pytestmark = [pytest.mark.dali, pytest.mark.usefixtures("require_dali")]  # conftest: skip only if not installed
 
@@ -51,7 +51,11 @@ def write_indexed_split(dst: Path, records: int, shards: int, split: str = "trai
     np.save(buf, np.arange(records, dtype=np.int32), allow_pickle=False)
     atomic_write_bytes(dst / f"{split}.labels.npy", buf.getvalue())
     split_info = SplitInfo(
-        infos, f"{split}.sources.txt", sha256_file(dst / f"{split}.sources.txt"), f"{split}.labels.npy", sha256_file(dst / f"{split}.labels.npy")
+        infos,
+        f"{split}.sources.txt",
+        sha256_file(dst / f"{split}.sources.txt"),
+        f"{split}.labels.npy",
+        sha256_file(dst / f"{split}.labels.npy"),
     )
     write_manifest(dst, Manifest([f"c{k:03d}" for k in range(records)], {split: split_info}, {}, "synthetic"))
 
@@ -106,6 +110,7 @@ def test_batches_kept_by_the_caller_are_never_overwritten(indexed: Path, normali
     for held, copied in kept:
         assert torch.equal(held, copied)
     assert not torch.equal(kept[0][1], kept[1][1])  # distinct batches, so reuse would show
+
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world_size,batch_size", [(1, 5), (2, 4), (2, 5)])
@@ -315,8 +320,8 @@ def test_raw_readers_mxnet_reads_every_record_through_the_cumulative_index(index
     """For users who drive DALI's own reader: ``write_dali_index()`` maps all 3 .rec files as one, in record order."""
     from nvidia.dali import Pipeline, fn
 
-    from imgpipe.format.dali_index import write_dali_index
     from imgpipe.format.shardset import open_shards
+    from imgpipe.loaders.dali_index import write_dali_index
 
     shards = open_shards(indexed, "train")
     pipe = Pipeline(batch_size=5, num_threads=1, device_id=None)
@@ -335,7 +340,9 @@ def test_raw_readers_mxnet_reads_every_record_through_the_cumulative_index(index
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("prefetch", [1, 2, 3])
-def test_the_pipeline_is_built_once_when_each_epoch_stops_after_its_last_batch(indexed: Path, prefetch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_pipeline_is_built_once_when_each_epoch_stops_after_its_last_batch(
+    indexed: Path, prefetch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Driven as ``imgpipe train`` drives it (leave the loop right after batch len(loader)), the loader
     reuses its pipeline every epoch; an epoch left before its last batch costs one new pipeline."""
     import imgpipe.loaders.dali as dali

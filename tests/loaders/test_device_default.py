@@ -41,7 +41,14 @@ def test_a_loader_built_without_a_device_uses_the_default(tmp_path: Path, backen
     else:
         request.getfixturevalue("require_dali")
         from imgpipe.loaders.dali import make_dali_loader as make
-    loader = make(make_tiny_pack(tmp_path / "tiny", records=8, shards=1), batch_size=4, image_size=32, workers=0 if backend == "torch" else 1, rank=0, world_size=1)
+    loader = make(
+        make_tiny_pack(tmp_path / "tiny", records=8, shards=1),
+        batch_size=4,
+        image_size=32,
+        workers=0 if backend == "torch" else 1,
+        rank=0,
+        world_size=1,
+    )
     images, _ = next(iter(loader))
     assert images.device == resolve_device(CURRENT_DEVICE)
     loader.close()

@@ -27,10 +27,10 @@ import torch
 import torchvision.transforms as T
 from PIL import Image
 
+from imgpipe.format.shardset import open_shards
 from imgpipe.loaders import geometry
 from imgpipe.loaders.dali import dali_available, dali_geometry
 from imgpipe.loaders.torch import make_torch_loader
-from imgpipe.format.shardset import open_shards
 
 SIZE = 48
 MAX_REFERENCE_MAD = 1.0  # DALI vs torchvision Resize + CenterCrop, any image, 0-255 units

@@ -1,4 +1,4 @@
-"""The region decoder (``imgpipe/loaders/_jpeg_region.c``) against whole decodes of real JPEGs."""
+"""The region decoder (``imgpipe/image/_jpeg_region.c``) against whole decodes of real JPEGs."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
+from imgpipe.image import codec, shrink
 from imgpipe.loaders import pixels
 from imgpipe.loaders.torch import make_torch_loader
-from imgpipe.packing import codec, shrink
 
 HEADER_DIRS = ["/usr/include", "/usr/local/include"] + ([os.environ["CONDA_PREFIX"] + "/include"] if "CONDA_PREFIX" in os.environ else [])
 
@@ -172,8 +172,8 @@ def test_a_record_damaged_only_below_its_crop_decodes_as_the_intact_one() -> Non
     """The README's one difference: the region decoder never reads the rows below the box, so a JPEG
     cut short below it gives the intact crop without error, while a box over the damage fails and
     ``imgpipe verify --decode`` (a whole decode) reports the record."""
+    from imgpipe.image.codec import decode_failure
     from imgpipe.loaders.geometry import Crop
-    from imgpipe.packing.codec import decode_failure
 
     y, x = np.mgrid[0:256, 0:192]
     image = np.stack([(x + y) % 256, (2 * x) % 256, (3 * y) % 256], -1).astype(np.uint8)

@@ -31,7 +31,9 @@ def launch(data: Path, out: Path, backend: str, *mode: str) -> None:
     """Run lightning_ddp.py (2 DDP ranks, fresh processes) with its labels in ``out``."""
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, str(SCRIPT), str(data), str(out), backend, *mode], cwd=out, env=env, capture_output=True, text=True, timeout=190)
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), str(data), str(out), backend, *mode], cwd=out, env=env, capture_output=True, text=True, timeout=190
+    )
     assert run.returncode == 0, run.stderr[-3000:]
 
 
@@ -52,7 +54,9 @@ def test_lightning_ddp_trains_two_epochs_and_validates_every_sample_once(tmp_pat
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, str(SCRIPT), str(data), str(out), backend], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170)
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), str(data), str(out), backend], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     for epoch in (0, 1):
         val = seen(out, f"val-{epoch}")

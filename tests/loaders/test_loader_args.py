@@ -62,7 +62,9 @@ DALI_ONLY = [
     ("prefetch", 2.0, "prefetch must be an integer >= 1"),
     ("on_corrupt", "skip", "on_corrupt='skip' needs the torch loader"),
 ]
-NO_GPU = [("device", "cuda", "torch sees no CUDA GPU"), ("device", "cuda:1", "torch sees no CUDA GPU")] if not torch.cuda.is_available() else []
+NO_GPU = (
+    [("device", "cuda", "torch sees no CUDA GPU"), ("device", "cuda:1", "torch sees no CUDA GPU")] if not torch.cuda.is_available() else []
+)
 
 
 @pytest.fixture(scope="module")
@@ -102,12 +104,16 @@ def test_a_bad_argument_is_one_config_error_naming_it(
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
 @pytest.mark.parametrize("path", [123, None, b"/data/rec", [], ["a.rec", 5]], ids=["int", "None", "bytes", "empty-list", "list-with-int"])
 def test_a_path_of_the_wrong_kind_is_one_config_error(backend: str, path: object, request: pytest.FixtureRequest) -> None:
-    with pytest.raises(ConfigError, match=r"^path must be a packed folder, a \.rec file, a glob, a list of \.rec files or a ShardSet, got "):
+    with pytest.raises(
+        ConfigError, match=r"^path must be a packed folder, a \.rec file, a glob, a list of \.rec files or a ShardSet, got "
+    ):
         factory(backend, request)(path, batch_size=4, image_size=32, workers=0, rank=0, world_size=1)
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
-@pytest.mark.parametrize(("epoch", "message"), [("3", "epoch must be an integer >= 0, got '3'"), (2.5, "epoch must be an integer"), (-1, "epoch must be >= 0")])
+@pytest.mark.parametrize(
+    ("epoch", "message"), [("3", "epoch must be an integer >= 0, got '3'"), (2.5, "epoch must be an integer"), (-1, "epoch must be >= 0")]
+)
 def test_set_epoch_checks_its_argument(tiny: Path, backend: str, epoch: object, message: str, request: pytest.FixtureRequest) -> None:
     loader = factory(backend, request)(tiny, batch_size=4, image_size=32, workers=0, rank=0, world_size=1)
     with pytest.raises(ConfigError, match=re.escape(message)):

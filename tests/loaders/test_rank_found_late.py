@@ -71,13 +71,19 @@ def test_a_loader_built_before_the_process_group_reads_its_ranks_part(tmp_path: 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE") and not k.startswith("SLURM_")}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE") and not k.startswith("SLURM_")
+    }
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", RANK, backend, str(data), str(port), str(rank)],
             # what Lightning's ddp launcher sets: WORLD_SIZE and LOCAL_RANK, not RANK, so nothing tells the rank yet
             env={**base, "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for rank in range(2)
     ]

@@ -109,7 +109,9 @@ def test_only_the_output_size_changes_with_the_resolution(indexed: Path) -> None
             assert torch.equal(image, decode_sample(shards.read(record)[1], crop_for, size))
     loader.close()
     rng_free = TrainGeometry(image_size=16), TrainGeometry(image_size=320)
-    assert [sample_crop(g, 200, 150, seed=1, epoch=2, index=7) for g in rng_free][0] == sample_crop(rng_free[1], 200, 150, seed=1, epoch=2, index=7)
+    assert [sample_crop(g, 200, 150, seed=1, epoch=2, index=7) for g in rng_free][0] == sample_crop(
+        rng_free[1], 200, 150, seed=1, epoch=2, index=7
+    )
 
 
 @pytest.mark.timeout(300)
@@ -165,7 +167,9 @@ def test_the_state_records_the_resolution_and_a_bad_one_is_refused(indexed: Path
 def test_eval_center_crops_with_the_crop_ratio_at_its_own_size(indexed: Path) -> None:
     shards = open_shards(indexed, "train")
     for ratio in (0.875, 0.5):
-        loader = make_torch_loader(indexed, batch_size=5, train=False, image_size=16, crop_ratio=ratio, workers=0, normalize=False, rank=0, world_size=1)
+        loader = make_torch_loader(
+            indexed, batch_size=5, train=False, image_size=16, crop_ratio=ratio, workers=0, normalize=False, rank=0, world_size=1
+        )
         loader.set_resolution(40)
         images, labels = next(iter(loader))
         for image, record in zip(images, labels.tolist()):

@@ -167,11 +167,17 @@ def test_resume_names_the_batch_sizes_that_fit_another_global_batch() -> None:
     state = EpochSampler(50, batch_size=6, rank=0, world_size=2).state_dict()
     with pytest.raises(ConfigError, match=r"global batch 12, but this loader has batch_size 4 x 4 ranks = 16; use batch_size 3 on 4 ranks"):
         EpochSampler(50, batch_size=4, rank=0, world_size=4).load_state_dict(state)
-    with pytest.raises(ConfigError, match=r"12 does not split over 5 ranks: use batch_size 12 on 1, 6 on 2, 4 on 3, 3 on 4, 2 on 6, 1 on 12 ranks"):
+    with pytest.raises(
+        ConfigError, match=r"12 does not split over 5 ranks: use batch_size 12 on 1, 6 on 2, 4 on 3, 3 on 4, 2 on 6, 1 on 12 ranks"
+    ):
         EpochSampler(50, batch_size=2, rank=0, world_size=5).load_state_dict(state)
-    with pytest.raises(ConfigError, match="position in the record order of seed=0, but this loader has seed=1; make the loader with seed=0"):
+    with pytest.raises(
+        ConfigError, match="position in the record order of seed=0, but this loader has seed=1; make the loader with seed=0"
+    ):
         EpochSampler(50, batch_size=6, seed=1, rank=0, world_size=2).load_state_dict(state)
-    with pytest.raises(ConfigError, match="a split of 50 records, but this loader reads 49; load it into a loader over the split it was saved from"):
+    with pytest.raises(
+        ConfigError, match="a split of 50 records, but this loader reads 49; load it into a loader over the split it was saved from"
+    ):
         EpochSampler(49, batch_size=6, rank=0, world_size=2).load_state_dict(state)
     old = {k: v for k, v in state.items() if k != "global_batch"}  # states saved before global_batch was stored
     EpochSampler(50, batch_size=3, rank=0, world_size=4).load_state_dict(old)

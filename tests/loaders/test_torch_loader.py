@@ -25,11 +25,11 @@ from _tiny_shards import make_tiny_pack  # noqa: E402
 from train.proctree import descendants, wait_gone  # noqa: E402
 
 from imgpipe.errors import DatasetError  # noqa: E402
-from imgpipe.loaders.pixels import decode_sample  # noqa: E402
-from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
-from imgpipe.loaders.seeding import sample_rng  # noqa: E402
 from imgpipe.format.shardset import open_shards  # noqa: E402
 from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry  # noqa: E402
+from imgpipe.loaders.pixels import decode_sample  # noqa: E402
+from imgpipe.loaders.seeding import sample_rng  # noqa: E402
+from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
 
 SIZE = 32
 
@@ -140,7 +140,13 @@ def _mad(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.usefixtures("decode_path")
 @pytest.mark.parametrize(
-    "crop", [Crop(0.0, 0.0, 400.0, 300.0), Crop(37.0, 11.0, 48.0, 40.0, True), Crop(5.0, 9.0, 20.0, 25.0), EvalGeometry(image_size=224).crop(400, 300)]
+    "crop",
+    [
+        Crop(0.0, 0.0, 400.0, 300.0),
+        Crop(37.0, 11.0, 48.0, 40.0, True),
+        Crop(5.0, 9.0, 20.0, 25.0),
+        EvalGeometry(image_size=224).crop(400, 300),
+    ],
 )
 def test_full_decode_matches_pillow_for_shrinking_growing_and_eval_boxes(crop: Crop) -> None:
     # below the draft threshold the JPEG is resampled by torch's resize; the
@@ -370,7 +376,8 @@ def test_two_process_gloo_group_supplies_rank_and_world(tiny: Path, tmp_path: Pa
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     script = tmp_path / "rank.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys, numpy as np, torch.distributed as dist
         from imgpipe.loaders.torch import make_torch_loader
         rank = int(sys.argv[1])
@@ -381,10 +388,17 @@ def test_two_process_gloo_group_supplies_rank_and_world(tiny: Path, tmp_path: Pa
         print(loader.sampler.rank, loader.sampler.world_size, len(loader), len(labels))
         dist.barrier()
         dist.destroy_process_group()
-    """))
+    """)
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
     procs = [
-        subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / f"r{r}.npy")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), str(tmp_path / f"r{r}.npy")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         for r in range(2)
     ]
     outs = [p.communicate(timeout=150) for p in procs]
@@ -543,7 +557,9 @@ def test_augmentation_does_not_depend_on_rank_or_world_size(indexed: Path) -> No
     for world in (1, 2, 3):
         seen = pixels.setdefault(world, {})
         for rank in range(world):
-            loader = make_torch_loader(indexed, batch_size=2, image_size=SIZE, workers=rank % 2, normalize=False, rank=rank, world_size=world, seed=3)
+            loader = make_torch_loader(
+                indexed, batch_size=2, image_size=SIZE, workers=rank % 2, normalize=False, rank=rank, world_size=world, seed=3
+            )
             for epoch in range(2):
                 for images, labels in loader:  # label = record index
                     for image, record in zip(images.numpy(), labels.tolist()):
@@ -574,7 +590,9 @@ def test_world_sizes_1_to_4_give_pixel_identical_global_batches(tiny: Path) -> N
     streams = {}
     for world in (1, 2, 3, 4):
         loaders = [
-            make_torch_loader(tiny, batch_size=G // world, image_size=SIZE, workers=rank % 2, normalize=False, rank=rank, world_size=world, seed=3)
+            make_torch_loader(
+                tiny, batch_size=G // world, image_size=SIZE, workers=rank % 2, normalize=False, rank=rank, world_size=world, seed=3
+            )
             for rank in range(world)
         ]
         streams[world] = _global_stream(loaders, epochs=2)
@@ -646,7 +664,10 @@ def test_a_failing_sample_transform_is_never_taken_for_a_corrupt_record(tiny: Pa
 def test_a_sample_transform_returning_another_dtype_or_shape_is_one_line(tiny: Path, workers: int) -> None:
     """A float in [0, 1] copied into the uint8 batch would silently be all zeros."""
     loader = _uint8(tiny, workers=workers, sample_transform=_returns_float)
-    with pytest.raises(DatasetError, match=r"sample_transform must return a uint8 tensor of shape \(3, 32, 32\), got torch.float32 \(3, 32, 32\) for train-0000"):
+    with pytest.raises(
+        DatasetError,
+        match=r"sample_transform must return a uint8 tensor of shape \(3, 32, 32\), got torch.float32 \(3, 32, 32\) for train-0000",
+    ):
         _run(loader)
     loader.close()
 
@@ -759,7 +780,9 @@ def test_persistent_workers_outlive_the_thread_that_started_them(tiny: Path) -> 
         ({"pin_memory": False}, False),
     ],
 )
-def test_pin_memory_on_a_cpu_loader_with_the_ring_is_one_warning(tiny: Path, caplog: pytest.LogCaptureFixture, kwargs: dict, warned: bool) -> None:
+def test_pin_memory_on_a_cpu_loader_with_the_ring_is_one_warning(
+    tiny: Path, caplog: pytest.LogCaptureFixture, kwargs: dict, warned: bool
+) -> None:
     """The ring's slots are not pinned: ``pin_memory=True`` there says once that it has no effect."""
     from imgpipe.loaders.torch import PIN_MEMORY_IGNORED
 

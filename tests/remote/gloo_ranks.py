@@ -26,7 +26,9 @@ def run_two_ranks(script: Path, out_dir: Path, timeout: float) -> list[dict[str,
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES}
     outputs = [out_dir / f"r{rank}.npz" for rank in range(2)]
     procs = [
-        subprocess.Popen([sys.executable, str(script), str(rank), str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        subprocess.Popen(
+            [sys.executable, str(script), str(rank), str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
         for rank, out in enumerate(outputs)
     ]
     outs = [p.communicate(timeout=timeout) for p in procs]

@@ -42,8 +42,7 @@ ACCESS_KEY, SECRET_KEY, REGION = "imgpipe-test-key", "imgpipe-test-secret", "us-
 FAULTS = ("slowdown", "truncate", "reset", "corrupt")
 STALLS = ("stall", "hang")  # "stall": headers and half the body, then silence; "hang": the request read, never answered
 SLOWDOWN_BODY = (
-    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-    b"<Message>Please reduce your request rate.</Message></Error>"
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>'
 )
 
 
@@ -111,8 +110,11 @@ class S3Server:
         import boto3
 
         return boto3.client(
-            service, endpoint_url=self.endpoint, region_name=REGION,
-            aws_access_key_id=keys.get("key", ACCESS_KEY), aws_secret_access_key=keys.get("secret", SECRET_KEY),
+            service,
+            endpoint_url=self.endpoint,
+            region_name=REGION,
+            aws_access_key_id=keys.get("key", ACCESS_KEY),
+            aws_secret_access_key=keys.get("secret", SECRET_KEY),
         )
 
     def upload(self, folder: str | os.PathLike, bucket: str, prefix: str, *, public: bool = False) -> str:

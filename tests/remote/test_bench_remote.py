@@ -17,7 +17,9 @@ LATENCY_S = 0.1
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_bench_of_a_slow_bucket_is_remote_io_bound_and_quotes_the_store(fault_proxy: FaultProxy, remote_packed: str, tmp_path: Path) -> None:
+def test_bench_of_a_slow_bucket_is_remote_io_bound_and_quotes_the_store(
+    fault_proxy: FaultProxy, remote_packed: str, tmp_path: Path
+) -> None:
     fault_proxy.latency_s = LATENCY_S
     report = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "imgpipe", "bench", remote_packed, "--gpus", "0", "--nproc", "1", "--workers", "1", "--steps", "4", "--warmup", "1",
@@ -32,5 +34,9 @@ def test_bench_of_a_slow_bucket_is_remote_io_bound_and_quotes_the_store(fault_pr
     assert io["requests_per_s"] > 0 and io["mb_per_s"] > 0
     line = next(line for line in done.stdout.splitlines() if line.startswith("verdict: "))
     assert line.startswith(f"verdict: remote I/O bound: fetching records from {remote_packed} takes ")
-    assert f"{io['latency_ms']:.0f} ms each on average" in line and "cache_dir=DIR" in line and f"imgpipe stage {remote_packed} /local/dir" in line
+    assert (
+        f"{io['latency_ms']:.0f} ms each on average" in line
+        and "cache_dir=DIR" in line
+        and f"imgpipe stage {remote_packed} /local/dir" in line
+    )
     assert f"remote store: {io['requests']:,} requests in " in done.stdout

@@ -9,8 +9,10 @@ import pytest
 from s3_server import S3Server
 
 from imgpipe.errors import RemoteError
-from imgpipe.format.bytesource import ByteRange, LocalSource, RangeError, is_url, open_source
-from imgpipe.format.objectstore import ObjectStoreSource
+from imgpipe.storage.local import LocalSource
+from imgpipe.storage.objectstore import ObjectStoreSource
+from imgpipe.storage.opening import open_source
+from imgpipe.storage.source import ByteRange, RangeError, is_url
 
 pytestmark = pytest.mark.timeout(120)
 

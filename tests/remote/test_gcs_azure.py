@@ -93,7 +93,9 @@ def test_missing_gs_or_az_credentials_are_one_line_naming_the_url_and_the_variab
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("anonymous", [True, False], ids=["anonymous", "no-credentials"])
 @pytest.mark.parametrize("scheme", ["gs", "az"])
-def test_an_unreachable_gs_or_az_endpoint_is_one_line_within_the_retry_time(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, scheme: str, anonymous: bool) -> None:
+def test_an_unreachable_gs_or_az_endpoint_is_one_line_within_the_retry_time(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, scheme: str, anonymous: bool
+) -> None:
     """The store and the credential service both a closed port (a machine outside the cloud, offline)."""
     pytest.importorskip("obstore", reason="reading a URL needs obstore (pip install 'imgpipe[remote]')")
     cloud_env(monkeypatch, scheme, f"http://127.0.0.1:{free_port()}", tmp_path, anonymous=anonymous)

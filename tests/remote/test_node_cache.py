@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from _cli import assert_one_line_error  # noqa: E402
 from _fs import tmpfs  # noqa: E402
 
+from imgpipe.cache.fill import missing_spans  # noqa: E402
+from imgpipe.cache.nodecache import STATE_DIR, NodeCache  # noqa: E402
+from imgpipe.cache.opening import open_shards  # noqa: E402
 from imgpipe.errors import ConfigError, DatasetError  # noqa: E402
-from imgpipe.format.cachefill import missing_spans  # noqa: E402
 from imgpipe.format.manifest import load_manifest  # noqa: E402
-from imgpipe.format.nodecache import STATE_DIR, NodeCache  # noqa: E402
-from imgpipe.format.shardset import open_shards  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
 
 SIZE = 32
@@ -44,7 +44,9 @@ def _epochs(loader, epochs: int = 2) -> list[tuple[np.ndarray, np.ndarray]]:
 
 def _torch(path: object, **kwargs):
     kwargs.setdefault("workers", 2)
-    return make_torch_loader(path, batch_size=4, image_size=SIZE, normalize=False, device=None, seed=5, rank=0, world_size=1, block_shuffle=4, **kwargs)
+    return make_torch_loader(
+        path, batch_size=4, image_size=SIZE, normalize=False, device=None, seed=5, rank=0, world_size=1, block_shuffle=4, **kwargs
+    )
 
 
 def _assert_same(got: list, expected: list) -> None:
@@ -110,18 +112,26 @@ def test_epochs_through_a_cache_equal_the_folder_then_it_verifies_and_serves_the
 
 
 @pytest.mark.timeout(240)
-def test_spawned_workers_and_no_workers_read_through_the_cache_too(s3_env: S3Server, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
+def test_spawned_workers_and_no_workers_read_through_the_cache_too(
+    s3_env: S3Server, remote_packed: str, packed_dir: Path, tmp_path: Path
+) -> None:
     local = _epochs(_torch(packed_dir, workers=0), epochs=1)
     _assert_same(_epochs(_torch(remote_packed, workers=1, multiprocessing_context="spawn", cache_dir=tmp_path / "a"), epochs=1), local)
     _assert_same(_epochs(_torch(remote_packed, workers=0, cache_dir=tmp_path / "b"), epochs=1), local)
 
 
 @pytest.mark.timeout(300)
-def test_dali_epochs_through_a_cache_equal_the_folder(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path, require_dali: None) -> None:
+def test_dali_epochs_through_a_cache_equal_the_folder(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path, require_dali: None
+) -> None:
     from imgpipe.loaders.dali import make_dali_loader
 
     def dali(path: object, **kwargs) -> list:
-        return _epochs(make_dali_loader(path, batch_size=4, image_size=SIZE, normalize=False, device=None, workers=1, seed=5, rank=0, world_size=1, **kwargs))
+        return _epochs(
+            make_dali_loader(
+                path, batch_size=4, image_size=SIZE, normalize=False, device=None, workers=1, seed=5, rank=0, world_size=1, **kwargs
+            )
+        )
 
     fault_proxy.inject("slowdown", every=3)
     _assert_same(dali(remote_packed, cache_dir=tmp_path / "cache"), dali(packed_dir))
@@ -149,13 +159,19 @@ dist.destroy_process_group()
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_two_gloo_ranks_and_their_workers_share_one_cache_through_faults(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
+def test_two_gloo_ranks_and_their_workers_share_one_cache_through_faults(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path
+) -> None:
     cache = tmp_path / "cache"
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT.format(port=free_port(), url=remote_packed, size=SIZE, cache=str(cache)))
     fault_proxy.inject("slowdown", every=2, match="")  # every other request, index files included
     for rank, got in enumerate(run_two_ranks(script, tmp_path, timeout=360)):
-        local = _epochs(make_torch_loader(packed_dir, batch_size=4, image_size=SIZE, normalize=False, device=None, seed=5, workers=0, rank=rank, world_size=2))
+        local = _epochs(
+            make_torch_loader(
+                packed_dir, batch_size=4, image_size=SIZE, normalize=False, device=None, seed=5, workers=0, rank=rank, world_size=2
+            )
+        )
         _assert_same(list(zip(got["images"], got["labels"])), local)
     assert fault_proxy.counts.faults["slowdown"] > 0
     _verify(cache)
@@ -163,7 +179,7 @@ def test_two_gloo_ranks_and_their_workers_share_one_cache_through_faults(fault_p
 
 OPENER = """
 import os, sys, time
-from imgpipe.format.shardset import open_shards
+from imgpipe.cache.opening import open_shards
 open_shards(sys.argv[1], sys.argv[3], cache_dir=sys.argv[2])
 while not os.path.exists(os.path.join(sys.argv[2], "manifest.json")):  # this process's store helper fills its share meanwhile
     time.sleep(0.05)
@@ -171,7 +187,9 @@ while not os.path.exists(os.path.join(sys.argv[2], "manifest.json")):  # this pr
 
 
 @pytest.mark.timeout(300)
-def test_the_processes_of_a_node_fetch_each_shard_once(s3_server: S3Server, packed_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_processes_of_a_node_fetch_each_shard_once(
+    s3_server: S3Server, packed_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Three processes open one cache at once (as the ranks of a node do) over a slow link, so their
     background fills overlap: each shard is claimed by one of them and fetched once, in one request."""
     from remote_env import aws_env
@@ -219,7 +237,9 @@ def test_a_cache_killed_at_any_moment_stays_right_and_the_next_run_finishes_it(
         cache = tmp_path / "cache"
         seen = []
         for delay in (0.0, 0.4, 0.8, 1.2, 1.6):
-            reader = subprocess.Popen([sys.executable, "-c", READER, url, str(cache)], stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+            reader = subprocess.Popen(
+                [sys.executable, "-c", READER, url, str(cache)], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
+            )
             assert reader.stdout is not None and reader.stdout.readline().strip() == "opened"
             time.sleep(delay)
             reader.kill()  # SIGKILL
@@ -248,7 +268,9 @@ def _lose_record(cache: Path, packed: Path, i: int) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_after_a_power_loss_the_records_of_shards_not_complete_are_fetched_again(s3_env: S3Server, packed_dir: Path, tmp_path: Path) -> None:
+def test_after_a_power_loss_the_records_of_shards_not_complete_are_fetched_again(
+    s3_env: S3Server, packed_dir: Path, tmp_path: Path
+) -> None:
     """The first run of a new boot forgets the presence bytes of shards not complete: a record whose bytes
     the power loss took is fetched again, the shard completes and the folder verifies."""
     url = s3_env.upload(packed_dir, BUCKET, "power")
@@ -284,9 +306,11 @@ def test_a_cached_record_that_fails_its_check_is_fetched_again_and_rewritten(
 
 
 @pytest.mark.timeout(120)
-def test_a_new_boot_forgets_the_presence_of_shards_not_complete(s3_env: S3Server, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
-    from imgpipe.format.bytesource import open_source
+def test_a_new_boot_forgets_the_presence_of_shards_not_complete(
+    s3_env: S3Server, remote_packed: str, packed_dir: Path, tmp_path: Path
+) -> None:
     from imgpipe.format.manifest import fetch_manifest
+    from imgpipe.storage.opening import open_source
 
     source = open_source(remote_packed)
     cache = NodeCache.open(tmp_path / "cache", source, *fetch_manifest(source))
@@ -306,7 +330,7 @@ def test_a_new_boot_forgets_the_presence_of_shards_not_complete(s3_env: S3Server
 def test_a_dataset_changed_upstream_starts_the_cache_afresh_and_says_so(
     s3_env: S3Server, packed_dir: Path, synth_tree: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from imgpipe.packing.packer import pack
+    from imgpipe.pack.packer import pack
 
     url = s3_env.upload(packed_dir, BUCKET, "changing")
     cache = tmp_path / "cache"
@@ -326,10 +350,12 @@ def test_a_dataset_changed_upstream_starts_the_cache_afresh_and_says_so(
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     with pytest.raises(DatasetError) as info:
         open_shards(url, cache_dir=cache)
-    assert str(info.value).startswith(f"{cache}: cache_dir holds another version of {url}") and "another process still reads it" in str(info.value)
+    assert str(info.value).startswith(f"{cache}: cache_dir holds another version of {url}") and "another process still reads it" in str(
+        info.value
+    )
     holder.communicate("\n", timeout=30)
 
-    with caplog.at_level(logging.WARNING, logger="imgpipe.format.nodecache"):
+    with caplog.at_level(logging.WARNING, logger="imgpipe.cache.nodecache"):
         got = _epochs(_torch(url, cache_dir=cache))
     assert any("changed since it was cached" in r.getMessage() and "starting the cache afresh" in r.getMessage() for r in caplog.records)
     _assert_same(got, _epochs(_torch(repacked)))
@@ -362,7 +388,9 @@ def test_mistakes_with_cache_dir_are_one_line(s3_env: S3Server, remote_packed: s
         open_shards(packed_dir, cache_dir=tmp_path / "cache")
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("mine")
-    with pytest.raises(ConfigError, match=r"cache_dir holds files and is no imgpipe cache \(no \.imgpipe-cache/ in it\); give an empty or new folder"):
+    with pytest.raises(
+        ConfigError, match=r"cache_dir holds files and is no imgpipe cache \(no \.imgpipe-cache/ in it\); give an empty or new folder"
+    ):
         open_shards(remote_packed, cache_dir=tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"
     with pytest.raises(ConfigError, match="cache_dir applies to a URL"):
@@ -385,7 +413,6 @@ def test_missing_spans_merge_small_gaps_and_cut_long_runs() -> None:
     assert missing_spans(offsets, ends, missing, gap=50, span=1000) == [(0, 2), (3, 4), (7, 10)]
     assert missing_spans(offsets, ends, missing, gap=150, span=250) == [(0, 2), (3, 4), (7, 9), (9, 10)]
     assert missing_spans(offsets, ends, np.zeros(10, bool)) == []
-
 
 
 # ---------------------------------------------------------------------------- the trainer
@@ -411,10 +438,32 @@ def test_data_cache_under_two_torchrun_nodes_each_with_its_own_folder(s3_env: S3
     port = free_port()
     agents = [
         subprocess.Popen(
-            [str(torchrun), "--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
-             "--rdzv_id", "imgpipe-cache-2nodes", "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0",
-             "--set", f"data.cache={tmp_path / f'node{node}'}"],
-            env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                str(torchrun),
+                "--nnodes",
+                "2",
+                "--nproc_per_node",
+                "2",
+                "--rdzv_backend",
+                "c10d",
+                "--rdzv_endpoint",
+                f"127.0.0.1:{port}",
+                "--rdzv_id",
+                "imgpipe-cache-2nodes",
+                "-m",
+                "imgpipe",
+                "train",
+                "--config",
+                str(config),
+                "--gpus",
+                "0",
+                "--set",
+                f"data.cache={tmp_path / f'node{node}'}",
+            ],
+            env=quiet_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )  # fmt: skip
         for node in range(2)
     ]

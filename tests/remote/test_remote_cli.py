@@ -42,7 +42,10 @@ def test_verify_a_url_passes_then_names_the_shard_with_a_flipped_byte(s3_env: S3
     url = s3_env.upload(packed_dir, BUCKET, f"verify-{workers}")
     done = imgpipe("verify", url, "--workers", workers)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"{url}: OK: checked 60 records in 3 shard(s), {sum(p.stat().st_size for p in packed_dir.glob('*.rec')) / 1e6:.1f} MB"
+    assert (
+        done.stdout.strip()
+        == f"{url}: OK: checked 60 records in 3 shard(s), {sum(p.stat().st_size for p in packed_dir.glob('*.rec')) / 1e6:.1f} MB"
+    )
     local = open_shards(packed_dir)
     shard, start, end = local.location(30)
     name = local.rec_names[shard]
@@ -79,7 +82,9 @@ def test_an_unreachable_endpoint_is_one_line_within_the_retry_time(s3_env: S3Ser
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("url", "why"), [("https://256.256.256.256/data", "invalid IPv4 address"), ("s3:///data", "Unable to recognise URL")])
+@pytest.mark.parametrize(
+    ("url", "why"), [("https://256.256.256.256/data", "invalid IPv4 address"), ("s3:///data", "Unable to recognise URL")]
+)
 def test_a_url_the_client_cannot_parse_is_one_line_at_once_not_retried(url: str, why: str) -> None:
     for command in ("info", "verify"):
         done = imgpipe(command, url, timeout=20)  # the retry time is 30 s: a retried error would time out here
@@ -116,8 +121,25 @@ def test_without_obstore_a_url_is_one_line_naming_the_extra(s3_env: S3Server, re
 def test_bench_measures_a_url(s3_env: S3Server, remote_packed: str, tmp_path: Path) -> None:
     report = tmp_path / "bench.json"
     done = imgpipe(
-        "bench", remote_packed, "--gpus", "0", "--nproc", "1", "--workers", "1", "--steps", "3", "--warmup", "1",
-        "--batch-size", "4", "--image-size", "32", "--json", str(report), timeout=280,
+        "bench",
+        remote_packed,
+        "--gpus",
+        "0",
+        "--nproc",
+        "1",
+        "--workers",
+        "1",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--batch-size",
+        "4",
+        "--image-size",
+        "32",
+        "--json",
+        str(report),
+        timeout=280,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(report.read_text())
@@ -128,12 +150,35 @@ def test_bench_measures_a_url(s3_env: S3Server, remote_packed: str, tmp_path: Pa
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_train_from_a_url_sees_the_batches_of_the_local_folder(s3_env: S3Server, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
+def test_train_from_a_url_sees_the_batches_of_the_local_folder(
+    s3_env: S3Server, remote_packed: str, packed_dir: Path, tmp_path: Path
+) -> None:
     def train(data: str, run: str) -> list[float]:
         done = imgpipe(
-            "train", "--set", f"data.path={data}", "--set", "data.image_size=32", "--set", "data.workers=1", "--set", "model.name=resnet18",
-            "--set", "train.batch_size=8", "--set", "train.max_steps=3", "--set", "train.seed=0", "--set", "train.log_every=1", "--set", f"output.dir={tmp_path / run}",
-            "--set", "output.tensorboard=false", "--set", "output.checkpoint_every_epochs=0", timeout=380,
+            "train",
+            "--set",
+            f"data.path={data}",
+            "--set",
+            "data.image_size=32",
+            "--set",
+            "data.workers=1",
+            "--set",
+            "model.name=resnet18",
+            "--set",
+            "train.batch_size=8",
+            "--set",
+            "train.max_steps=3",
+            "--set",
+            "train.seed=0",
+            "--set",
+            "train.log_every=1",
+            "--set",
+            f"output.dir={tmp_path / run}",
+            "--set",
+            "output.tensorboard=false",
+            "--set",
+            "output.checkpoint_every_epochs=0",
+            timeout=380,
         )
         assert done.returncode == 0, done.stderr[-3000:]
         lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()

@@ -17,8 +17,8 @@ from gloo_ranks import free_port, run_two_ranks
 from remote_env import BUCKET, aws_env
 from s3_server import STALLS, FaultProxy, S3Server
 
+from imgpipe.cache.opening import open_shards
 from imgpipe.errors import DatasetError
-from imgpipe.format.shardset import open_shards
 from imgpipe.loaders.torch import RingRequests, make_torch_loader
 
 SIZE = 32
@@ -46,7 +46,9 @@ def _assert_same(remote: list, local: list) -> None:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("fault", [None, "slowdown", "truncate", "reset", "corrupt"])
-def test_torch_epochs_from_a_bucket_equal_the_folder_with_forked_workers(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, fault: str | None) -> None:
+def test_torch_epochs_from_a_bucket_equal_the_folder_with_forked_workers(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, fault: str | None
+) -> None:
     """Forked workers each make their own obstore client (the process that opened the URL only used its helper)."""
     fault_proxy.inject(fault, every=3)
     remote = _epochs(_torch(remote_packed, block_shuffle=4))
@@ -69,7 +71,9 @@ def test_a_worker_fetches_the_records_of_the_batches_queued_to_it() -> None:
 
 
 @pytest.mark.timeout(240)
-def test_a_larger_prefetch_factor_reads_the_same_epochs_from_a_bucket(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path) -> None:
+def test_a_larger_prefetch_factor_reads_the_same_epochs_from_a_bucket(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path
+) -> None:
     fault_proxy.inject("slowdown", every=3)
     _assert_same(_epochs(_torch(remote_packed, prefetch_factor=4), epochs=1), _epochs(_torch(packed_dir), epochs=1))
 
@@ -83,11 +87,15 @@ def test_spawned_workers_and_no_workers_read_the_bucket_too(s3_env: S3Server, re
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("fault", [None, "truncate"])
-def test_dali_epochs_from_a_bucket_equal_the_folder(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, fault: str | None, require_dali: None) -> None:
+def test_dali_epochs_from_a_bucket_equal_the_folder(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, fault: str | None, require_dali: None
+) -> None:
     from imgpipe.loaders.dali import make_dali_loader
 
     def dali(path: object) -> list:
-        return _epochs(make_dali_loader(path, batch_size=4, image_size=SIZE, normalize=False, device=None, workers=1, seed=5, rank=0, world_size=1))
+        return _epochs(
+            make_dali_loader(path, batch_size=4, image_size=SIZE, normalize=False, device=None, workers=1, seed=5, rank=0, world_size=1)
+        )
 
     fault_proxy.inject(fault, every=3)
     _assert_same(dali(remote_packed), dali(packed_dir))
@@ -111,12 +119,18 @@ dist.destroy_process_group()
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_two_gloo_ranks_read_their_parts_of_the_bucket_through_faults(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
+def test_two_gloo_ranks_read_their_parts_of_the_bucket_through_faults(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path
+) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT.format(port=free_port(), url=remote_packed, size=SIZE))
     fault_proxy.inject("slowdown", every=4)
     for rank, got in enumerate(run_two_ranks(script, tmp_path, timeout=280)):
-        local = _epochs(make_torch_loader(packed_dir, batch_size=4, image_size=SIZE, normalize=False, device=None, seed=5, workers=0, rank=rank, world_size=2))
+        local = _epochs(
+            make_torch_loader(
+                packed_dir, batch_size=4, image_size=SIZE, normalize=False, device=None, seed=5, workers=0, rank=rank, world_size=2
+            )
+        )
         _assert_same(list(zip(got["images"], got["labels"])), local)
     assert fault_proxy.counts.faults["slowdown"] > 0
 
@@ -156,7 +170,11 @@ def test_two_gloo_ranks_of_dali_read_their_parts_of_the_bucket(
     script.write_text(DALI_RANK_SCRIPT.format(port=free_port(), url=remote_packed, size=SIZE, cache=cache))
     fault_proxy.inject("slowdown", every=2, match="")
     for rank, got in enumerate(run_two_ranks(script, tmp_path, timeout=380)):
-        local = _epochs(make_dali_loader(packed_dir, batch_size=4, image_size=SIZE, normalize=False, device=None, seed=5, workers=1, rank=rank, world_size=2))
+        local = _epochs(
+            make_dali_loader(
+                packed_dir, batch_size=4, image_size=SIZE, normalize=False, device=None, seed=5, workers=1, rank=rank, world_size=2
+            )
+        )
         _assert_same(list(zip(got["images"], got["labels"])), local)
     assert fault_proxy.counts.faults["slowdown"] > 0
     if cache is not None:  # the shared cache ends as a packed folder that verifies

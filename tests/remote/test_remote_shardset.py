@@ -48,7 +48,9 @@ def test_a_folder_served_over_http_reads_the_same(s3_env: S3Server, remote_packe
     _same_records(open_shards(packed_dir), open_shards(url))
 
 
-def test_the_index_is_fetched_once_and_a_batch_in_one_request_per_shard(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path) -> None:
+def test_the_index_is_fetched_once_and_a_batch_in_one_request_per_shard(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path
+) -> None:
     remote = open_shards(remote_packed)
     assert fault_proxy.counts.gets == 4  # manifest, then the index, labels and crc32 sidecars: 4 for any number of shards
     before = fault_proxy.counts.matching_gets
@@ -108,7 +110,9 @@ def test_bytes_damaged_in_the_bucket_fail_that_record_only_in_one_line(s3_env: S
     assert "stored file is damaged" in message and "\n" not in message
 
 
-def test_a_record_still_failing_when_the_time_is_up_is_named(fault_proxy: FaultProxy, remote_packed: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_record_still_failing_when_the_time_is_up_is_named(
+    fault_proxy: FaultProxy, remote_packed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("IMGPIPE_REMOTE_TIMEOUT", "1.5")
     remote = open_shards(remote_packed)
     fault_proxy.inject("slowdown")
@@ -142,11 +146,15 @@ def test_bad_credentials_are_refused_in_one_line(s3_env: S3Server, remote_packed
             open_shards(remote_packed)
 
 
-def test_an_aws_profile_supplies_the_credentials(s3_env: S3Server, remote_packed: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_an_aws_profile_supplies_the_credentials(
+    s3_env: S3Server, remote_packed: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Without AWS_ACCESS_KEY_ID, the profile chain (AWS_PROFILE in a credentials file) is read as the AWS tools read it."""
     with s3_env.auth_required() as (key, secret):
         credentials = tmp_path / "credentials"
-        credentials.write_text(f"[imgpipe]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n[stale]\naws_access_key_id = {key}\naws_secret_access_key = old\n")
+        credentials.write_text(
+            f"[imgpipe]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n[stale]\naws_access_key_id = {key}\naws_secret_access_key = old\n"
+        )
         aws_env(monkeypatch, {"AWS_ENDPOINT_URL": s3_env.endpoint, "AWS_DEFAULT_REGION": "us-east-1", "AWS_PROFILE": "imgpipe"}, tmp_path)
         monkeypatch.delenv("AWS_ACCESS_KEY_ID")
         monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")

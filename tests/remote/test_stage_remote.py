@@ -28,7 +28,13 @@ STAGE_JOURNAL = ".imgpipe-stage"
 
 def imgpipe(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``python -m imgpipe ARGS`` with this test's environment (its AWS variables)."""
-    return subprocess.run([sys.executable, "-m", "imgpipe", *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "imgpipe", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def start_stage(src: str, dst: Path, *args: str) -> subprocess.Popen[str]:
@@ -59,7 +65,9 @@ def wait_for(condition: object, timeout: float = 60.0) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_stage_copies_between_a_folder_and_a_bucket_in_all_directions(s3_env: S3Server, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
+def test_stage_copies_between_a_folder_and_a_bucket_in_all_directions(
+    s3_env: S3Server, remote_packed: str, packed_dir: Path, tmp_path: Path
+) -> None:
     up = f"s3://{BUCKET}/staged-up"
     done = imgpipe("stage", str(packed_dir), up)
     assert done.returncode == 0, done.stderr
@@ -86,7 +94,9 @@ def test_stage_copies_between_a_folder_and_a_bucket_in_all_directions(s3_env: S3
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("fault", ["slowdown", "truncate", "reset", "corrupt"])
-def test_stage_from_the_bucket_through_faults_is_byte_identical(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path, fault: str) -> None:
+def test_stage_from_the_bucket_through_faults_is_byte_identical(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path, fault: str
+) -> None:
     """A fault on every second shard request (a flipped byte: twice, so that a shard is copied again) is survived."""
     fault_proxy.inject(fault, every=2, limit=2 if fault == "corrupt" else None)
     done = imgpipe("stage", remote_packed, str(tmp_path / "local"))
@@ -103,7 +113,9 @@ def test_a_flipped_byte_in_a_remote_shard_is_named_and_nothing_is_committed(s3_e
     data[len(data) // 2] ^= 0x01
     s3_env.put(BUCKET, f"damaged/{shard}", bytes(data))
     dst = tmp_path / "local"
-    assert_one_line_error(imgpipe("stage", url, str(dst)), f"{url}/{shard}: sha256 differs from the manifest, twice alike", f"run 'imgpipe verify {url}'")
+    assert_one_line_error(
+        imgpipe("stage", url, str(dst)), f"{url}/{shard}: sha256 differs from the manifest, twice alike", f"run 'imgpipe verify {url}'"
+    )
     assert not (dst / "manifest.json").exists()
     with pytest.raises(DatasetError, match="incomplete copy"):
         open_shards(dst)
@@ -112,7 +124,9 @@ def test_a_flipped_byte_in_a_remote_shard_is_named_and_nothing_is_committed(s3_e
 
 
 @pytest.mark.timeout(240)
-def test_a_stage_killed_with_sigkill_resumes_to_a_byte_identical_copy(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
+def test_a_stage_killed_with_sigkill_resumes_to_a_byte_identical_copy(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path
+) -> None:
     fault_proxy.latency_s = 0.3  # one file at a time, slowly: the kill lands mid-copy
     dst = tmp_path / "local"
     first = start_stage(remote_packed, dst, "--jobs", "1")
@@ -128,10 +142,14 @@ def test_a_stage_killed_with_sigkill_resumes_to_a_byte_identical_copy(fault_prox
     assert done.returncode == 0, done.stderr
     assert "kept from an earlier run" in done.stdout
     found = re.search(r"\((\d+) file\(s\) of it found in place", done.stdout)
-    assert found is None or int(found[1]) <= 1, done.stdout  # journaled files are trusted, not hashed again (one may have been renamed just before the kill)
+    assert found is None or int(found[1]) <= 1, (
+        done.stdout
+    )  # journaled files are trusted, not hashed again (one may have been renamed just before the kill)
     assert_same_files(packed_dir, dst)
     resumed_shard_gets = fault_proxy.counts.matching_gets - shard_gets
-    assert resumed_shard_gets < len(open_shards(packed_dir).rec_names) + len(open_shards(packed_dir, "val").rec_names)  # journaled shards were not fetched again
+    assert resumed_shard_gets < len(open_shards(packed_dir).rec_names) + len(
+        open_shards(packed_dir, "val").rec_names
+    )  # journaled shards were not fetched again
     assert list((dst / STAGE_JOURNAL).iterdir()) == [dst / STAGE_JOURNAL / "lock"]
 
 
@@ -149,7 +167,9 @@ def test_two_stagers_of_one_folder_end_with_one_copy(fault_proxy: FaultProxy, re
 
 
 @pytest.mark.timeout(240)
-def test_a_killed_stager_s_lock_is_taken_over_by_the_one_waiting(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
+def test_a_killed_stager_s_lock_is_taken_over_by_the_one_waiting(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path
+) -> None:
     fault_proxy.latency_s = 0.3
     dst = tmp_path / "local"
     holder = start_stage(remote_packed, dst, "--jobs", "1")

@@ -37,7 +37,9 @@ def assert_staged(packed: Path, folder: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_data_stage_under_two_torchrun_nodes_each_with_its_own_folder(fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
+def test_data_stage_under_two_torchrun_nodes_each_with_its_own_folder(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path
+) -> None:
     from imgpipe.train.launch import free_port
 
     config = write_config(tmp_path, packed_dir, epochs=1, batch_size=4, validate=False)
@@ -93,7 +95,13 @@ def test_when_local_rank_0_cannot_stage_every_rank_says_why_in_one_line(s3_env: 
     cmd = [sys.executable, "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0",
            "--set", f"data.path={url}", "--set", f"data.stage={tmp_path / 'local'}"]  # fmt: skip
     tasks = [
-        subprocess.Popen(cmd, env=quiet_env(**slurm, SLURM_PROCID=str(t), SLURM_LOCALID=str(t)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            cmd,
+            env=quiet_env(**slurm, SLURM_PROCID=str(t), SLURM_LOCALID=str(t)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for t in range(2)
     ]
     results = [subprocess.CompletedProcess(cmd, task.wait(timeout=240), *task.communicate()) for task in tasks]

@@ -53,7 +53,10 @@ def test_a_folder_is_staged_byte_identical_and_a_rerun_copies_nothing(packed_dir
     dst = tmp_path / "node" / "imagenet"
     done = imgpipe("stage", str(packed_dir), str(dst))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"{dst}: staged from {packed_dir}: {listed_files(packed_dir)} files, ") and "each checked against its sha256" in done.stdout
+    assert (
+        done.stdout.startswith(f"{dst}: staged from {packed_dir}: {listed_files(packed_dir)} files, ")
+        and "each checked against its sha256" in done.stdout
+    )
     assert_same_files(packed_dir, dst)
     assert imgpipe("verify", str(dst), "--workers", "1").returncode == 0
     again = imgpipe("stage", str(packed_dir), str(dst))
@@ -69,11 +72,12 @@ def test_a_file_changed_at_the_source_is_named_and_the_copy_stays_incomplete(pac
     flip_a_byte(src / shard, 1000)
     dst = tmp_path / "local"
     assert_one_line_error(
-        imgpipe("stage", str(src), str(dst)),
-        f"{src / shard}: sha256 differs from the manifest, twice alike", f"run 'imgpipe verify {src}'",
+        imgpipe("stage", str(src), str(dst)), f"{src / shard}: sha256 differs from the manifest, twice alike", f"run 'imgpipe verify {src}'"
     )
     assert not (dst / "manifest.json").exists() and not (dst / shard).exists()
-    with pytest.raises(DatasetError, match=r"incomplete copy: \d+ file\(s\) staged and checked, no manifest.json; rerun the same 'imgpipe stage"):
+    with pytest.raises(
+        DatasetError, match=r"incomplete copy: \d+ file\(s\) staged and checked, no manifest.json; rerun the same 'imgpipe stage"
+    ):
         open_shards(dst)
     verified = imgpipe("verify", str(dst), "--workers", "1")
     assert verified.returncode == 1 and "incomplete copy" in verified.stdout
@@ -97,7 +101,9 @@ def test_a_shard_of_the_wrong_size_or_missing_at_the_source_is_one_line_before_a
 def test_a_missing_or_unpacked_src_is_one_line(packed_dir: Path, tmp_path: Path) -> None:
     assert_one_line_error(imgpipe("stage", str(tmp_path / "nowhere"), str(tmp_path / "dst")), f"{tmp_path / 'nowhere'}: no such folder")
     (tmp_path / "empty").mkdir()
-    assert_one_line_error(imgpipe("stage", str(tmp_path / "empty"), str(tmp_path / "dst")), "no manifest; is", "a folder made by 'imgpipe pack'?")
+    assert_one_line_error(
+        imgpipe("stage", str(tmp_path / "empty"), str(tmp_path / "dst")), "no manifest; is", "a folder made by 'imgpipe pack'?"
+    )
     assert_one_line_error(imgpipe("stage", str(packed_dir), str(packed_dir)), "SRC and DST are the same folder")
 
 
@@ -122,14 +128,16 @@ def test_too_little_space_is_one_line_before_anything_is_copied(packed_dir: Path
 @pytest.mark.timeout(120)
 def test_an_unwritable_dst_is_one_line(packed_dir: Path, tmp_path: Path) -> None:
     with tmpfs(tmp_path / "ro", "1m", read_only=True) as read_only:
-        assert_one_line_error(imgpipe("stage", str(packed_dir), str(read_only / "imagenet")), f"{read_only / 'imagenet'}: cannot make the folder", "read-only")
+        assert_one_line_error(
+            imgpipe("stage", str(packed_dir), str(read_only / "imagenet")), f"{read_only / 'imagenet'}: cannot make the folder", "read-only"
+        )
     (tmp_path / "file").write_text("x")
     assert_one_line_error(imgpipe("stage", str(packed_dir), str(tmp_path / "file")), f"{tmp_path / 'file'}: is a file, not a folder")
 
 
 @pytest.mark.timeout(180)
 def test_a_dst_holding_another_dataset_is_refused_then_replaced_with_overwrite(packed_dir: Path, synth_tree: Path, tmp_path: Path) -> None:
-    from imgpipe.packing.packer import pack
+    from imgpipe.pack.packer import pack
 
     other = tmp_path / "other"
     pack(synth_tree, other, shards="train=3,val=1", workers=1, progress=False)  # other shard names, another manifest
@@ -193,4 +201,6 @@ def test_a_file_whose_sha256_the_manifest_lacks_is_checked_by_size_and_parse_and
     assert_same_files(src, tmp_path / "a")
     with open(src / "train.sources.txt", "ab") as f:
         f.write(b"train/one/line/too/many.JPEG\n")
-    assert_one_line_error(imgpipe("stage", str(src), str(tmp_path / "b")), f"{src / 'train.sources.txt'}: ", "lines, the manifest counts 48 records")
+    assert_one_line_error(
+        imgpipe("stage", str(src), str(tmp_path / "b")), f"{src / 'train.sources.txt'}: ", "lines, the manifest counts 48 records"
+    )

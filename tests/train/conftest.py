@@ -10,8 +10,8 @@ import pytest
 @pytest.fixture(scope="session")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A learnable synthetic ImageNet (4 classes, 40 train + 10 val images each), packed in 2 shards per split."""
-    from imgpipe.packing.packer import pack
-    from imgpipe.synth import make_synthetic
+    from imgpipe.pack.packer import pack
+    from imgpipe.synth.tree import make_synthetic
 
     root = tmp_path_factory.mktemp("train-data")
     make_synthetic(root / "src", classes=4, per_class=40, val_per_class=10, min_side=64, max_side=128, progress=False)

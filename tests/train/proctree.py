@@ -66,7 +66,11 @@ def rank_processes(launcher: int) -> list[int]:
 
 def quiet_env(**extra: str) -> dict[str, str]:
     """The test's environment without launcher variables, one thread per rank (2 cores)."""
-    env = {k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"} and not k.startswith("SLURM_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"} and not k.startswith("SLURM_")
+    }
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.update(extra)
     return env

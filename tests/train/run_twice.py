@@ -36,9 +36,19 @@ def interrupt_after_the_first_step(metrics: Path) -> None:
 
 def config(packed: str, out: Path, epochs: int) -> object:
     items = [
-        f"data.path={packed}", "data.backend=synthetic", "data.image_size=32", "model.name=resnet18", f"train.epochs={epochs}",
-        "train.batch_size=16", "train.validate=false", "train.log_every=1", "train.deterministic=true", "train.amp=fp16",
-        f"output.dir={out}", "output.tensorboard=false", "output.checkpoint_every_epochs=0",
+        f"data.path={packed}",
+        "data.backend=synthetic",
+        "data.image_size=32",
+        "model.name=resnet18",
+        f"train.epochs={epochs}",
+        "train.batch_size=16",
+        "train.validate=false",
+        "train.log_every=1",
+        "train.deterministic=true",
+        "train.amp=fp16",
+        f"output.dir={out}",
+        "output.tensorboard=false",
+        "output.checkpoint_every_epochs=0",
     ]
     return load_config(None, items)
 
@@ -51,12 +61,19 @@ def main() -> None:
     between = process_state()
     second = run(config(packed, out / "second", epochs=1), gpus=0)
     after = process_state()
-    print(json.dumps({
-        "first": [first.stopped_by, first.step], "second": [second.stopped_by, second.step, second.epochs_completed],
-        "between_same": {k: between[k] == before[k] for k in before}, "after_same": {k: after[k] == before[k] for k in before},
-        "after": {k: v for k, v in after.items() if k != "environ"}, "before": {k: v for k, v in before.items() if k != "environ"},
-        "environ_diff": sorted(set(after["environ"].items()) ^ set(before["environ"].items())),
-    }))
+    print(
+        json.dumps(
+            {
+                "first": [first.stopped_by, first.step],
+                "second": [second.stopped_by, second.step, second.epochs_completed],
+                "between_same": {k: between[k] == before[k] for k in before},
+                "after_same": {k: after[k] == before[k] for k in before},
+                "after": {k: v for k, v in after.items() if k != "environ"},
+                "before": {k: v for k, v in before.items() if k != "environ"},
+                "environ_diff": sorted(set(after["environ"].items()) ^ set(before["environ"].items())),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

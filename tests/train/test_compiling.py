@@ -14,8 +14,12 @@ SIZES = [16, 24, 32, 40, 48, 56, 64, 72, 80, 88]  # more sizes than dynamo's def
 def net() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, stride=2, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4),
+        torch.nn.Conv2d(3, 8, 3, stride=2, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, 4),
     )
 
 

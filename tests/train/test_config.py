@@ -28,7 +28,9 @@ def test_defaults_round_trip_through_yaml() -> None:
 
 def test_file_then_overrides(tmp_path: Path) -> None:
     path = write(tmp_path, "data: {path: /d, backend: dali}\ntrain: {batch_size: 32, max_steps: 10}\noptim:\n  schedule: step\n")
-    config = load_config(path, ["train.max_steps=null", "optim.step_epochs=[1, 2]", "optim.base_lr=1", "train.amp=bf16", "output.resume=yes"])
+    config = load_config(
+        path, ["train.max_steps=null", "optim.step_epochs=[1, 2]", "optim.base_lr=1", "train.amp=bf16", "output.resume=yes"]
+    )
     assert config.data.path == "/d" and config.data.backend == "dali"
     assert config.train.batch_size == 32 and config.train.max_steps is None and config.train.amp == "bf16"
     assert config.optim.step_epochs == [1, 2] and config.optim.base_lr == 1.0 and isinstance(config.optim.base_lr, float)
@@ -118,7 +120,16 @@ def test_cli_print_config_and_one_line_error(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "imgpipe", "train", "--config", str(bad)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert done.stderr.strip() == f"imgpipe: error: {bad}: unknown key 'train.epocs'; did you mean 'train.epochs'?"
-    cmd = [sys.executable, "-m", "imgpipe", "train", "--config", str(write(tmp_path, "train: {epochs: 3}\n")), "--set", "train.batch_size=abc"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "imgpipe",
+        "train",
+        "--config",
+        str(write(tmp_path, "train: {epochs: 3}\n")),
+        "--set",
+        "train.batch_size=abc",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert done.stderr.strip() == "imgpipe: error: --set train.batch_size=abc: train.batch_size must be int, got 'abc'"
@@ -134,7 +145,9 @@ def test_warmup_then_cosine_to_zero() -> None:
 
 
 def test_step_decay() -> None:
-    config = load_config(None, ["train.epochs=10", "optim.warmup_epochs=0", "optim.schedule=step", "optim.step_epochs=[3, 6]", "optim.step_gamma=0.5"])
+    config = load_config(
+        None, ["train.epochs=10", "optim.warmup_epochs=0", "optim.schedule=step", "optim.step_epochs=[3, 6]", "optim.step_gamma=0.5"]
+    )
     factor = lr_schedule(config, steps_per_epoch=4)
     assert [factor(s) for s in (0, 11, 12, 23, 24, 39)] == [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
 
@@ -147,7 +160,13 @@ def test_lr_scaled_by_global_batch_and_no_decay_on_bn_and_bias() -> None:
     optimizer = build_optimizer(model, config, global_batch=1024)
     decay, no_decay = optimizer.param_groups
     assert decay["lr"] == pytest.approx(0.4) and decay["weight_decay"] == 0.0005 and no_decay["weight_decay"] == 0.0
-    bn_and_bias = {id(p) for m in model.modules() if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.Linear)) for n, p in m.named_parameters() if isinstance(m, torch.nn.BatchNorm2d) or n == "bias"}
+    bn_and_bias = {
+        id(p)
+        for m in model.modules()
+        if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.Linear))
+        for n, p in m.named_parameters()
+        if isinstance(m, torch.nn.BatchNorm2d) or n == "bias"
+    }
     assert {id(p) for p in no_decay["params"]} == bn_and_bias
     assert all(p.ndim == 4 or p.ndim == 2 for p in decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
@@ -246,7 +265,9 @@ def test_the_time_to_accuracy_keys_refuse_bad_values_in_one_line(override: str, 
 
 
 def test_a_target_top1_without_validation_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"^--set train.target_top1=0.7: train.target_top1 is checked against the validation: set train.validate: true"):
+    with pytest.raises(
+        ConfigError, match=r"^--set train.target_top1=0.7: train.target_top1 is checked against the validation: set train.validate: true"
+    ):
         load_config(None, ["train.validate=false", "train.target_top1=0.7"])
 
 
@@ -264,7 +285,9 @@ def test_data_prefetch_factor_reaches_the_trainers_and_the_benchs_torch_loaders(
     from imgpipe.train.precision import resolve_auto
 
     ctx = RankContext(DistEnv(), torch.device("cpu"), None, 30.0)
-    config = resolve_auto(load_config(None, [f"data.path={packed_dir}", "data.prefetch_factor=3", "data.workers=0", "train.batch_size=4"]), ctx.device)
+    config = resolve_auto(
+        load_config(None, [f"data.path={packed_dir}", "data.prefetch_factor=3", "data.workers=0", "train.batch_size=4"]), ctx.device
+    )
     data = build_data(config, ctx)
     bench = make_loader("torch", config, ctx, None)
     try:

@@ -10,7 +10,9 @@ from imgpipe.train.ema import EmaWeights
 def tiny_model() -> torch.nn.Module:
     """6x6 inputs."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 2))
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 2)
+    )
 
 
 def test_after_k_steps_the_ema_is_the_hand_computed_average_and_differs_from_the_weights() -> None:

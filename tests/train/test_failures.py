@@ -82,13 +82,18 @@ def test_an_op_without_a_deterministic_kernel_is_one_line_naming_it() -> None:
     assert "train.deterministic: true" in message and "vgg11" in message and "(put_)" in message and "\n" not in message
 
 
-@pytest.mark.parametrize(("name", "deterministic", "device", "fails"), [
-    ("vgg11", True, "cuda", True),  # AdaptiveAvgPool2d((7, 7))
-    ("vgg11", True, "cpu", False),
-    ("vgg11", False, "cuda", False),
-    ("resnet18", True, "cuda", False),  # pools to 1x1: a mean
-])
-def test_deterministic_cuda_refuses_adaptive_pooling_to_more_than_1x1_before_training(name: str, deterministic: bool, device: str, fails: bool) -> None:
+@pytest.mark.parametrize(
+    ("name", "deterministic", "device", "fails"),
+    [
+        ("vgg11", True, "cuda", True),  # AdaptiveAvgPool2d((7, 7))
+        ("vgg11", True, "cpu", False),
+        ("vgg11", False, "cuda", False),
+        ("resnet18", True, "cuda", False),  # pools to 1x1: a mean
+    ],
+)
+def test_deterministic_cuda_refuses_adaptive_pooling_to_more_than_1x1_before_training(
+    name: str, deterministic: bool, device: str, fails: bool
+) -> None:
     """The check build_model runs on every rank's model; here on a CPU-built model, the device only named."""
     import torchvision
 

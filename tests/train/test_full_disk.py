@@ -19,8 +19,12 @@ def test_a_full_disk_while_writing_a_checkpoint_or_metrics_is_one_line(packed: P
     with tmpfs(tmp_path / "disk", "2m") as disk:  # config.yaml and metrics fit; resnet18's 45 MB checkpoint does not
         run = disk / "run"
         done = imgpipe_train(config, *SYNTHETIC, "--set", f"output.dir={run}")
-        one_line_error(done, f"{run}/checkpoint.pt: cannot write the checkpoint: No space left on device (ENOSPC); free space there",
-                       "another file system", "--resume")
+        one_line_error(
+            done,
+            f"{run}/checkpoint.pt: cannot write the checkpoint: No space left on device (ENOSPC); free space there",
+            "another file system",
+            "--resume",
+        )
         assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "metrics.jsonl"]  # no half-written checkpoint left
         shutil.rmtree(run)
         fill(disk, leave_pages=1)  # one page: config.yaml takes it, the first metrics line finds none

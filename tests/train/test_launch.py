@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from imgpipe.errors import DistributedError
 from imgpipe._sys.distenv import available_cpus
+from imgpipe.errors import DistributedError
 from imgpipe.train.launch import check_launcher_env, cpu_threads, free_port
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -33,10 +33,7 @@ def test_free_port_is_bindable() -> None:
         s.bind(("127.0.0.1", port))
 
 
-@pytest.mark.parametrize(
-    "env",
-    [{"RANK": "0"}, {"WORLD_SIZE": "2"}, {"LOCAL_RANK": "1"}, {"RANK": "1", "LOCAL_RANK": "1"}],
-)
+@pytest.mark.parametrize("env", [{"RANK": "0"}, {"WORLD_SIZE": "2"}, {"LOCAL_RANK": "1"}, {"RANK": "1", "LOCAL_RANK": "1"}])
 def test_partial_launcher_env_is_one_clear_error(env: dict[str, str]) -> None:
     with pytest.raises(DistributedError, match="start with torchrun"):
         check_launcher_env(env)
@@ -53,7 +50,16 @@ def test_plain_run_is_one_process_without_a_group() -> None:
     done = run_helper("ok")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert result == {"rank": 0, "world_size": 1, "source": "single", "device": "cpu", "backend": None, "sum": 1.0, "ranks": [0], "threads": 1}
+    assert result == {
+        "rank": 0,
+        "world_size": 1,
+        "source": "single",
+        "device": "cpu",
+        "backend": None,
+        "sum": 1.0,
+        "ranks": [0],
+        "threads": 1,
+    }
 
 
 @pytest.mark.timeout(120)
@@ -92,7 +98,11 @@ def test_spawned_cpu_ranks_share_the_cores_unless_omp_num_threads_says() -> None
     assert cpu_threads(2, {"OMP_NUM_THREADS": "3"}) is None
     unset = {k: v for k, v in quiet_env().items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     threads = {}
-    for name, env, nproc in (("shared", unset, "2"), ("set", {**unset, "OMP_NUM_THREADS": "2"}, "2"), ("alone", {**unset, "OMP_NUM_THREADS": "2"}, "1")):
+    for name, env, nproc in (
+        ("shared", unset, "2"),
+        ("set", {**unset, "OMP_NUM_THREADS": "2"}, "2"),
+        ("alone", {**unset, "OMP_NUM_THREADS": "2"}, "1"),
+    ):
         done = run_helper("ok", "--nproc", nproc, env=env)
         assert done.returncode == 0, done.stderr
         threads[name] = json.loads(done.stdout)["threads"]
@@ -114,7 +124,9 @@ def run_watched(*args: str) -> tuple[int, str, set[int]]:
 def test_finished_ranks_flush_their_output_and_stop_their_workers() -> None:
     # a finished rank skips the interpreter's teardown (os._exit), so it must do that teardown's duties itself
     env = {k: v for k, v in quiet_env().items() if k != "PYTHONUNBUFFERED"}  # buffered, as in a real run
-    proc = subprocess.Popen([sys.executable, HELPER, "leave", "--nproc", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, HELPER, "leave", "--nproc", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     out, err = proc.communicate(timeout=60)  # a worker left alive would hold the pipe open until then
     assert proc.returncode == 0, err
     lines = out.splitlines()
@@ -160,7 +172,9 @@ def test_ranks_die_with_a_killed_launcher() -> None:
 
     from proctree import rank_processes
 
-    proc = subprocess.Popen([sys.executable, HELPER, "wait", "--nproc", "2"], env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, HELPER, "wait", "--nproc", "2"], env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     waiting = {proc.stdout.readline().strip() for _ in range(2)}  # both ranks are inside their function
     assert waiting == {"rank 0 waiting", "rank 1 waiting"}
     ranks = rank_processes(proc.pid)

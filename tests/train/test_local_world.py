@@ -31,8 +31,17 @@ def test_the_loader_of_a_slurm_rank_sees_its_node(packed: Path, monkeypatch: pyt
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     args = check_loader_args(
-        split="train", batch_size=4, train=True, image_size=32, workers=None, seed=0, rank=5, world_size=8,
-        device=None, normalize=True, channels_last=False,
+        split="train",
+        batch_size=4,
+        train=True,
+        image_size=32,
+        workers=None,
+        seed=0,
+        rank=5,
+        world_size=8,
+        device=None,
+        normalize=True,
+        channels_last=False,
     )
     env, _ = open_for_rank(packed, args)
     assert (env.rank, env.world_size, env.local_world_size) == (5, 8, 4)

@@ -27,7 +27,9 @@ def test_a_timm_name_builds_timms_model() -> None:
 def test_plain_names_stay_torchvisions() -> None:
     model = create_model("resnet18", num_classes=3)
     assert type(model).__module__ == "torchvision.models.resnet"
-    with pytest.raises(ConfigError, match=r"'resnet5' is not a torchvision classification model; did you mean .*\(a timm model is timm:NAME\)"):
+    with pytest.raises(
+        ConfigError, match=r"'resnet5' is not a torchvision classification model; did you mean .*\(a timm model is timm:NAME\)"
+    ):
         check_model_name("resnet5")
 
 
@@ -37,7 +39,7 @@ def test_without_timm_a_timm_name_is_one_line_saying_how_to_install_it(tmp_path:
         import sys
         sys.modules["timm"] = None  # as if timm were not installed
         from imgpipe.cli import main
-        main(["train", "--set", "model.name=timm:resnet50", "--set", "data.path=/nowhere", "--set", "output.dir={tmp_path / 'run'}", "--gpus", "0"])
+        main(["train", "--set", "model.name=timm:resnet50", "--set", "data.path=/nowhere", "--set", "output.dir={tmp_path / "run"}", "--gpus", "0"])
         """
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

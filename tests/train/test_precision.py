@@ -45,7 +45,10 @@ def test_explicit_values_are_kept(amp: str, channels_last: object) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("sets", "ran"), [((), ("none", False, "amp none, NCHW")), (("train.amp=bf16", "train.channels_last=true"), ("bf16", True, "amp bf16, channels_last"))])
+@pytest.mark.parametrize(
+    ("sets", "ran"),
+    [((), ("none", False, "amp none, NCHW")), (("train.amp=bf16", "train.channels_last=true"), ("bf16", True, "amp bf16, channels_last"))],
+)
 def test_the_saved_config_and_the_epoch_line_say_what_ran(packed: Path, tmp_path: Path, sets: tuple[str, ...], ran: tuple) -> None:
     config = write_config(tmp_path, packed, epochs=1)
     text = yaml.safe_load(config.read_text())

@@ -112,7 +112,9 @@ def test_the_package_data_globs_ship_every_recipe() -> None:
 def test_a_built_wheel_holds_the_recipes(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
-        capture_output=True, text=True, timeout=580,
+        capture_output=True,
+        text=True,
+        timeout=580,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     (wheel,) = tmp_path.glob("imgpipe-*.whl")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from imgpipe.errors import ConfigError
-from imgpipe.train.config import load_config
 from imgpipe.loaders.sampler import rank_indices
+from imgpipe.train.config import load_config
 from imgpipe.train.resume import Position, resolve_batch, resume_line, resume_position
 
 
@@ -35,7 +35,10 @@ def test_global_batch_size_in_the_config_sets_the_per_rank_batch() -> None:
 
 
 def test_a_global_batch_that_does_not_split_is_one_line_naming_what_fits() -> None:
-    with pytest.raises(ConfigError, match=r"the checkpoint's global batch 12 does not split over 5 ranks; .*12 on 1, 6 on 2, 4 on 3, 3 on 4, 2 on 6, 1 on 12 ranks"):
+    with pytest.raises(
+        ConfigError,
+        match=r"the checkpoint's global batch 12 does not split over 5 ranks; .*12 on 1, 6 on 2, 4 on 3, 3 on 4, 2 on 6, 1 on 12 ranks",
+    ):
         resolve_batch(load_config(None), 5, _saved(2, 6))
     with pytest.raises(ConfigError, match=r"train.global_batch_size global batch 10 does not split over 3 ranks"):
         resolve_batch(load_config(None, ["train.global_batch_size=10"]), 3, None)
@@ -61,11 +64,17 @@ def test_the_resume_line_says_what_changed() -> None:
     assert resume_line(_saved(2, 6, batches=None), 2, 6) == "resumed at epoch 3, global batch 0, on 2 ranks; per-rank batch 6"
 
 
-def _mid_epoch(global_batch: int, accum: int, batches: int, *, epoch: int = 1, steps_per_epoch: int = 10, seed: int = 0, records: int = 160) -> dict:
+def _mid_epoch(
+    global_batch: int, accum: int, batches: int, *, epoch: int = 1, steps_per_epoch: int = 10, seed: int = 0, records: int = 160
+) -> dict:
     """A checkpoint saved mid-epoch: ``batches`` global batches of G = ``global_batch`` read, in steps of ``accum`` of them."""
     return {
-        "epoch": epoch, "epoch_step": batches // accum, "step": epoch * steps_per_epoch + batches // accum, "world_size": 1,
-        "global_batch": global_batch, "config": {"train": {"batch_size": global_batch, "grad_accum": accum}},
+        "epoch": epoch,
+        "epoch_step": batches // accum,
+        "step": epoch * steps_per_epoch + batches // accum,
+        "world_size": 1,
+        "global_batch": global_batch,
+        "config": {"train": {"batch_size": global_batch, "grad_accum": accum}},
         "loader": {"epoch": epoch, "batches": batches, "seed": seed, "records": records, "global_batch": global_batch},
     }
 
@@ -98,10 +107,15 @@ def test_the_converted_position_reads_the_records_an_uninterrupted_epoch_had_lef
 
 
 def test_a_position_between_new_steps_or_in_another_stream_is_one_line_saying_what_to_do() -> None:
-    with pytest.raises(ConfigError, match=r"ckpt.pt: cannot resume with global batch 16 x train.grad_accum 2 = 32 records per step: "
-                       r"the checkpoint stopped in epoch 1 after 80 records.*train.max_steps: 20\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"ckpt.pt: cannot resume with global batch 16 x train.grad_accum 2 = 32 records per step: "
+        r"the checkpoint stopped in epoch 1 after 80 records.*train.max_steps: 20\)",
+    ):
         _position(_mid_epoch(16, 1, 5), 16, 2)
     with pytest.raises(ConfigError, match=r"in the record order of train.seed 0, but train.seed is 7; resume with train.seed: 0"):
         _position(_mid_epoch(16, 1, 4), 16, 1, seed=7)
-    with pytest.raises(ConfigError, match=r"a train split of 160 records, but split 'train' of  has 150; resume with the data it was trained on"):
+    with pytest.raises(
+        ConfigError, match=r"a train split of 160 records, but split 'train' of  has 150; resume with the data it was trained on"
+    ):
         _position(_mid_epoch(16, 1, 4), 16, 1, records=150)

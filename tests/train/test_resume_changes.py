@@ -78,8 +78,9 @@ def test_resume_applies_a_new_batch_size_where_the_position_allows_and_says_why_
 
     config, run = start(tmp_path / "odd", packed, max_steps=5)  # 80 records: not a whole number of batches of 32
     refused = imgpipe_train(config, *ONE_RANK, "--resume", "--set", "train.batch_size=32")
-    one_line_error(refused, "cannot resume with global batch 32 x train.grad_accum 1 = 32 records per step",
-                   "after 80 records", "train.max_steps: 10")
+    one_line_error(
+        refused, "cannot resume with global batch 32 x train.grad_accum 1 = 32 records per step", "after 80 records", "train.max_steps: 10"
+    )
     assert saved(run)["step"] == 5  # nothing was written
 
 

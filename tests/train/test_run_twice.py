@@ -17,7 +17,11 @@ HERE = Path(__file__).parent
 @pytest.mark.timeout(300)
 def test_a_second_run_after_a_ctrl_c_trains_to_the_end_and_the_process_is_as_before(packed: Path, tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(HERE / "run_twice.py"), str(packed), str(tmp_path)], env=quiet_env(), capture_output=True, text=True, timeout=240,
+        [sys.executable, str(HERE / "run_twice.py"), str(packed), str(tmp_path)],
+        env=quiet_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])

@@ -66,7 +66,9 @@ def test_a_signal_during_start_up_exits_as_a_stop(packed: Path, tmp_path: Path, 
             seen = wait_until(proc, lambda: len(rank_processes(proc.pid)) == nproc)
         elif moment == "interpreter":
             marks = Path(env["IMGPIPE_TEST_SLOW_SITE"])
-            seen = wait_until(proc, lambda: len(rank_processes(proc.pid)) == nproc and all((marks / str(p)).exists() for p in rank_processes(proc.pid)))
+            seen = wait_until(
+                proc, lambda: len(rank_processes(proc.pid)) == nproc and all((marks / str(p)).exists() for p in rank_processes(proc.pid))
+            )
         elif moment == "built":
             seen = wait_until(proc, lambda: (tmp_path / "run" / "config.yaml").exists())
         else:

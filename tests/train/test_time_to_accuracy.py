@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 import yaml
-
 from train_cli import VAL_RECORDS, epochs_of, imgpipe_train, one_line_error, write_config
 
 RAMP = ["data.resolution=[32, 48, 48]", "data.val_image_size=48", "data.val_flip_tta=true", "train.ema=true", "train.ema_decay=0.5"]
@@ -33,7 +32,10 @@ def test_a_ramp_reports_wall_time_resolution_and_ema_in_every_epoch(packed: Path
     assert any(e["ema_val_loss"] != e["val_loss"] for e in epochs)  # two sets of weights validated
     lines = [line for line in done.stdout.splitlines() if line.startswith("epoch ")]
     assert [re.search(r", ([\d.]+) s, (\d+) px,", line).group(2) for line in lines] == ["32", "48", "48"]
-    assert done.stdout.count(f"ema val: {VAL_RECORDS} samples at 48 px") == 3 and done.stdout.count(f"val: {VAL_RECORDS} samples at 48 px") == 6
+    assert (
+        done.stdout.count(f"ema val: {VAL_RECORDS} samples at 48 px") == 3
+        and done.stdout.count(f"val: {VAL_RECORDS} samples at 48 px") == 6
+    )
     final = done.stdout.strip().splitlines()[-1]
     assert final.startswith("done: 3 epoch(s), 15 steps in ") and ", EMA val top-1 " in final
     assert ("target top-1 1.0000 not reached" in final) == all(max(e["val_top1"], e["ema_val_top1"]) < 1.0 for e in epochs)
@@ -49,7 +51,9 @@ def test_the_run_stops_at_its_target_and_says_when(packed: Path, tmp_path: Path)
     assert epoch["target_reached"]["epoch"] == 0 and epoch["target_reached"]["wall_s"] == epoch["wall_s"]
     assert f"target top-1 0.0100 reached at epoch 0 after {epoch['wall_s']:.1f} s" in done.stdout
     final = done.stdout.strip().splitlines()[-1]
-    assert final.startswith("done: 1 epoch(s), 5 steps") and f"; target top-1 0.0100 reached at epoch 0 after {epoch['wall_s']:.1f} s" in final
+    assert (
+        final.startswith("done: 1 epoch(s), 5 steps") and f"; target top-1 0.0100 reached at epoch 0 after {epoch['wall_s']:.1f} s" in final
+    )
 
 
 @pytest.mark.slow
@@ -82,7 +86,10 @@ def test_the_trainer_compiles_one_training_graph_for_the_whole_ramp(packed: Path
 
     counter = CompileCounter()
     monkeypatch.setattr(compiling, "BACKEND", counter)
-    config = load_config(write_config(tmp_path, packed, validate=False, batch_size=32), ["data.resolution=[32, 40, 48, 56]", "train.epochs=4", "train.compile=true"])
+    config = load_config(
+        write_config(tmp_path, packed, validate=False, batch_size=32),
+        ["data.resolution=[32, 40, 48, 56]", "train.epochs=4", "train.compile=true"],
+    )
     torch._dynamo.reset()
     try:
         result = run(config, gpus=0)

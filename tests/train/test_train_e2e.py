@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
-from imgpipe.train.loop import STOP_CHECK_STEPS
 from proctree import descendants, quiet_env, rank_processes, wait_gone
 from train_cli import VAL_RECORDS, epochs_of, imgpipe_train, write_config
+
+from imgpipe.train.loop import STOP_CHECK_STEPS
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 
@@ -210,14 +210,30 @@ def start_slurm_tasks(config: Path, tasks: int, **extra: str) -> list[subprocess
     from imgpipe.train.launch import free_port
 
     slurm = {
-        "SLURM_NTASKS": str(tasks), "SLURM_NPROCS": str(tasks), "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
-        "SLURM_NTASKS_PER_NODE": str(tasks), "SLURM_STEP_NUM_TASKS": str(tasks), "SLURM_STEP_NODELIST": "localhost",
-        "SLURM_NODELIST": "localhost", "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+        "SLURM_NTASKS": str(tasks),
+        "SLURM_NPROCS": str(tasks),
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NNODES": "1",
+        "SLURM_NTASKS_PER_NODE": str(tasks),
+        "SLURM_STEP_NUM_TASKS": str(tasks),
+        "SLURM_STEP_NODELIST": "localhost",
+        "SLURM_NODELIST": "localhost",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_ID": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
         **extra,
     }
     cmd = [sys.executable, "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0"]
     return [
-        subprocess.Popen(cmd, env=quiet_env(**slurm, SLURM_PROCID=str(t), SLURM_LOCALID=str(t)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            cmd,
+            env=quiet_env(**slurm, SLURM_PROCID=str(t), SLURM_LOCALID=str(t)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for t in range(tasks)
     ]
 
@@ -290,7 +306,9 @@ def test_kill_9_one_rank_stops_everything_and_names_it(packed: Path, tmp_path: P
     assert proc.returncode != 0
     # rank 0 is stopped by the launcher, or has already failed on the dead peer's closed sockets (its
     # loader workers die with it, so no forked worker keeps them open): either way rank 1 is the cause
-    assert re.search(r"imgpipe: error: rank 1 exited with code -9 \(killed by SIGKILL\)(; stopped the other ranks \(0\))?\n", stderr), stderr[-3000:]
+    assert re.search(r"imgpipe: error: rank 1 exited with code -9 \(killed by SIGKILL\)(; stopped the other ranks \(0\))?\n", stderr), (
+        stderr[-3000:]
+    )
     assert wait_gone(sorted(seen), 20) == []  # no orphans: ranks and loader workers are gone
 
 

@@ -88,7 +88,9 @@ def test_models_with_their_own_needs_train_or_say_why_not(packed: Path, tmp_path
 @pytest.mark.timeout(240)
 def test_an_out_of_range_seed_is_one_line_and_the_largest_one_trains(packed: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, packed, max_steps=1)
-    one_line_error(imgpipe_train(config, *SYNTHETIC, "--set", "train.seed=4294967296"), "--set train.seed=4294967296", "from 0 to 4294967295")
+    one_line_error(
+        imgpipe_train(config, *SYNTHETIC, "--set", "train.seed=4294967296"), "--set train.seed=4294967296", "from 0 to 4294967295"
+    )
     one_line_error(imgpipe_train(config, *SYNTHETIC, "--set", "train.seed=-1"), "train.seed must be from 0 to 4294967295, got -1")
     done = imgpipe_train(config, *SYNTHETIC, "--set", "train.seed=4294967295")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -100,5 +102,7 @@ def test_an_out_of_range_seed_is_one_line_and_the_largest_one_trains(packed: Pat
 def test_a_split_smaller_than_one_global_batch_names_what_a_trainer_user_can_set(packed: Path, tmp_path: Path, backend: str) -> None:
     """160 train records; the loaders' own advice (remainder='pad') is no config key of the trainer."""
     done = imgpipe_train(write_config(tmp_path, packed, max_steps=1), "--set", f"data.backend={backend}", "--set", "train.batch_size=200")
-    line = one_line_error(done, "split 'train' has 160 records, fewer than one global batch of 200", "lower train.batch_size to 160 or less")
+    line = one_line_error(
+        done, "split 'train' has 160 records, fewer than one global batch of 200", "lower train.batch_size to 160 or less"
+    )
     assert "remainder" not in line

@@ -37,7 +37,9 @@ def test_an_illegal_memory_access_is_not_reported_as_out_of_memory(packed: Path,
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ddp_unused_parameters_in_two_ranks_is_the_one_line_advice(packed: Path, tmp_path: Path) -> None:
-    done = imgpipe_train(write_config(tmp_path, packed, max_steps=3), *SYNTHETIC, *TWO_RANKS, env=faulty(rank0="unused-parameter", rank1="unused-parameter"))
+    done = imgpipe_train(
+        write_config(tmp_path, packed, max_steps=3), *SYNTHETIC, *TWO_RANKS, env=faulty(rank0="unused-parameter", rank1="unused-parameter")
+    )
     one_line_error(done, "DDP found parameters of model 'resnet18' that got no gradient", "train.find_unused_parameters: true")
 
 
@@ -62,8 +64,10 @@ def test_a_rank_that_hangs_is_named_not_the_healthy_one_that_timed_out(packed: P
         time.sleep(0.5)
     stderr = proc.stderr.read()
     assert proc.returncode == 1
-    assert stderr.strip().splitlines()[-1].startswith(
-        "imgpipe: error: rank 1 hung: it did not reach the collective that rank 0 waited in for 10 s"
+    assert (
+        stderr.strip()
+        .splitlines()[-1]
+        .startswith("imgpipe: error: rank 1 hung: it did not reach the collective that rank 0 waited in for 10 s")
     ), stderr[-3000:]
     assert "rank 0 failed" not in stderr and "Traceback" not in stderr
     assert len(seen) >= 4 and wait_gone(sorted(seen), 30) == []  # 2 ranks and their loader workers

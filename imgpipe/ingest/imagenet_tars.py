@@ -1,0 +1,492 @@
+"""Scan image-net.org's tarballs in place: member offsets inside the tar, no extraction.
+
+A tarball source holds ``ILSVRC2012_img_train.tar`` (one ``<wnid>.tar`` per class inside),
+``ILSVRC2012_img_val.tar`` (flat ``ILSVRC2012_val_%08d.JPEG``) and the val labels: the
+devkit ``ILSVRC2012_devkit_t12.tar.gz`` or Kaggle's ``LOC_val_solution.csv``. Items are the
+same as those of the extracted tree, in the same order and with the same labels, so a pack
+from the tars is byte-identical to a pack of the extracted folders. Each item is a
+(byte offset, size) span of the outer tar, kept in numpy arrays; workers read it with one
+``pread``. Its source path names the member: ``ILSVRC2012_img_train.tar/n01440764.tar/
+n01440764_10026.JPEG``, relative to the source root (the folder holding the tars).
+
+The train tar may also come cut into parts (``ILSVRC2012_img_train.tar.001``, ``.002``, ...;
+layout ``split-tar``): the parts are read as one file (``members.ArchiveFile``), across part
+boundaries. Members are what extraction leaves (``resolve_links``): a repeated name keeps its
+last member, hard links and symbolic links inside the archive read as their targets.
+
+Python's ``tarfile`` stops quietly at a header it cannot parse after the first one, which
+is how a truncated download looks; the listing therefore also requires the end-of-archive
+zero block and every member's data inside the file, and names the tar and the member where
+the damage starts.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.oserrors import describe
+from imgpipe._sys.procs import map_in_processes
+from imgpipe.errors import DatasetError
+from imgpipe.format.manifest import stays_inside_source_root
+from imgpipe.ingest.devkit import DEVKIT_NAME, META, Devkit, can_read_meta, read_devkit
+from imgpipe.ingest.folders import (
+    NEWLINE_REASON,
+    VAL_CSV,
+    SourceTree,
+    SplitItems,
+    is_image_name,
+    label_flat_val,
+    read_val_csv,
+    warn_left_out,
+)
+from imgpipe.ingest.members import DANGLING_LINK, OUTSIDE_LINK, SPAN, ArchiveFile, MemberSpans, OpenArchive
+from imgpipe.ingest.tarwalk import BLOCK, TarEntry, TarfileWalk, TarWalk, Unsupported, walk_file
+
+logger = logging.getLogger(__name__)
+
+TRAIN_TAR = "ILSVRC2012_img_train.tar"
+VAL_TAR = "ILSVRC2012_img_val.tar"
+ESCAPE_REASON = "member name is absolute or climbs out with '..'"
+MAX_LINK_HOPS = 40  # Linux's limit on symbolic links followed in one path lookup
+
+
+@dataclass(frozen=True)
+class TarFiles:
+    """The files of a tarball source; paths of items are relative to ``root``."""
+
+    root: Path
+    train: ArchiveFile | None = None
+    val: ArchiveFile | None = None
+    devkit: Path | None = None
+    val_csv: Path | None = None
+
+    @property
+    def layout(self) -> str:
+        return "split-tar" if self.train is not None and len(self.train.parts) > 1 else "tarballs"
+
+
+@dataclass
+class _Listing:
+    """Image members of one tar in ImageFolder order, with their spans."""
+
+    names: list[str]
+    offsets: np.ndarray
+    sizes: np.ndarray
+    kinds: np.ndarray
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+    ignored: int = 0
+
+
+def find_tars(src: str | os.PathLike | Sequence[str | os.PathLike]) -> TarFiles | None:
+    """The tarball source SRC names, or None when SRC is a folder of a folder layout.
+
+    SRC is a folder holding the image-net.org files by their names (used only when it has
+    no ``train/`` or Kaggle folders), one ``.tar``, or several files named one by one. The
+    train tar may be cut into parts, ``ILSVRC2012_img_train.tar.001``, ``.002``, ...
+    """
+    if isinstance(src, (str, os.PathLike)):
+        path = Path(os.path.abspath(src))
+        if path.is_dir():
+            return _tars_in_folder(path)
+        return _classify([path]) if path.exists() else None
+    return _classify([Path(os.path.abspath(p)) for p in src])
+
+
+def _tars_in_folder(root: Path) -> TarFiles | None:
+    if (root / "train").is_dir() or (root / "ILSVRC").is_dir():
+        return None
+    val = root / VAL_TAR
+    train = ArchiveFile.of(root / TRAIN_TAR) if (root / TRAIN_TAR).is_file() else _parts_in_folder(root, TRAIN_TAR)
+    if train is None and not val.is_file():
+        return None
+    return TarFiles(root, train, ArchiveFile.of(val) if val.is_file() else None, *_labels_beside(root))
+
+
+def _parts_in_folder(root: Path, name: str) -> ArchiveFile | None:
+    """``root/name.001``, ``.002``, ... as one archive, or None when there are none."""
+    parts = [p for p in root.glob(f"{name}.*") if p.suffix[1:].isdigit() and p.is_file()]
+    return _joined_parts(parts) if parts else None
+
+
+def _joined_parts(parts: list[Path]) -> ArchiveFile:
+    """The parts of one split file in numeric order; a gap in the numbers is a DatasetError."""
+    parts = sorted(parts, key=lambda p: int(p.suffix[1:]))
+    numbers = [int(p.suffix[1:]) for p in parts]
+    missing = sorted(set(range(numbers[0], numbers[-1] + 1)) - set(numbers))
+    if numbers[0] > 1 or missing:
+        gap = missing[0] if missing else 1
+        raise DatasetError(f"{parts[0].with_suffix('')}: part .{gap:0{len(parts[0].suffix) - 1}d} is missing; download every part")
+    return ArchiveFile(tuple(parts))
+
+
+def _labels_beside(folder: Path) -> tuple[Path | None, Path | None]:
+    devkit, csv = folder / DEVKIT_NAME, folder / VAL_CSV
+    return (devkit if devkit.is_file() else None), (csv if csv.is_file() else None)
+
+
+def _classify(paths: list[Path]) -> TarFiles:
+    """Sort files named one by one into train tar (or its parts), val tar, devkit and val CSV."""
+    roles: dict[str, Path] = {}
+    parts: list[Path] = []
+    for path in paths:
+        if not path.is_file():
+            what = "is a folder" if path.is_dir() else "no such file"
+            raise DatasetError(f"{path}: {what}; among several SRCs name only the train tar, the val tar, the devkit or {VAL_CSV}")
+        name = path.name.lower()
+        if name.endswith((".tar.gz", ".tgz")):
+            role = "devkit"
+        elif name.endswith(".csv"):
+            role = "val_csv"
+        elif name.endswith(".tar"):
+            role = "train" if _holds_tars(ArchiveFile.of(path)) else "val"
+        elif path.suffix[1:].isdigit() and path.stem.lower().endswith(".tar"):
+            parts.append(path)
+            continue
+        else:
+            raise DatasetError(f"{path}: not a .tar, a devkit .tar.gz or {VAL_CSV}; give a folder or the image-net.org files")
+        if role in roles:
+            raise DatasetError(f"{path}: a second {role.replace('_', ' ')} (the first is {roles[role]}); name each file once")
+        roles[role] = path
+    if parts:
+        if "train" in roles or len({p.with_suffix("") for p in parts}) > 1:
+            raise DatasetError(f"{parts[0]}: parts of more than one train tar; name the parts of one tar, or the tar itself")
+        train: ArchiveFile | None = _joined_parts(parts)
+    else:
+        train = ArchiveFile.of(roles["train"]) if "train" in roles else None
+    if train is None and "val" not in roles:
+        raise DatasetError(f"{paths[0]}: no train or val tar among the files named; give {TRAIN_TAR} or {VAL_TAR}")
+    if "val" in roles and "devkit" not in roles and "val_csv" not in roles:
+        beside = _labels_beside(roles["val"].parent)
+        roles.update({k: v for k, v in zip(("devkit", "val_csv"), beside) if v is not None})
+    root = Path(os.path.commonpath([p.parent for p in [*roles.values(), *parts]]))
+    val = ArchiveFile.of(roles["val"]) if "val" in roles else None
+    return TarFiles(root, train, val, roles.get("devkit"), roles.get("val_csv"))
+
+
+def _holds_tars(archive: ArchiveFile) -> bool:
+    """True when the first file member of the tar is itself a .tar (a train tar)."""
+    try:
+        with OpenArchive(archive) as source, tarfile.TarFile(fileobj=Window(source, 0, source.size), mode="r") as tar:  # type: ignore[arg-type]
+            for member in tar:
+                if member.isreg():
+                    return member.name.endswith(".tar")
+    except OSError as e:
+        if e.errno is None:
+            raise DatasetError(f"{archive}: not a readable tar ({e}); download it again") from None
+        raise DatasetError(f"{archive}: cannot read it: {describe(e, writing=False)}") from None
+    except tarfile.TarError as e:
+        raise DatasetError(f"{archive}: not a readable tar ({e}); download it again") from None
+    return False
+
+
+def scan_tars(tars: TarFiles, splits: Sequence[str] | None, workers: int | None = None) -> SourceTree:
+    """The classes and items of a tarball source, like ``source.scan`` gives for the extracted tree."""
+    found = {name: path for name, path in (("train", tars.train), ("val", tars.val)) if path is not None}
+    wanted = list(found) if splits is None else list(dict.fromkeys(splits))
+    missing = [s for s in wanted if s not in found]
+    if missing:
+        raise DatasetError(f"{tars.root}: split {', '.join(map(repr, missing))} not found (these tars hold: {', '.join(found)})")
+    devkit = None
+    if "val" in wanted:
+        if tars.devkit is None and tars.val_csv is None:
+            raise DatasetError(
+                f"{tars.val}: no val labels: put {DEVKIT_NAME} (or Kaggle's {VAL_CSV}) beside it, or pack only train (--splits train)"
+            )
+        if tars.devkit is not None and tars.val_csv is not None and not can_read_meta():
+            logger.info("labelling val from %s: the devkit's %s needs scipy, which is not installed", tars.val_csv, META)
+        elif tars.devkit is not None:
+            devkit = read_devkit(tars.devkit)
+    class_tars = _class_tars(tars.train) if tars.train is not None else None
+    if class_tars is not None:
+        classes = sorted(class_tars)
+    elif devkit is not None:
+        classes = devkit.wnids
+    else:
+        classes = sorted({wnid for wnid, _ in read_val_csv(tars.val_csv).values()})  # type: ignore[arg-type]
+    index = {name: i for i, name in enumerate(classes)}
+    tree = SourceTree(root=tars.root, layout=tars.layout, classes=classes)
+    for split in wanted:
+        if split == "train" and tars.train is not None and class_tars is not None:
+            tree.splits[split] = _scan_train(tars.train, tars.root, class_tars, index, workers)
+        elif tars.val is not None:
+            tree.splits[split] = _scan_val(tars.val, tars, devkit, index)
+        logger.info("%s: %d images in %s", split, len(tree.splits[split]), found[split])
+    return tree
+
+
+def _class_tars(archive: ArchiveFile) -> dict[str, tuple[int, int]]:
+    """wnid -> (offset, size) of each ``<wnid>.tar`` member of the train tar (the last of a repeated name, as extraction keeps)."""
+    found: dict[str, tuple[int, int]] = {}
+    ignored = 0
+    with OpenArchive(archive) as source:
+        members, _ = resolve_links(list_tar(source, 0, source.size, str(archive), archive.name))
+    for name, offset, size, _kind in members:
+        if "/" in name or not name.endswith(".tar") or name.startswith(".") or _kind != SPAN:
+            ignored += 1
+            continue
+        found[name[: -len(".tar")]] = (offset, size)
+    if ignored:
+        logger.info("%s: ignored %d members that are not class tars", archive, ignored)
+    if not found:
+        raise DatasetError(f"{archive}: no <wnid>.tar class tars inside; is this {TRAIN_TAR}?")
+    return found
+
+
+def _scan_train(
+    archive: ArchiveFile, root: Path, class_tars: dict[str, tuple[int, int]], index: dict[str, int], workers: int | None
+) -> SplitItems:
+    """List every class tar of the train tar, in parallel; labels by sorted wnid."""
+    wnids = sorted(class_tars)
+    tasks = [(archive, *class_tars[wnid], f"{archive.name}/{wnid}.tar", root) for wnid in wnids]
+    processes = min(workers or available_cpus(), len(tasks))
+    if processes <= 1:
+        listings = [_list_images(*task) for task in tasks]
+    else:
+        listings = list(map_in_processes(_list_images_task, tasks, workers=processes, chunksize=max(1, len(tasks) // (8 * processes))))
+    for wnid, listing in zip(wnids, listings):
+        if not listing.names:
+            logger.warning("%s/%s.tar: class tar has no images; its label %d stays reserved", archive, wnid, index[wnid])
+    return _items(listings, [np.full(len(listing.names), index[wnid], np.int32) for wnid, listing in zip(wnids, listings)], archive)
+
+
+def _scan_val(archive: ArchiveFile, tars: TarFiles, devkit: Devkit | None, index: dict[str, int]) -> SplitItems:
+    """List the flat val tar; labels from the devkit, else from the val CSV."""
+    listing = _list_images(archive, 0, archive.size(), archive.name, tars.root)
+    if devkit is not None:
+        labels = np.empty(len(listing.names), np.int32)
+        for k, name in enumerate(listing.names):
+            wnid = devkit.val_wnid(name)
+            if wnid not in index:
+                raise DatasetError(f"{tars.root / name}: devkit class {wnid!r} is not one of the {len(index)} train classes")
+            labels[k] = index[wnid]
+    else:
+        labels = label_flat_val(tars.root, listing.names, tars.val_csv, index)  # type: ignore[arg-type]
+    return _items([listing], [labels], archive)
+
+
+def _items(listings: list[_Listing], labels: list[np.ndarray], archive: ArchiveFile) -> SplitItems:
+    names = [name for listing in listings for name in listing.names]
+    join = lambda arrays, dtype: np.concatenate(arrays) if arrays else np.zeros(0, dtype)  # noqa: E731
+    spans = MemberSpans.of(
+        archive, join([x.offsets for x in listings], np.int64), join([x.sizes for x in listings], np.int64),
+        join([x.kinds for x in listings], np.int8),
+    )  # fmt: skip
+    ignored = sum(listing.ignored for listing in listings)
+    if ignored:
+        logger.info("%s: ignored %d members without an image extension", archive, ignored)
+    rejected = [r for listing in listings for r in listing.rejected]
+    return SplitItems(names, np.concatenate(labels) if labels else np.zeros(0, np.int32), rejected, spans)
+
+
+def _list_images_task(task: tuple[ArchiveFile, int, int, str, Path]) -> _Listing:
+    return _list_images(*task)
+
+
+def _list_images(archive: ArchiveFile, start: int, size: int, prefix: str, root: Path) -> _Listing:
+    """The image members of the tar at [start, start + size) of ``archive``, as ``prefix/name``
+    (``prefix`` relative to ``root``), sorted as ImageFolder sorts, as extraction would leave them."""
+    with OpenArchive(archive) as source:
+        members, rejected = resolve_links(list_tar(source, start, size, str(root / prefix), archive.name))
+    found: list[tuple[str, int, int, int]] = []
+    ignored = 0
+    rejected = [(f"{prefix}/{name}", reason) for name, reason in rejected if is_image_name(name)]
+    for name, offset, length, kind in members:
+        path = f"{prefix}/{name}"
+        if not stays_inside_source_root(name):
+            rejected.append((path, ESCAPE_REASON))
+        elif any(part.startswith(".") for part in name.split("/")):
+            continue
+        elif not is_image_name(name):
+            ignored += 1
+        elif "\n" in name:
+            rejected.append((path, NEWLINE_REASON))
+        else:
+            found.append((path, offset, length, kind))
+    for path, reason in rejected:
+        warn_left_out(prefix, path[len(prefix) + 1 :], reason)
+    found.sort(key=lambda item: item[0].rpartition("/")[::2])
+    return _Listing(
+        [path for path, *_ in found],
+        np.array([offset for _, offset, _, _ in found], np.int64),
+        np.array([length for _, _, length, _ in found], np.int64),
+        np.array([kind for *_, kind in found], np.int8),
+        rejected,
+        ignored,
+    )
+
+
+def resolve_links(entries: list[TarEntry]) -> tuple[list[tuple[str, int, int, int]], list[tuple[str, str]]]:
+    """What extracting ``entries`` in order leaves, as (name, offset, size, kind) of each file, and the members it cannot make.
+
+    As GNU tar extracts: a repeated name keeps its last member; a hard link is a new name for
+    the bytes its target had when the link was extracted (a target not extracted before it
+    fails, and is returned with the reason); a symbolic link reads as its final target after
+    extraction. A link to a member of the archive becomes that member's span; one whose
+    target is missing is ``DANGLING_LINK`` and one that leads outside the archive (absolute,
+    or climbing out with ``..``) ``OUTSIDE_LINK``: the items exist, as the extracted links
+    do, and are skipped at pack time with the reason. A link to a folder is not a file.
+    """
+    state: dict[str, tuple[int, int] | str] = {}  # name -> (offset, size) of a file, or a symlink's target
+    folders: set[str] = set()
+    failed: dict[str, str] = {}
+    for entry in entries:
+        failed.pop(entry.name, None)
+        if entry.type in tarfile.REGULAR_TYPES:
+            state[entry.name] = (entry.offset, entry.size)
+        elif entry.type == tarfile.LNKTYPE:
+            target = state.get(_clean(entry.linkname))
+            if target is None:
+                state.pop(entry.name, None)
+                failed[entry.name] = f"hard link to {entry.linkname!r}, which is not extracted before it; extraction fails the same way"
+            else:
+                state[entry.name] = target
+        elif entry.type == tarfile.SYMTYPE:
+            state[entry.name] = entry.linkname
+        else:
+            state.pop(entry.name, None)
+            if entry.type == tarfile.DIRTYPE:
+                folders.add(entry.name.rstrip("/"))
+    for name in state:
+        parents = name.split("/")[:-1]
+        folders.update("/".join(parents[:k]) for k in range(1, len(parents) + 1))
+    files = [(name, *resolved) for name, value in state.items() if (resolved := _follow(name, value, state, folders)) is not None]
+    return files, list(failed.items())
+
+
+def _follow(
+    name: str, value: tuple[int, int] | str, state: dict[str, tuple[int, int] | str], folders: set[str]
+) -> tuple[int, int, int] | None:
+    """(offset, size, kind) of what reading ``name`` gives after extraction; None when it is a folder."""
+    if not isinstance(value, str):
+        return (*value, SPAN)
+    kind, path = _locate(name.split("/")[:-1], value, state, folders, [MAX_LINK_HOPS])
+    if kind == "file":
+        return (*state[path], SPAN)  # type: ignore[misc]
+    return None if kind == "folder" else (-1, 0, OUTSIDE_LINK if kind == "outside" else DANGLING_LINK)
+
+
+def _locate(base: list[str], target: str, state: dict[str, tuple[int, int] | str], folders: set[str], budget: list[int]) -> tuple[str, str]:
+    """Where the link text ``target``, read in folder ``base``, leads once extracted: ("file" or "folder", path),
+    or ("dangling" or "outside", ""). A component at a time, as the kernel resolves it: every step but the last
+    must be a folder (or a link to one), ``..`` climbs from the real folder reached, ``budget`` caps the links followed."""
+    if target.startswith("/"):
+        return "outside", ""
+    where = list(base)
+    parts = [part for part in target.split("/") if part not in ("", ".")]
+    for k, part in enumerate(parts):
+        if part == "..":
+            if not where:
+                return "outside", ""
+            where.pop()
+            continue
+        path = "/".join([*where, part])
+        value = state.get(path)
+        if isinstance(value, str):
+            budget[0] -= 1
+            if budget[0] < 0:
+                return "dangling", ""  # a loop of links: ELOOP
+            kind, path = _locate(where, value, state, folders, budget)
+            if kind in ("dangling", "outside"):
+                return kind, ""
+        elif value is not None:
+            kind = "file"
+        elif path in folders:
+            kind = "folder"
+        else:
+            return "dangling", ""
+        if k == len(parts) - 1:
+            return kind, path
+        if kind != "folder":
+            return "dangling", ""
+        where = path.split("/") if path else []
+    return "folder", "/".join(where)
+
+
+def list_tar(source: OpenArchive, start: int, size: int, where: str, download: str) -> list[TarEntry]:
+    """Every member of the tar at [start, start + size) of ``source``, in order, with absolute data offsets.
+
+    Raises a DatasetError naming ``where`` and the last good member when the tar is truncated or
+    corrupt, and saying to download ``download`` (the file holding it) again. Plain headers are
+    walked by ``tarwalk``; a tar with any other kind is read by ``tarfile`` instead.
+    """
+    try:
+        return _listed(walk_file(Window(source, start, size), plain=True), source, start, size, where, download)
+    except Unsupported:
+        return _listed(walk_file(Window(source, start, size), plain=False), source, start, size, where, download)
+
+
+def _listed(walk: TarWalk | TarfileWalk, source: OpenArchive, start: int, size: int, where: str, download: str) -> list[TarEntry]:
+    members: list[TarEntry] = []
+    last = "its first member"
+    try:
+        for member in walk:
+            name = _clean(member.name)
+            if member.offset + member.size > size:
+                raise DatasetError(_broken(where, f"ends inside member {name}", download))
+            if member.type == tarfile.GNUTYPE_SPARSE:
+                raise DatasetError(f"{where}: member {member.name} is a sparse file; ImageNet tars have none: download {download} again")
+            members.append(TarEntry(name, start + member.offset, member.size, member.type, member.linkname))
+            last = f"member {name}"
+    except tarfile.TarError as e:
+        raise DatasetError(_broken(where, f"{e} after {last}", download)) from None
+    end = walk.end
+    tail = source.pread(BLOCK, start + end) if end + BLOCK <= size else b""
+    if len(tail) < BLOCK:
+        raise DatasetError(_broken(where, f"ends after {last} without the end-of-archive block", download))
+    if tail.count(0) != BLOCK:
+        raise DatasetError(_broken(where, f"unreadable header at byte {end} after {last}", download))
+    return members
+
+
+def _broken(where: str, what: str, download: str) -> str:
+    return f"{where}: truncated or corrupt tar: {what}; download {download} again and rerun"
+
+
+def _clean(name: str) -> str:
+    """A member name without the ``./`` prefix ``tar -C dir .`` writes (and without a folder's trailing ``/``)."""
+    while name.startswith("./"):
+        name = name[2:]
+    return name
+
+
+class Window(io.RawIOBase):
+    """Bytes [start, start + size) of an open archive as a read-only file, read with ``pread`` (no shared file position)."""
+
+    def __init__(self, source: OpenArchive, start: int, size: int) -> None:
+        self.source, self.start, self.size, self.position = source, start, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        """Up to ``size`` bytes (the rest of the window if negative) with one ``pread``, no buffer copy."""
+        left = max(0, self.size - self.position)
+        count = left if size is None or size < 0 else min(size, left)
+        data = self.source.pread(count, self.start + self.position) if count else b""
+        self.position += len(data)
+        return data
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def,override]
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
+        self.position = base + offset
+        return self.position
+
+    def tell(self) -> int:
+        return self.position

@@ -1,0 +1,223 @@
+"""Scan Kaggle's ``imagenet-object-localization-challenge.zip`` in place: no extraction.
+
+The zip holds the Kaggle layout that ``source.scan`` packs once extracted:
+``ILSVRC/Data/CLS-LOC/train/<wnid>/*.JPEG``, flat ``ILSVRC/Data/CLS-LOC/val/`` labelled by
+``LOC_val_solution.csv`` (inside the zip, or beside it), ``LOC_synset_mapping.txt`` and
+annotations, which are not read. Its central directory gives every member's local-header
+offset, sizes, method and crc32; items are the extracted tree's, in its order and with its
+labels, and a worker reads each member at its offset (stored, or inflated) and checks the
+crc32. Extraction semantics: a repeated name keeps its last member, a name that climbs out
+is left out and listed, a symbolic link reads as its target (``tarsource.resolve_links``).
+Source paths are ``<zip name>/ILSVRC/Data/CLS-LOC/train/<wnid>/<file>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import tarfile
+import zipfile
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from imgpipe._sys.oserrors import advice, describe
+from imgpipe.errors import DatasetError
+from imgpipe.format.manifest import stays_inside_source_root
+from imgpipe.ingest.folders import (
+    KAGGLE_DATA,
+    NEWLINE_REASON,
+    VAL_CSV,
+    SourceTree,
+    SplitItems,
+    is_image_name,
+    label_flat_val,
+    warn_left_out,
+)
+from imgpipe.ingest.imagenet_tars import ESCAPE_REASON, resolve_links
+from imgpipe.ingest.members import SPAN, ZIP_DEFLATED, ZIP_STORED, ArchiveFile, MemberSpans, member_reader
+from imgpipe.ingest.tarwalk import TarEntry
+
+logger = logging.getLogger(__name__)
+
+LAYOUT = "kaggle-zip"
+KAGGLE_ZIP = "imagenet-object-localization-challenge.zip"
+DATA = "/".join(KAGGLE_DATA) + "/"
+METHODS = {zipfile.ZIP_STORED: ZIP_STORED, zipfile.ZIP_DEFLATED: ZIP_DEFLATED}
+
+
+def find_zip(src: str | os.PathLike | Sequence[str | os.PathLike]) -> Path | None:
+    """The zip SRC names: a ``.zip`` file, or a folder holding Kaggle's zip by its name, or one zip and no folders."""
+    if not isinstance(src, (str, os.PathLike)):
+        paths = [Path(os.path.abspath(p)) for p in src]
+        return paths[0] if len(paths) == 1 and paths[0].suffix.lower() == ".zip" else None
+    path = Path(os.path.abspath(src))
+    if path.is_file():
+        return path if path.suffix.lower() == ".zip" else None
+    if not path.is_dir() or (path / "train").is_dir() or (path / "ILSVRC").is_dir():
+        return None
+    if (path / KAGGLE_ZIP).is_file():
+        return path / KAGGLE_ZIP
+    entries = [p for p in path.iterdir() if not p.name.startswith(".")]
+    zips = [p for p in entries if p.suffix.lower() == ".zip" and p.is_file()]
+    if len(zips) != 1 or any(p.is_dir() for p in entries):  # a zip among class folders is just a file there
+        return None
+    return zips[0]
+
+
+def scan_zip(path: Path, splits: Sequence[str] | None) -> SourceTree:
+    """The classes and items of the Kaggle zip, like ``source.scan`` gives for the extracted download."""
+    archive = ArchiveFile.of(path)
+    infos = _central_directory(path)
+    prefix = _prefix(path, infos)
+    files, rejected = _extracted(path, archive, infos)
+    data = prefix + DATA
+    found = {split: data + split + "/" for split in ("train", "val") if any(name.startswith(data + split + "/") for name in files)}
+    wanted = list(found) if splits is None else list(dict.fromkeys(splits))
+    missing = [s for s in wanted if s not in found]
+    if missing:
+        raise DatasetError(f"{path}: split {', '.join(map(repr, missing))} not found (this zip has: {', '.join(found) or 'no ' + data})")
+    folders = {split: _class_folders(files, base) for split, base in found.items()}
+    classes = folders["train"] if "train" in found else folders["val"]
+    index = {name: i for i, name in enumerate(classes)}
+    tree = SourceTree(root=path.parent, layout=LAYOUT, classes=classes)
+    for split in wanted:
+        base = found[split]
+        names = _images(files, base, rejected, path.name)
+        if split == "val" and not folders["val"]:
+            labels = _val_labels(path, names, files, prefix, index, archive, infos)
+        else:
+            if not classes and split == "val":
+                raise DatasetError(f"{path}: no {data}train/ class folders and a flat val; pack with the train split")
+            unknown = sorted(set(folders[split]) - set(index))
+            if unknown:
+                raise DatasetError(f"{path}: {base}{unknown[0]}: {split} class {unknown[0]!r} is not a train class")
+            labels = np.array([index[name[len(base) :].split("/", 1)[0]] for name in names], np.int32)
+            order = np.lexsort(([n.rpartition("/")[2] for n in names], [n.rpartition("/")[0] for n in names], labels))
+            names, labels = [names[k] for k in order.tolist()], labels[order]
+        spans = _spans(path, archive, infos, [files[name] for name in names])
+        split_rejected = [(name, reason) for name, reason in rejected if name.startswith(base)]
+        for name, reason in split_rejected:
+            warn_left_out(path, name, reason)
+        listed = [(f"{path.name}/{name}", reason) for name, reason in split_rejected]
+        tree.splits[split] = SplitItems([f"{path.name}/{name}" for name in names], labels, listed, spans)
+        logger.info("%s: %d images in %s/%s", split, len(names), path, base)
+    return tree
+
+
+def _central_directory(path: Path) -> list[zipfile.ZipInfo]:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.infolist()
+    except OSError as e:
+        if advice(e, writing=False):
+            raise DatasetError(f"{path}: cannot read it: {describe(e, writing=False)}") from None
+        raise DatasetError(f"{path}: not a readable zip ({e}); download it again") from None
+    except (zipfile.BadZipFile, ValueError) as e:
+        raise DatasetError(f"{path}: not a readable zip ({e}); download it again") from None
+
+
+def _prefix(path: Path, infos: list[zipfile.ZipInfo]) -> str:
+    """The folder above ``ILSVRC/Data/CLS-LOC/`` inside the zip: "" (Kaggle's) or one top folder."""
+    for info in infos:
+        at = info.filename.find(DATA)
+        if at == 0 or (at > 0 and info.filename[at - 1] == "/" and info.filename[: at - 1].count("/") == 0):
+            return info.filename[:at]
+    raise DatasetError(f"{path}: no {DATA} inside; is this Kaggle's {KAGGLE_ZIP}?")
+
+
+def _extracted(path: Path, archive: ArchiveFile, infos: list[zipfile.ZipInfo]) -> tuple[dict[str, tuple[int, int]], list[tuple[str, str]]]:
+    """Name -> (index in ``infos``, kind) of every file extraction leaves (the last of a repeated name, links
+    resolved to their target's member); and the members left out."""
+    entries: list[TarEntry] = []
+    links: dict[int, zipfile.ZipInfo] = {}
+    for k, info in enumerate(infos):
+        if info.is_dir():
+            entries.append(TarEntry(info.filename.rstrip("/"), k, 0, tarfile.DIRTYPE))
+        elif stat.S_ISLNK(info.external_attr >> 16):
+            links[k] = info
+        else:
+            entries.append(TarEntry(info.filename, k, info.file_size, tarfile.REGTYPE))
+    if links:
+        with member_reader(_spans(path, archive, infos, [(k, SPAN) for k in links])) as read:
+            for j, (k, info) in enumerate(links.items()):
+                target = read(j, f"{path.name}/{info.filename}")
+                entries.append(
+                    TarEntry(info.filename, k, 0, tarfile.SYMTYPE, target.decode("utf-8", "replace") if isinstance(target, bytes) else "")
+                )
+        entries.sort(key=lambda entry: entry.offset)
+    members, failed = resolve_links(entries)
+    return {name: (k, kind) for name, k, _size, kind in members}, failed
+
+
+def _spans(path: Path, archive: ArchiveFile, infos: list[zipfile.ZipInfo], items: list[tuple[int, int]]) -> MemberSpans:
+    """The spans of ``items`` ((index in ``infos``, kind) each); a member imgpipe cannot read in place is a DatasetError."""
+    chosen = [infos[k] if kind == SPAN else None for k, kind in items]
+    for info in chosen:
+        if info is not None and info.flag_bits & 0x1:
+            raise DatasetError(f"{path}: member {info.filename} is encrypted; imgpipe reads unencrypted zips")
+        if info is not None and info.compress_type not in METHODS:
+            raise DatasetError(
+                f"{path}: member {info.filename} is compressed with zip method {info.compress_type}; "
+                "imgpipe reads stored and deflated members: re-zip it (zip -r) or extract it"
+            )
+    column = lambda get, dtype: np.array([0 if i is None else get(i) for i in chosen], dtype)  # noqa: E731
+    kinds = np.array([METHODS[i.compress_type] if i is not None else kind for i, (_, kind) in zip(chosen, items)], np.int8)
+    return MemberSpans(
+        (archive,), np.zeros(len(items), np.int32), column(lambda i: i.header_offset, np.int64), column(lambda i: i.file_size, np.int64),
+        kinds, column(lambda i: i.compress_size, np.int64), column(lambda i: i.CRC, np.uint32),
+    )  # fmt: skip
+
+
+def _class_folders(files: dict[str, tuple[int, int]], base: str) -> list[str]:
+    """The visible class folder names under ``base`` (sorted as ImageFolder sorts them)."""
+    return sorted({rest.split("/", 1)[0] for name in files if name.startswith(base) and "/" in (rest := name[len(base) :])
+                   and not rest.startswith(".")})  # fmt: skip
+
+
+def _images(files: dict[str, tuple[int, int]], base: str, rejected: list[tuple[str, str]], zip_name: str) -> list[str]:
+    """The image members under ``base`` (sorted as a flat folder sorts), leaving out hidden and unlistable names."""
+    names, ignored = [], 0
+    for name in files:
+        if not name.startswith(base):
+            continue
+        rest = name[len(base) :]
+        if not stays_inside_source_root(name):
+            rejected.append((name, ESCAPE_REASON))
+        elif any(part.startswith(".") for part in rest.split("/")):
+            continue
+        elif not is_image_name(name):
+            ignored += 1
+        elif "\n" in name:
+            rejected.append((name, NEWLINE_REASON))
+        else:
+            names.append(name)
+    if ignored:
+        logger.info("%s/%s: ignored %d members without an image extension", zip_name, base, ignored)
+    return sorted(names, key=lambda name: name.rpartition("/")[::2])
+
+
+def _val_labels(
+    path: Path,
+    names: list[str],
+    files: dict[str, tuple[int, int]],
+    prefix: str,
+    index: dict[str, int],
+    archive: ArchiveFile,
+    infos: list[zipfile.ZipInfo],
+) -> np.ndarray:
+    """Labels of the flat val images from ``LOC_val_solution.csv``: the zip's own, else one beside the zip."""
+    shown = [f"{path.name}/{name}" for name in names]
+    inside = prefix + VAL_CSV
+    if inside in files:
+        with member_reader(_spans(path, archive, infos, [files[inside]])) as read:
+            data = read(0, f"{path.name}/{inside}")
+        return label_flat_val(path.parent, shown, path / inside, index, data if isinstance(data, bytes) else b"")
+    beside = path.parent / VAL_CSV
+    if beside.is_file():
+        return label_flat_val(path.parent, shown, beside, index)
+    raise DatasetError(
+        f"{path}: flat val but no {VAL_CSV} in the zip or beside it; put it beside the zip, or pack only train (--splits train)"
+    )

@@ -1,0 +1,125 @@
+"""The pack journal in ``DST/.imgpipe-pack/``: what a pack was asked to do and which shards are done.
+
+``plan.json`` holds the pack options and the plan fingerprint. ``{shard}.json`` is written
+atomically right after the shard's .rec and .idx have been renamed into place: it is the
+only proof that a shard is finished, so a rerun skips exactly the journaled shards and
+rewrites anything else. Each node of a multi-node pack writes only its own entries, and
+holds ``node-{rank}.lock`` (with its pid inside) while it runs, from before it touches DST
+(even to delete it for --overwrite) to the end, so that two packs never write the same shards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgpipe._sys.atomic import atomic_write_bytes
+from imgpipe._sys.pidlock import describe_holder, holder_alive, lock_holder, try_lock
+from imgpipe.errors import PackError
+from imgpipe.format.manifest import JOURNAL_DIR, PLAN_NAME
+
+
+@dataclass
+class ShardResult:
+    """A finished shard as its worker wrote it: checksums, and what happened to each item."""
+
+    name: str
+    records: int
+    bytes: int
+    sha256: str
+    index_bytes: int
+    index_sha256: str
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # (planned position, reason)
+    actions: dict[str, int] = field(default_factory=dict)  # kept / repaired / resized -> count
+    repairs: dict[str, int] = field(default_factory=dict)  # repair reason -> count
+    crc32: list[int] = field(default_factory=list)  # zlib.crc32 of each record, in record order
+    source_bytes: int = 0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ShardResult":
+        result = cls(**data)
+        result.skipped = [(int(pos), str(reason)) for pos, reason in result.skipped]
+        return result
+
+
+class Journal:
+    """Read and write ``DST/.imgpipe-pack``."""
+
+    def __init__(self, dst: Path) -> None:
+        self.dst = Path(dst)
+        self.folder = self.dst / JOURNAL_DIR
+
+    def read_plan(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.folder / PLAN_NAME).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise PackError(
+                f"{self.folder / PLAN_NAME}: unreadable pack journal ({e}); pass --overwrite (or, with --num-nodes, empty DST) to start again"
+            ) from None
+
+    def write_plan(self, options: dict[str, Any], fingerprint: str, shards: int) -> None:
+        """Record the options, the plan fingerprint and the planned shard count (for 'incomplete pack' messages)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        data = json.dumps({"options": options, "fingerprint": fingerprint, "shards": shards}, indent=1, sort_keys=True) + "\n"
+        atomic_write_bytes(self.folder / PLAN_NAME, data.encode("utf-8"))
+
+    def entry_path(self, shard_name: str) -> Path:
+        return self.folder / f"{shard_name}.json"
+
+    def read_entry(self, shard_name: str) -> ShardResult | None:
+        """The journaled result of a shard, or None if it is not finished."""
+        try:
+            data = json.loads(self.entry_path(shard_name).read_text(encoding="utf-8"))
+            return ShardResult.from_dict(data)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError) as e:
+            raise PackError(f"{self.entry_path(shard_name)}: unreadable journal entry ({e}); delete it to rewrite that shard") from None
+
+    def write_entry(self, result: ShardResult) -> None:
+        data = json.dumps(asdict(result), separators=(",", ":"), sort_keys=True) + "\n"
+        atomic_write_bytes(self.entry_path(result.name), data.encode("utf-8"))
+
+    def lock(self, node_rank: int, *, whole_dst: bool = False, wait_s: float = 30.0) -> int:
+        """Take this node's lock and write our pid into it; return the fd to keep open.
+
+        A lock held by a live pack fails at once, naming its pid. A lock whose holder died
+        (kill -9) is held on by its pool workers until they notice and exit, so that case is
+        waited for (up to ``wait_s``). ``whole_dst`` (for --overwrite) also requires that no
+        other node's lock is held.
+        """
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise PackError(
+                f"{self.folder}: cannot make the pack journal there ({e.strerror}); move that file away or choose another DST"
+            ) from None
+        fd = self._acquire(self.folder / f"node-{node_rank}.lock", wait_s)
+        if whole_dst:
+            for other in sorted(self.folder.glob("node-*.lock")):
+                if other.name != f"node-{node_rank}.lock":
+                    try:
+                        os.close(self._acquire(other, wait_s))
+                    except PackError:
+                        os.close(fd)
+                        raise
+        return fd
+
+    def _acquire(self, path: Path, wait_s: float) -> int:
+        deadline = time.monotonic() + wait_s
+        while True:
+            fd = try_lock(path)
+            if fd is not None:
+                return fd
+            holder = lock_holder(path)
+            if (holder is not None and holder_alive(*holder)) or time.monotonic() > deadline:
+                raise PackError(
+                    f"another imgpipe pack is writing {self.dst} ({describe_holder(holder)}); wait for it to finish or stop it, then rerun"
+                ) from None
+            time.sleep(0.05)

@@ -1,0 +1,663 @@
+"""``imgpipe pack``: scan a source tree, plan shards, write them in parallel, resume, finalize.
+
+Flow: ``ingest.scan`` (files, or members of image-net.org's tars read in place by
+``tarsource``) -> ``plan.make_plan`` (pure function of the options) -> check DST
+against the journal (same options, or ``--overwrite``) -> free-space check and slow-disk
+warning -> worker processes each write whole shards (``shardwriter``) -> when every shard
+of the plan is journaled, the sidecars and ``manifest.json`` are written (atomically, last).
+
+A rerun skips journaled shards, so a pack killed at any moment and rerun with the same
+arguments ends byte-identical to an uninterrupted one. With ``num_nodes=N`` node ``i``
+writes the shards whose global index (over all splits) is ``i mod N``; whichever node
+completes the journal writes the manifest, or ``finalize=True`` does it afterwards.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import queue as queue_module
+import shutil
+import threading
+import time
+from collections import Counter
+from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from imgpipe._sys.atomic import fsync_dir
+from imgpipe._sys.diskinfo import check_free_space, warn_if_slow
+from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.oserrors import NO_SPACE, describe, write_probe
+from imgpipe._sys.procs import pool_context
+from imgpipe._sys.validate import MAX_SEED
+from imgpipe.errors import DatasetError, ImgpipeError, PackError, RecordIOError
+from imgpipe.format import recordio
+from imgpipe.format.layout import (
+    SIDECAR_SUFFIXES,
+    checksums_bytes,
+    checksums_name,
+    index_bytes,
+    index_name,
+    is_shard_file,
+    labels_bytes,
+    labels_name,
+    sources_bytes,
+    sources_name,
+    write_sidecar,
+)
+from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped, SplitInfo, load_manifest, write_manifest
+from imgpipe.image import codec, shrink
+from imgpipe.ingest.scan import scan
+from imgpipe.pack.journal import JOURNAL_DIR, Journal, ShardResult
+from imgpipe.pack.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size, published_names
+from imgpipe.pack.shardwriter import ShardJob, init_worker, tmp_names, write_shard, write_shard_in_worker
+
+logger = logging.getLogger(__name__)
+
+STALE_TMP_S = 600.0  # an atomic write takes milliseconds: a temp file this old belongs to a killed process
+LISTINGS_DIR = "listings"
+ARCHIVE_SUFFIXES = (".tar", ".zip", ".parquet", ".gz", ".tgz")
+
+
+@dataclass
+class PackReport:
+    """What a pack run did. ``images``/``source_bytes``/``seconds`` cover the shards written by this run."""
+
+    dst: Path
+    records: dict[str, int] = field(default_factory=dict)  # per split; empty until the manifest is written
+    skipped: list[Skipped] = field(default_factory=list)
+    actions: dict[str, int] = field(default_factory=dict)
+    repairs: dict[str, int] = field(default_factory=dict)
+    shards_total: int = 0
+    shards_written: int = 0
+    shards_reused: int = 0
+    shards_pending: list[str] = field(default_factory=list)  # not yet written by any node
+    images: int = 0
+    source_bytes: int = 0
+    seconds: float = 0.0
+    manifest: Path | None = None
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.source_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self, show_skipped: int = 5) -> str:
+        """A few lines for humans: records per split, skips with reasons, speed."""
+        lines = []
+        if self.manifest is not None:
+            per_split = ", ".join(f"{split} {n:,}" for split, n in self.records.items())
+            lines.append(f"packed {sum(self.records.values()):,} records ({per_split}) into {self.dst}")
+        else:
+            lines.append(
+                f"wrote {self.shards_written} shard(s) into {self.dst}; {len(self.shards_pending)} still to be written by other nodes"
+            )
+        lines.append(
+            f"shards: {self.shards_written} written, {self.shards_reused} already done, {self.shards_total} in the plan; "
+            f"{self.images:,} images in {self.seconds:.1f} s ({self.images_per_s:,.0f} images/s, {self.mb_per_s:,.1f} MB/s)"
+        )
+        changed = {k: v for k, v in self.actions.items() if k != "kept" and v}
+        if changed:
+            lines.append("changed: " + ", ".join(f"{n:,} {action}" for action, n in changed.items()))
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped)} file(s):")
+            lines += [f"  {s}" for s in self.skipped[:show_skipped]]
+            if len(self.skipped) > show_skipped:
+                lines.append(f"  ... and {len(self.skipped) - show_skipped} more (see 'imgpipe info {self.dst}')")
+        return "\n".join(lines)
+
+
+def pack(
+    src: str | os.PathLike | Sequence[str | os.PathLike],
+    dst: str | os.PathLike,
+    *,
+    splits: Sequence[str] | None = None,
+    shard_size: str | int | None = None,
+    shards: str | int | None = None,
+    workers: int | None = None,
+    resize: int | None = None,
+    quality: int = 95,
+    shuffle: bool = True,
+    seed: int = 0,
+    overwrite: bool = False,
+    strict: bool = False,
+    num_nodes: int = 1,
+    node_rank: int = 0,
+    finalize: bool = False,
+    progress: bool = True,
+) -> PackReport:
+    """Pack ``src`` into RecordIO shards in ``dst``; see the module docstring. Raises PackError/DatasetError.
+
+    ``src`` is a source folder, one image-net.org tar, or several of its files (tars, devkit,
+    LOC_val_solution.csv) named one by one.
+    """
+    started = time.monotonic()
+    sources = [src] if isinstance(src, (str, os.PathLike)) else list(src)
+    src_paths, dst_path = [Path(os.path.abspath(p)) for p in sources], Path(os.path.abspath(dst))
+    _check_arguments(src_paths, dst_path, workers, resize, quality, seed, num_nodes, node_rank, overwrite)
+    if shard_size is not None and shards is not None:
+        raise PackError("give --shards or --shard-size, not both")
+    size = parse_size(shard_size if shard_size is not None else DEFAULT_SHARD_SIZE)
+    cache = dst_path / JOURNAL_DIR / LISTINGS_DIR  # listings that cost a full read (.tar.gz, Parquet) are kept for reruns
+    plan, src_path = _plan(
+        src_paths[0] if len(src_paths) == 1 else src_paths, splits, size, shards, resize, quality, shuffle, seed, workers, cache
+    )
+    try:
+        dst_path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PackError(f"DST {dst_path}: cannot make it: {describe(e, writing=True)}; or choose another DST") from None
+    refused = write_probe(dst_path)
+    if refused is not None:
+        raise PackError(f"DST {dst_path}: cannot write there: {describe(refused, writing=True)}; or choose another DST")
+    journal = Journal(dst_path)
+    lock_fd = journal.lock(node_rank, whole_dst=overwrite)  # before anything in DST is read, written or deleted
+    try:
+        if overwrite:
+            remove_pack_outputs(dst_path)
+        report = _check_journal(journal, plan, num_nodes)
+        if report is None:
+            report = PackReport(dst=dst_path, shards_total=len(plan.shards))
+            mine = [] if finalize else [s for k, s in enumerate(plan.shards) if k % num_nodes == node_rank]
+            _remove_stale_tmp(dst_path, mine, everything=num_nodes == 1)
+            published = _published(plan, journal)
+            todo = [s for s in mine if not _finished(journal, dst_path, s, published)]
+            report.shards_reused = len(mine) - len(todo)
+            if todo:
+                needed = sum(int(plan.splits[s.split].sizes[s.start : s.stop].sum()) for s in todo)
+                check_free_space(dst_path, needed, what=f"{len(todo)} shard(s) to write")
+                warn_if_slow(dst_path)
+                _warn_if_no_extension(resize)
+                _write_shards(plan, todo, src_path, dst_path, resize, quality, workers, progress, report, node_rank)
+            report.seconds = time.monotonic() - started
+            pending = [s.name for s in plan.shards if journal.read_entry(s.name) is None]
+            report.shards_pending = pending
+            if pending and (finalize or num_nodes == 1):
+                raise PackError(
+                    f"{dst_path}: {len(pending)} shard(s) are not written yet (e.g. {pending[0]}); "
+                    f"run every --node-rank 0..{num_nodes - 1} first, then --finalize"
+                )
+            if not pending:
+                if num_nodes > 1:  # every shard is journaled; what is left is a killed node's atomic-write temp file
+                    _remove_stale_tmp(dst_path, plan.shards, everything=False, older_than_s=STALE_TMP_S)
+                try:
+                    _finalize(plan, journal, src_path, dst_path, report)
+                except OSError as e:
+                    raise PackError(
+                        f"DST {dst_path}: writing the sidecars and {MANIFEST_NAME} failed: {describe(e, writing=True)}; "
+                        "then rerun the same command to finish (every shard is written)"
+                    ) from None
+    finally:
+        os.close(lock_fd)
+    logger.debug("%s", report.summary())
+    if strict and report.skipped:
+        first = report.skipped[0]
+        raise PackError(
+            f"--strict: {len(report.skipped)} source file(s) were skipped (first: {first}); fix or remove them, or pack without --strict"
+        )
+    return report
+
+
+_NO_EXTENSION = (
+    "imgpipe's C extension over libjpeg-turbo (imgpipe.image._jpeg_shrink) is not built: pack checks every kept JPEG "
+    "with Pillow's whole decode%s, several times slower; reinstall imgpipe where libjpeg-turbo's headers are installed "
+    "(libjpeg-turbo8-dev or libjpeg62-turbo-dev on Debian/Ubuntu, libjpeg-turbo-devel on RHEL)"
+)
+
+
+def _warn_if_no_extension(resize: int | None) -> None:
+    """Say once per pack that the slow path is taken when the C extension is missing (kept bytes come out the same)."""
+    slow_resize = resize is not None and not shrink.available()
+    if not codec.scan_check_built() or slow_resize:
+        logger.warning(_NO_EXTENSION, " and --resize resizes with Pillow (other, equally valid bytes)" if slow_resize else "")
+
+
+def _check_arguments(
+    srcs: Sequence[Path],
+    dst: Path,
+    workers: int | None,
+    resize: int | None,
+    quality: int,
+    seed: int,
+    num_nodes: int,
+    node_rank: int,
+    overwrite: bool,
+) -> None:
+    for src in srcs:
+        archive = src.name.lower().endswith(ARCHIVE_SUFFIXES) or src.suffix[1:].isdigit()
+        if not src.exists() or (not src.is_dir() and len(srcs) == 1 and not archive):
+            what = "is a file, not a folder or an archive" if src.exists() else "no such folder or file"
+            raise PackError(
+                f"SRC {src}: {what}; give the ImageNet root, the Kaggle download or its zip, a folder of class folders, "
+                "image-net.org's tars, Hugging Face's Parquet files or tarballs, or WebDataset shards"
+            )
+        real_src, real_dst = Path(os.path.realpath(src)), Path(os.path.realpath(dst))
+        if src.is_dir() and (real_dst == real_src or real_src in real_dst.parents):
+            raise PackError(f"DST {dst} is inside SRC {src}; choose a DST outside the source tree")
+    existing = next((p for p in (dst, *dst.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise PackError(f"DST {dst}: {existing} is a file, not a folder; choose another DST")
+    if workers is not None and workers < 1:
+        raise PackError(f"--workers {workers}: need at least 1")
+    if resize is not None and resize < 1:
+        raise PackError(f"--resize {resize}: the shorter side must be at least 1 pixel")
+    if not 1 <= quality <= 100:
+        raise PackError(f"--quality {quality}: use a JPEG quality from 1 to 100")
+    if not 0 <= seed <= MAX_SEED:
+        raise PackError(f"--seed {seed}: use a seed from 0 to {MAX_SEED}")
+    if num_nodes < 1:
+        raise PackError(f"--num-nodes {num_nodes}: need at least 1 machine")
+    if not 0 <= node_rank < num_nodes:
+        raise PackError(f"--node-rank {node_rank} must be in 0..{num_nodes - 1} (--num-nodes {num_nodes})")
+    if overwrite and num_nodes > 1:
+        raise PackError(
+            "--overwrite with --num-nodes > 1 would let one node delete another's shards; empty DST once before starting the nodes"
+        )
+
+
+def _plan(
+    src: str | os.PathLike | Sequence[Path],
+    splits: Sequence[str] | None,
+    shard_size: int,
+    shards: str | int | None,
+    resize: int | None,
+    quality: int,
+    shuffle: bool,
+    seed: int,
+    workers: int | None,
+    cache: Path | None = None,
+) -> tuple[PackPlan, Path]:
+    """The plan, and the source root its paths are relative to."""
+    try:
+        tree = scan(src, splits, workers, cache)
+    except OSError as e:  # a class folder, LOC_val_solution.csv or tar that cannot be read
+        raise DatasetError(f"SRC {e.filename or src}: cannot read it: {describe(e, writing=False)}; then rerun") from None
+    items = {name: (s.paths, s.labels) for name, s in tree.splits.items() if len(s.paths)}
+    for name in tree.splits.keys() - items.keys():
+        logger.warning("split %s has no images in %s; it is left out", name, src)
+    if not items:
+        raise PackError(f"SRC {src}: no images found ({tree.layout} layout); check the path and the file extensions")
+    counts = parse_shard_counts(shards, list(items))
+    size = None if counts is not None else shard_size
+    options: dict[str, Any] = {
+        "splits": list(items),
+        "shard_size": size,
+        "shards": counts,
+        "resize": resize,
+        "quality": quality,
+        "shuffle": shuffle,
+        "seed": seed,
+    }
+    if resize is not None:  # the two resizers give other bytes: a pack is never resumed with the other one
+        options["resizer"] = "libjpeg-turbo" if shrink.available() else "pillow"
+    spans = {name: s.spans for name, s in tree.splits.items() if s.spans is not None and name in items}
+    plan = make_plan(
+        tree.root, tree.classes, items, options=options, shard_size=shard_size, shard_counts=counts, shuffle=shuffle, seed=seed, spans=spans
+    )
+    plan.rejected = {name: s.rejected for name, s in tree.splits.items() if s.rejected}
+    plan.layout = tree.layout
+    return plan, tree.root
+
+
+def _check_journal(journal: Journal, plan: PackPlan, num_nodes: int) -> PackReport | None:
+    """Refuse a DST packed with other options; start a journal in an unused DST.
+
+    A finished pack whose journal is gone (copied without dot-folders) is recognised from its
+    manifest: with the same options and source it is complete, and its report is returned.
+    """
+    restart = (
+        "empty DST (or choose another), then start every node again with the same options"
+        if num_nodes > 1
+        else "pass --overwrite to start again"
+    )
+    stored = journal.read_plan()
+    if stored is None and (journal.dst / MANIFEST_NAME).exists():
+        manifest = load_manifest(journal.dst)
+        stored = {"options": manifest.options, "fingerprint": manifest.fingerprint or plan.fingerprint}
+        source = f" (from its {MANIFEST_NAME}; the journal {JOURNAL_DIR}/ is gone)"
+    elif stored is None:
+        leftovers = [p.name for p in journal.dst.iterdir() if _is_pack_output(p.name) and p.name != JOURNAL_DIR]
+        leftovers += [f"{JOURNAL_DIR}/{p.name}" for p in journal.folder.iterdir() if not p.name.endswith((".lock", ".tmp"))
+                      and p.name != LISTINGS_DIR]  # fmt: skip
+        if leftovers:
+            raise PackError(f"DST {journal.dst} already holds packed files ({leftovers[0]}) from an unknown pack: {restart}")
+        journal.write_plan(plan.options, plan.fingerprint, len(plan.shards))
+        return None
+    else:
+        manifest, source = None, ""
+    if stored.get("options") != plan.options:
+        old = stored.get("options") or {}
+        diffs = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in plan.options.items() if old.get(k) != v]
+        raise PackError(f"DST {journal.dst} was packed with different options ({'; '.join(diffs)}){source}: {restart}")
+    if stored.get("fingerprint") != plan.fingerprint:
+        raise PackError(
+            f"DST {journal.dst} was packed from a different source tree (files added, removed or changed size since){source}: {restart}"
+        )
+    if manifest is None:
+        return None
+    logger.warning(
+        "%s: %s holds a finished pack with these options; nothing to do ('imgpipe verify' checks it)", journal.dst, MANIFEST_NAME
+    )
+    records = {name: split.records for name, split in manifest.splits.items()}
+    shards = sum(len(split.shards) for split in manifest.splits.values())
+    return PackReport(
+        journal.dst,
+        records=records,
+        skipped=manifest.skipped,
+        shards_total=shards,
+        shards_reused=shards,
+        manifest=journal.dst / MANIFEST_NAME,
+    )
+
+
+def _is_pack_output(name: str) -> bool:
+    return name == MANIFEST_NAME or name == JOURNAL_DIR or is_shard_file(name) or name.endswith(SIDECAR_SUFFIXES)
+
+
+def remove_pack_outputs(dst: Path) -> None:
+    """Delete what a pack writes in ``dst`` (shards, sidecars, manifest, journal, temp files); nothing else.
+
+    The journal's lock files stay: the caller holds one of them.
+    """
+    for path in dst.iterdir():
+        if path.name == JOURNAL_DIR:
+            for entry in path.iterdir():
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                elif not entry.name.endswith(".lock"):
+                    entry.unlink()
+        elif _is_pack_output(path.name) or (path.name.startswith(".") and path.name.endswith(".tmp")):
+            path.unlink()
+
+
+def _remove_stale_tmp(dst: Path, mine: Iterable[ShardSpec], everything: bool, older_than_s: float = 0.0) -> None:
+    """Remove temp files a killed run left: of this node's shards, or every temp file when no
+    other node can be writing (single node), or those older than ``older_than_s`` seconds."""
+    stale = [p for spec in mine for p in tmp_names(dst, spec)]
+    if everything or older_than_s:
+        stale += [p for folder in (dst, dst / JOURNAL_DIR) if folder.is_dir() for p in folder.glob(".*.tmp")]
+    now = time.time()
+    for path in stale:
+        try:
+            if everything or not older_than_s or now - path.stat().st_mtime > older_than_s:
+                logger.debug("removing %s left by an interrupted run", path)
+                path.unlink()
+        except FileNotFoundError:
+            continue
+
+
+def _published(plan: PackPlan, journal: Journal) -> dict[str, str]:
+    """Planned -> published shard names, for every split whose shards are all journaled."""
+    names: dict[str, str] = {}
+    for split in plan.splits.values():
+        entries = [journal.read_entry(spec.name) for spec in split.shards]
+        if all(entry is not None for entry in entries):
+            names.update(published_names(split, [entry.records for entry in entries if entry is not None]))
+    return names
+
+
+def _finished(journal: Journal, dst: Path, spec: ShardSpec, published: dict[str, str]) -> bool:
+    """A shard is done when it is journaled and both files have the journaled sizes, under the
+    planned name or (once finalize renumbered the shards) the published one; or when it is
+    journaled without records (every item skipped: it has no files)."""
+    entry = journal.read_entry(spec.name)
+    if entry is None:
+        return False
+    if entry.records == 0:
+        return True
+    for name in dict.fromkeys([spec.name, published.get(spec.name, spec.name)]):
+        try:
+            sizes = ((dst / f"{name}.rec").stat().st_size, (dst / f"{name}.idx").stat().st_size)
+        except FileNotFoundError:
+            continue
+        if sizes == (entry.bytes, entry.index_bytes):
+            return True
+    logger.warning("%s: journaled but its files are missing or changed size; writing it again", spec.name)
+    journal.entry_path(spec.name).unlink(missing_ok=True)
+    return False
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _jobs(plan: PackPlan, todo: Sequence[ShardSpec], src: Path, dst: Path, resize: int | None, quality: int) -> list[ShardJob]:
+    jobs = []
+    for spec in todo:
+        split = plan.splits[spec.split]
+        window = slice(spec.start, spec.stop)
+        spans = split.spans.take(window) if split.spans is not None else None
+        jobs.append(ShardJob(dst, src, spec, split.paths[window], split.labels[window].tolist(), resize, quality, spans))
+    return jobs
+
+
+def _write_shards(
+    plan: PackPlan,
+    todo: Sequence[ShardSpec],
+    src: Path,
+    dst: Path,
+    resize: int | None,
+    quality: int,
+    workers: int | None,
+    progress: bool,
+    report: PackReport,
+    node_rank: int = 0,
+) -> None:
+    """Write ``todo``: shard by shard from files and in-place archives, unit by unit from streams (``scatter``)."""
+    from imgpipe.ingest.streams import StreamItems
+
+    streamed = [spec for spec in todo if isinstance(plan.splits[spec.split].spans, StreamItems)]
+    jobs = _jobs(plan, [spec for spec in todo if spec not in streamed], src, dst, resize, quality)
+    workers = workers or available_cpus()
+    total_bytes = sum(int(plan.splits[s.split].sizes[s.start : s.stop].sum()) for s in todo)
+    bar = tqdm(total=sum(s.items for s in todo), unit="img", desc="pack", disable=not progress, dynamic_ncols=True, smoothing=0.1)
+    started = time.monotonic()
+    done_bytes = [0]
+
+    def advance(images: int, nbytes: int) -> None:
+        done_bytes[0] += nbytes
+        elapsed = max(time.monotonic() - started, 1e-9)
+        bar.set_postfix_str(f"{done_bytes[0] / 1e6 / elapsed:.1f} MB/s of {total_bytes / 1e6:,.0f} MB", refresh=False)
+        bar.update(images)
+
+    logger.info("writing %d shard(s) of %d with %d worker(s) into %s", len(todo), report.shards_total, workers, dst)
+    try:
+        if jobs and min(workers, len(jobs)) == 1:
+            for job in jobs:
+                _collect(_run_inline(job, advance), report)
+        elif jobs:
+            _run_pool(jobs, min(workers, len(jobs)), advance, report)
+        if streamed:
+            from imgpipe.pack.scatter import StreamPack
+
+            StreamPack(plan, streamed, dst, resize, quality, node_rank, advance, lambda result: _collect(result, report)).run(workers)
+    except BaseException:
+        for spec in todo:
+            if Journal(dst).read_entry(spec.name) is None:
+                for path in tmp_names(dst, spec):
+                    path.unlink(missing_ok=True)
+        raise
+    finally:
+        bar.close()
+
+
+def _run_inline(job: ShardJob, advance: Any) -> ShardResult:
+    try:
+        return write_shard(job, advance)
+    except ImgpipeError:
+        raise
+    except Exception as e:
+        raise _write_failure(job, e) from e
+
+
+def _write_failure(job: ShardJob, error: Exception) -> PackError:
+    """One line for a shard that could not be written: a full or read-only DST says what to do, and that a rerun resumes."""
+    if isinstance(error, OSError) and (error.errno in NO_SPACE or error.errno == errno.EROFS):
+        return PackError(
+            f"DST {job.dst}: writing shard {job.spec.name} failed: {describe(error, writing=True)}; "
+            "then rerun the same command to resume (the shards finished are kept)"
+        )
+    return PackError(f"writing shard {job.spec.name} failed: {type(error).__name__}: {error}")
+
+
+def _run_pool(jobs: Sequence[ShardJob], workers: int, advance: Any, report: PackReport) -> None:
+    context = pool_context()
+    updates = context.Queue()
+    stop = threading.Event()
+
+    def drain() -> None:
+        while not stop.is_set() or not updates.empty():
+            try:
+                images, nbytes = updates.get(timeout=0.1)
+            except queue_module.Empty:
+                continue
+            advance(images, nbytes)
+
+    drainer = threading.Thread(target=drain, name="imgpipe-pack-progress", daemon=True)
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker, initargs=(updates, os.getpid()))
+    futures: dict[Future, ShardJob] = {}
+    try:
+        futures = {pool.submit(write_shard_in_worker, job): job for job in jobs}
+        drainer.start()
+        remaining = set(futures)
+        while remaining:
+            done, remaining = wait(remaining, return_when=FIRST_EXCEPTION)
+            for future in done:
+                job = futures[future]
+                try:
+                    _collect(future.result(), report)
+                except BrokenProcessPool:
+                    raise PackError(
+                        f"a pack worker died while writing {job.spec.name} (killed, or out of memory?); rerun to resume"
+                    ) from None
+                except ImgpipeError:
+                    raise
+                except Exception as e:
+                    raise _write_failure(job, e) from e
+    except BaseException:
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.kill()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    else:
+        pool.shutdown(wait=True)
+    finally:
+        stop.set()
+        if drainer.is_alive():
+            drainer.join()
+        updates.close()
+
+
+def _collect(result: ShardResult, report: PackReport) -> None:
+    report.shards_written += 1
+    report.images += result.records + len(result.skipped)
+    report.source_bytes += result.source_bytes
+
+
+# ----------------------------------------------------------------------------- finalize
+
+
+def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: PackReport) -> None:
+    """Write the sidecars and the manifest from the journal (deterministic bytes)."""
+    splits: dict[str, SplitInfo] = {}
+    skipped: list[Skipped] = []
+    actions: Counter[str] = Counter()
+    repairs: Counter[str] = Counter()
+    published = _published(plan, journal)
+    for name, split in plan.splits.items():
+        kept: list[np.ndarray] = []
+        crcs: list[np.ndarray] = []
+        indexes: list[tuple[np.ndarray, np.ndarray]] = []
+        shard_infos = []
+        for spec in split.shards:
+            entry = journal.read_entry(spec.name)
+            if entry is None:
+                raise PackError(f"{journal.entry_path(spec.name)}: journal entry vanished while finalizing; rerun the pack")
+            final = published.get(spec.name)
+            _publish(dst, spec, final)
+            skipped += [Skipped(name, split.paths[pos], reason) for pos, reason in entry.skipped]
+            actions.update(entry.actions)
+            repairs.update(entry.repairs)
+            if final is None:
+                continue
+            gone = {pos for pos, _ in entry.skipped}
+            positions = np.array([p for p in range(spec.start, spec.stop) if p not in gone], dtype=np.int64)
+            kept.append(positions)
+            crcs.append(np.array(entry.crc32, dtype=np.uint32))
+            indexes.append(_read_published_index(dst / f"{final}.idx"))
+            shard_infos.append(
+                ShardInfo(f"{final}.rec", f"{final}.idx", entry.records, entry.bytes, entry.sha256, entry.index_bytes, entry.index_sha256)
+            )
+        fsync_dir(dst)
+        if not shard_infos:
+            logger.warning("split %s: every image was skipped; the split is left out", name)
+            continue
+        if len(shard_infos) < len(split.shards):
+            logger.warning(
+                "split %s: %d of %d planned shard(s) held only skipped images and are left out; the other %d are numbered -of-%05d",
+                name,
+                len(split.shards) - len(shard_infos),
+                len(split.shards),
+                len(shard_infos),
+                len(shard_infos),
+            )
+        order = np.concatenate(kept)
+        splits[name] = SplitInfo(
+            shards=shard_infos,
+            sources=sources_name(name),
+            sources_sha256=write_sidecar(dst / sources_name(name), sources_bytes([split.paths[p] for p in order.tolist()])),
+            labels=labels_name(name),
+            labels_sha256=write_sidecar(dst / labels_name(name), labels_bytes(split.labels[order])),
+            checksums=checksums_name(name),
+            checksums_sha256=write_sidecar(dst / checksums_name(name), checksums_bytes(np.concatenate(crcs))),
+            index_sidecar=index_name(name),
+            index_sidecar_sha256=write_sidecar(
+                dst / index_name(name), index_bytes(np.concatenate([k for k, _ in indexes]), np.concatenate([o for _, o in indexes]))
+            ),
+        )
+        report.records[name] = int(order.size)
+    skipped += [Skipped(name, path, reason) for name, rejected in plan.rejected.items() for path, reason in rejected]
+    if not splits:
+        raise PackError(f"every source image was skipped (first: {skipped[0]}); nothing to pack")
+    manifest = Manifest(
+        classes=plan.classes,
+        splits=splits,
+        options=plan.options,
+        source=str(src),
+        skipped=skipped,
+        fingerprint=plan.fingerprint,
+        layout=plan.layout,
+    )
+    report.manifest = write_manifest(dst, manifest)
+    report.skipped = skipped
+    report.actions = dict(sorted(actions.items()))
+    report.repairs = dict(sorted(repairs.items()))
+
+
+def _read_published_index(idx: Path) -> tuple[np.ndarray, np.ndarray]:
+    """A written shard's .idx as (keys, offsets), for the split's index sidecar."""
+    try:
+        return recordio.read_index(idx)
+    except (OSError, RecordIOError) as e:
+        raise PackError(f"{idx}: cannot read the shard's index back ({e}); rerun the pack") from None
+
+
+def _publish(dst: Path, spec: ShardSpec, final: str | None) -> None:
+    """Give a written shard its published name, or delete it when it holds no records (``final`` None).
+
+    Idempotent, so a finalize killed half-way is simply run again.
+    """
+    for ext in ("rec", "idx"):
+        planned = dst / f"{spec.name}.{ext}"
+        if final is None:
+            planned.unlink(missing_ok=True)
+        elif final != spec.name and planned.exists():
+            os.replace(planned, dst / f"{final}.{ext}")

@@ -1,0 +1,112 @@
+"""A local (or mounted) folder as a ``ByteSource``: ``pread``, with files opened lazily in each process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+from imgpipe.errors import DatasetError, ImgpipeError
+from imgpipe.storage.source import COPY_BLOCK_BYTES, ByteRange, ByteSource, RangeCheck, RangeError
+
+
+class LocalSource(ByteSource):
+    """A local or mounted folder (or, with ``root=None``, files named by their paths): ``pread`` on
+    descriptors opened lazily in each process, reopened after a fork, never pickled."""
+
+    def __init__(self, root: str | os.PathLike | None) -> None:
+        self.root = None if root is None else Path(root)
+        self.location = "" if root is None else str(root)
+        self._fds: dict[str, int] = {}
+        self._pid = os.getpid()
+
+    def path(self, name: str) -> Path:
+        return Path(name) if self.root is None else self.root / name
+
+    def where(self, name: str) -> str:
+        return str(self.path(name))
+
+    def read_file(self, name: str) -> bytes:
+        return self.path(name).read_bytes()
+
+    def size(self, name: str) -> int:
+        return self.path(name).stat().st_size
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        return os.pread(self._fd(name), end - start, start)
+
+    def read_ranges(self, ranges: Sequence[ByteRange], check: RangeCheck | None = None) -> list[memoryview | ImgpipeError]:
+        out: list[memoryview | ImgpipeError] = []
+        for k, (name, start, end) in enumerate(ranges):
+            try:
+                data = memoryview(self.read_range(name, start, end))
+            except (OSError, DatasetError) as e:
+                out.append(RangeError(self.where(name), start, str(e)))
+                continue
+            reason = f"short read: {len(data)} of {end - start} bytes" if len(data) != end - start else check(k, data) if check else None
+            out.append(data if reason is None else RangeError(self.where(name), start, reason))
+        return out
+
+    def download(self, name: str, dest: str | os.PathLike) -> int:
+        shutil.copyfile(self.path(name), dest)
+        return os.path.getsize(dest)
+
+    def download_range(self, name: str, dest: str | os.PathLike, start: int, end: int) -> int:
+        with open(self.path(name), "rb") as src, open(dest, "r+b") as out:
+            at = start
+            while at < end:
+                block = os.pread(src.fileno(), min(COPY_BLOCK_BYTES, end - at), at)
+                if not block:
+                    raise DatasetError(f"{self.path(name)}: ends at {at} bytes, {end} expected (it changed while being copied?)")
+                view = memoryview(block)
+                while view:
+                    done = os.pwrite(out.fileno(), view, at)
+                    view, at = view[done:], at + done
+        return end - start
+
+    def list_names(self) -> list[str] | None:
+        if self.root is None:
+            return None
+        return sorted(p.name for p in self.root.iterdir() if p.is_file())
+
+    def list_sizes(self) -> dict[str, int] | None:
+        if self.root is None:
+            return None
+        return {e.name: e.stat().st_size for e in os.scandir(self.root) if e.is_file()}
+
+    def _fd(self, name: str) -> int:
+        pid = os.getpid()
+        if pid != self._pid:  # forked: the inherited descriptors share file offsets with the parent
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds, self._pid = {}, pid
+        fd = self._fds.get(name)
+        if fd is None:
+            try:
+                fd = os.open(self.path(name), os.O_RDONLY)
+            except OSError as e:
+                raise DatasetError(f"{self.path(name)}: cannot open ({e.strerror})") from None
+            self._fds[name] = fd
+        return fd
+
+    def close(self) -> None:
+        if self._pid == os.getpid():
+            for fd in self._fds.values():
+                os.close(fd)
+        self._fds = {}
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_fds"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pid = os.getpid()

@@ -1,0 +1,135 @@
+"""Two packs on one DST: the lock comes before anything is deleted, and the second run names the first."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from imgpipe.errors import PackError
+from imgpipe.format.verify import verify
+from imgpipe.pack.journal import JOURNAL_DIR
+from imgpipe.pack.packer import pack
+
+
+def imgpipe(*args: object, **kwargs) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "imgpipe", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs
+    )
+
+
+@pytest.fixture
+def blocking_tree(tmp_path: Path) -> tuple[Path, Path]:
+    """A class-folder tree whose last image is a FIFO: a pack stops there until the test writes to it."""
+    src = tmp_path / "src"
+    for name in ("A", "B"):
+        (src / name).mkdir(parents=True)
+        for k in range(3):
+            Image.new("RGB", (32, 24), (k * 40, 0, 0)).save(src / name / f"{k}.jpg")
+    fifo = src / "B" / "zz.jpg"
+    os.mkfifo(fifo)
+    return src, fifo
+
+
+@pytest.mark.timeout(120)
+def test_a_second_pack_on_a_locked_dst_names_the_first_and_deletes_nothing(blocking_tree, tmp_path: Path) -> None:
+    src, fifo = blocking_tree
+    dst = tmp_path / "dst"
+    first = imgpipe("pack", src, dst, "--no-shuffle", "--shards", "2", "--workers", "1")
+    try:
+        lock = dst / JOURNAL_DIR / "node-0.lock"
+        deadline = time.monotonic() + 60
+        while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        waiting = [dst / JOURNAL_DIR / "train-00000-of-00002.json", dst / ".train-00001-of-00002.rec.tmp"]
+        while not all(p.exists() for p in waiting) and time.monotonic() < deadline:  # shard 0 done, shard 1 waits on the FIFO
+            time.sleep(0.02)
+        before = {p.name for p in dst.rglob("*")}
+        for extra in (["--overwrite"], [], ["--seed", "5", "--overwrite"]):  # whatever its options
+            second = subprocess.run(  # run() kills it if it times out
+                [sys.executable, "-m", "imgpipe", "pack", str(src), str(dst), "--no-shuffle", "--shards", "2", "--workers", "1", *extra],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            err = second.stderr
+            assert second.returncode != 0
+            assert f"imgpipe: error: another imgpipe pack is writing {dst} (pid {first.pid}); wait for it to finish or stop it" in err, err
+            assert "Traceback" not in err and "--overwrite" not in err
+        assert before <= {p.name for p in dst.rglob("*")}  # nothing of the first pack was deleted
+        with open(fifo, "wb") as f:  # let the first pack go on: the FIFO's bytes are not an image
+            f.write(b"not a jpeg")
+        out, err = first.communicate(timeout=60)
+        assert first.returncode == 0, err
+        assert "B/zz.jpg: not an image" in out
+    finally:
+        if first.poll() is None:  # a failed assertion must not leave the pack waiting on its FIFO
+            first.kill()
+            first.wait()
+    assert verify(dst, workers=1, progress=False).ok
+
+
+@pytest.mark.timeout(60)
+def test_multi_node_option_mismatch_advises_emptying_dst_not_overwrite(synth_tree: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "out"
+    pack(synth_tree, dst, shards=2, num_nodes=2, node_rank=0, workers=1, progress=False)
+    with pytest.raises(
+        PackError, match=r"different options \(seed 0 -> 3\): empty DST \(or choose another\), then start every node"
+    ) as info:
+        pack(synth_tree, dst, shards=2, seed=3, num_nodes=2, node_rank=1, workers=1, progress=False)
+    assert "--overwrite" not in str(info.value)
+
+
+@pytest.mark.timeout(60)
+def test_a_finished_pack_without_its_journal_is_recognised_from_its_manifest(packed_dir: Path, synth_tree: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "copy"
+    shutil.copytree(packed_dir, dst, ignore=shutil.ignore_patterns(".*"))  # a copy that skips dot-folders
+    files = {p.name: p.stat().st_mtime_ns for p in dst.iterdir()}
+    report = pack(synth_tree, dst, shards="train=2,val=1", workers=1, progress=False)
+    assert report.records == {"train": 48, "val": 12} and report.shards_written == 0 and report.shards_reused == 3
+    assert {p.name: p.stat().st_mtime_ns for p in dst.iterdir() if p.name != JOURNAL_DIR} == files
+    with pytest.raises(
+        PackError,
+        match=r"different options \(seed 0 -> 4\) \(from its manifest.json; the journal .imgpipe-pack/ is gone\): pass --overwrite",
+    ):
+        pack(synth_tree, dst, shards="train=2,val=1", seed=4, workers=1, progress=False)
+
+
+@pytest.mark.timeout(60)
+def test_overwrite_waits_for_no_node_while_another_node_writes(synth_tree: Path, tmp_path: Path) -> None:
+    from imgpipe.pack.journal import Journal
+
+    dst = tmp_path / "out"
+    pack(synth_tree, dst, shards=2, num_nodes=2, node_rank=0, workers=1, progress=False)
+    fd = Journal(dst).lock(1)  # node 1 of that pack is writing (here: this process holds its lock)
+    try:
+        with pytest.raises(PackError, match=rf"another imgpipe pack is writing {dst} \(pid {os.getpid()}\)"):
+            pack(synth_tree, dst, shards=3, overwrite=True, workers=1, progress=False)
+        assert len(list(dst.glob("*.rec"))) == 2  # node 0's shards are still there
+    finally:
+        os.close(fd)
+    pack(synth_tree, dst, shards=3, overwrite=True, workers=1, progress=False)
+    assert len(list(dst.glob("*.rec"))) == 6
+
+
+def test_a_file_where_the_journal_goes_is_one_line(synth_tree: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / JOURNAL_DIR).write_text("not a folder")
+    with pytest.raises(PackError, match=r"\.imgpipe-pack: cannot make the pack journal there \(File exists\); move that file away"):
+        pack(synth_tree, dst, workers=1, progress=False)
+
+
+@pytest.mark.timeout(60)
+def test_another_nodes_plan_half_written_is_not_an_unknown_pack(synth_tree: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "out"
+    (dst / JOURNAL_DIR).mkdir(parents=True)
+    (dst / JOURNAL_DIR / ".plan.json.x1y2.tmp").write_text("{")  # node 0 is writing plan.json (atomic write) right now
+    first = pack(synth_tree, dst, shards=2, num_nodes=2, node_rank=1, workers=1, progress=False)
+    assert first.shards_written == 2
