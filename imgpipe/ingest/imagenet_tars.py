@@ -49,7 +49,7 @@ from imgpipe.ingest.folders import (
     warn_left_out,
 )
 from imgpipe.ingest.members import DANGLING_LINK, OUTSIDE_LINK, SPAN, ArchiveFile, MemberSpans, OpenArchive
-from imgpipe.ingest.tarwalk import BLOCK, TarEntry, TarfileWalk, TarWalk, Unsupported, walk_file
+from imgpipe.ingest.tarwalk import BLOCK, TarEntry, TarfileWalk, TarWalk, Unsupported, open_tarfile, walk_file
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def _classify(paths: list[Path]) -> TarFiles:
 def _holds_tars(archive: ArchiveFile) -> bool:
     """True when the first file member of the tar is itself a .tar (a train tar)."""
     try:
-        with OpenArchive(archive) as source, tarfile.TarFile(fileobj=Window(source, 0, source.size), mode="r") as tar:  # type: ignore[arg-type]
+        with OpenArchive(archive) as source, open_tarfile(Window(source, 0, source.size)) as tar:  # type: ignore[arg-type]
             for member in tar:
                 if member.isreg():
                     return member.name.endswith(".tar")
