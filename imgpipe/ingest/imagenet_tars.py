@@ -25,6 +25,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,8 +120,12 @@ def _parts_in_folder(root: Path, name: str) -> ArchiveFile | None:
 
 def _joined_parts(parts: list[Path]) -> ArchiveFile:
     """The parts of one split file in numeric order; a gap in the numbers is a DatasetError."""
-    parts = sorted(parts, key=lambda p: int(p.suffix[1:]))
+    parts = sorted(parts, key=lambda p: (int(p.suffix[1:]), p.name))
     numbers = [int(p.suffix[1:]) for p in parts]
+    twice = next((k for k in range(1, len(parts)) if numbers[k] == numbers[k - 1]), None)
+    if twice is not None:
+        first, second = parts[twice - 1], parts[twice].name
+        raise DatasetError(f"{first} and {second} are both part {numbers[twice]} of {parts[0].stem}; keep one of them")
     missing = sorted(set(range(numbers[0], numbers[-1] + 1)) - set(numbers))
     if numbers[0] > 1 or missing:
         gap = missing[0] if missing else 1
@@ -148,7 +153,7 @@ def _classify(paths: list[Path]) -> TarFiles:
             role = "val_csv"
         elif name.endswith(".tar"):
             role = "train" if _holds_tars(ArchiveFile.of(path)) else "val"
-        elif path.suffix[1:].isdigit() and path.stem.lower().endswith(".tar"):
+        elif re.fullmatch(r"\.[0-9]+", path.suffix) and path.stem.lower().endswith(".tar"):
             parts.append(path)
             continue
         else:
@@ -427,28 +432,39 @@ def list_tar(source: OpenArchive, start: int, size: int, where: str, download: s
 def _listed(walk: TarWalk | TarfileWalk, source: OpenArchive, start: int, size: int, where: str, download: str) -> list[TarEntry]:
     members: list[TarEntry] = []
     last = "its first member"
+    following = 0  # where the header after the last member read starts, inside the tar
     try:
         for member in walk:
             name = _clean(member.name)
             if member.offset + member.size > size:
-                raise DatasetError(_broken(where, f"ends inside member {name}", download))
+                raise DatasetError(_broken(where, f"ends inside member {name}", _holding(source, download, start + size)))
             if member.type == tarfile.GNUTYPE_SPARSE:
                 raise DatasetError(f"{where}: member {member.name} is a sparse file; ImageNet tars have none: download {download} again")
             members.append(TarEntry(name, start + member.offset, member.size, member.type, member.linkname))
             last = f"member {name}"
+            following = member.offset + (-(-member.size // BLOCK) * BLOCK if member.type in tarfile.REGULAR_TYPES else 0)
     except tarfile.TarError as e:
-        raise DatasetError(_broken(where, f"{e} after {last}", download)) from None
+        raise DatasetError(_broken(where, f"{e} after {last}", _holding(source, download, start + following))) from None
     end = walk.end
     tail = source.pread(BLOCK, start + end) if end + BLOCK <= size else b""
     if len(tail) < BLOCK:
-        raise DatasetError(_broken(where, f"ends after {last} without the end-of-archive block", download))
+        raise DatasetError(_broken(where, f"ends after {last} without the end-of-archive block", _holding(source, download, start + size)))
     if tail.count(0) != BLOCK:
-        raise DatasetError(_broken(where, f"unreadable header at byte {end} after {last}", download))
+        raise DatasetError(_broken(where, f"unreadable header at byte {end} after {last}", _holding(source, download, start + end)))
     return members
 
 
 def _broken(where: str, what: str, download: str) -> str:
     return f"{where}: truncated or corrupt tar: {what}; download {download} again and rerun"
+
+
+def _holding(source: OpenArchive, download: str, at: int) -> str:
+    """What to download again for damage found at byte ``at``: the part holding it (the last, where the
+    archive ends early) when the archive is cut into parts, else ``download``."""
+    parts = source.archive.parts
+    if len(parts) == 1:
+        return download
+    return parts[max(0, int(np.searchsorted(source.starts, min(at, source.size - 1), side="right")) - 1)].name
 
 
 def _clean(name: str) -> str:
