@@ -46,6 +46,7 @@ from imgpipe.ingest.folders import (
     SplitItems,
     is_image_name,
     label_flat_val,
+    match_archive_name,
     read_val_csv,
     warn_left_out,
 )
@@ -114,7 +115,8 @@ def _tars_in_folder(root: Path) -> TarFiles | None:
 
 def _parts_in_folder(root: Path, name: str) -> ArchiveFile | None:
     """``root/name.001``, ``.002``, ... as one archive, or None when there are none."""
-    parts = [p for p in root.glob(f"{name}.*") if p.suffix[1:].isdigit() and p.is_file()]
+    part_name = re.compile(re.escape(name) + r"\.[0-9]+")
+    parts = [p for p in root.glob(f"{name}.*") if match_archive_name(part_name, p) and p.is_file()]
     return _joined_parts(parts) if parts else None
 
 

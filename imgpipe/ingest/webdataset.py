@@ -36,14 +36,14 @@ from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.ingest.classnames import names_for_indices
-from imgpipe.ingest.folders import NEWLINE_REASON, SourceTree, SplitItems, warn_left_out
+from imgpipe.ingest.folders import NEWLINE_REASON, SourceTree, SplitItems, match_archive_name, warn_left_out
 from imgpipe.ingest.imagenet_tars import ESCAPE_REASON, list_tar
 from imgpipe.ingest.members import ArchiveFile, MemberSpans, OpenArchive
 
 logger = logging.getLogger(__name__)
 
 LAYOUT = "wds"
-SHARD_NAME = re.compile(r"^(?P<name>.+)-(?P<split>train|validation|val)-(?P<number>\d+)\.tar$")
+SHARD_NAME = re.compile(r"(?P<name>.+)-(?P<split>train|validation|val)-(?P<number>\d+)\.tar")  # the whole file name
 SPLITS = {"train": "train", "validation": "val", "val": "val"}
 INFO_NAMES = ("_info.json", "info.json")  # timm's _load_info tries these, in this order
 IMAGE_SUFFIXES = ("jpg", "png", "webp")  # timm's reader_wds input_key 'jpg;png;webp', first found wins
@@ -94,13 +94,13 @@ def find_shards(src: str | os.PathLike | Sequence[str | os.PathLike]) -> WdsShar
         paths = [Path(os.path.abspath(p)) for p in src]
     shards: dict[str, list[Path]] = {}
     for path in paths:
-        match = SHARD_NAME.match(path.name)
+        match = match_archive_name(SHARD_NAME, path)
         if match and path.is_file():
             shards.setdefault(SPLITS[match["split"]], []).append(path)
         elif not isinstance(src, (str, os.PathLike)):
             return None
     for split in shards:
-        shards[split].sort(key=lambda p: (SHARD_NAME.match(p.name)["name"], int(SHARD_NAME.match(p.name)["number"])))  # type: ignore[index]
+        shards[split].sort(key=lambda p: (SHARD_NAME.fullmatch(p.name)["name"], int(SHARD_NAME.fullmatch(p.name)["number"])))  # type: ignore[index]
     ordered = dict(sorted(shards.items(), key=lambda item: item[0] != "train"))
     return WdsShards(ordered) if ordered else None
 
