@@ -178,3 +178,14 @@ def test_fast_index_parser_agrees_with_the_line_parser(text: bytes) -> None:
         return
     if fast is not None:
         assert fast.dtype == np.int64 and fast.tolist() == exact.tolist()
+
+
+@pytest.mark.timeout(60)
+@FUZZ
+@given(text=INDEX_TEXT | st.binary(max_size=200) | idx_mutation(IDX) | st.just(b"1\t" + b"9" * 5000 + b"\n"))
+def test_any_index_file_is_read_or_a_recordio_error_within_bounds(text: bytes) -> None:
+    """An .idx of any bytes, on its own: its line count, keys and offsets are bounded by the bytes that hold them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        idx = Path(tmp) / "m.idx"
+        idx.write_bytes(text)
+        check_fails_cleanly(lambda: recordio.read_index(idx), [idx], 4 * len(text))
