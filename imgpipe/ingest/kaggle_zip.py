@@ -117,7 +117,7 @@ def _central_directory(path: Path) -> list[zipfile.ZipInfo]:
         if advice(e, writing=False):
             raise DatasetError(f"{path}: cannot read it: {describe(e, writing=False)}") from None
         raise DatasetError(f"{path}: not a readable zip ({e}); download it again") from None
-    except (zipfile.BadZipFile, ValueError) as e:
+    except (zipfile.BadZipFile, ValueError, NotImplementedError) as e:  # NotImplementedError: a zip version zipfile does not read
         raise DatasetError(f"{path}: not a readable zip ({e}); download it again") from None
 
 
