@@ -191,7 +191,7 @@ def _npy_view(data: bytes, ndim: int) -> np.ndarray:
             shape, fortran, dtype = _HEADER_READERS[version](stream)  # numpy's parser: headers over 10,000 bytes refused
     except Exception as e:  # a damaged header reaches numpy's literal_eval: SyntaxError, TokenError, ...
         raise SidecarError(f"not a readable .npy file ({type(e).__name__}: {e})") from None
-    if len(shape) != ndim or dtype.kind not in "iu" or dtype.hasobject or (fortran and ndim > 1):
+    if len(shape) != ndim or min(shape, default=0) < 0 or dtype.kind not in "iu" or dtype.hasobject or (fortran and ndim > 1):
         raise SidecarError(f"must be a {ndim}-D integer array, got {dtype} {shape}{' (Fortran order)' if fortran and ndim > 1 else ''}")
     count = int(np.prod(shape, dtype=object))
     body = len(data) - stream.tell()

@@ -169,9 +169,8 @@ def _check_field_types(item: object, where: object) -> None:
         expected = _FIELD_TYPES.get(str(f.type))  # the annotation's text (from __future__ import annotations)
         value = getattr(item, f.name)
         if expected is not None and (not isinstance(value, expected) or isinstance(value, bool)):
-            raise DatasetError(
-                f"{where}: malformed manifest ({type(item).__name__} {f.name} is {value!r}, not {f.type}); rerun 'imgpipe pack' to rewrite it"
-            )
+            what = f"{type(item).__name__} {f.name} is {value!r}, not {f.type}"
+            raise DatasetError(f"{where}: malformed manifest ({what}); rerun 'imgpipe pack' to rewrite it")
 
 
 def check_plain_name(name: str, where: object = MANIFEST_NAME) -> str:
@@ -228,7 +227,7 @@ def parse_manifest(text: bytes, where: object) -> Manifest:
     """A manifest from its bytes; ``where`` names it in errors."""
     try:
         data = json.loads(text.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, a number of 4,300+ digits, arrays nested thousands deep
         raise DatasetError(f"{where}: manifest is not valid JSON ({e}); rerun 'imgpipe pack' to rewrite it") from None
     return Manifest.from_dict(data, where)
 
@@ -283,7 +282,8 @@ def unfinished_copy(folder: str | os.PathLike) -> str | None:
     if (folder / MANIFEST_NAME).exists() or not journal.is_dir():
         return None
     done = sum(1 for p in journal.iterdir() if p.name.endswith(STAGED_SUFFIX))
-    return f"{folder}: incomplete copy: {done} file(s) staged and checked, no {MANIFEST_NAME}; rerun the same 'imgpipe stage SRC {folder}' to finish it"
+    rerun = f"rerun the same 'imgpipe stage SRC {folder}' to finish it"
+    return f"{folder}: incomplete copy: {done} file(s) staged and checked, no {MANIFEST_NAME}; {rerun}"
 
 
 def incomplete_folder(folder: str | os.PathLike) -> str | None:

@@ -23,12 +23,14 @@ import numpy as np
 from imgpipe._sys.oserrors import describe
 from imgpipe.errors import DatasetError
 from imgpipe.ingest.folders import VAL_CSV
+from imgpipe.ingest.tarwalk import CheckedTarInfo
 
 DEVKIT_NAME = "ILSVRC2012_devkit_t12.tar.gz"
 META = "data/meta.mat"
 GROUND_TRUTH = "data/ILSVRC2012_validation_ground_truth.txt"
 VAL_NAME = re.compile(r"ILSVRC2012_val_(\d+)\.[^/]*$")
 INSTALL_HINT = "pip install 'imgpipe[devkit]'"
+MAX_MEMBER_BYTES = 16 << 20  # meta.mat and the ground truth hold a few hundred KB; a larger claim is not read whole
 
 
 @dataclass(frozen=True)
@@ -69,10 +71,12 @@ def _read_members(path: Path, wanted: tuple[str, ...]) -> dict[str, bytes]:
     """The bytes of the members ending in ``wanted`` (e.g. ``ILSVRC2012_devkit_t12/data/meta.mat``)."""
     found: dict[str, bytes] = {}
     try:
-        with tarfile.open(path, "r:*") as archive:
+        with tarfile.open(path, "r:*", tarinfo=CheckedTarInfo) as archive:
             for member in archive:
                 name = next((w for w in wanted if member.name == w or member.name.endswith("/" + w)), None)
                 if name is not None and member.isreg() and name not in found:
+                    if member.size > MAX_MEMBER_BYTES:
+                        raise DatasetError(f"{path}: member {member.name} claims {member.size:,} bytes; download {DEVKIT_NAME} again")
                     found[name] = archive.extractfile(member).read()  # type: ignore[union-attr]
     except FileNotFoundError:
         raise DatasetError(f"{path}: devkit not found") from None

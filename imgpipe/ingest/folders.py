@@ -33,6 +33,7 @@ import csv
 import io
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -216,6 +217,26 @@ def shown_path(path: str) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
+def match_archive_name(pattern: re.Pattern[str], path: Path) -> re.Match[str] | None:
+    """``pattern`` matched against the whole file name of ``path`` (``$`` would also match before a final
+    newline). A name that matches but for its newlines is a DatasetError, not an archive passed over."""
+    match = pattern.fullmatch(path.name)
+    if match is None and "\n" in path.name and pattern.fullmatch(path.name.replace("\n", "")):
+        raise DatasetError(f"{shown_path(str(path))!r}: {NEWLINE_REASON}")
+    return match
+
+
+def refuse_newlines(tree: SourceTree) -> SourceTree:
+    """``tree``, once no item's source path holds a newline: an archive's name (a shard, a class tar, a file
+    named one by one) starts the path of every item in it, and the sources sidecar is one path per line."""
+    for split, items in tree.splits.items():
+        if "\n" in "".join(items.paths):
+            path = next(path for path in items.paths if "\n" in path)
+            raise DatasetError(f"{shown_path(str(tree.root))}: {split} item {shown_path(path)!r}: a name in it holds a newline "
+                               "(the sources sidecar is one path per line); rename it")  # fmt: skip
+    return tree
+
+
 def warn_left_out(where: object, name: str, reason: str) -> None:
     """The warning for a file a scan leaves out (and lists as skipped): one line naming where it is (a folder, an
     archive), the file or member there, and why. Every layout's scan gives it."""
@@ -313,9 +334,8 @@ def _csv_text(path: Path, data: bytes) -> str:
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as e:
-        raise DatasetError(
-            f"{path}: not {'UTF-16' if encoding == 'utf-16' else 'UTF-8'} text (byte {data[e.start]:#04x} at offset {e.start}); save it as CSV UTF-8"
-        ) from None
+        what = "UTF-16" if encoding == "utf-16" else "UTF-8"
+        raise DatasetError(f"{path}: not {what} text (byte {data[e.start]:#04x} at offset {e.start}); save it as CSV UTF-8") from None
 
 
 def _scan_flat_val(root: Path, folder: Path, index: dict[str, int]) -> SplitItems:

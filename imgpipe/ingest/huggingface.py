@@ -41,15 +41,15 @@ from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.ingest.classnames import names_for_indices
-from imgpipe.ingest.folders import NEWLINE_REASON, SourceTree, SplitItems, warn_left_out
+from imgpipe.ingest.folders import NEWLINE_REASON, SourceTree, SplitItems, match_archive_name, warn_left_out
 from imgpipe.ingest.imagenet_tars import ESCAPE_REASON
 from imgpipe.ingest.parquet import IMAGE_COLUMN, open_parquet, page_reader, pyarrow_parquet, row_group_images
 from imgpipe.ingest.streams import StreamItems, StreamUnit, list_tar_gz
 
 logger = logging.getLogger(__name__)
 
-PARQUET_NAME = re.compile(r"^(?P<split>train|validation|test)-\d+-of-\d+\.parquet$")
-TAR_GZ_NAME = re.compile(r"^(?P<split>train|val|test)_images(?:_\d+)?\.tar\.gz$")
+PARQUET_NAME = re.compile(r"(?P<split>train|validation|test)-\d+-of-\d+\.parquet")  # the whole file name
+TAR_GZ_NAME = re.compile(r"(?P<split>train|val|test)_images(?:_\d+)?\.tar\.gz")
 SPLITS = {"train": "train", "validation": "val", "val": "val"}
 HF_NAME = re.compile(r"^(?P<name>.+)_(?P<wnid>n\d{8})\.JPEG$")
 HIDDEN = (".", "__")  # iter_archive skips members whose base name starts so
@@ -92,7 +92,7 @@ def find_hf(src: str | os.PathLike | Sequence[str | os.PathLike]) -> HfFiles | N
         root = Path(os.path.commonpath([p.parent for p in paths]))
     for layout, pattern in (("hf-parquet", PARQUET_NAME), ("hf-tar", TAR_GZ_NAME)):
         splits: dict[str, list[Path]] = {}
-        matched = [(p, pattern.match(p.name)) for p in paths]
+        matched = [(p, match_archive_name(pattern, p)) for p in paths]
         for p, match in matched:
             if match and match["split"] in SPLITS and p.is_file():
                 splits.setdefault(SPLITS[match["split"]], []).append(p)

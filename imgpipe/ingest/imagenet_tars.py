@@ -25,6 +25,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,11 +46,12 @@ from imgpipe.ingest.folders import (
     SplitItems,
     is_image_name,
     label_flat_val,
+    match_archive_name,
     read_val_csv,
     warn_left_out,
 )
 from imgpipe.ingest.members import DANGLING_LINK, OUTSIDE_LINK, SPAN, ArchiveFile, MemberSpans, OpenArchive
-from imgpipe.ingest.tarwalk import BLOCK, TarEntry, TarfileWalk, TarWalk, Unsupported, walk_file
+from imgpipe.ingest.tarwalk import BLOCK, TarEntry, TarfileWalk, TarWalk, Unsupported, open_tarfile, walk_file
 
 logger = logging.getLogger(__name__)
 
@@ -113,14 +115,19 @@ def _tars_in_folder(root: Path) -> TarFiles | None:
 
 def _parts_in_folder(root: Path, name: str) -> ArchiveFile | None:
     """``root/name.001``, ``.002``, ... as one archive, or None when there are none."""
-    parts = [p for p in root.glob(f"{name}.*") if p.suffix[1:].isdigit() and p.is_file()]
+    part_name = re.compile(re.escape(name) + r"\.[0-9]+")
+    parts = [p for p in root.glob(f"{name}.*") if match_archive_name(part_name, p) and p.is_file()]
     return _joined_parts(parts) if parts else None
 
 
 def _joined_parts(parts: list[Path]) -> ArchiveFile:
     """The parts of one split file in numeric order; a gap in the numbers is a DatasetError."""
-    parts = sorted(parts, key=lambda p: int(p.suffix[1:]))
+    parts = sorted(parts, key=lambda p: (int(p.suffix[1:]), p.name))
     numbers = [int(p.suffix[1:]) for p in parts]
+    twice = next((k for k in range(1, len(parts)) if numbers[k] == numbers[k - 1]), None)
+    if twice is not None:
+        first, second = parts[twice - 1], parts[twice].name
+        raise DatasetError(f"{first} and {second} are both part {numbers[twice]} of {parts[0].stem}; keep one of them")
     missing = sorted(set(range(numbers[0], numbers[-1] + 1)) - set(numbers))
     if numbers[0] > 1 or missing:
         gap = missing[0] if missing else 1
@@ -148,7 +155,7 @@ def _classify(paths: list[Path]) -> TarFiles:
             role = "val_csv"
         elif name.endswith(".tar"):
             role = "train" if _holds_tars(ArchiveFile.of(path)) else "val"
-        elif path.suffix[1:].isdigit() and path.stem.lower().endswith(".tar"):
+        elif re.fullmatch(r"\.[0-9]+", path.suffix) and path.stem.lower().endswith(".tar"):
             parts.append(path)
             continue
         else:
@@ -175,7 +182,7 @@ def _classify(paths: list[Path]) -> TarFiles:
 def _holds_tars(archive: ArchiveFile) -> bool:
     """True when the first file member of the tar is itself a .tar (a train tar)."""
     try:
-        with OpenArchive(archive) as source, tarfile.TarFile(fileobj=Window(source, 0, source.size), mode="r") as tar:  # type: ignore[arg-type]
+        with OpenArchive(archive) as source, open_tarfile(Window(source, 0, source.size)) as tar:  # type: ignore[arg-type]
             for member in tar:
                 if member.isreg():
                     return member.name.endswith(".tar")
@@ -427,28 +434,39 @@ def list_tar(source: OpenArchive, start: int, size: int, where: str, download: s
 def _listed(walk: TarWalk | TarfileWalk, source: OpenArchive, start: int, size: int, where: str, download: str) -> list[TarEntry]:
     members: list[TarEntry] = []
     last = "its first member"
+    following = 0  # where the header after the last member read starts, inside the tar
     try:
         for member in walk:
             name = _clean(member.name)
             if member.offset + member.size > size:
-                raise DatasetError(_broken(where, f"ends inside member {name}", download))
+                raise DatasetError(_broken(where, f"ends inside member {name}", _holding(source, download, start + size)))
             if member.type == tarfile.GNUTYPE_SPARSE:
                 raise DatasetError(f"{where}: member {member.name} is a sparse file; ImageNet tars have none: download {download} again")
             members.append(TarEntry(name, start + member.offset, member.size, member.type, member.linkname))
             last = f"member {name}"
+            following = member.offset + (-(-member.size // BLOCK) * BLOCK if member.type in tarfile.REGULAR_TYPES else 0)
     except tarfile.TarError as e:
-        raise DatasetError(_broken(where, f"{e} after {last}", download)) from None
+        raise DatasetError(_broken(where, f"{e} after {last}", _holding(source, download, start + following))) from None
     end = walk.end
     tail = source.pread(BLOCK, start + end) if end + BLOCK <= size else b""
     if len(tail) < BLOCK:
-        raise DatasetError(_broken(where, f"ends after {last} without the end-of-archive block", download))
+        raise DatasetError(_broken(where, f"ends after {last} without the end-of-archive block", _holding(source, download, start + size)))
     if tail.count(0) != BLOCK:
-        raise DatasetError(_broken(where, f"unreadable header at byte {end} after {last}", download))
+        raise DatasetError(_broken(where, f"unreadable header at byte {end} after {last}", _holding(source, download, start + end)))
     return members
 
 
 def _broken(where: str, what: str, download: str) -> str:
     return f"{where}: truncated or corrupt tar: {what}; download {download} again and rerun"
+
+
+def _holding(source: OpenArchive, download: str, at: int) -> str:
+    """What to download again for damage found at byte ``at``: the part holding it (the last, where the
+    archive ends early) when the archive is cut into parts, else ``download``."""
+    parts = source.archive.parts
+    if len(parts) == 1:
+        return download
+    return parts[max(0, int(np.searchsorted(source.starts, min(at, source.size - 1), side="right")) - 1)].name
 
 
 def _clean(name: str) -> str:

@@ -37,7 +37,7 @@ from imgpipe.ingest.folders import (
     warn_left_out,
 )
 from imgpipe.ingest.imagenet_tars import ESCAPE_REASON, resolve_links
-from imgpipe.ingest.members import SPAN, ZIP_DEFLATED, ZIP_STORED, ArchiveFile, MemberSpans, member_reader
+from imgpipe.ingest.members import SPAN, ZIP_DEFLATED, ZIP_LOCAL_HEADER, ZIP_STORED, ArchiveFile, MemberSpans, member_reader
 from imgpipe.ingest.tarwalk import TarEntry
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ LAYOUT = "kaggle-zip"
 KAGGLE_ZIP = "imagenet-object-localization-challenge.zip"
 DATA = "/".join(KAGGLE_DATA) + "/"
 METHODS = {zipfile.ZIP_STORED: ZIP_STORED, zipfile.ZIP_DEFLATED: ZIP_DEFLATED}
+MAX_DEFLATE_RATIO = 1032  # the most bytes deflate gives per byte of its stream (a 258-byte match in 2 bits)
 
 
 def find_zip(src: str | os.PathLike | Sequence[str | os.PathLike]) -> Path | None:
@@ -94,6 +95,7 @@ def scan_zip(path: Path, splits: Sequence[str] | None) -> SourceTree:
             unknown = sorted(set(folders[split]) - set(index))
             if unknown:
                 raise DatasetError(f"{path}: {base}{unknown[0]}: {split} class {unknown[0]!r} is not a train class")
+            names = [name for name in names if "/" in name[len(base) :]]  # a file beside the class folders is in no class
             labels = np.array([index[name[len(base) :].split("/", 1)[0]] for name in names], np.int32)
             order = np.lexsort(([n.rpartition("/")[2] for n in names], [n.rpartition("/")[0] for n in names], labels))
             names, labels = [names[k] for k in order.tolist()], labels[order]
@@ -115,7 +117,7 @@ def _central_directory(path: Path) -> list[zipfile.ZipInfo]:
         if advice(e, writing=False):
             raise DatasetError(f"{path}: cannot read it: {describe(e, writing=False)}") from None
         raise DatasetError(f"{path}: not a readable zip ({e}); download it again") from None
-    except (zipfile.BadZipFile, ValueError) as e:
+    except (zipfile.BadZipFile, ValueError, NotImplementedError) as e:  # NotImplementedError: a zip version zipfile does not read
         raise DatasetError(f"{path}: not a readable zip ({e}); download it again") from None
 
 
@@ -155,7 +157,10 @@ def _extracted(path: Path, archive: ArchiveFile, infos: list[zipfile.ZipInfo]) -
 def _spans(path: Path, archive: ArchiveFile, infos: list[zipfile.ZipInfo], items: list[tuple[int, int]]) -> MemberSpans:
     """The spans of ``items`` ((index in ``infos``, kind) each); a member imgpipe cannot read in place is a DatasetError."""
     chosen = [infos[k] if kind == SPAN else None for k, kind in items]
+    size = archive.size()
     for info in chosen:
+        if info is not None:
+            _check_span(path, info, size)
         if info is not None and info.flag_bits & 0x1:
             raise DatasetError(f"{path}: member {info.filename} is encrypted; imgpipe reads unencrypted zips")
         if info is not None and info.compress_type not in METHODS:
@@ -169,6 +174,21 @@ def _spans(path: Path, archive: ArchiveFile, infos: list[zipfile.ZipInfo], items
         (archive,), np.zeros(len(items), np.int32), column(lambda i: i.header_offset, np.int64), column(lambda i: i.file_size, np.int64),
         kinds, column(lambda i: i.compress_size, np.int64), column(lambda i: i.CRC, np.uint32),
     )  # fmt: skip
+
+
+def _check_span(path: Path, info: zipfile.ZipInfo, size: int) -> None:
+    """The central directory's offset and sizes of a member, bounded by the zip's bytes before any is read:
+    its local header and data inside the file, as many bytes stored as it gives, no more than deflate can give."""
+    corrupt = f"{path}: member {info.filename}"
+    again = "download the zip again"
+    end = info.header_offset + ZIP_LOCAL_HEADER.size + info.compress_size
+    if info.header_offset < 0 or end > size:
+        raise DatasetError(f"{corrupt}: its central directory places it at bytes {info.header_offset:,}-{end:,}, past the end of the "
+                           f"{size:,}-byte zip: truncated or corrupt; {again}")  # fmt: skip
+    if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
+        raise DatasetError(f"{corrupt}: stored, but {info.compress_size:,} bytes give {info.file_size:,}: corrupt; {again}")
+    if info.compress_type == zipfile.ZIP_DEFLATED and info.file_size > MAX_DEFLATE_RATIO * (info.compress_size + 1):
+        raise DatasetError(f"{corrupt}: {info.compress_size:,} deflated bytes cannot give {info.file_size:,}: corrupt; {again}")
 
 
 def _class_folders(files: dict[str, tuple[int, int]], base: str) -> list[str]:

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from imgpipe.ingest.folders import SourceTree, scan_folders
+from imgpipe.ingest.folders import SourceTree, refuse_newlines, scan_folders
 
 ARCHIVE_LAYOUTS = ("tarballs", "split-tar", "kaggle-zip", "hf-parquet", "hf-tar", "wds")
 
@@ -22,7 +22,14 @@ ARCHIVE_LAYOUTS = ("tarballs", "split-tar", "kaggle-zip", "hf-parquet", "hf-tar"
 def scan_archives(
     src: str | os.PathLike | Sequence[str | os.PathLike], splits: Sequence[str] | None, workers: int | None, cache: Path | None
 ) -> SourceTree | None:
-    """The scanned source when SRC is one of the archive layouts, else None."""
+    """The scanned source when SRC is one of the archive layouts, else None; no item's path holds a newline."""
+    tree = _scan_archive_layout(src, splits, workers, cache)
+    return None if tree is None else refuse_newlines(tree)
+
+
+def _scan_archive_layout(
+    src: str | os.PathLike | Sequence[str | os.PathLike], splits: Sequence[str] | None, workers: int | None, cache: Path | None
+) -> SourceTree | None:
     from imgpipe.ingest import huggingface as hfsource
     from imgpipe.ingest import imagenet_tars as tarsource
     from imgpipe.ingest import kaggle_zip as zipsource

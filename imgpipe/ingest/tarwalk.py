@@ -1,12 +1,17 @@
-"""Walk a tar's plain headers the way Python's ``tarfile`` reads them, at a fraction of its cost.
+"""Walk a tar's plain headers the way Python's ``tarfile`` reads them, for less CPU per member.
 
-``tarfile`` spends about 30 us per member (a ``TarInfo`` with every field decoded, its file object's
-seeks and reads); a WebDataset shard holds three members per image, and a ``.tar.gz`` is listed,
-then read. ``walk`` reads one 512-byte header per member and decodes only the name, type, size and
-link, giving what ``tarfile`` gives for such a header. Anything else (a GNU long name, a pax or
-sparse header, a base-256 number, a bad checksum, a short read, a field ``tarfile`` would refuse)
-raises ``Unsupported``, and the caller reads the archive with ``tarfile`` instead: its members and
-its verdict on a damaged archive stay ``tarfile``'s own.
+A WebDataset shard holds three members per image and a ``.tar.gz`` is walked twice (listed, then
+read), so the walk's cost per member counts (``docs/benchmarks.md``, ``benchmarks/tar_listing.py``).
+``walk`` reads one 512-byte header per member and decodes only the name, type, size and link, giving
+what ``tarfile`` gives for such a header; its sizes are octal digits, so each step moves forward.
+Anything else (a GNU long name, a pax or sparse header, a base-256 number, a bad checksum, a short
+read, a field ``tarfile`` would refuse) raises ``Unsupported``, and the caller reads the archive
+with ``tarfile`` instead: its members and its verdict on a damaged archive stay ``tarfile``'s own.
+
+``tarfile`` is only ever given ``CheckedTarInfo``: a header whose next offset does not move forward
+(a negative size: the ``tarfile`` of Python 3.11.7 steps back onto the same header for ever, CVE-2025-8194),
+or a long name or pax header larger than any real one, is an ``UnsafeHeader`` before ``tarfile``
+reads, seeks or loops on it.
 """
 
 from __future__ import annotations
@@ -25,10 +30,48 @@ _PLAIN_TYPES = frozenset((tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.LNKTYPE, ta
 _OCTAL = re.compile(rb" *[0-7]* *(?:\x00.*)?", re.S)  # a number field tarfile reads as octal, NUL-terminated or not
 # name, mode, uid, gid, size, mtime, chksum, typeflag, linkname, (magic, version, uname, gname), devmajor, devminor, prefix
 _HEADER = struct.Struct("100s8s8s8s12s12s8sc100s72x8s8s155s12x")
+_META_TYPES = frozenset((tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE))
+MAX_META_BYTES = 1 << 20  # a long name or a pax header, which tarfile reads whole: real ones hold a few hundred bytes
 
 
 class Unsupported(Exception):
     """A header this walker does not read exactly as ``tarfile`` would: read the archive with ``tarfile``."""
+
+
+class UnsafeHeader(tarfile.TarError):
+    """A header ``tarfile`` would loop on or read without bound; names the member."""
+
+
+class CheckedTarInfo(tarfile.TarInfo):
+    """``tarfile``'s member, refused (``UnsafeHeader``) where its header has a negative size, where the next
+    header would not lie past this one, where it is a long name or pax header over ``MAX_META_BYTES``, or where
+    ``tarfile`` fails on it with another error than its own (a pax sparse map that is not numbers)."""
+
+    @classmethod
+    def frombuf(cls, buf: bytes, encoding: str, errors: str) -> "CheckedTarInfo":
+        info = super().frombuf(buf, encoding, errors)
+        if info.size < 0:
+            raise UnsafeHeader(f"member {info.name} has a negative size ({info.size})")
+        if info.type in _META_TYPES and info.size > MAX_META_BYTES:
+            raise UnsafeHeader(f"member {info.name} has a {info.size:,}-byte extended header; real ones hold a few hundred bytes")
+        return info
+
+    @classmethod
+    def fromtarfile(cls, archive: tarfile.TarFile) -> "CheckedTarInfo":
+        try:
+            info = super().fromtarfile(archive)
+        except OSError:
+            raise
+        except (ValueError, IndexError) as e:  # tarfile reads a damaged pax or sparse header's numbers with int()
+            raise UnsafeHeader(f"unreadable pax or sparse header at byte {archive.offset} ({e})") from None
+        if info.size < 0 or archive.offset <= info.offset:  # a pax "size" is applied after frombuf
+            raise UnsafeHeader(f"member {info.name} has a size ({info.size}) that does not move the next header forward")
+        return info
+
+
+def open_tarfile(fileobj: IO[bytes]) -> tarfile.TarFile:
+    """``tarfile`` reading the tar in ``fileobj`` from where it stands, its headers checked by ``CheckedTarInfo``."""
+    return tarfile.TarFile(fileobj=fileobj, mode="r", tarinfo=CheckedTarInfo)
 
 
 class TarEntry(NamedTuple):
@@ -86,7 +129,7 @@ class TarfileWalk:
         self._info: tarfile.TarInfo | None = None
 
     def __iter__(self) -> Iterator[TarEntry]:
-        with tarfile.TarFile(fileobj=self.fileobj, mode="r") as archive:
+        with open_tarfile(self.fileobj) as archive:
             self._archive = archive
             while (info := archive.next()) is not None:
                 self._info = info

@@ -9,8 +9,10 @@ consecutive members with one key make a sample, and a suffix twice in one sample
 As ``reader_wds`` reads a sample: the image is the first of ``jpg``, ``png``, ``webp``, the
 label the integer text of ``.cls`` (or the ``.json``'s ``alt_label`` field where the split
 info names one; -1 leaves the sample out); the file name is the ``.json``'s ``filename`` where
-it has one, else the key and ``.JPEG`` (``reader_wds``' ``key_ext``). Classes are named by
-``classnames.names_for_indices`` (ILSVRC2012's wnids for exactly its 1,000 indices).
+it has one, else the key and ``.JPEG`` (``reader_wds``' ``key_ext``). Classes are the wnids the
+train samples' file names give (``n01440764_149.JPEG``), where every one names its label's wnid,
+else ``classnames.names_for_indices`` (ILSVRC2012's wnids for exactly its 1,000 indices); val
+samples (``ILSVRC2012_val_00000001.JPEG``) take their label's name from the train samples.
 
 Items are those of the tree the samples make (``train/<class>/<file name>`` and a flat
 ``val/``), in that tree's order, each a span of its shard read with one ``pread``; source
@@ -36,20 +38,21 @@ from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.ingest.classnames import names_for_indices
-from imgpipe.ingest.folders import NEWLINE_REASON, SourceTree, SplitItems, warn_left_out
+from imgpipe.ingest.folders import NEWLINE_REASON, SourceTree, SplitItems, match_archive_name, warn_left_out
 from imgpipe.ingest.imagenet_tars import ESCAPE_REASON, list_tar
 from imgpipe.ingest.members import ArchiveFile, MemberSpans, OpenArchive
 
 logger = logging.getLogger(__name__)
 
 LAYOUT = "wds"
-SHARD_NAME = re.compile(r"^(?P<name>.+)-(?P<split>train|validation|val)-(?P<number>\d+)\.tar$")
+SHARD_NAME = re.compile(r"(?P<name>.+)-(?P<split>train|validation|val)-(?P<number>\d+)\.tar")  # the whole file name
 SPLITS = {"train": "train", "validation": "val", "val": "val"}
 INFO_NAMES = ("_info.json", "info.json")  # timm's _load_info tries these, in this order
 IMAGE_SUFFIXES = ("jpg", "png", "webp")  # timm's reader_wds input_key 'jpg;png;webp', first found wins
 KEY_EXT = ".JPEG"  # reader_wds' key_ext: the file name of a sample without a .json filename is its key + this
 KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext
 SKIP_META = re.compile(r"__[^/]*__($|/)")  # webdataset's tar_file_iterator skip_meta (matched at the start)
+TRAIN_FILE = re.compile(r"(?P<wnid>n[0-9]{8})_[0-9]+\.JPEG")  # an ImageNet train image's file name: n01440764_10026.JPEG
 MAX_SIDECAR_BYTES = 1 << 20  # .cls and .json are a few bytes; a larger one is not read whole
 
 
@@ -94,13 +97,13 @@ def find_shards(src: str | os.PathLike | Sequence[str | os.PathLike]) -> WdsShar
         paths = [Path(os.path.abspath(p)) for p in src]
     shards: dict[str, list[Path]] = {}
     for path in paths:
-        match = SHARD_NAME.match(path.name)
+        match = match_archive_name(SHARD_NAME, path)
         if match and path.is_file():
             shards.setdefault(SPLITS[match["split"]], []).append(path)
         elif not isinstance(src, (str, os.PathLike)):
             return None
     for split in shards:
-        shards[split].sort(key=lambda p: (SHARD_NAME.match(p.name)["name"], int(SHARD_NAME.match(p.name)["number"])))  # type: ignore[index]
+        shards[split].sort(key=lambda p: (SHARD_NAME.fullmatch(p.name)["name"], int(SHARD_NAME.fullmatch(p.name)["number"])))  # type: ignore[index]
     ordered = dict(sorted(shards.items(), key=lambda item: item[0] != "train"))
     return WdsShards(ordered) if ordered else None
 
@@ -110,7 +113,7 @@ def _from_info(root: Path, info: Path) -> WdsShards | None:
     train or validation shards; a shard it lists that is not there is a DatasetError."""
     try:
         described = json.loads(info.read_bytes())
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise DatasetError(f"{info}: not readable as timm's dataset info ({e}); fix it or move it away") from None
     entries = described.get("splits") if isinstance(described, dict) else None
     found = WdsShards({}, info)
@@ -156,7 +159,7 @@ def scan_shards(shards: WdsShards, splits: Sequence[str] | None, workers: int | 
                     "%s: %d samples, but %s says %d; download it again if it is damaged", shard_file, shard.samples, shards.info, expected
                 )
     label_source = "train" if "train" in per_split else wanted[0]
-    names = names_for_indices(label for _, shard in per_split[label_source] for label in shard.labels)
+    names = _class_names(per_split[label_source])
     classes = sorted(names.values())
     index = {name: k for k, name in enumerate(classes)}
     tree = SourceTree(root=root, layout=LAYOUT, classes=classes)
@@ -164,6 +167,24 @@ def scan_shards(shards: WdsShards, splits: Sequence[str] | None, workers: int | 
         tree.splits[split] = _items(split, listed_shards, names, index, shards.alt_labels.get(split, ""))
         logger.info("%s: %d images in %d shard(s)", split, len(tree.splits[split]), len(listed_shards))
     return tree
+
+
+def _class_names(listed: list[tuple[ArchiveFile, _Shard]]) -> dict[int, str]:
+    """Label -> class name: the wnid that every sample of the label names in its file name (``n01440764_149.JPEG``),
+    where every sample names one and the wnids follow the labels one to one and in order (so the packed labels are
+    the same either way); else ``names_for_indices``."""
+    labels = [label for _, shard in listed for label in shard.labels]
+    wnids: dict[int, str] = {}
+    for _, shard in listed:
+        for label, name in zip(shard.labels, shard.names):
+            match = TRAIN_FILE.fullmatch(name.rpartition("/")[2])
+            if match is None or wnids.setdefault(label, match["wnid"]) != match["wnid"]:
+                return names_for_indices(labels)
+    in_label_order = [wnids[label] for label in sorted(wnids)]
+    if in_label_order != sorted(set(in_label_order)):
+        logger.info("classes named by label: the wnids the file names give are not one per label in the labels' order")
+        return names_for_indices(labels)
+    return wnids
 
 
 def _items(
@@ -289,14 +310,14 @@ def _alt_label(path: Path, member: str, meta: object, alt_label: str) -> int:
     """The ``.json``'s ``alt_label`` field as timm's ``_decode`` reads it (an integer; -1: no label)."""
     try:
         return int(meta[alt_label])  # type: ignore[index]
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: Infinity, which json reads
         raise DatasetError(f"{path}: member {member}: no integer {alt_label!r}, the split's label in timm's _info.json") from None
 
 
 def _json(source: OpenArchive, path: Path, member: tuple[str, int, int]) -> object:
     try:
         return json.loads(_sidecar(source, path, member))
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
         return None
 
 

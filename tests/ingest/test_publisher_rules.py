@@ -17,6 +17,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _cli import assert_one_line_error
 
@@ -175,3 +176,43 @@ def test_timms_info_json_lists_each_splits_shards_and_its_label(
     info["splits"]["train"].update(filenames=["in1k-train-0000.tar", "in1k-train-0009.tar"], shard_lengths=[2, 2])  # type: ignore[index]
     (src / "_info.json").write_text(json.dumps(info))
     assert_one_line_error(imgpipe("pack", src, tmp_path / "missing"), "_info.json", "'train' lists in1k-train-0009.tar", "download it")
+
+
+def wds_sample(key: str, photo: bytes, label: int, filename: str) -> list[tuple[str, bytes]]:
+    meta = json.dumps({"filename": filename, "label": label}).encode()
+    return [(f"{key}.jpg", photo), (f"{key}.cls", str(label).encode()), (f"{key}.json", meta)]
+
+
+def test_wds_classes_are_the_wnids_the_train_samples_name(photos: list[bytes], tmp_path: Path) -> None:
+    """Shards of a subset of ImageNet's classes (labels 0, 5, 17 of the 1,000): every train sample's ``.json``
+    ``filename`` names its wnid (``n01440764_149.JPEG``), so the classes are those wnids, and the shards are those of
+    the tree the samples make; val samples (``ILSVRC2012_val_*.JPEG``, no wnid) take their label's wnid from train.
+    Val packed alone, or wnids out of the labels' order, are named by label, as before."""
+    from imgpipe.format.manifest import load_manifest
+    from imgpipe.ingest.classnames import ilsvrc2012_wnids
+
+    wnids = {label: ilsvrc2012_wnids()[label] for label in (0, 5, 17)}
+    src = tmp_path / "wds"
+    src.mkdir()
+    train = [(f"{wnids[label]}_{k}.JPEG", photos[3 * j + k], label) for j, label in enumerate(wnids) for k in range(3)]
+    members = [m for k, (name, photo, label) in enumerate(train) for m in wds_sample(f"s{k:02d}", photo, label, name)]
+    (src / "in1k-train-0000.tar").write_bytes(tar_bytes(members))  # type: ignore[arg-type]
+    val = [m for k, label in enumerate((5, 17)) for m in wds_sample(f"v{k}", photos[k], label, f"ILSVRC2012_val_{k + 1:08d}.JPEG")]
+    (src / "in1k-validation-00.tar").write_bytes(tar_bytes(val))  # type: ignore[arg-type]
+    class_tree(tmp_path / "tree", {wnids[label]: [(name, photo) for name, photo, of in train if of == label] for label in wnids})
+
+    pack(src, tmp_path / "from-wds", workers=1, progress=False)
+    pack(tmp_path / "tree", tmp_path / "from-tree", workers=1, progress=False)
+    packed = load_manifest(tmp_path / "from-wds")
+    assert packed.classes == list(wnids.values()) == load_manifest(tmp_path / "from-tree").classes
+    trains = {name: data for name, data in shard_files(tmp_path / "from-wds").items() if name.startswith("train")}
+    assert trains == shard_files(tmp_path / "from-tree")
+    assert sorted(np.load(tmp_path / "from-wds" / "val.labels.npy").tolist()) == [1, 2]  # wnids[5], wnids[17]
+
+    pack(src, tmp_path / "val-alone", splits=["val"], workers=1, progress=False)
+    assert load_manifest(tmp_path / "val-alone").classes == ["05", "17"]
+    swapped = [(wnids[{0: 5, 5: 0}.get(label, label)] + name[9:], photo, label) for name, photo, label in train]
+    members = [m for k, (name, photo, label) in enumerate(swapped) for m in wds_sample(f"s{k:02d}", photo, label, name)]
+    (src / "in1k-train-0000.tar").write_bytes(tar_bytes(members))  # type: ignore[arg-type]
+    pack(src, tmp_path / "swapped", workers=1, progress=False)
+    assert load_manifest(tmp_path / "swapped").classes == ["00", "05", "17"]

@@ -3,6 +3,7 @@ member, and on damaged archives the same members or the same one-line error, thr
 
 from __future__ import annotations
 
+import gzip
 import io
 import shutil
 import subprocess
@@ -10,13 +11,15 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from _bounded import allocated_by
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from imgpipe.errors import DatasetError
 from imgpipe.ingest.imagenet_tars import Window, _listed, list_tar
 from imgpipe.ingest.members import ArchiveFile, OpenArchive
-from imgpipe.ingest.tarwalk import TarEntry, TarfileWalk, TarWalk, Unsupported
+from imgpipe.ingest.streams import list_tar_gz
+from imgpipe.ingest.tarwalk import BLOCK, TarEntry, TarfileWalk, TarWalk, Unsupported
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 names = st.text(st.sampled_from("abcxyz_-.é0123456789"), min_size=1, max_size=12)
@@ -123,3 +126,84 @@ def test_a_damaged_tar_is_listed_or_refused_as_tarfile_does(
         data[min(len(data) - 1, int(where * len(data)))] = value
     mine, reference = list_both(bytes(data[: max(1, int(cut * len(data)))]), tmp_path)
     assert mine == reference
+
+
+# ----------------------------------------------------------------------------- hostile headers
+
+HOSTILE_NUMBERS = st.one_of(
+    st.sampled_from([-1, -512, -513, -1024, -1536, -(1 << 40), 0, 1, 511, 512, 8**11 - 1, 8**11, 1 << 40, 2**63, 256**11 - 1]),
+    st.integers(-(2**80), 2**80),
+)
+FIELDS = {"size": (124, 12), "mode": (100, 8), "uid": (108, 8), "mtime": (136, 12), "devmajor": (329, 8)}
+PAX_RECORDS = st.sampled_from(["size", "path", "linkpath", "GNU.sparse.size", "GNU.sparse.realsize", "GNU.sparse.map",
+                               "GNU.sparse.major", "GNU.sparse.minor", "GNU.sparse.name", "hdrcharset", "mtime", "uid"])  # fmt: skip
+PAX_VALUES = st.one_of(HOSTILE_NUMBERS.map(str), st.sampled_from(["", "1", "0", "BINARY", "1,2,3", "x,y", "-5,7", "1.0", "nan"]))
+
+
+def number_field(value: int, width: int) -> bytes:
+    """``value`` as tarfile would read it back: octal where it fits, else GNU base-256 (two's complement when negative)."""
+    if 0 <= value < 8 ** (width - 1):
+        return b"%0*o\0" % (width - 1, value)
+    return (b"\xff" if value < 0 else b"\x80") + (value % 256 ** (width - 1)).to_bytes(width - 1, "big")
+
+
+def set_field(data: bytearray, at: int, field: str, value: int) -> None:
+    """Field ``field`` of the 512-byte block at ``at`` set to ``value``, the block's checksum made right again."""
+    offset, width = FIELDS[field]
+    data[at + offset : at + offset + width] = number_field(value, width)
+    data[at + 148 : at + 156] = b" " * 8
+    data[at + 148 : at + 156] = b"%06o\0 " % sum(data[at : at + BLOCK])
+
+
+@st.composite
+def hostile_tars(draw: st.DrawFn) -> bytes:
+    """A small tar whose headers carry hostile numbers (negative, huge, base-256) and pax records (sizes, sparse maps)."""
+    entries = draw(
+        st.lists(st.tuples(paths, st.sampled_from([tarfile.REGTYPE, tarfile.DIRTYPE]), st.integers(0, 1500)), min_size=1, max_size=5)
+    )
+    pax = draw(st.dictionaries(PAX_RECORDS, PAX_VALUES, max_size=3))
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=draw(st.sampled_from(sorted(FORMATS.values())))) as tar:
+        for k, (name, kind, size) in enumerate(entries):
+            info = tarfile.TarInfo(name)
+            info.type, info.mtime = kind, 0
+            info.size = size if kind == tarfile.REGTYPE else 0
+            if k == len(entries) - 1 and pax:
+                info.pax_headers = pax
+            tar.addfile(info, io.BytesIO(bytes(info.size)) if kind == tarfile.REGTYPE else None)
+    data = bytearray(out.getvalue())
+    headers = header_offsets(data)
+    for _ in range(draw(st.integers(0, 3))):
+        at = draw(st.sampled_from(headers) | st.integers(0, len(data) // BLOCK - 1).map(lambda block: block * BLOCK))
+        set_field(data, at, draw(st.sampled_from(sorted(FIELDS))), draw(HOSTILE_NUMBERS))
+    return bytes(data)
+
+
+def header_offsets(data: bytes) -> list[int]:
+    """Where every header of a tar tarfile has just written lies (pax and long-name headers included)."""
+    offsets, at = [], 0
+    while at + BLOCK <= len(data) and data[at : at + BLOCK] != bytes(BLOCK):
+        info = tarfile.TarInfo.frombuf(data[at : at + BLOCK], "utf-8", "surrogateescape")
+        offsets.append(at)
+        at += BLOCK + (-(-info.size // BLOCK) * BLOCK if info.type not in (tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE) else 0)
+    return offsets
+
+
+@pytest.mark.timeout(300)
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=hostile_tars())
+def test_hostile_headers_are_listed_or_one_line_within_bounds_plain_and_gzipped(data: bytes, tmp_path: Path) -> None:
+    """Whatever the numbers in its headers, a tar (a class tar, a shard) and the same tar gzipped are listed, or
+    refused in one line, in bounded memory and time: no header moves the walk backward or is read without bound."""
+    plain, gzipped = tmp_path / "hostile.tar", tmp_path / "hostile.tar.gz"
+    plain.write_bytes(data)
+    gzipped.write_bytes(gzip.compress(data, mtime=0))
+
+    def list_plain() -> None:
+        with OpenArchive(ArchiveFile.of(plain)) as source:
+            for entry in list_tar(source, 0, source.size, str(plain), plain.name):
+                assert entry.size >= 0 and 0 <= entry.offset <= entry.offset + entry.size <= source.size
+
+    for listing in (list_plain, lambda: list_tar_gz(gzipped)):
+        peak = allocated_by(listing, DatasetError)
+        assert peak < 8 << 20, f"listing a tar of {len(data):,} bytes allocated {peak:,}"
