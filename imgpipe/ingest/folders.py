@@ -133,7 +133,8 @@ def _subdirs(folder: Path) -> list[str]:
         names = sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
     for name in names:
         if _unlistable_reason(name):
-            raise DatasetError(f"{shown_path(str(folder / name))}: {_unlistable_reason(name)}")
+            shown = shown_path(str(folder / name))
+            raise DatasetError(f"{shown!r}: {_unlistable_reason(name)}" if "\n" in name else f"{shown}: {_unlistable_reason(name)}")
     return names
 
 

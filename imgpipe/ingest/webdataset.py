@@ -124,6 +124,11 @@ def _from_info(root: Path, info: Path) -> WdsShards | None:
             continue
         if not all(isinstance(f, str) and f.endswith(".tar") for f in filenames):
             return None  # not a WebDataset's info
+        outside = next((f for f in filenames if not stays_inside_source_root(f)), None)
+        if outside is not None:
+            raise DatasetError(
+                f"{info}: split {name!r} lists {outside!r}, outside {root}; list the shards by their paths inside that folder"
+            )
         paths = [root / f for f in filenames]
         absent = next((p for p in paths if not p.is_file()), None)
         if absent is not None:

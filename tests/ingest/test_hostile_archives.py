@@ -354,3 +354,17 @@ def test_a_webdataset_json_label_json_accepts_but_no_integer_holds_is_one_line(v
     with pytest.raises(DatasetError) as caught:
         pack(src, tmp_path / "out", workers=1, progress=False)
     assert str(caught.value) == f"{src / 'x-train-0000.tar'}: member a.json: no integer 'label12k', the split's label in timm's _info.json"
+
+
+@pytest.mark.parametrize("listed", ["../outside-train-0000.tar", "/tmp/outside-train-0000.tar", "sub/../../outside-train-0000.tar"])
+def test_a_webdataset_info_that_lists_a_shard_outside_src_is_one_line_and_reads_nothing(listed: str, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "x-train-0000.tar").write_bytes(tar_of(shard("a")))
+    (tmp_path / "outside-train-0000.tar").write_bytes(tar_of(shard("b")))
+    (src / "_info.json").write_text(json.dumps({"splits": {"train": {"filenames": [listed]}}}))
+    with pytest.raises(DatasetError) as caught:
+        pack(src, tmp_path / "out", workers=1, progress=False)
+    expected = f"{src / '_info.json'}: split 'train' lists {listed!r}, outside {src}; list the shards by their paths inside that folder"
+    assert str(caught.value) == expected
+    assert not (tmp_path / "out" / "manifest.json").exists()

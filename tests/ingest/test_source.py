@@ -317,3 +317,11 @@ def test_val_csv_rows_that_conflict_or_are_not_csv_are_one_line(tmp_path: Path) 
     csv.write_text(good + 'ILSVRC2012_val_00000009,"' + "x" * 200_000 + '"\n')  # over the csv module's field limit
     with pytest.raises(DatasetError, match=r"LOC_val_solution.csv: line \d: not readable as CSV \(field larger than field limit"):
         scan(tmp_path)
+
+
+def test_a_class_folder_with_a_newline_is_one_line_naming_it(tmp_path: Path) -> None:
+    make_train(tmp_path / "train")
+    (tmp_path / "train" / "n01\nx").mkdir()
+    with pytest.raises(DatasetError) as caught:
+        scan(tmp_path)
+    assert "\n" not in str(caught.value) and str(caught.value).startswith(repr(str(tmp_path / "train" / "n01\nx")) + ": ")
