@@ -6,12 +6,15 @@ import logging
 import os
 import signal
 import sys
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import click
 
 from imgpipe.cli import cli
 from imgpipe.errors import PackError, Stopped
+
+if TYPE_CHECKING:
+    from imgpipe.pack.parts import ArrayTask
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +36,19 @@ logger = logging.getLogger(__name__)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the shuffle.")
 @click.option("--overwrite", is_flag=True, help="Delete a previous pack in DST and start again.")
 @click.option("--strict", is_flag=True, help="Exit non-zero if any source file was skipped.")
-@click.option("--num-nodes", type=int, default=None, help="Machines sharing the pack (default: SLURM_NNODES under srun, else 1).")
 @click.option(
-    "--node-rank", type=int, default=None, help="This machine's rank in 0..num-nodes-1 (default: SLURM_NODEID under srun, else 0)."
+    "--num-nodes",
+    type=int,
+    default=None,
+    help="Machines sharing the pack (default: SLURM_ARRAY_TASK_COUNT in an array job, SLURM_NNODES under srun, else 1).",
 )
-@click.option("--finalize", is_flag=True, help="Only write the manifest once every node has finished.")
+@click.option(
+    "--node-rank",
+    type=int,
+    default=None,
+    help="This machine's part in 0..num-nodes-1 (default: from SLURM_ARRAY_TASK_ID in an array job, SLURM_NODEID under srun, else 0).",
+)
+@click.option("--finalize", is_flag=True, help="Only write the manifest once every part is written; else name the parts missing.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def pack_command(
     src: tuple[str, ...], dst: str, splits: str | None, num_nodes: int | None, node_rank: int | None, no_progress: bool, **options: object
@@ -54,7 +65,7 @@ def pack_command(
     split_list = [s.strip() for s in splits.split(",") if s.strip()] if splits is not None else None
     if split_list == []:
         raise PackError(f"--splits {splits!r} names no split; give e.g. --splits train,val or leave it out for every split")
-    nodes, rank = node_identity(num_nodes, node_rank, os.environ)
+    nodes, rank, array_task = node_identity(num_nodes, node_rank, os.environ)
     try:
         report = pack(
             src[0] if len(src) == 1 else src,
@@ -62,6 +73,7 @@ def pack_command(
             splits=split_list,
             num_nodes=nodes,
             node_rank=rank,
+            array_task=array_task,
             progress=not no_progress and sys.stderr.isatty(),
             **options,  # type: ignore[arg-type]
         )
@@ -71,8 +83,22 @@ def pack_command(
     click.echo(report.summary())
 
 
-def node_identity(num_nodes: int | None, node_rank: int | None, environ: Mapping[str, str]) -> tuple[int, int]:
-    """(--num-nodes, --node-rank): each as given, else from srun's SLURM_NNODES/SLURM_NODEID, else one node."""
+def node_identity(num_nodes: int | None, node_rank: int | None, environ: Mapping[str, str]) -> tuple[int, int, ArrayTask | None]:
+    """(--num-nodes, --node-rank, the SLURM array task that picks the part instead).
+
+    The options win when given (both of them, in an array job); else an array task picks the part
+    (with srun's SLURM_NNODES/SLURM_NODEID within it); else srun's node; else one node.
+    """
+    from imgpipe.pack.parts import ArrayTask
+
+    array_task = ArrayTask.from_environ(environ)
+    if array_task is not None and (num_nodes is None) != (node_rank is None):
+        raise PackError(
+            "--num-nodes and --node-rank in a SLURM array job: give both, or neither to take the part from the array "
+            f"({array_task.describe()})"
+        )
+    if array_task is not None and num_nodes is None:
+        return 1, 0, array_task
     taken = []
     if num_nodes is None and environ.get("SLURM_NNODES"):
         num_nodes = _slurm_int(environ, "SLURM_NNODES", "--num-nodes")
@@ -83,7 +109,7 @@ def node_identity(num_nodes: int | None, node_rank: int | None, environ: Mapping
     nodes, rank = (1 if num_nodes is None else num_nodes), (0 if node_rank is None else node_rank)
     if taken:
         logger.info("node %d of %d, from %s (--num-nodes/--node-rank override it)", rank, nodes, " and ".join(taken))
-    return nodes, rank
+    return nodes, rank, None
 
 
 def _slurm_int(environ: Mapping[str, str], name: str, option: str) -> int:

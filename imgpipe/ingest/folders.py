@@ -6,6 +6,9 @@ Accepted layouts (``SourceTree.layout``):
   or flat files labelled by ``LOC_val_solution.csv`` (beside ``val/``, inside it, or at the
   top of the Kaggle download when SRC is its ``ILSVRC/Data/CLS-LOC``);
 - ``kaggle``: ``SRC/ILSVRC/Data/CLS-LOC/{train,val}`` with ``SRC/LOC_val_solution.csv``;
+- ``imagenet21k-p``: ImageNet-21K-P as Alibaba-MIIL's scripts and image-net.org leave it,
+  ``SRC/imagenet21k_train/<wnid>/*`` and ``SRC/imagenet21k_val/<wnid>/*`` (its
+  ``imagenet21k_small_classes/`` is not part of it and is not read);
 - ``class-folders``: ``SRC/<class>/*``, any folders of images, scanned as split ``train``;
 - archives read in place, only when SRC has no ``train/`` or Kaggle folders (``layouts``):
   image-net.org's tars (``tarballs``, or ``split-tar`` with the train tar in parts), Kaggle's
@@ -53,9 +56,12 @@ VAL_CSV = "LOC_val_solution.csv"
 NEWLINE_REASON = "file name contains a newline (the sources sidecar is one path per line); rename the file"
 NOT_UTF8_REASON = "file or folder name is not valid UTF-8 (the manifest and the sidecars are UTF-8); rename it"
 KAGGLE_DATA = ("ILSVRC", "Data", "CLS-LOC")
+IN21K_P = {"train": "imagenet21k_train", "val": "imagenet21k_val"}  # ImageNet-21K-P's split folders
+IN21K_P_SMALL = "imagenet21k_small_classes"  # beside them: the classes ImageNet-21K-P leaves out
 ACCEPTED_LAYOUTS = (
     "SRC/train/<wnid>/* with optional SRC/val/ (class folders, or flat with LOC_val_solution.csv); "
     "the Kaggle download SRC/ILSVRC/Data/CLS-LOC/{train,val} with SRC/LOC_val_solution.csv; "
+    "ImageNet-21K-P's SRC/imagenet21k_train/<wnid>/* with optional SRC/imagenet21k_val/<wnid>/*; "
     "or SRC/<class>/* class folders"
 )
 
@@ -115,6 +121,13 @@ def _detect_layout(root: Path) -> tuple[str, dict[str, Path]]:
         found = {s: kaggle / s for s in ("train", "val") if (kaggle / s).is_dir()}
         if found:
             return "kaggle", found
+    if (root / IN21K_P["train"]).is_dir():
+        found = {split: root / name for split, name in IN21K_P.items() if (root / name).is_dir()}
+        if not _subdirs(found["train"]):
+            raise DatasetError(f"{found['train']}: no class folders inside; expected {IN21K_P['train']}/<wnid>/<image>")
+        if (root / IN21K_P_SMALL).is_dir():
+            logger.info("%s: not read (the classes ImageNet-21K-P leaves out)", root / IN21K_P_SMALL)
+        return "imagenet21k-p", found
     if (root / "train").is_dir():
         found = {"train": root / "train"}
         if (root / "val").is_dir():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -33,6 +34,7 @@ NO_BYTES_REASON = {
 }
 ZIP_LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")  # signature ... file name length, extra field length
 ZIP_LOCAL_SIGNATURE = 0x04034B50
+MAX_OPEN_ARCHIVES = 64  # a shard of ImageNet-21k's synset tars reads from thousands of them; 1,024 files is a common ulimit
 
 
 @dataclass(frozen=True)
@@ -121,8 +123,16 @@ class MemberSpans:
         return cls((archive,), np.zeros(len(offsets), np.int32), offsets, np.asarray(sizes, np.int64), kind_array)
 
     def take(self, index: np.ndarray | slice) -> "MemberSpans":
+        """The items ``index``, with only the archives they lie in (a shard of ImageNet-21k's synset tars
+        goes to its worker with the few thousand tars it reads, not all 22 k)."""
         pick = lambda a: None if a is None else a[index]  # noqa: E731
-        return MemberSpans(self.archives, self.archive[index], self.offsets[index], self.sizes[index],
+        archive = self.archive[index]
+        used = np.bincount(archive, minlength=len(self.archives)) > 0
+        archives = self.archives
+        if not used.all():
+            archives = tuple(a for a, keep in zip(self.archives, used.tolist()) if keep)
+            archive = (np.cumsum(used, dtype=np.int32) - 1)[archive]
+        return MemberSpans(archives, archive, self.offsets[index], self.sizes[index],
                            pick(self.kinds), pick(self.packed), pick(self.crcs))  # fmt: skip
 
 
@@ -131,9 +141,10 @@ def member_reader(spans: MemberSpans) -> Iterator[Callable[[int, str], bytes | s
     """``read(k, name)``: item ``k``'s bytes, or the reason it has none; archives opened on first use.
 
     ``name`` (the item's source path) names the member in errors: an archive that changed
-    since the scan, or a zip member whose bytes do not match its crc32, stops the pack.
+    since the scan, or a zip member whose bytes do not match its crc32, stops the pack. At most
+    ``MAX_OPEN_ARCHIVES`` stay open, the least recently read closed first.
     """
-    opened: dict[int, OpenArchive] = {}
+    opened: OrderedDict[int, OpenArchive] = OrderedDict()
 
     def read(k: int, name: str) -> bytes | str:
         kind = SPAN if spans.kinds is None else int(spans.kinds[k])
@@ -142,7 +153,11 @@ def member_reader(spans: MemberSpans) -> Iterator[Callable[[int, str], bytes | s
         index = int(spans.archive[k])
         source = opened.get(index)
         if source is None:
+            if len(opened) >= MAX_OPEN_ARCHIVES:
+                opened.popitem(last=False)[1].close()
             source = opened[index] = OpenArchive(spans.archives[index])
+        else:
+            opened.move_to_end(index)
         size, offset = int(spans.sizes[k]), int(spans.offsets[k])
         if kind == SPAN:
             return _exact(source.pread(size, offset), size, source.archive, name)

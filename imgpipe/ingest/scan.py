@@ -3,7 +3,8 @@
 - ``kaggle-zip``: Kaggle's ``imagenet-object-localization-challenge.zip`` (``zipsource``);
 - ``hf-parquet`` / ``hf-tar``: Hugging Face's ``ILSVRC/imagenet-1k`` Parquet files or tarballs (``hfsource``);
 - ``wds``: WebDataset shards such as ``timm/imagenet-1k-wds`` (``wdssource``);
-- ``tarballs`` / ``split-tar``: image-net.org's tars, the train tar whole or in parts (``tarsource``).
+- ``tarballs`` / ``split-tar``: image-net.org's tars, the train tar whole or in parts (``tarsource``);
+- ``synset-tars``: ImageNet-21k's folder of one ``<wnid>.tar`` per synset (``synset_tars``).
 
 None of them when SRC is a folder tree (``train/``, the extracted Kaggle download, class folders).
 """
@@ -16,7 +17,7 @@ from typing import Sequence
 
 from imgpipe.ingest.folders import SourceTree, refuse_newlines, scan_folders
 
-ARCHIVE_LAYOUTS = ("tarballs", "split-tar", "kaggle-zip", "hf-parquet", "hf-tar", "wds")
+ARCHIVE_LAYOUTS = ("tarballs", "split-tar", "kaggle-zip", "hf-parquet", "hf-tar", "wds", "synset-tars")
 
 
 def scan_archives(
@@ -33,6 +34,7 @@ def _scan_archive_layout(
     from imgpipe.ingest import huggingface as hfsource
     from imgpipe.ingest import imagenet_tars as tarsource
     from imgpipe.ingest import kaggle_zip as zipsource
+    from imgpipe.ingest import synset_tars
     from imgpipe.ingest import webdataset as wdssource
 
     zip_path = zipsource.find_zip(src)
@@ -47,6 +49,9 @@ def _scan_archive_layout(
     tars = tarsource.find_tars(src)
     if tars is not None:
         return tarsource.scan_tars(tars, splits, workers)
+    synsets = synset_tars.find_synset_tars(src)
+    if synsets is not None:
+        return synset_tars.scan_synset_tars(synsets, splits, workers)
     return None
 
 

@@ -6,6 +6,7 @@ only proof that a shard is finished, so a rerun skips exactly the journaled shar
 rewrites anything else. Each node of a multi-node pack writes only its own entries, and
 holds ``node-{rank}.lock`` (with its pid inside) while it runs, from before it touches DST
 (even to delete it for --overwrite) to the end, so that two packs never write the same shards.
+``parts.json`` records how a pack in several parts is split (``imgpipe.pack.parts``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe._sys.pidlock import describe_holder, holder_alive, lock_holder, try_lock
 from imgpipe.errors import PackError
 from imgpipe.format.manifest import JOURNAL_DIR, PLAN_NAME
+from imgpipe.pack.parts import Parts
+
+PARTS_NAME = "parts.json"
 
 
 @dataclass
@@ -60,7 +64,8 @@ class Journal:
             return None
         except (OSError, ValueError) as e:
             raise PackError(
-                f"{self.folder / PLAN_NAME}: unreadable pack journal ({e}); pass --overwrite (or, with --num-nodes, empty DST) to start again"
+                f"{self.folder / PLAN_NAME}: unreadable pack journal ({e}); "
+                "pass --overwrite (or, with --num-nodes, empty DST) to start again"
             ) from None
 
     def write_plan(self, options: dict[str, Any], fingerprint: str, shards: int) -> None:
@@ -68,6 +73,30 @@ class Journal:
         self.folder.mkdir(parents=True, exist_ok=True)
         data = json.dumps({"options": options, "fingerprint": fingerprint, "shards": shards}, indent=1, sort_keys=True) + "\n"
         atomic_write_bytes(self.folder / PLAN_NAME, data.encode("utf-8"))
+
+    def read_parts(self) -> Parts | None:
+        """How the first run in several parts split this pack, or None."""
+        path = self.folder / PARTS_NAME
+        try:
+            return Parts.from_json(path.read_bytes())
+        except (FileNotFoundError, NotADirectoryError):  # not started, or DST is a file (pack says so)
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise PackError(f"{path}: unreadable pack journal ({e}); delete it once no node of this pack runs, then rerun") from None
+
+    def record_parts(self, parts: Parts) -> None:
+        """Record a split in several parts unless one is recorded; refuse another split (its runs would write the same shards)."""
+        recorded = self.read_parts()
+        if recorded is None and parts.count > 1:
+            atomic_write_bytes(self.folder / PARTS_NAME, parts.to_json())
+            recorded = self.read_parts()  # a node that started at the same moment with another split: one of the two stops
+        if recorded is not None and recorded.count != parts.count:
+            how = "SLURM array tasks" if recorded.first_id is not None else "--num-nodes"
+            raise PackError(
+                f"DST {self.dst} is being packed in {recorded.count} parts (by {how}), this run would split it in {parts.count}: "
+                f"give --num-nodes {recorded.count} and a --node-rank, or, once no node of that pack runs, "
+                f"delete {self.folder / PARTS_NAME} to split what is left another way"
+            )
 
     def entry_path(self, shard_name: str) -> Path:
         return self.folder / f"{shard_name}.json"

@@ -8,8 +8,9 @@ of the plan is journaled, the sidecars and ``manifest.json`` are written (atomic
 
 A rerun skips journaled shards, so a pack killed at any moment and rerun with the same
 arguments ends byte-identical to an uninterrupted one. With ``num_nodes=N`` node ``i``
-writes the shards whose global index (over all splits) is ``i mod N``; whichever node
-completes the journal writes the manifest, or ``finalize=True`` does it afterwards.
+writes the shards whose global index (over all splits) is ``i mod N`` (or a SLURM array task
+picks its part, see ``parts``); whichever node completes the journal writes the manifest, or
+``finalize=True`` does it afterwards, and otherwise names the parts still missing.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped,
 from imgpipe.image import codec, shrink
 from imgpipe.ingest.scan import scan
 from imgpipe.pack.journal import JOURNAL_DIR, Journal, ShardResult
+from imgpipe.pack.parts import ArrayTask, Parts, choose_part, missing_parts_advice
 from imgpipe.pack.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size, published_names
 from imgpipe.pack.shardwriter import ShardJob, init_worker, tmp_names, write_shard, write_shard_in_worker
 
@@ -134,16 +136,22 @@ def pack(
     num_nodes: int = 1,
     node_rank: int = 0,
     finalize: bool = False,
+    array_task: ArrayTask | None = None,
     progress: bool = True,
 ) -> PackReport:
     """Pack ``src`` into RecordIO shards in ``dst``; see the module docstring. Raises PackError/DatasetError.
 
     ``src`` is a source folder, one image-net.org tar, or several of its files (tars, devkit,
-    LOC_val_solution.csv) named one by one.
+    LOC_val_solution.csv) named one by one. ``array_task``, when given, picks the part instead
+    of ``num_nodes``/``node_rank``.
     """
     started = time.monotonic()
     sources = [src] if isinstance(src, (str, os.PathLike)) else list(src)
     src_paths, dst_path = [Path(os.path.abspath(p)) for p in sources], Path(os.path.abspath(dst))
+    recorded = Journal(dst_path).read_parts() if array_task is not None else None
+    num_nodes, node_rank, split = choose_part(num_nodes, node_rank, array_task, recorded)
+    if array_task is not None:
+        logger.info("part %d of %d, from %s (--num-nodes/--node-rank override it)", node_rank, num_nodes, array_task.describe())
     _check_arguments(src_paths, dst_path, workers, resize, quality, seed, num_nodes, node_rank, overwrite)
     if shard_size is not None and shards is not None:
         raise PackError("give --shards or --shard-size, not both")
@@ -166,6 +174,8 @@ def pack(
             remove_pack_outputs(dst_path)
         report = _check_journal(journal, plan, num_nodes)
         if report is None:
+            if not finalize:
+                journal.record_parts(split)
             report = PackReport(dst=dst_path, shards_total=len(plan.shards))
             mine = [] if finalize else [s for k, s in enumerate(plan.shards) if k % num_nodes == node_rank]
             _remove_stale_tmp(dst_path, mine, everything=num_nodes == 1)
@@ -182,10 +192,8 @@ def pack(
             pending = [s.name for s in plan.shards if journal.read_entry(s.name) is None]
             report.shards_pending = pending
             if pending and (finalize or num_nodes == 1):
-                raise PackError(
-                    f"{dst_path}: {len(pending)} shard(s) are not written yet (e.g. {pending[0]}); "
-                    f"run every --node-rank 0..{num_nodes - 1} first, then --finalize"
-                )
+                advice = _missing(plan, journal, split)
+                raise PackError(f"{dst_path}: {len(pending)} shard(s) are not written yet (e.g. {pending[0]}); {advice}")
             if not pending:
                 if num_nodes > 1:  # every shard is journaled; what is left is a killed node's atomic-write temp file
                     _remove_stale_tmp(dst_path, plan.shards, everything=False, older_than_s=STALE_TMP_S)
@@ -357,6 +365,15 @@ def _check_journal(journal: Journal, plan: PackPlan, num_nodes: int) -> PackRepo
         shards_reused=shards,
         manifest=journal.dst / MANIFEST_NAME,
     )
+
+
+def _missing(plan: PackPlan, journal: Journal, split: Parts) -> str:
+    """What to run for the shards not yet journaled: the parts they belong to, by the recorded split."""
+    split = journal.read_parts() or split
+    if split.count == 1:
+        return "rerun the same command to write them"
+    missing = sorted({k % split.count for k, spec in enumerate(plan.shards) if journal.read_entry(spec.name) is None})
+    return missing_parts_advice(split, missing)
 
 
 def _is_pack_output(name: str) -> bool:

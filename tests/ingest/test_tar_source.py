@@ -297,10 +297,10 @@ def test_slurm_variables_pick_the_node_rank(twins: tuple[Path, Path], tmp_path: 
 
 def test_node_identity_arguments_win_over_slurm() -> None:
     slurm = {"SLURM_NNODES": "4", "SLURM_NODEID": "3"}
-    assert node_identity(None, None, slurm) == (4, 3)
-    assert node_identity(None, None, {}) == (1, 0)
-    assert node_identity(2, 1, slurm) == (2, 1)
-    assert node_identity(None, 0, slurm) == (4, 0)
+    assert node_identity(None, None, slurm) == (4, 3, None)
+    assert node_identity(None, None, {}) == (1, 0, None)
+    assert node_identity(2, 1, slurm) == (2, 1, None)
+    assert node_identity(None, 0, slurm) == (4, 0, None)
 
 
 @pytest.mark.timeout(120)

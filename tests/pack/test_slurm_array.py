@@ -1,0 +1,164 @@
+"""A pack split over SLURM array tasks: which part each task writes, a killed task rerun alone, finalize naming what is missing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from _cli import assert_one_line_error
+from PIL import Image
+
+from imgpipe.cli.data import node_identity
+from imgpipe.errors import PackError
+from imgpipe.pack.journal import JOURNAL_DIR, PARTS_NAME
+from imgpipe.pack.packer import pack
+from imgpipe.pack.parts import ArrayTask, Parts, choose_part
+
+PACK_OPTIONS = ("--no-shuffle", "--shards", "6", "--workers", "1")
+
+
+def array_env(task_id: int, first: int, last: int, step: int = 1, **more: str) -> dict[str, str]:
+    """What sbatch sets in the batch step of one array task (one node: SLURM_NNODES=1, SLURM_NODEID=0)."""
+    count = (last - first) // step + 1
+    env = {"SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": str(task_id), "SLURM_ARRAY_TASK_MIN": str(first)}
+    env |= {"SLURM_ARRAY_TASK_MAX": str(last), "SLURM_ARRAY_TASK_STEP": str(step), "SLURM_ARRAY_TASK_COUNT": str(count)}
+    return env | {"SLURM_JOB_ID": str(100 + task_id), "SLURM_NNODES": "1", "SLURM_NODEID": "0"} | more
+
+
+def test_an_array_task_picks_its_part_from_its_id_and_the_arrays_first_id() -> None:
+    assert node_identity(None, None, array_env(3, 1, 8)) == (1, 0, ArrayTask(3, 1, 1, 8))
+    assert choose_part(1, 0, ArrayTask(3, 1, 1, 8), None)[:2] == (8, 2)  # --array=1-8: task 3 writes part 2
+    assert choose_part(1, 0, ArrayTask(8, 0, 4, 3), None)[:2] == (3, 2)  # --array=0-8:4 is tasks 0, 4, 8
+    assert choose_part(1, 0, ArrayTask(1, 0, 1, 2, nodes=3, node_id=2), None)[:2] == (6, 5)  # srun -N 3 inside each task
+    first = Parts.of_array(ArrayTask(0, 1, 1, 8))
+    assert choose_part(1, 0, ArrayTask(3, 3, 1, 1), first)[:2] == (8, 2)  # sbatch --array=3 alone: still part 2 of 8
+    with pytest.raises(PackError, match=r"SLURM_ARRAY_TASK_ID=9 .* is not one of this pack's 8 part\(s\) \(array tasks 1-8\)"):
+        choose_part(1, 0, ArrayTask(9, 9, 1, 1), first)
+    with pytest.raises(PackError, match=r"SLURM_ARRAY_TASK_ID=2 .* is not one of this pack's 3 part\(s\) \(array tasks 0-8:4\)"):
+        choose_part(1, 0, ArrayTask(2, 0, 4, 3), None)
+
+
+def test_the_options_win_over_an_array_and_the_array_over_the_batch_steps_one_node() -> None:
+    env = array_env(2, 0, 3)  # sbatch also sets SLURM_NNODES=1 and SLURM_NODEID=0: they must not make it a one-node pack
+    assert node_identity(None, None, env)[2] == ArrayTask(2, 0, 1, 4)
+    assert node_identity(4, 1, env) == (4, 1, None)
+    with pytest.raises(PackError, match=r"give both, or neither to take the part from the array \(SLURM_ARRAY_TASK_ID=2 \(MIN 0"):
+        node_identity(4, None, env)
+    with pytest.raises(PackError, match=r"SLURM_ARRAY_TASK_COUNT='x' is not an integer; give --num-nodes and --node-rank"):
+        node_identity(None, None, env | {"SLURM_ARRAY_TASK_COUNT": "x"})
+    without_count = {k: v for k, v in env.items() if k != "SLURM_ARRAY_TASK_COUNT"}  # older SLURM: from MIN, MAX and STEP
+    assert node_identity(None, None, without_count)[2] == ArrayTask(2, 0, 1, 4)
+
+
+@pytest.mark.timeout(60)
+def test_a_run_that_splits_the_pack_another_way_is_refused(synth_tree: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "out"
+    pack(synth_tree, dst, shards=6, workers=1, progress=False, array_task=ArrayTask(0, 0, 1, 3))
+    assert Parts.from_json((dst / JOURNAL_DIR / PARTS_NAME).read_bytes()) == Parts(3, 0, 1, 1)
+    for nodes, rank in ((2, 1), (1, 0)):  # either would write shards that tasks 1 and 2 write
+        with pytest.raises(PackError, match=r"is being packed in 3 parts \(by SLURM array tasks\), this run would split it in"):
+            pack(synth_tree, dst, shards=6, workers=1, progress=False, num_nodes=nodes, node_rank=rank)
+    assert len(list(dst.glob("*.rec"))) == 4  # part 0's shards only
+    report = pack(synth_tree, dst, shards=6, workers=1, progress=False, num_nodes=3, node_rank=1)
+    assert report.shards_written == 4
+
+
+def make_tree(root: Path) -> Path:
+    """Class folders A..F of 4 images, the last image a FIFO: the pack that reads it waits for the test."""
+    for k, name in enumerate("ABCDEF"):
+        (root / name).mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (40 + i, 32), (k * 40, i * 60, 90)).save(root / name / f"{i}.jpg")
+    os.mkfifo(root / "F" / "last.jpg")
+    return root / "F" / "last.jpg"
+
+
+def feed(fifo: Path) -> threading.Thread:
+    """Write the FIFO's bytes (not an image: it is skipped) once a pack opens it."""
+
+    def write() -> None:
+        with open(fifo, "wb") as f:
+            f.write(b"not a jpeg")
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_pack(src: Path, dst: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "imgpipe", "pack", str(src), str(dst), *PACK_OPTIONS, *extra, "--no-progress"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
+
+
+def shard_files(dst: Path) -> dict[str, tuple[int, int]]:
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in dst.glob("*-of-*.*") if not p.name.startswith(".")}
+
+
+@pytest.mark.timeout(240)
+def test_array_tasks_one_killed_and_rerun_alone_then_finalize_equal_one_machine(tmp_path: Path) -> None:
+    fifo = make_tree(tmp_path / "src")
+    src = tmp_path / "src"
+    single = tmp_path / "single"
+    feeder = feed(fifo)
+    assert run_pack(src, single).returncode == 0
+    feeder.join(10)
+
+    # sbatch --array=1-3: tasks 1..3 write parts 0..2; the FIFO is the last image, in shard 5 of 0..5: part 2, task 3
+    dst = tmp_path / "multi"
+    command = [sys.executable, "-m", "imgpipe", "pack", str(src), str(dst), *PACK_OPTIONS, "--no-progress"]
+    tasks = {
+        task: subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **array_env(task, 1, 3)}
+        )
+        for task in (1, 2, 3)
+    }
+    try:
+        for task in (1, 2):
+            out, err = tasks[task].communicate(timeout=120)
+            assert tasks[task].returncode == 0, err
+            assert f"part {task - 1} of 3, from SLURM_ARRAY_TASK_ID={task} (MIN 1, STEP 1, COUNT 3)" in err
+            assert "wrote 2 shard(s)" in out
+        journal = dst / JOURNAL_DIR
+        deadline = time.monotonic() + 60  # task 3 writes shard 2, then waits on the FIFO in shard 5
+        while not (journal / "train-00002-of-00006.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)
+        assert tasks[3].poll() is None
+        tasks[3].send_signal(signal.SIGKILL)
+        tasks[3].wait()
+    finally:
+        for process in tasks.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert not (journal / "train-00005-of-00006.json").exists() and not (dst / "manifest.json").exists()
+    before = shard_files(dst)
+    assert "train-00002-of-00006.rec" in before and "train-00005-of-00006.rec" not in before
+
+    finalize = run_pack(src, dst, "--finalize")
+    assert_one_line_error(
+        finalize,
+        "1 shard(s) are not written yet (e.g. train-00005-of-00006)",
+        "part(s) 2 of 3 are missing; resubmit array task(s) 3 (sbatch --array=3 YOUR_PACK_SCRIPT) "
+        "or run the same imgpipe pack command with --num-nodes 3 and --node-rank 2, then --finalize",
+    )
+
+    feeder = feed(fifo)
+    rerun = run_pack(src, dst, env=array_env(3, 3, 3))  # sbatch --array=3: MIN 3, COUNT 1, and still part 2 of 3
+    feeder.join(10)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "part 2 of 3, from SLURM_ARRAY_TASK_ID=3 (MIN 3, STEP 1, COUNT 1)" in rerun.stderr
+    assert "shards: 1 written, 1 already done, 6 in the plan" in rerun.stdout, rerun.stdout
+    assert {name: shard_files(dst).get(name) for name in before} == before  # no other shard was written again
+
+    finalized = run_pack(src, dst, "--finalize")
+    assert finalized.returncode == 0, finalized.stderr
+    output = {p.name: p.read_bytes() for p in sorted(dst.iterdir()) if p.is_file()}
+    assert output == {p.name: p.read_bytes() for p in sorted(single.iterdir()) if p.is_file()}
+    assert "last.jpg" in (dst / "manifest.json").read_text()  # the FIFO's bytes were skipped, alike in both packs
