@@ -135,6 +135,27 @@ class MemberSpans:
         return MemberSpans(archives, archive, self.offsets[index], self.sizes[index],
                            pick(self.kinds), pick(self.packed), pick(self.crcs))  # fmt: skip
 
+    @classmethod
+    def concat(cls, parts: Sequence["MemberSpans"]) -> "MemberSpans":
+        """One MemberSpans of ``parts`` in order, their archives merged."""
+        archives: dict[ArchiveFile, int] = {}
+        for part in parts:
+            for archive in part.archives:
+                archives.setdefault(archive, len(archives))
+        remapped = [np.array([archives[a] for a in part.archives], np.int32)[part.archive] for part in parts]
+
+        def joined(get: Callable[["MemberSpans"], np.ndarray | None], dtype: type, fill: int) -> np.ndarray | None:
+            if all(get(part) is None for part in parts):
+                return None
+            return np.concatenate([np.full(len(part.offsets), fill, dtype) if get(part) is None else get(part) for part in parts])
+
+        empty = np.zeros(0, np.int64)
+        return cls(
+            tuple(archives), np.concatenate(remapped) if parts else np.zeros(0, np.int32),
+            np.concatenate([p.offsets for p in parts]) if parts else empty, np.concatenate([p.sizes for p in parts]) if parts else empty,
+            joined(lambda p: p.kinds, np.int8, SPAN), joined(lambda p: p.packed, np.int64, 0), joined(lambda p: p.crcs, np.uint32, 0),
+        )  # fmt: skip
+
 
 @contextlib.contextmanager
 def member_reader(spans: MemberSpans) -> Iterator[Callable[[int, str], bytes | str]]:
