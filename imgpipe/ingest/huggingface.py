@@ -28,7 +28,6 @@ import logging
 import os
 import re
 import tarfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -38,6 +37,7 @@ import numpy as np
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe._sys.distenv import available_cpus
 from imgpipe._sys.procs import map_in_processes
+from imgpipe._sys.threads import DaemonPool
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.ingest.classnames import names_for_indices
@@ -216,8 +216,7 @@ def _list_split(files: HfFiles, split: str, workers: int | None, cache: Path | N
     units: list[StreamUnit] = []
     rows: list[_Row] = []
     if files.layout == "hf-parquet":  # pyarrow reads without the GIL: threads, with no process to start
-        with ThreadPoolExecutor(parallel) as pool:
-            listings = list(pool.map(_listed, tasks))
+        listings = _in_threads(tasks, parallel)
         release_memory()  # before the pack's workers fork: one writing into the listing's freed pages would copy each
     else:  # tarfile's stream reading holds the GIL between small reads: processes
         listings = list(map_in_processes(_listed, tasks, workers=parallel))
@@ -228,6 +227,18 @@ def _list_split(files: HfFiles, split: str, workers: int | None, cache: Path | N
         units += file_units
         rows += file_rows
     return units, rows
+
+
+def _in_threads(tasks: list[tuple[Any, Path, Path | None]], threads: int) -> list[bytes]:
+    """``_listed`` of each task in daemon threads: an interrupt leaves at once, never waiting for a listing to end."""
+    pool = DaemonPool(threads, "imgpipe-listing")
+    futures = [pool.submit(_listed, task) for task in tasks]
+    try:
+        return [future.result() for future in futures]
+    finally:
+        for future in futures:
+            future.cancel()
+        pool.close()
 
 
 def _listed(task: tuple[Any, Path, Path | None]) -> bytes:
