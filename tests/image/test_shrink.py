@@ -171,6 +171,12 @@ def test_opencv_reads_the_resized_jpegs_as_pillow_does(tmp_path: Path, mxnet_pyt
         assert np.array_equal(np.load(f"{path}.npy"), decoded(path.read_bytes()).astype(np.uint8)), path.name
 
 
+def three_photos(src: Path) -> None:
+    (src / "cls").mkdir(parents=True)
+    for k in range(3):
+        photo(400, 300, seed=k).save(src / "cls" / f"{k}.JPEG", quality=95)
+
+
 def test_a_resized_pack_is_never_resumed_with_the_other_resizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The C path and Pillow's give other bytes, so the resizer is one of the pack's options: a DST
     packed with one (say on a node with a compiler) is refused to the other, never mixed."""
@@ -178,10 +184,7 @@ def test_a_resized_pack_is_never_resumed_with_the_other_resizer(tmp_path: Path, 
 
     if not shrink.available():
         pytest.skip("imgpipe.image._jpeg_shrink is not built")
-    src = tmp_path / "src" / "cls"
-    src.mkdir(parents=True)
-    for k in range(3):
-        photo(400, 300, seed=k).save(src / f"{k}.JPEG", quality=95)
+    three_photos(tmp_path / "src")
     pack(tmp_path / "src", tmp_path / "dst", resize=128, workers=1, progress=False)
     monkeypatch.setattr(shrink, "_shrink", None)
     with pytest.raises(PackError, match="resizer"):
@@ -203,10 +206,7 @@ def test_info_and_verify_name_the_resizer_and_whether_this_installation_resizes_
     and whether a pack made by this installation would have the same bytes."""
     if not shrink.available():
         pytest.skip("imgpipe.image._jpeg_shrink is not built")
-    src = tmp_path / "src" / "cls"
-    src.mkdir(parents=True)
-    for k in range(3):
-        photo(400, 300, seed=k).save(src / f"{k}.JPEG", quality=95)
+    three_photos(tmp_path / "src")
     packs = {}
     for name, shrinker in (("libjpeg-turbo", True), ("pillow", False)):
         packed = imgpipe("pack", tmp_path / "src", tmp_path / name, "--resize", "128", "--workers", "1", shrinker=shrinker)

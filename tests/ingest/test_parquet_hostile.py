@@ -116,19 +116,15 @@ def huge_bit_packed_run(path: Path) -> None:
     level_run(path, varint((1 << 21) << 1 | 1))  # 2^21 bit-packed groups of 8
 
 
-def dictionary_values(claim: int) -> Callable[[Path], None]:
+DICTIONARY_PAGE_HEADER, DATA_PAGE_HEADER = 7, 5  # PageHeader's fields; each holds num_values as its field 1
+
+
+def values_claimed(page_header: int, claim: int) -> Callable[[Path], None]:
+    """The first image.bytes page claims ``claim`` values in its dictionary or data page header."""
+
     def damage(path: Path) -> None:
         page = pages(path)[0]
-        page.header.get(7).set(1, I32, claim)  # dictionary_page_header.num_values
-        replace_header(path, page, page.header)
-
-    return damage
-
-
-def data_page_values(claim: int) -> Callable[[Path], None]:
-    def damage(path: Path) -> None:
-        page = pages(path)[0]
-        page.header.get(5).set(1, I32, claim)  # data_page_header.num_values
+        page.header.get(page_header).set(1, I32, claim)
         replace_header(path, page, page.header)
 
     return damage
@@ -176,22 +172,22 @@ def row_groups_claimed(path: Path) -> None:
 MAP_OF_2_62_BOOLS = bytes([11]) + varint(1 << 62) + bytes([0x11])  # 9 bytes of map header: bool -> bool
 NESTED_1000_DEEP = bytes([12]) + bytes([0x1C]) * 1000 + bytes(1001)  # a struct whose field 1 is a struct, 1,000 deep
 
+RAW, PLAIN = dict(compression="none", use_dictionary=False), dict(use_dictionary=False)  # written without a dictionary page
+CHUNK = "row group 0, column image.bytes"
 # (damage, options pyarrow writes the file with, what pack must say: None where pyarrow reads the file whole)
 CASES: dict[str, tuple[Callable[[Path], None], dict, list[str] | None]] = {
-    "rle-run-of-2^27": (huge_rle_run, dict(compression="none", use_dictionary=False), None),
-    "bit-packed-run-of-2^21-groups": (
-        huge_bit_packed_run, dict(compression="none", use_dictionary=False), ["row group 0, column image.bytes", "levels"],
-    ),
-    "dictionary-of-2^33": (dictionary_values(1 << 33), {}, ["row group 0, column image.bytes"]),
-    "dictionary-of-2^31-1": (dictionary_values((1 << 31) - 1), {}, ["row group 0, column image.bytes"]),
-    "data-page-of-2^31": (data_page_values(1 << 31), dict(use_dictionary=False), ["row group 0, column image.bytes", "0 rows"]),
-    "data-page-of-2^31-1": (data_page_values((1 << 31) - 1), dict(use_dictionary=False), ["row group 0, column image.bytes"]),
+    "rle-run-of-2^27": (huge_rle_run, RAW, None),
+    "bit-packed-run-of-2^21-groups": (huge_bit_packed_run, RAW, [CHUNK, "levels"]),
+    "dictionary-of-2^33": (values_claimed(DICTIONARY_PAGE_HEADER, 1 << 33), {}, [CHUNK]),
+    "dictionary-of-2^31-1": (values_claimed(DICTIONARY_PAGE_HEADER, (1 << 31) - 1), {}, [CHUNK]),
+    "data-page-of-2^31": (values_claimed(DATA_PAGE_HEADER, 1 << 31), PLAIN, [CHUNK, "0 rows"]),
+    "data-page-of-2^31-1": (values_claimed(DATA_PAGE_HEADER, (1 << 31) - 1), PLAIN, [CHUNK]),
     "unknown-map-of-2^62": (unknown_field(MAP_OF_2_62_BOOLS), {}, None),
-    "structs-1000-deep": (unknown_field(NESTED_1000_DEEP), {}, ["row group 0, column image.bytes", "Exceeded depth limit"]),
-    "data-page-header-of-wrong-type": (wrong_type_data_page_header, dict(use_dictionary=False), ["row group 0, column image.bytes"]),
-    "zeroed-page-header": (zeroed_page_header, {}, ["row group 0, column image.bytes", "Invalid data; Deserializing page header failed."]),
+    "structs-1000-deep": (unknown_field(NESTED_1000_DEEP), {}, [CHUNK, "Exceeded depth limit"]),
+    "data-page-header-of-wrong-type": (wrong_type_data_page_header, PLAIN, [CHUNK]),
+    "zeroed-page-header": (zeroed_page_header, {}, [CHUNK, "Invalid data; Deserializing page header failed."]),
     "row-group-of-2^40-rows": (rows_claimed(1 << 40), {}, ["row group 0 claims 1,099,511,627,776 rows in"]),
-    "row-group-of-20-rows": (rows_claimed(20), {}, ["row group 0, column image.bytes: 4 rows where the metadata claims 20"]),
+    "row-group-of-20-rows": (rows_claimed(20), {}, [f"{CHUNK}: 4 rows where the metadata claims 20"]),
     "999999-row-groups": (row_groups_claimed, {}, ["not a readable Parquet file", "Exceeded size limit"]),
 }  # fmt: skip
 
