@@ -11,10 +11,9 @@ from __future__ import annotations
 import io
 import math
 import os
-import resource
+import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -42,6 +41,16 @@ from _parquet_surgery import (  # noqa: E402
 )
 
 ADDRESS_SPACE = 1 << 30  # RLIMIT_AS of each pack: a pack of these files needs about 100 MB
+# Runs ARGV under an address-space limit and writes the peak RSS of it and its workers (a small process's
+# children: a fork of pytest itself would count pytest's memory, until its exec, as the pack's).
+BOUNDED = """
+import resource, subprocess, sys
+limit, peak, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+code = subprocess.call(argv)
+open(peak, "w").write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024))
+sys.exit(code)
+"""
 PEAK_RSS = 400 << 20
 TIME_LIMIT_S = 60
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
@@ -74,22 +83,17 @@ def write(folder: Path, table: "pa.Table" = None, **options: object) -> Path:
 
 def pack_bounded(src: Path, dst: Path) -> tuple[subprocess.CompletedProcess[str], int]:
     """``imgpipe pack SRC DST`` in a process whose address space is ``ADDRESS_SPACE``; (its result, its peak RSS in bytes)."""
-    out, err = dst.parent / f"{dst.name}.stdout", dst.parent / f"{dst.name}.stderr"
-    with open(out, "w") as stdout, open(err, "w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "imgpipe", "pack", str(src), str(dst), "--workers", "1", "--no-progress"],
-            stdout=stdout, stderr=stderr, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE)),
-        )  # fmt: skip
-    deadline = time.monotonic() + TIME_LIMIT_S
-    while (waited := os.wait4(process.pid, os.WNOHANG))[0] == 0:
-        if time.monotonic() > deadline:
-            process.kill()
-            os.wait4(process.pid, 0)
-            pytest.fail(f"pack ran past {TIME_LIMIT_S} s: {err.read_text()[-2000:]}")
-        time.sleep(0.02)
-    process.returncode = os.waitstatus_to_exitcode(waited[1])
-    result = subprocess.CompletedProcess(process.args, process.returncode, out.read_text(), err.read_text())
-    return result, waited[2].ru_maxrss * 1024
+    peak = dst.parent / f"{dst.name}.peak"
+    pack = [sys.executable, "-m", "imgpipe", "pack", str(src), str(dst), "--workers", "1", "--no-progress"]
+    process = subprocess.Popen([sys.executable, "-c", BOUNDED, str(ADDRESS_SPACE), str(peak), *pack],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        out, err = process.communicate(timeout=TIME_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        pytest.fail(f"pack ran past {TIME_LIMIT_S} s: {err[-2000:]}")
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err), int(peak.read_text())
 
 
 def shards(dst: Path) -> dict[str, bytes]:
