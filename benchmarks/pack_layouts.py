@@ -12,18 +12,20 @@ round, which load from other work on the machine disturbs less; CPU seconds (all
 are reported the same way.
 
 For hf-tar and hf-parquet the time is split: the listing (a full decompression of every .tar.gz,
-or of every Parquet page of the images, before the plan can exist), and the decompression alone
+or pyarrow's read of every Parquet file's images, before the plan can exist), and the decompression alone
 per image (one process; ISA-L's inflate when python-isal is installed, else zlib's).
 
 Usage::
 
     python benchmarks/pack_layouts.py                  # 3,000 ImageNet-shaped JPEGs, 2 workers, 5 rounds
     python benchmarks/pack_layouts.py --layouts wds,hf-tar --rounds 3
+    python benchmarks/pack_layouts.py --layouts hf-parquet --baseline /tmp/imgpipe-main  # also packed by another checkout
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import shutil
 import statistics
@@ -62,8 +64,10 @@ def layout_copy(tree: Path, work: Path, layout: str) -> Path:
     return out
 
 
-def pack_command(src: Path, dst: Path, workers: int) -> list[list[str]]:
-    return [[sys.executable, "-m", "imgpipe", "pack", str(src), str(dst), "--splits", "train", "--workers", str(workers),
+def pack_command(src: Path, dst: Path, workers: int, checkout: Path | None = None) -> list[list[str]]:
+    """The pack, with this imgpipe or the one in ``checkout`` (another git checkout's root)."""
+    python = [sys.executable] if checkout is None else ["env", f"PYTHONPATH={checkout}", sys.executable]
+    return [[*python, "-m", "imgpipe", "pack", str(src), str(dst), "--splits", "train", "--workers", str(workers),
              "--shards", str(4 * workers), "--no-progress"]]  # fmt: skip
 
 
@@ -80,7 +84,8 @@ def stream_split(layout: str, src: Path, images: int, workers: int) -> None:
     started = time.process_time(), time.perf_counter()
     scan(src, ["train"], workers)
     cpu, wall = time.process_time() - started[0], time.perf_counter() - started[1]
-    listing = f"listing pass {wall:.2f} s ({workers} {'processes' if layout == 'hf-tar' else 'threads'}; {cpu / images * 1e6:.0f} us CPU per image in this process)"
+    pool = "processes" if layout == "hf-tar" else "threads"
+    listing = f"listing pass {wall:.2f} s ({workers} {pool}; {cpu / images * 1e6:.0f} us CPU per image in this process)"
     began = time.process_time()
     if layout == "hf-tar":
         buffer = bytearray(1 << 20)
@@ -88,20 +93,19 @@ def stream_split(layout: str, src: Path, images: int, workers: int) -> None:
             with open(path, "rb") as raw, fastzlib.open_gzip(raw) as stream:
                 while stream.readinto(buffer):  # type: ignore[attr-defined]
                     pass
-        print(f"  hf-tar: {listing}; inflate alone ({fastzlib.BACKEND}) {(time.process_time() - began) / images * 1e6:.0f} us CPU per image, "
-              "paid twice (listing, then packing)")  # fmt: skip
+        per_image = (time.process_time() - began) / images * 1e6
+        print(
+            f"  hf-tar: {listing}; inflate alone ({fastzlib.BACKEND}) {per_image:.0f} us CPU per image, paid twice (listing, then packing)"
+        )
     else:
-        import pyarrow.parquet as pq
-
-        from imgpipe.ingest.parquet import page_reader, row_group_images
+        from imgpipe.ingest.parquet import open_parquet, row_group_images
 
         for path in sorted((src / "data").glob("train-*.parquet")):
-            parquet = pq.ParquetFile(path)
-            pages = page_reader(path, parquet)
-            for group in range(parquet.metadata.num_row_groups):
-                row_group_images(path, parquet, pages, group).sizes
-        print(f"  hf-parquet: {listing}; pages decompressed and walked {(time.process_time() - began) / images * 1e6:.0f} us CPU per image, "
-              "paid twice (listing, then packing)")  # fmt: skip
+            with open_parquet(path) as parquet:
+                for group in range(parquet.metadata.num_row_groups):
+                    row_group_images(path, parquet, group)
+        per_image = (time.process_time() - began) / images * 1e6
+        print(f"  hf-parquet: {listing}; image.bytes read by pyarrow {per_image:.0f} us CPU per image, paid twice (listing, then packing)")
 
 
 def main() -> None:
@@ -112,14 +116,21 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help=f"comma-separated, from {', '.join(LAYOUTS)}")
+    parser.add_argument("--baseline", type=Path, default=None, help="another imgpipe checkout: each layout is also packed with it")
     args = parser.parse_args()
     compile_bytecode()
+    if args.baseline is not None:
+        compileall.compile_dir(args.baseline / "imgpipe", quiet=1)
     layouts = [name.strip() for name in args.layouts.split(",") if name.strip()]
 
     args.work.mkdir(parents=True, exist_ok=True)
     tree = make_imagenet_shaped(args.work / f"imagenet-shaped-{args.images}", args.images, args.classes, args.workers)
     images, size = tree_stats(tree / "train")
     sources = {"tree": tree, **{layout: layout_copy(tree, args.work, layout) for layout in layouts}}
+    checkouts: dict[str, Path | None] = {name: None for name in sources}
+    if args.baseline is not None:  # in the same rounds, right after this imgpipe's run of the layout
+        for layout in layouts:
+            sources[f"{layout}@base"], checkouts[f"{layout}@base"] = sources[layout], args.baseline
     print(f"source {tree}/train: {images:,} images, {size / 1e6:,.1f} MB ({describe_tree(tree / 'train')}); "
           f"{args.workers} workers; {args.rounds} rounds; host load {os.getloadavg()[0]:.1f}")  # fmt: skip
     out = args.work / "out-layouts"
@@ -130,17 +141,17 @@ def main() -> None:
             warm(src)
             shutil.rmtree(out, ignore_errors=True)
             began = children_cpu()
-            wall[name].append(run_timed(pack_command(src, out, args.workers)))
+            wall[name].append(run_timed(pack_command(src, out, args.workers, checkouts[name])))
             cpu[name].append(children_cpu() - began)
             assert records_in(out) == images, f"pack from {name} packed an unexpected number of records"
     shutil.rmtree(out, ignore_errors=True)
     print("\npass-through pack, median of rounds; speed = tree time / layout time in the same round (median over rounds)")
-    print(f"  {'layout':<11} {'wall s':>7} {'images/s':>9} {'speed':>7} {'CPU s':>7} {'CPU ratio':>9}   runs")
+    print(f"  {'layout':<16} {'wall s':>7} {'images/s':>9} {'speed':>7} {'CPU s':>7} {'CPU ratio':>9}   runs")
     for name in sources:
         speed = statistics.median(t / s for t, s in zip(wall["tree"], wall[name]))
         cpu_ratio = statistics.median(t / s for t, s in zip(cpu["tree"], cpu[name]))
         seconds = statistics.median(wall[name])
-        print(f"  {name:<11} {seconds:7.2f} {images / seconds:9,.0f} {speed:6.2f}x {statistics.median(cpu[name]):7.2f} {cpu_ratio:8.2f}x"
+        print(f"  {name:<16} {seconds:7.2f} {images / seconds:9,.0f} {speed:6.2f}x {statistics.median(cpu[name]):7.2f} {cpu_ratio:8.2f}x"
               f"   {', '.join(f'{t:.2f}' for t in wall[name])}")  # fmt: skip
     for layout in ("hf-parquet", "hf-tar"):
         if layout in sources:

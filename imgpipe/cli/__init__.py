@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 
 import click
 
+from imgpipe.cli.stopping import StopGuard
 from imgpipe.errors import ImgpipeError, Stopped
 
 
@@ -19,39 +19,45 @@ def cli(verbose: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: a user's mistake is one line on stderr and a non-zero exit.
+    """Console entry point; it ends the process. A user's mistake is one line on stderr and a non-zero exit.
 
     SIGTERM unwinds like Ctrl-C (``Stopped``), so that a command stopped at any moment cleans up,
-    says so in one line and exits 143 (Ctrl-C: 130), which a preemption wrapper reads as a stop.
+    says so in one line and exits 143 (Ctrl-C: 130), which a preemption wrapper reads as a stop;
+    the process ends within a few seconds of either, whatever its threads do (``stopping``).
     """
-    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    guard = StopGuard().install()
     try:
-        _run(argv)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        code = _run(argv)
+    except SystemExit as e:  # a command's own exit code (verify's problems, train's stop)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            click.echo(e.code, err=True)
+    except BaseException:  # a bug's traceback: the threads it leaves get the same grace
+        guard.finish(1)
+        raise
+    guard.finish(code)
+    sys.exit(code)
 
 
-def _raise_stopped(signum: int, _frame: object) -> None:
-    raise Stopped(signum)
-
-
-def _run(argv: list[str] | None) -> None:
+def _run(argv: list[str] | None) -> int:
+    """Run the command; its exit code, its one line printed where it failed or was stopped."""
     from imgpipe.cli import commands  # noqa: F401  (registers the sub-commands)
 
     try:
         cli.main(args=argv, prog_name="imgpipe", standalone_mode=False)
     except Stopped as e:
         click.echo(f"imgpipe: {e}", err=True)
-        sys.exit(e.exit_code)
+        return e.exit_code
     except click.exceptions.Abort:
         click.echo("imgpipe: aborted", err=True)
-        sys.exit(130)
+        return 130
     except click.ClickException as e:
         e.show()
-        sys.exit(e.exit_code)
+        return e.exit_code
     except ImgpipeError as e:
         click.echo(f"imgpipe: error: {e}", err=True)
-        sys.exit(e.exit_code)
+        return e.exit_code
     except KeyboardInterrupt:
         click.echo("imgpipe: interrupted", err=True)
-        sys.exit(130)
+        return 130
+    return 0

@@ -127,13 +127,17 @@ def _slurm_int(environ: Mapping[str, str], name: str, option: str) -> int:
 @click.option("--max-problems", type=click.IntRange(min=0), default=50, show_default=True, help="Print at most this many problems.")
 def verify_command(dst: str, decode: bool, workers: int | None, no_progress: bool, max_problems: int) -> None:
     """Check a packed folder (or bare .rec/.idx pairs) for completeness and integrity."""
+    from imgpipe.format.info import resize_line
     from imgpipe.format.verify import verify
+    from imgpipe.image.shrink import resizer
 
     report = verify(dst, decode=decode, workers=workers, progress=not no_progress and sys.stderr.isatty())
     for problem in report.problems[:max_problems]:
         click.echo(str(problem))
     if len(report.problems) > max_problems:
         click.echo(f"... and {len(report.problems) - max_problems} more problem(s)")
+    if report.options is not None and (resized := resize_line(report.options, resizer())) is not None:
+        click.echo(resized)
     click.echo(report.summary())
     if not report.ok:
         sys.exit(1)
@@ -147,5 +151,6 @@ def verify_command(dst: str, decode: bool, workers: int | None, no_progress: boo
 def info_command(dst: str, show_skipped: int) -> None:
     """Print what a packed dataset holds: splits, records, bytes, classes, options, skipped files."""
     from imgpipe.format.info import describe, format_info
+    from imgpipe.image.shrink import resizer
 
-    click.echo(format_info(describe(dst), show_skipped=show_skipped))
+    click.echo(format_info(describe(dst), show_skipped=show_skipped, resizer_here=resizer()))

@@ -50,8 +50,21 @@ def describe(dst: str | os.PathLike) -> DatasetInfo:
     )
 
 
-def format_info(info: DatasetInfo, *, show_classes: int = 10, show_skipped: int = 20) -> str:
-    """Human-readable lines for ``imgpipe info``."""
+def resize_line(options: dict[str, Any], resizer_here: str | None = None) -> str | None:
+    """Which resizer made a pack's resized images (``options["resizer"]``), and whether ``resizer_here`` (this
+    installation's) is the same: another one gives other bytes. None for a pack that kept its images' sizes."""
+    resize, made = options.get("resize"), options.get("resizer")
+    if resize is None:
+        return None
+    line = f"resized: shorter side {resize} px by {made or 'a resizer not recorded'}"
+    if resizer_here is not None and made:
+        alike = " too" if resizer_here == made else ": a pack made here would have other bytes"
+        line += f"; this installation resizes with {resizer_here}{alike}"
+    return line
+
+
+def format_info(info: DatasetInfo, *, show_classes: int = 10, show_skipped: int = 20, resizer_here: str | None = None) -> str:
+    """Human-readable lines for ``imgpipe info``; ``resizer_here``: the resizer this installation uses (``resize_line``)."""
     layout = f", {info.layout} layout" if info.layout else ""
     lines = [f"{info.path}  (imgpipe-recordio v{info.format_version}, packed from {info.source}{layout})"]
     lines.append("splits:")
@@ -63,6 +76,8 @@ def format_info(info: DatasetInfo, *, show_classes: int = 10, show_skipped: int 
     )
     lines.append(f"classes: {len(info.classes)}: {shown}")
     lines.append("options: " + ", ".join(f"{k}={v}" for k, v in sorted(info.options.items())))
+    if (resized := resize_line(info.options, resizer_here)) is not None:
+        lines.append(resized)
     lines.append(f"skipped: {len(info.skipped)}")
     lines += [f"  {s}" for s in info.skipped[:show_skipped]]
     if len(info.skipped) > show_skipped:

@@ -28,7 +28,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -94,6 +94,7 @@ class VerifyReport:
     records: int = 0
     bytes: int = 0
     decoded: bool = False
+    options: dict[str, Any] | None = None  # the manifest's pack options; None for bare .rec files
 
     @property
     def ok(self) -> bool:
@@ -141,6 +142,7 @@ def verify(dst: str | os.PathLike, *, decode: bool = False, workers: int | None 
     report = VerifyReport(path=path, decoded=decode)
     if path.is_dir() and (path / MANIFEST_NAME).exists():
         manifest = load_manifest(path)
+        report.options = manifest.options
         checks = _manifest_checks(LocalSource(path), manifest, decode, report.problems)
         report.problems += _stray_shards(LocalSource(path).list_names() or [], manifest)
     elif path.is_file() and path.suffix == ".rec":
@@ -164,6 +166,7 @@ def _verify_remote(url: str, decode: bool, workers: int | None, progress: bool) 
     source = open_source(url)
     report = VerifyReport(path=url, decoded=decode)
     manifest = read_manifest(source)
+    report.options = manifest.options
     checks = [dataclasses.replace(check, remote=url) for check in _manifest_checks(source, manifest, decode, report.problems)]
     names = source.list_names()  # None where the store cannot list (plain HTTP): strays go unseen
     report.problems += _stray_shards(names or [], manifest)
@@ -184,16 +187,24 @@ def _manifest_checks(source: ByteSource, manifest: Manifest, decode: bool, probl
     checks = []
     classes = len(manifest.classes)
     folder = source.root if isinstance(source, LocalSource) and source.root is not None else Path()
-    for name, split in manifest.splits.items():
+    for split in manifest.splits.values():
         total = split.records
         sources = _load_sources(source, split.sources, split.sources_sha256, total, problems)
-        labels = _load_sidecar(source, split.labels, split.labels_sha256, problems, lambda data: parse_labels(data, total, classes))
+        labels = _load_sidecar(
+            source, split.labels, split.labels_sha256, problems, lambda data, total=total: parse_labels(data, total, classes)
+        )
         crcs = index = None
         if split.checksums:
-            crcs = _load_sidecar(source, split.checksums, split.checksums_sha256, problems, lambda data: parse_checksums(data, total))
+            crcs = _load_sidecar(
+                source, split.checksums, split.checksums_sha256, problems, lambda data, total=total: parse_checksums(data, total)
+            )
         if split.index_sidecar:
             index = _load_sidecar(
-                source, split.index_sidecar, split.index_sidecar_sha256, problems, lambda data: parse_index_sidecar(data, total)
+                source,
+                split.index_sidecar,
+                split.index_sidecar_sha256,
+                problems,
+                lambda data, total=total: parse_index_sidecar(data, total),
             )
         first = 0
         for shard in split.shards:

@@ -19,6 +19,7 @@ try:
 except ImportError:  # no compiler or no libjpeg-turbo headers at install time
     _shrink = None
 
+LIBJPEG_TURBO, PILLOW = "libjpeg-turbo", "pillow"  # the names a pack records as options["resizer"]
 REDUCTIONS = (8, 4, 2, 1)
 REDUCING_GAP = 2  # the decoded image stays at least twice the target: DCT scaling alone aliases fine detail
 
@@ -26,6 +27,12 @@ REDUCING_GAP = 2  # the decoded image stays at least twice the target: DCT scali
 def available() -> bool:
     """True when the C extension is built, so that ``shrink_jpeg`` can do the work."""
     return _shrink is not None
+
+
+def resizer() -> str:
+    """The resizer ``--resize`` uses in this installation: libjpeg-turbo where the extension is built (Pillow for
+    the images it leaves), else Pillow alone. The two give other bytes."""
+    return LIBJPEG_TURBO if available() else PILLOW
 
 
 def draft_size(target: tuple[int, int]) -> tuple[int, int]:

@@ -16,7 +16,7 @@ by ``label`` alone (``classnames``). Items come in the tree's order with its lab
 (unit, ordinal, size), read by ``scatter``. Source paths are ``<file>/<member or path>``.
 
 A ``.tar.gz`` is listed by decompressing it whole (that is the price of gzip), a Parquet file
-by walking the pages of its ``image.bytes`` column (``parquetpages``); listings are kept in the
+by reading its columns with pyarrow, a row group at a time (``parquet``); listings are kept in the
 pack journal (``cache``), keyed by path, size and mtime, so a rerun does not list again.
 """
 
@@ -28,7 +28,6 @@ import logging
 import os
 import re
 import tarfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -38,12 +37,25 @@ import numpy as np
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe._sys.distenv import available_cpus
 from imgpipe._sys.procs import map_in_processes
+from imgpipe._sys.threads import DaemonPool
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.ingest.classnames import names_for_indices
 from imgpipe.ingest.folders import NEWLINE_REASON, SourceTree, SplitItems, match_archive_name, warn_left_out
 from imgpipe.ingest.imagenet_tars import ESCAPE_REASON
-from imgpipe.ingest.parquet import IMAGE_COLUMN, open_parquet, page_reader, pyarrow_parquet, row_group_images
+from imgpipe.ingest.parquet import (
+    IMAGE_COLUMN,
+    LABEL_COLUMN,
+    PATH_COLUMN,
+    check_columns,
+    label_values,
+    open_parquet,
+    pyarrow_parquet,
+    read_row_group,
+    release_memory,
+    row_group_images,
+    struct_field,
+)
 from imgpipe.ingest.streams import StreamItems, StreamUnit, list_tar_gz
 
 logger = logging.getLogger(__name__)
@@ -204,8 +216,8 @@ def _list_split(files: HfFiles, split: str, workers: int | None, cache: Path | N
     units: list[StreamUnit] = []
     rows: list[_Row] = []
     if files.layout == "hf-parquet":  # pyarrow reads without the GIL: threads, with no process to start
-        with ThreadPoolExecutor(parallel) as pool:
-            listings = list(pool.map(_listed, tasks))
+        listings = _in_threads(tasks, parallel)
+        release_memory()  # before the pack's workers fork: one writing into the listing's freed pages would copy each
     else:  # tarfile's stream reading holds the GIL between small reads: processes
         listings = list(map_in_processes(_listed, tasks, workers=parallel))
     for path, listing in zip(paths, listings):
@@ -215,6 +227,18 @@ def _list_split(files: HfFiles, split: str, workers: int | None, cache: Path | N
         units += file_units
         rows += file_rows
     return units, rows
+
+
+def _in_threads(tasks: list[tuple[Any, Path, Path | None]], threads: int) -> list[bytes]:
+    """``_listed`` of each task in daemon threads: an interrupt leaves at once, never waiting for a listing to end."""
+    pool = DaemonPool(threads, "imgpipe-listing")
+    futures = [pool.submit(_listed, task) for task in tasks]
+    try:
+        return [future.result() for future in futures]
+    finally:
+        for future in futures:
+            future.cancel()
+        pool.close()
 
 
 def _listed(task: tuple[Any, Path, Path | None]) -> bytes:
@@ -286,21 +310,15 @@ def _list_parquet(path: Path) -> tuple[list[StreamUnit], list[_Row]]:
 
 
 def _parquet_rows(path: Path, parquet: Any) -> list[_Row]:
-    schema = parquet.schema_arrow
-    image = schema.field(IMAGE_COLUMN).type if IMAGE_COLUMN in schema.names else None
-    if image is None or not hasattr(image, "get_field_index") or image.get_field_index("bytes") < 0 or "label" not in schema.names:
-        raise DatasetError(f"{path}: no image.bytes and label columns; is this a Hugging Face image-classification Parquet file?")
-    with_path = image.get_field_index("path") >= 0
-    pages = page_reader(path, parquet)
+    """Each column read on its own, so that pyarrow's refusal names the column."""
+    with_path = check_columns(path, parquet.schema_arrow)
     rows: list[_Row] = []
     for group in range(parquet.metadata.num_row_groups):
-        sizes = row_group_images(path, parquet, pages, group).sizes
-        try:
-            table = parquet.read_row_group(group, columns=[f"{IMAGE_COLUMN}.path"] * with_path + ["label"], use_threads=False)
-        except Exception as e:  # pyarrow raises its own error types
-            raise DatasetError(f"{path}: row group {group} is unreadable ({e}); download it again and rerun") from None
-        paths = table.column(IMAGE_COLUMN).combine_chunks().field("path").to_pylist() if with_path else [None] * len(sizes)
-        labels = table.column("label").to_numpy(zero_copy_only=False)
-        for name, size, label in zip(paths, sizes.tolist(), labels.tolist()):
-            rows.append(_Row(name or f"{path.stem}-{len(rows):08d}.JPEG", 0, len(rows), size, -1 if label is None else int(label)))
+        sizes = row_group_images(path, parquet, group).sizes.tolist()
+        paths = [None] * len(sizes)
+        if with_path:
+            paths = struct_field(read_row_group(path, parquet, group, [PATH_COLUMN]).column(IMAGE_COLUMN), "path").to_pylist()
+        labels = label_values(path, read_row_group(path, parquet, group, [LABEL_COLUMN]), group)
+        for name, size, label in zip(paths, sizes, labels):
+            rows.append(_Row(name or f"{path.stem}-{len(rows):08d}.JPEG", 0, len(rows), size, label))
     return rows

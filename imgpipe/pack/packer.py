@@ -306,7 +306,7 @@ def _plan(
         "seed": seed,
     }
     if resize is not None:  # the two resizers give other bytes: a pack is never resumed with the other one
-        options["resizer"] = "libjpeg-turbo" if shrink.available() else "pillow"
+        options["resizer"] = shrink.resizer()
     spans = {name: s.spans for name, s in tree.splits.items() if s.spans is not None and name in items}
     plan = make_plan(
         tree.root, tree.classes, items, options=options, shard_size=shard_size, shard_counts=counts, shuffle=shuffle, seed=seed, spans=spans

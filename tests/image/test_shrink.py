@@ -171,6 +171,12 @@ def test_opencv_reads_the_resized_jpegs_as_pillow_does(tmp_path: Path, mxnet_pyt
         assert np.array_equal(np.load(f"{path}.npy"), decoded(path.read_bytes()).astype(np.uint8)), path.name
 
 
+def three_photos(src: Path) -> None:
+    (src / "cls").mkdir(parents=True)
+    for k in range(3):
+        photo(400, 300, seed=k).save(src / "cls" / f"{k}.JPEG", quality=95)
+
+
 def test_a_resized_pack_is_never_resumed_with_the_other_resizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The C path and Pillow's give other bytes, so the resizer is one of the pack's options: a DST
     packed with one (say on a node with a compiler) is refused to the other, never mixed."""
@@ -178,11 +184,41 @@ def test_a_resized_pack_is_never_resumed_with_the_other_resizer(tmp_path: Path, 
 
     if not shrink.available():
         pytest.skip("imgpipe.image._jpeg_shrink is not built")
-    src = tmp_path / "src" / "cls"
-    src.mkdir(parents=True)
-    for k in range(3):
-        photo(400, 300, seed=k).save(src / f"{k}.JPEG", quality=95)
+    three_photos(tmp_path / "src")
     pack(tmp_path / "src", tmp_path / "dst", resize=128, workers=1, progress=False)
     monkeypatch.setattr(shrink, "_shrink", None)
     with pytest.raises(PackError, match="resizer"):
         pack(tmp_path / "src", tmp_path / "dst", resize=128, workers=1, progress=False)
+
+
+WITHOUT_SHRINKER = "import sys; sys.modules['imgpipe.image._jpeg_shrink'] = None; from imgpipe.cli import main; main()"
+
+
+def imgpipe(*args: object, shrinker: bool) -> subprocess.CompletedProcess[str]:
+    """The real CLI, in an installation with the C shrinker, or as one built without a compiler (its import fails)."""
+    command = [sys.executable, "-m", "imgpipe"] if shrinker else [sys.executable, "-c", WITHOUT_SHRINKER]
+    return subprocess.run([*command, *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.timeout(180)
+def test_info_and_verify_name_the_resizer_and_whether_this_installation_resizes_alike(tmp_path: Path) -> None:
+    """The two resizers give other bytes (a pack records which one made them): info and verify say which, in one line,
+    and whether a pack made by this installation would have the same bytes."""
+    if not shrink.available():
+        pytest.skip("imgpipe.image._jpeg_shrink is not built")
+    three_photos(tmp_path / "src")
+    packs = {}
+    for name, shrinker in (("libjpeg-turbo", True), ("pillow", False)):
+        packed = imgpipe("pack", tmp_path / "src", tmp_path / name, "--resize", "128", "--workers", "1", shrinker=shrinker)
+        assert packed.returncode == 0, packed.stderr
+        packs[name] = b"".join(p.read_bytes() for p in sorted((tmp_path / name).glob("*.rec")))
+    assert packs["libjpeg-turbo"] != packs["pillow"]
+    for made in packs:
+        for shrinker, here in ((True, "libjpeg-turbo"), (False, "pillow")):
+            alike = " too" if here == made else ": a pack made here would have other bytes"
+            line = f"resized: shorter side 128 px by {made}; this installation resizes with {here}{alike}"
+            info, verify = imgpipe("info", tmp_path / made, shrinker=shrinker), imgpipe("verify", tmp_path / made, shrinker=shrinker)
+            assert info.returncode == 0 and info.stdout.splitlines().count(line) == 1, info.stdout
+            assert verify.returncode == 0 and verify.stdout.splitlines().count(line) == 1, verify.stdout
+    kept = imgpipe("pack", tmp_path / "src", tmp_path / "kept", "--workers", "1", shrinker=True)
+    assert kept.returncode == 0 and "resized:" not in imgpipe("info", tmp_path / "kept", shrinker=True).stdout

@@ -1,0 +1,83 @@
+"""Every command stops within a few seconds of SIGTERM (143) or SIGINT (130) with one line, whatever its threads
+are doing: a real ``imgpipe pack`` whose Parquet listing never ends and whose threads keep it from ending."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "train"))
+from proctree import descendants, wait_gone  # noqa: E402
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+HERE = Path(__file__).parent
+STOPPED_WITHIN_S = 15  # the grace is 5 s; a loaded machine adds its start-up and scheduling
+
+
+@pytest.fixture(scope="module")
+def parquet_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = tmp_path_factory.mktemp("hf")
+    (src / "data").mkdir()
+    from PIL import Image
+
+    photo = io.BytesIO()
+    Image.new("RGB", (32, 24), (200, 100, 50)).save(photo, "JPEG")
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    rows = [{"bytes": photo.getvalue(), "path": f"{k}_n01440764.JPEG"} for k in range(4)]
+    table = pa.table({"image": pa.array(rows, type=image), "label": [0] * 4})
+    pq.write_table(table, src / "data" / "train-00000-of-00001.parquet")
+    return src
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["spinning", "blocked", "main-in-c", "workers"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_command_whose_threads_never_end_stops_within_seconds(kind: str, signum: int, parquet_src: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "stuck"
+    run = subprocess.Popen(
+        [sys.executable, str(HERE / "_stuck_command.py"), kind, str(marker), "pack", str(parquet_src), str(tmp_path / "out"),
+         "--workers", "1", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.02)
+    assert marker.exists(), run.communicate()[1]
+    workers = descendants(run.pid)
+    assert len(workers) == (2 if kind == "workers" else 0)
+    os.killpg(run.pid, signum) if signum == signal.SIGINT else run.send_signal(signum)  # Ctrl-C reaches the whole group
+    try:
+        _, err = run.communicate(timeout=STOPPED_WITHIN_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.communicate()
+        pytest.fail(f"{kind}: still running {STOPPED_WITHIN_S} s after {signal.Signals(signum).name}")
+    assert run.returncode == 128 + signum, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    lines = [line for line in err.splitlines() if not line.startswith("imgpipe: INFO") and not line.startswith("imgpipe: WARNING")]
+    assert len(lines) == 1 and lines[0].startswith(f"imgpipe: stopped by {signal.Signals(signum).name}"), err
+    left = wait_gone(workers, 10)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"workers {left} outlived the command"
+
+
+def test_a_library_call_leaves_the_signal_handlers_as_it_found_them(parquet_src: Path, tmp_path: Path) -> None:
+    """pack (listing in threads, packing in worker processes) installs no handler and no wakeup fd in its caller."""
+    from imgpipe.pack.packer import pack
+
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)}
+    wakeup = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(wakeup)
+    pack(parquet_src, tmp_path / "out", workers=2, progress=False)
+    assert {signum: signal.getsignal(signum) for signum in before} == before
+    assert signal.set_wakeup_fd(wakeup) == wakeup
