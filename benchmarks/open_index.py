@@ -32,9 +32,10 @@ from typing import Callable
 
 import numpy as np
 
+from imgpipe._sys.checksum import sha256_file
 from imgpipe.format import recordio
 from imgpipe.format.layout import index_bytes
-from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
+from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, write_manifest
 
 PROBE = r"""
 import json, sys, time, tracemalloc

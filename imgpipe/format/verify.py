@@ -32,23 +32,15 @@ from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 
-from imgpipe._sys.checksum import crc32
+from imgpipe._sys.checksum import crc32, sha256_file
 from imgpipe._sys.distenv import available_cpus
 from imgpipe._sys.oserrors import describe
 from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError
 from imgpipe.format.layout import SidecarError, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
-from imgpipe.format.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    ShardInfo,
-    incomplete_folder,
-    load_manifest,
-    read_manifest,
-    sha256_file,
-    stays_inside_source_root,
-)
+from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, read_manifest, stays_inside_source_root
 from imgpipe.format.recordio import IRHeader, iter_frames, read_index, unpack_header
+from imgpipe.format.unfinished import incomplete_folder
 from imgpipe.image.codec import decode_failure
 from imgpipe.storage.local import LocalSource
 from imgpipe.storage.opening import open_source
@@ -184,16 +176,24 @@ def _manifest_checks(source: ByteSource, manifest: Manifest, decode: bool, probl
     checks = []
     classes = len(manifest.classes)
     folder = source.root if isinstance(source, LocalSource) and source.root is not None else Path()
-    for name, split in manifest.splits.items():
+    for split in manifest.splits.values():
         total = split.records
         sources = _load_sources(source, split.sources, split.sources_sha256, total, problems)
-        labels = _load_sidecar(source, split.labels, split.labels_sha256, problems, lambda data: parse_labels(data, total, classes))
+        labels = _load_sidecar(
+            source, split.labels, split.labels_sha256, problems, lambda data, total=total: parse_labels(data, total, classes)
+        )
         crcs = index = None
         if split.checksums:
-            crcs = _load_sidecar(source, split.checksums, split.checksums_sha256, problems, lambda data: parse_checksums(data, total))
+            crcs = _load_sidecar(
+                source, split.checksums, split.checksums_sha256, problems, lambda data, total=total: parse_checksums(data, total)
+            )
         if split.index_sidecar:
             index = _load_sidecar(
-                source, split.index_sidecar, split.index_sidecar_sha256, problems, lambda data: parse_index_sidecar(data, total)
+                source,
+                split.index_sidecar,
+                split.index_sidecar_sha256,
+                problems,
+                lambda data, total=total: parse_index_sidecar(data, total),
             )
         first = 0
         for shard in split.shards:
