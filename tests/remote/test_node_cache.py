@@ -463,6 +463,35 @@ def test_mistakes_with_cache_dir_are_one_line(s3_env: S3Server, remote_packed: s
 # ---------------------------------------------------------------------------- pieces
 
 
+STORE_ON_A_FULL_DISK = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+from _fs import fill
+from imgpipe.cache.checkout import open_cache
+from imgpipe.format.manifest import fetch_manifest
+from imgpipe.storage.opening import open_source
+source = open_source(sys.argv[1])
+cache = open_cache(sys.argv[2], source, *fetch_manifest(source))
+fill(Path(sys.argv[2]))  # another job takes the rest of the disk
+present = cache.present("train").array
+present[:] = 1  # a store into a page of the mapped state file
+print(int(present.sum()), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_presence_byte_stored_on_a_full_disk_is_no_crash(packed_dir: Path, tmp_path: Path) -> None:
+    """The state files get their blocks when the cache is opened: a store into a mapped page that a full
+    tmpfs cannot back would kill the process with SIGBUS (it did: the files were sparse)."""
+    with tmpfs(tmp_path / "small", "1m") as small:
+        done = subprocess.run(
+            [sys.executable, "-c", STORE_ON_A_FULL_DISK, str(packed_dir), str(small / "cache"), str(Path(__file__).parents[1])],
+            capture_output=True, text=True, timeout=100,
+        )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.split() == ["48"], (done.returncode, done.stderr[-2000:])
+
+
 def test_fetch_spans_tile_the_file_merge_small_gaps_and_cut_long_runs() -> None:
     offsets = np.arange(0, 1000, 100)
     ends = offsets + 100
