@@ -165,8 +165,7 @@ def _check_field_types(item: object, where: object) -> None:
         value = getattr(item, f.name)
         if expected is not None and (not isinstance(value, expected) or isinstance(value, bool)):
             raise DatasetError(
-                f"{where}: malformed manifest ({type(item).__name__} {f.name} is {value!r}, not {f.type}); "
-                "rerun 'imgpipe pack' to rewrite it"
+                f"{where}: malformed manifest ({type(item).__name__} {f.name} is {value!r}, not {f.type}); rerun 'imgpipe pack' to rewrite it"
             )
 
 
