@@ -34,7 +34,7 @@ import numpy as np
 
 from imgpipe.format import recordio
 from imgpipe.format.layout import index_bytes
-from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
+from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, write_manifest
 
 PROBE = r"""
 import json, sys, time, tracemalloc
@@ -80,6 +80,8 @@ def build(folder: Path, records: int, shards: int, classes: int = 1000, payload:
     Record k's payload is k as 8 bytes, or ``payload`` (e.g. a tiny JPEG, so that loaders decode it),
     or ``payload(k)``.
     """
+    from imgpipe._sys.checksum import sha256_file  # here: benchmarks/remote.py --baseline imports this module with an older imgpipe
+
     folder.mkdir(parents=True, exist_ok=True)
     labels = (np.arange(records, dtype=np.int64) * classes // records).astype(np.int32)
     wnids = [f"n{c:08d}" for c in range(classes)]

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
+from imgpipe._sys.checksum import sha256_file
+from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, write_manifest
 from imgpipe.format.recordio import IndexedRecordWriter, IRHeader, pack_header
 
 

@@ -1,27 +1,53 @@
-"""A lock file that says who holds it: ``flock`` on the file, the holder's pid and host written inside.
+"""Lock files: ``flock`` on a file (``lock_file``, ``locked``), and a lock file that says who holds it.
 
 The kernel drops an ``flock`` when every descriptor of it closes, so a holder killed with
 ``kill -9`` frees the lock by itself (unless a child it forked still holds the descriptor:
-the callers decide how long to wait for that). The pid and host inside let a process that
-finds the lock taken say who holds it and whether that process still runs.
+the callers decide how long to wait for that). ``try_lock`` writes the holder's pid and host
+inside, so that a process that finds the lock taken can say who holds it and whether that
+process still runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import socket
 from pathlib import Path
+from typing import Iterator
+
+
+def lock_file(path: str | os.PathLike, *, shared: bool = False, wait: bool = True, flags: int = os.O_RDWR, mode: int = 0o644) -> int | None:
+    """A descriptor of ``path`` (created if need be) that holds its ``flock``, exclusive or ``shared``;
+    None when ``wait`` is False and another process holds it. Closing the descriptor lets go."""
+    fd = os.open(path, flags | os.O_CREAT, mode)
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike, *, flags: int = os.O_RDWR, mode: int = 0o644) -> Iterator[None]:
+    """Hold the exclusive lock of ``path`` for a ``with`` block (waiting for it)."""
+    fd = lock_file(path, flags=flags, mode=mode)
+    assert fd is not None  # a waiting lock is always taken
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 def try_lock(path: str | os.PathLike) -> int | None:
     """Take the lock at ``path`` (created if need be) and write our pid and host into it: the
     descriptor to keep open while holding it, or None when another process holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    fd = lock_file(path, wait=False)
+    if fd is None:
         return None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
@@ -30,16 +56,12 @@ def try_lock(path: str | os.PathLike) -> int | None:
 
 def is_held(path: str | os.PathLike) -> bool:
     """Whether a process holds the lock at ``path`` now (looked at without writing into it)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+    if not os.path.exists(path):
         return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    fd = lock_file(path, wait=False, flags=os.O_RDONLY)
+    if fd is None:
         return True
-    finally:
-        os.close(fd)  # closing lets go of a lock it took
+    os.close(fd)  # closing lets go of the lock it took
     return False
 
 

@@ -1,25 +1,20 @@
-"""Fetch whole shards into a node-local cache: a few large streamed range GETs per shard, each record checked as it lands.
+"""The background fill of a node cache: every shard of every split fetched into the folder, the opened split first.
 
-``SplitFill.fill`` brings one shard: its missing records in spans of at most ``SPAN_BYTES``
-(missing runs merged across present records spanning less than ``GAP_BYTES``), each span one
-streamed request whose chunks are written at their offsets as they arrive, each record they
-complete checked (framing, crc32 from the sidecar) and marked present. A shard whose records are
-all present and cover the file (or, without crc32s, whose file matches its sha256) is fsynced,
-then marked complete. A shard is filled by one process of the node at a time: it claims the
-shard's byte of ``{split}.claims`` with a lock, which its death drops.
+It runs in the store helper process of the process that opened the URL (which runs obstore itself
+and never forks), as ``start`` (a ``module:function`` job of the helper): ``STREAMS`` threads each
+claim a shard no process of the node fills yet and bring it whole (``shardfill.SplitFill.fill``),
+while the expected end of the split (``{split}.eta``) is published from the rate measured, so that
+loaders know whether to wait for a record or fetch it alone. A loader worker that waits for records
+while that fill is due fills the shards holding them itself meanwhile (``source.CacheSource``).
+Once every shard of every split is complete, the ``.idx`` files are written from the index sidecar
+(or fetched), and ``files.commit`` writes the manifest.
 
-Two kinds of process fill: the ``Filler``, a background thread of the store helper process
-(which runs obstore itself and never forks), brings every shard, the opened split first, and
-publishes when it expects the split to be complete (``{split}.eta``); and a loader worker that
-waits for records while that fill is due (``CacheSource``) claims and fills shards holding them
-itself, with its own obstore client, rather than idle. Once every shard of every split is
-complete, ``NodeCache.commit`` writes the manifest.
+A folder that cannot be written (a full disk) stops the fill with one warning; the loaders go on
+reading what they miss from the URL.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import logging
 import os
 import random
@@ -30,32 +25,45 @@ from typing import Any
 
 import numpy as np
 
-from imgpipe.cache.nodecache import NodeCache, boot_id, warn_unwritable
-from imgpipe.errors import ImgpipeError, RemoteError
+from imgpipe.cache.checkout import attach
+from imgpipe.cache.files import commit as commit_cache
+from imgpipe.cache.files import keep_if_listed, lacking, whole_files
+from imgpipe.cache.nodecache import NodeCache, warn_unwritable
+from imgpipe.cache.shardfill import SplitFill
+from imgpipe.errors import ImgpipeError
 from imgpipe.format.layout import SidecarError, parse_checksums
 from imgpipe.format.recordio import format_index_line
-from imgpipe.format.shardset import index_files, record_problem, split_index
-from imgpipe.storage.source import ByteRange
-from imgpipe.storage.store_client import TRANSIENT, StoreError
+from imgpipe.format.shardset import index_files, split_index
+from imgpipe.storage.source import ByteSource
 
 logger = logging.getLogger(__name__)
 
-STREAMS = 8  # spans the background filler fetches at once
-SPAN_BYTES = 64 << 20  # the most one request fetches
-GAP_BYTES = 1 << 20  # present records between two missing runs that are fetched again rather than split the request
-ATTEMPTS = 3  # tries to complete a shard whose records keep failing their checks
+STREAMS = 8  # shards the background filler fetches at once
+GUESSED_FILL_BYTES_PER_S = 250e6  # a node's fill rate, until the filler measures its own
 IDLE_S = 0.5  # how long the filler waits for shards that other processes claimed
 ETA_EVERY_S = 0.05  # how often the expected end is published
-MEASURE_S = 0.25  # the rate is measured over at least this long before it replaces the opener's guess (NodeCache.start_filling)
+MEASURE_S = 0.25  # the rate is measured over at least this long before it replaces the opener's guess (start_filling)
 
 _fillers: dict[str, Filler] = {}
 _fillers_lock = threading.Lock()
-_claims_lock = threading.Lock()
+
+
+def start_filling(cache: NodeCache, split: str, upstream: ByteSource) -> None:
+    """Have this process's store helper fetch the rest of the dataset into the folder, ``split`` first;
+    until the filler has measured its rate, its end is guessed at ``GUESSED_FILL_BYTES_PER_S``."""
+    from imgpipe.storage.store_helper import HelperClient
+
+    eta, info = cache.fill_eta(split).array, cache.split(split)
+    if eta[0] < time.time():
+        done = cache.completed(split).array
+        left = sum(shard.bytes for shard, whole in zip(info.shards, done) if not whole)
+        eta[0] = time.time() + left / GUESSED_FILL_BYTES_PER_S
+    HelperClient.shared(getattr(upstream, "budget_s", 30.0)).start("imgpipe.cache.fill:start", cache.url, str(cache.folder), split)
 
 
 def start(client: Any, url: str, folder: str, split: str) -> bool:
     """Start filling ``folder`` (a cache of ``url``) in this process, unless it is being filled here already."""
-    cache = NodeCache.attach(folder)
+    cache = attach(folder)
     if cache is None:
         return False
     with _fillers_lock:
@@ -67,191 +75,6 @@ def start(client: Any, url: str, folder: str, split: str) -> bool:
         filler = _fillers[folder] = Filler(client, cache, url, split)
         filler.thread.start()
     return True
-
-
-def missing_spans(
-    offsets: np.ndarray, ends: np.ndarray, missing: np.ndarray, *, gap: int = GAP_BYTES, span: int = SPAN_BYTES
-) -> list[tuple[int, int]]:
-    """The record ranges ``[first, stop)`` to fetch for the records ``missing`` marks (records in file order):
-    runs of missing records, merged across present ones spanning less than ``gap`` bytes, cut where a
-    range would pass ``span`` bytes (a record larger than that is a range of its own)."""
-    todo = np.flatnonzero(missing)
-    spans: list[tuple[int, int]] = []
-    if todo.size == 0:
-        return spans
-    first = prev = int(todo[0])
-    for record in todo[1:].tolist():
-        if offsets[record] - ends[prev] >= gap or ends[record] - offsets[first] > span:
-            spans.append((first, prev + 1))
-            first = record
-        prev = record
-    spans.append((first, prev + 1))
-    return spans
-
-
-class SplitFill:
-    """The shards of one split of a cache, as the processes that fill them see them: every record's
-    byte range and crc32, the node's shared maps, and this process's claims. Pickles without its
-    claims (a process claims its own)."""
-
-    def __init__(self, cache: NodeCache, name: str, offsets: np.ndarray, ends: np.ndarray, crcs: np.ndarray | None) -> None:
-        info = cache.split(name)
-        self.cache, self.name = cache, name
-        self.rec_names = [s.name for s in info.shards]
-        self.sizes = [s.bytes for s in info.shards]
-        self.sha256 = [s.sha256 for s in info.shards]
-        self.first = np.concatenate([[0], np.cumsum([s.records for s in info.shards])]).astype(np.int64)
-        self.offsets, self.ends, self.crcs = offsets, ends, crcs
-        self.present, self.complete, self.eta = cache.present(name), cache.completed(name), cache.fill_eta(name)
-        self._covered: list[bool | None] = [None] * len(self.rec_names)
-        self._pid: int | None = None
-
-    def records(self, s: int) -> range:
-        return range(int(self.first[s]), int(self.first[s + 1]))
-
-    def shard_of(self, record: int) -> int:
-        return int(np.searchsorted(self.first, record, side="right")) - 1
-
-    def all_complete(self) -> bool:
-        return bool(self.complete.array.all())
-
-    # ------------------------------------------------------------------ claims
-
-    def claim(self, s: int) -> bool:
-        """Claim shard ``s`` for this process and thread; False when it is complete or filled elsewhere."""
-        self._process()
-        with self._lock:
-            if s in self._claimed or self.complete.array[s]:
-                return False
-            try:
-                fcntl.lockf(self._claims_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, s)
-            except OSError:
-                return False  # another process of the node fills it
-            if self.complete.array[s]:  # completed by the process that held it a moment ago
-                fcntl.lockf(self._claims_fd, fcntl.LOCK_UN, 1, s)
-                return False
-            self._claimed.add(s)
-            return True
-
-    def release(self, s: int) -> None:
-        with self._lock:
-            fcntl.lockf(self._claims_fd, fcntl.LOCK_UN, 1, s)
-            self._claimed.discard(s)
-
-    def _process(self) -> None:
-        with _claims_lock:  # the threads of a process share one descriptor and one set of claims
-            if self._pid != os.getpid():
-                self._claims_fd = os.open(
-                    self.cache.claims_path(self.name), os.O_RDWR | os.O_CREAT, 0o644
-                )  # kept: closing it drops every claim on it
-                self._claimed: set[int] = set()
-                self._lock = threading.Lock()
-                self._pid = os.getpid()
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_claims_fd", "_claimed", "_lock")}
-        state["_pid"] = None
-        return state
-
-    # ------------------------------------------------------------------ filling
-
-    def fill(
-        self, s: int, client: Any, url: str, budget_s: float, progress: Progress | None = None, stop: threading.Event | None = None
-    ) -> None:
-        """Bring claimed shard ``s`` whole into the folder through ``client`` (a ``DirectClient``), then mark it complete."""
-        records = self.records(s)
-        present = self.present.array[records.start : records.stop]
-        whole = boot_id() == "unknown" or self.crcs is None or not self._is_covered(s)  # checked by the file's sha256, not record by record
-        fd = os.open(self.cache.shard_path(self.rec_names[s]), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            for _ in range(ATTEMPTS):
-                missing = np.ones(len(records), bool) if whole else present == 0
-                for a, b in missing_spans(self.offsets[records.start : records.stop], self.ends[records.start : records.stop], missing):
-                    if stop is not None and stop.is_set():
-                        return
-                    self._fetch(fd, s, records.start + a, records.start + b, client, url, budget_s, progress)
-                if self._finish(s, fd, present, whole):
-                    return
-        finally:
-            os.close(fd)
-        logger.warning("%s: %s keeps failing its checks; its records are read from the URL", self.cache.folder, self.rec_names[s])
-
-    def _is_covered(self, s: int) -> bool:
-        """True when shard ``s``'s records tile its whole file, so checked records make the file whole."""
-        if self._covered[s] is None:
-            a, b = self.records(s).start, self.records(s).stop
-            offsets, ends = self.offsets[a:b], self.ends[a:b]
-            self._covered[s] = a == b or (offsets[0] == 0 and bool(np.all(offsets[1:] == ends[:-1])) and int(ends[-1]) == self.sizes[s])
-        return bool(self._covered[s])
-
-    def _fetch(self, fd: int, s: int, first: int, stop: int, client: Any, url: str, budget_s: float, progress: Progress | None) -> None:
-        """Stream records ``[first, stop)`` of shard ``s`` into its file, retrying within the retry time."""
-        name = self.rec_names[s]
-        deadline = time.monotonic() + budget_s
-        tries = 0
-        while True:
-            tries += 1
-            writer = _SpanWriter(fd, self, name, first, stop, progress)
-            if progress is not None:
-                progress.begin()
-            start, end = int(self.offsets[first]), int(self.ends[stop - 1])
-            done = client.stream(url, name, start, end, writer, max(0.1, deadline - time.monotonic()))
-            if writer.error is not None:
-                raise writer.error
-            if not isinstance(done, StoreError):
-                return
-            if done.kind != TRANSIENT or time.monotonic() >= deadline:
-                raise RemoteError(f"{url}/{name}: {done}")
-            first = writer.record  # what arrived whole is kept
-            if first >= stop:
-                return
-            time.sleep(random.uniform(0, min(2.0, 0.1 * 2**tries)))
-
-    def _finish(self, s: int, fd: int, present: np.ndarray, whole: bool) -> bool:
-        """Mark shard ``s`` complete once its file is whole (fsynced first); False when records must be fetched again."""
-        if whole:
-            if os.fstat(fd).st_size > self.sizes[s]:
-                os.ftruncate(fd, self.sizes[s])
-            if _sha256(fd) != self.sha256[s]:
-                return False
-        elif not present.all():
-            return False
-        os.fdatasync(fd)  # before the byte that says so
-        self.complete.array[s] = 1
-        return True
-
-
-class _SpanWriter:
-    """The sink of one streamed span: writes each chunk at its offset, then checks and marks the records it completes."""
-
-    def __init__(self, fd: int, split: SplitFill, name: str, first: int, stop: int, progress: Progress | None) -> None:
-        self.fd, self.split, self.name, self.progress = fd, split, name, progress
-        self.record, self.stop = first, stop
-        self.parts: list[bytes] = []  # the head of a record that began in an earlier chunk
-        self.error: OSError | None = None  # a failed write: it ends the request and the filling
-
-    def __call__(self, at: int, chunk: Any) -> None:
-        view = memoryview(chunk)
-        try:
-            os.pwrite(self.fd, view, at)
-        except OSError as e:
-            self.error = e
-            raise
-        end = at + len(view)
-        split, present = self.split, self.split.present.array
-        while self.record < self.stop:
-            start, stop = int(split.offsets[self.record]), int(split.ends[self.record])
-            if stop > end:
-                self.parts.append(bytes(view[max(start, at) - at :]))
-                break
-            data = memoryview(b"".join([*self.parts, view[: stop - at]])) if self.parts else view[start - at : stop - at]
-            self.parts = []
-            crc = None if split.crcs is None else int(split.crcs[self.record])
-            if record_problem(data, ByteRange(self.name, start, stop), crc) is None:
-                present[self.record] = 1
-            self.record += 1
-        if self.progress is not None:
-            self.progress.add(len(view))
 
 
 class Progress:
@@ -325,14 +148,14 @@ class Filler:
             if split.name in self._sidecar_keys:
                 _write_shard_indexes(split, self._sidecar_keys[split.name])
         rest = [f for split in info for f in (split.sources, split.labels, *(s.index for s in split.shards))]
-        cache.whole_files(rest, self.upstream.read_files)
+        whole_files(cache, rest, self.upstream.read_files)
         if all(split.all_complete() for split in splits):
-            cache.commit()
+            commit_cache(cache)
 
     def _load(self, name: str) -> SplitFill:
         info = self.cache.split(name)
         names = index_files(info) + ([info.checksums] if info.checksums else [])
-        blobs = self.cache.whole_files(names, self.upstream.read_files)
+        blobs = whole_files(self.cache, names, self.upstream.read_files)
         crcs = None
         if info.checksums:
             try:
@@ -383,22 +206,13 @@ def _write_shard_indexes(split: SplitFill, keys: np.ndarray) -> None:
     where that gives the bytes the manifest lists (as imgpipe's packs do), so that the node fetches none
     of them; the others are fetched."""
     shards = split.cache.split(split.name).shards
-    lacking = set(split.cache.lacking([shard.index for shard in shards]))
+    missing = set(lacking(split.cache, [shard.index for shard in shards]))
     for s, shard in enumerate(shards):
-        if shard.index in lacking:
+        if shard.index in missing:
             records = slice(split.records(s).start, split.records(s).stop)
             text = "".join(map(format_index_line, keys[records].tolist(), split.offsets[records].tolist()))
-            split.cache.keep_if_listed(shard.index, text.encode())
+            keep_if_listed(split.cache, shard.index, text.encode())
 
 
 def _stopped(folder: Path, error: ImgpipeError) -> None:
     logger.warning("%s: the cache stopped filling in the background (%s); the loaders fetch what they miss", folder, error)
-
-
-def _sha256(fd: int) -> str:
-    digest = hashlib.sha256()
-    offset = 0
-    while block := os.pread(fd, 8 << 20, offset):
-        digest.update(block)
-        offset += len(block)
-    return digest.hexdigest()

@@ -8,7 +8,9 @@ from typing import Sequence
 
 import numpy as np
 
-from imgpipe.cache.nodecache import NodeCache
+from imgpipe.cache.checkout import open_cache
+from imgpipe.cache.files import whole_files
+from imgpipe.cache.fill import start_filling
 from imgpipe.cache.source import CacheSource
 from imgpipe.errors import ConfigError
 from imgpipe.format.manifest import fetch_manifest
@@ -29,15 +31,15 @@ def open_shards(path: PathLike | Sequence[PathLike], split: str = "train", *, ca
         raise ConfigError(f"cache_dir caches a dataset read from a URL; {path} is read where it is (copy a folder with 'imgpipe stage')")
     source = open_source(path)  # type: ignore[arg-type]
     manifest_bytes, manifest = fetch_manifest(source)
-    cache = NodeCache.open(cache_dir, source, manifest_bytes, manifest)
+    cache = open_cache(cache_dir, source, manifest_bytes, manifest)
     if cache.complete:
         return open_packed(cache.folder, split)
 
     def reader(offsets: np.ndarray, ends: np.ndarray, checksums: np.ndarray | None) -> ByteSource:
         records = CacheSource(source, cache, split, offsets, ends, checksums)
-        cache.start_filling(split, source)
+        start_filling(cache, split, source)
         return records
 
     return open_url(
-        source, split, fetched=(manifest_bytes, manifest), read_files=partial(cache.whole_files, fetch=source.read_files), reader=reader
+        source, split, fetched=(manifest_bytes, manifest), read_files=partial(whole_files, cache, fetch=source.read_files), reader=reader
     )

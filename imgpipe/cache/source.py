@@ -3,12 +3,12 @@
 A record is read from the cache folder when its shard is complete (read as from a local folder),
 or when its presence byte is set and its bytes pass the ShardSet's check (length, framing, crc32:
 ``nodecache`` says why a presence byte is checked again). The records still missing are waited
-for while the background fill (``cachefill``) is due to end within ``WAIT_S``: meanwhile a
-process with its own obstore client (a loader worker) claims and fills the shards that hold them
-itself, rather than idle. What is still missing then is fetched from the URL in one batch, as
-without a cache; each record fetched and checked is written into its shard file at its own
-offset, then marked present. Writes from several processes of a node meet only at identical
-bytes. Which records are read, and in what order, stays the caller's.
+for while the background fill (``fill``) is due to end within ``WAIT_S``: meanwhile a process
+with its own obstore client (a loader worker) claims and fills the shards that hold them itself
+(``shardfill``), rather than idle. What is still missing then is fetched from the URL in one
+batch, as without a cache; each record fetched and checked is written whole into its shard file
+at its own offset (its length checked), then marked present. Writes from several processes of a
+node meet only at identical bytes. Which records are read, and in what order, stays the caller's.
 """
 
 from __future__ import annotations
@@ -16,13 +16,16 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from imgpipe._sys.forks import reset_after_fork
 from imgpipe._sys.threads import DaemonPool
-from imgpipe.cache.fill import SplitFill
+from imgpipe._sys.writes import write_at
 from imgpipe.cache.nodecache import NodeCache, warn_unwritable
+from imgpipe.cache.shardfill import SplitFill
 from imgpipe.errors import ImgpipeError
 from imgpipe.storage.source import ByteRange, ByteSource, RangeCheck
 
@@ -51,9 +54,9 @@ class CacheSource(ByteSource):
         self.shards = SplitFill(cache, split, offsets, ends, crcs)
         self._numbers = {name: s for s, name in enumerate(self.shards.rec_names)}
         self._helping = True  # this process fills shards it waits for (until that fails once)
-        self._pid: int | None = None
-        self._fds: dict[str, int] = {}
+        self._files = _ShardFiles(cache.folder)
         self._runner: DaemonPool | None = None
+        reset_after_fork(self, CacheSource._forget_parent)
 
     def where(self, name: str) -> str:
         return self.upstream.where(name)
@@ -74,7 +77,6 @@ class CacheSource(ByteSource):
         return self.upstream.list_names()
 
     def read_ranges(self, ranges: Sequence[ByteRange], check: RangeCheck | None = None) -> list[memoryview | ImgpipeError]:
-        self._process()
         out: list[memoryview | ImgpipeError | None] = [None] * len(ranges)
         records = [self._record(r) for r in ranges]
         missing = self._read_local(ranges, records, range(len(ranges)), check, out, forget=True)
@@ -91,8 +93,8 @@ class CacheSource(ByteSource):
         return out  # type: ignore[return-value]  (every item is set)
 
     def submit_ranges(self, ranges: Sequence[ByteRange], check: RangeCheck | None = None) -> Future[list[memoryview | ImgpipeError]]:
-        self._process()
-        assert self._runner is not None
+        if self._runner is None:
+            self._runner = DaemonPool(4, "imgpipe-cache-read")
         return self._runner.submit(self.read_ranges, list(ranges), check)
 
     def _read_local(
@@ -107,7 +109,7 @@ class CacheSource(ByteSource):
             shard, record = records[k]
             whole = shard >= 0 and bool(complete[shard])
             if whole or (record >= 0 and self.trust_partial and present[record]):
-                data = self._pread(*ranges[k])
+                data = self._files.read(*ranges[k])
                 if data is not None and (whole or check is None or check(k, data) is None):
                     out[k] = data
                     continue
@@ -159,48 +161,71 @@ class CacheSource(ByteSource):
             return shard, record
         return shard, -1
 
-    def _pread(self, name: str, start: int, end: int) -> memoryview | None:
+    def _store(self, byte_range: ByteRange, data: memoryview, record: int) -> None:
+        """Write a checked record whole at its offset, then mark it present (the byte after the bytes)."""
+        try:
+            self._files.write(byte_range.name, data, byte_range.start)
+        except OSError as e:  # part of it may be there: it is not marked, and a full disk is said once
+            warn_unwritable(self.folder, e)
+            return
+        self.shards.present.array[record] = 1
+
+    def _forget_parent(self) -> None:
+        """In a forked child: its reads get a pool of their own (the parent's threads are not in it)."""
+        self._runner = None
+
+    def close(self) -> None:
+        self._files.close()
+        self.upstream.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_runner"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        reset_after_fork(self, CacheSource._forget_parent)
+
+
+class _ShardFiles:
+    """This process's descriptors of a cache folder's shard files: opened on first use, closed in a
+    forked child (they are the parent's), never pickled."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._fds: dict[str, int] = {}
+        reset_after_fork(self, _ShardFiles.close)
+
+    def read(self, name: str, start: int, end: int) -> memoryview | None:
+        """Bytes ``[start, end)`` of shard file ``name``, or None when the file holds fewer."""
         try:
             data = os.pread(self._fd(name), end - start, start)
         except OSError:
             return None
         return memoryview(data) if len(data) == end - start else None
 
-    def _store(self, byte_range: ByteRange, data: memoryview, record: int) -> None:
-        """Write a checked record at its offset, then mark it present (the byte after the bytes)."""
-        try:
-            written = os.pwrite(self._fd(byte_range.name), data, byte_range.start)
-        except OSError as e:
-            warn_unwritable(self.folder, e)
-            return
-        if written == len(data):
-            self.shards.present.array[record] = 1
+    def write(self, name: str, data: memoryview, start: int) -> None:
+        """Write all of ``data`` at ``start`` (its length checked: ``OSError`` when the disk takes less)."""
+        write_at(self._fd(name), data, start)
 
     def _fd(self, name: str) -> int:
         fd = self._fds.get(name)
         if fd is None:
-            fd = self._fds[name] = os.open(self.folder / name, os.O_RDWR | os.O_CREAT, 0o644)
+            opened = os.open(self.folder / name, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._fds.setdefault(name, opened)  # the read pool's threads may open it at once: one descriptor is kept
+            if fd != opened:
+                os.close(opened)
         return fd
 
-    def _process(self) -> None:
-        """Descriptors and the read pool of this process (a forked child opens its own)."""
-        pid = os.getpid()
-        if self._pid != pid:
-            if self._pid is not None:  # forked: close this child's copies of the parent's descriptors
-                for fd in self._fds.values():
-                    os.close(fd)
-            self._fds = {}
-            self._runner = DaemonPool(4, "imgpipe-cache-read")
-            self._pid = pid
-
     def close(self) -> None:
-        if self._pid == os.getpid():
-            for fd in self._fds.values():
-                os.close(fd)
-        self._fds = {}
-        self.upstream.close()
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.update(_pid=None, _fds={}, _runner=None)
-        return state
+        return {"folder": self.folder, "_fds": {}}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        reset_after_fork(self, _ShardFiles.close)

@@ -27,6 +27,7 @@ import numpy as np
 
 from imgpipe._sys.atomic import atomic_write_bytes
 
+MANIFEST_NAME = "manifest.json"
 SHARD_FILE = re.compile(r"^(?P<split>[^/]+)-\d{5}-of-\d{5}\.(?P<ext>rec|idx|json)$")  # a shard, its index, its journal entry
 SOURCES_SUFFIX = ".sources.txt"
 LABELS_SUFFIX = ".labels.npy"
@@ -162,6 +163,9 @@ def parse_index_sidecar(data: bytes, count: int) -> tuple[np.ndarray, np.ndarray
     array = _npy_view(data, 2)
     if array.shape != (2, count):
         raise SidecarError(f"holds a {array.shape} array, expected (2, {count}): keys and offsets of {count} records")
+    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:  # the int64 cast below would wrap it negative
+        row, bad = (int(k) for k in np.unravel_index(np.argmax(array > np.iinfo(np.int64).max), array.shape))
+        raise SidecarError(f"record {bad}: {('key', 'offset')[row]} {int(array[row, bad])} is beyond any file (over 2**63 - 1)", record=bad)
     if array[1].size and array[1].min() < 0:
         bad = int(np.argmin(array[1]))
         raise SidecarError(f"record {bad}: negative offset {int(array[1][bad])}", record=bad)

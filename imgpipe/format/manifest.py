@@ -12,7 +12,6 @@ relative to the source root: a manifest can never point outside its dataset fold
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -21,17 +20,13 @@ from typing import Any
 
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe.errors import DatasetError
-from imgpipe.format.layout import SHARD_FILE
+from imgpipe.format.layout import MANIFEST_NAME
+from imgpipe.format.unfinished import JOURNAL_DIR, PLAN_NAME, incomplete_folder  # noqa: F401  (imgpipe.pack.journal imports the names from here)
 from imgpipe.storage.opening import open_source
 from imgpipe.storage.source import ByteSource, is_url
 
 FORMAT = "imgpipe-recordio"
 FORMAT_VERSION = 1
-MANIFEST_NAME = "manifest.json"
-JOURNAL_DIR = ".imgpipe-pack"  # the pack journal (see imgpipe.pack.journal)
-STAGE_DIR = ".imgpipe-stage"  # the journal of imgpipe stage in its DST (see imgpipe.staging.target)
-STAGED_SUFFIX = ".done"  # a file verified in place, in STAGE_DIR
-PLAN_NAME = "plan.json"  # in the journal: options, fingerprint, planned shard count
 
 
 @dataclass
@@ -237,55 +232,3 @@ def write_manifest(folder: str | os.PathLike, manifest: Manifest) -> Path:
     path = manifest_path(folder)
     atomic_write_bytes(path, manifest.to_json().encode("utf-8"))
     return path
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in bounded chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def unfinished_pack(folder: str | os.PathLike) -> str | None:
-    """A one-line 'incomplete pack' message when ``folder`` holds a pack journal but no manifest, else None.
-
-    A folder is complete only when its manifest exists: shards beside a journal are a pack
-    that was killed, ran out of disk, is still running, or waits for other nodes.
-    """
-    folder = Path(folder)
-    journal = folder / JOURNAL_DIR
-    if (folder / MANIFEST_NAME).exists() or not journal.is_dir():
-        return None
-    done = sum(1 for p in journal.iterdir() if (m := SHARD_FILE.match(p.name)) and m["ext"] == "json")
-    try:
-        total = json.loads((journal / PLAN_NAME).read_text(encoding="utf-8")).get("shards")
-    except (OSError, ValueError, AttributeError):
-        total = None
-        if not done:  # only the lock of a pack that stopped before planning (e.g. refused this DST)
-            return None
-    rerun = "rerun the same 'imgpipe pack' (with --num-nodes: every --node-rank, then --finalize)"
-    if not isinstance(total, int):
-        state = f"{done} shard(s) finished, the planned count is unknown"
-    elif done < total:
-        state = f"{total - done} of {total} shards missing"
-    else:
-        state = f"all {total} shards written"
-    return f"{folder}: incomplete pack: {state}, no {MANIFEST_NAME}; {rerun}"
-
-
-def unfinished_copy(folder: str | os.PathLike) -> str | None:
-    """A one-line 'incomplete copy' message when ``folder`` holds the journal of an ``imgpipe stage`` but no manifest, else None."""
-    folder = Path(folder)
-    journal = folder / STAGE_DIR
-    if (folder / MANIFEST_NAME).exists() or not journal.is_dir():
-        return None
-    done = sum(1 for p in journal.iterdir() if p.name.endswith(STAGED_SUFFIX))
-    rerun = f"rerun the same 'imgpipe stage SRC {folder}' to finish it"
-    return f"{folder}: incomplete copy: {done} file(s) staged and checked, no {MANIFEST_NAME}; {rerun}"
-
-
-def incomplete_folder(folder: str | os.PathLike) -> str | None:
-    """One line when ``folder`` is an unfinished pack or an unfinished copy (no manifest yet), else None."""
-    return unfinished_pack(folder) or unfinished_copy(folder)

@@ -32,23 +32,15 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
-from imgpipe._sys.checksum import crc32
+from imgpipe._sys.checksum import crc32, sha256_file
 from imgpipe._sys.distenv import available_cpus
 from imgpipe._sys.oserrors import describe
 from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError
 from imgpipe.format.layout import SidecarError, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
-from imgpipe.format.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    ShardInfo,
-    incomplete_folder,
-    load_manifest,
-    read_manifest,
-    sha256_file,
-    stays_inside_source_root,
-)
+from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, read_manifest, stays_inside_source_root
 from imgpipe.format.recordio import IRHeader, iter_frames, read_index, unpack_header
+from imgpipe.format.unfinished import incomplete_folder
 from imgpipe.image.codec import decode_failure
 from imgpipe.storage.local import LocalSource
 from imgpipe.storage.opening import open_source

@@ -40,6 +40,7 @@ from typing import Iterator
 import torch
 
 from imgpipe._sys.meminfo import MEMINFO, available_memory
+from imgpipe._sys.pidlock import lock_file
 from imgpipe._sys.torch_private import storage_use_count
 from imgpipe.errors import ConfigError
 
@@ -138,19 +139,16 @@ def allocation_lock(folder: str = SHARED_MEMORY_DIR) -> Iterator[None]:
     """Hold an exclusive lock on ``folder``/.imgpipe-ring.lock: without it, every rank of a node
     checks the room before any has allocated, they all pass, and together they exhaust it
     (the OOM killer then ends a rank without a message).
-    No lock where the file cannot be opened, or without ``fcntl`` (not Unix)."""
+    No lock where the file cannot be opened."""
     try:
-        import fcntl
-
-        fd = os.open(os.path.join(folder, ".imgpipe-ring.lock"), os.O_RDONLY | os.O_CREAT, 0o666)
-    except (ImportError, OSError):
+        fd = lock_file(os.path.join(folder, ".imgpipe-ring.lock"), flags=os.O_RDONLY, mode=0o666)
+    except OSError:
         yield
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)  # releases the lock
+        os.close(fd)  # type: ignore[arg-type]  (releases the lock)
 
 
 def check_shared_memory(size: int, slots: int, folder: str = SHARED_MEMORY_DIR, meminfo: str = MEMINFO) -> None:

@@ -27,7 +27,6 @@ import hashlib
 import io
 import json
 import logging
-import mmap
 import os
 import queue as queue_module
 import signal
@@ -42,7 +41,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from imgpipe._sys.atomic import atomic_write_bytes, fsync_dir
-from imgpipe._sys.checksum import crc32
+from imgpipe._sys.checksum import crc32, sha256_file
 from imgpipe._sys.distenv import available_cpus
 from imgpipe._sys.oserrors import NO_SPACE, describe
 from imgpipe._sys.procs import die_with_parent, pool_context
@@ -453,16 +452,13 @@ class StreamPack:
         rec_tmp, idx_tmp = tmp_names(self.dst, spec)
         slot = self.slot_file(k)
         if exact:
-            digest = hashlib.sha256()
+            rec_sha = sha256_file(slot)
             with open(slot, "rb") as f:
-                if os.fstat(f.fileno()).st_size:
-                    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:  # hashed in place: no copy to read it
-                        digest.update(mapped)
                 os.fsync(f.fileno())
             index = "".join(format_index_line(int(layout.positions[g]), int(layout.offsets[g])) for g in kept).encode("ascii")
             atomic_write_bytes(idx_tmp, index)
             os.replace(slot, self.dst / spec.rec_name)
-            rec_bytes, rec_sha, idx_sha, idx_bytes = layout.slot_size(k), digest.hexdigest(), hashlib.sha256(index).hexdigest(), len(index)
+            rec_bytes, rec_sha, idx_sha, idx_bytes = layout.slot_size(k), rec_sha, hashlib.sha256(index).hexdigest(), len(index)
         else:
             with open(slot, "rb") as slots, IndexedRecordWriter(rec_tmp, idx_tmp) as writer:
                 for g in kept:

@@ -1,11 +1,12 @@
 """Copy files from a source to a target, several at once, each one checked against its sha256.
 
 To a local folder a file is copied by ranges of ``PART_BYTES`` (ranged GETs from a store, or
-``pread``/``pwrite`` from a mount), ``jobs`` ranges at a time across files, into a partial file;
-the ranges are hashed in order as they land, so the sha256 is known when the last one does. A
-file whose hash is right is synced, renamed into place and journaled. To a store a local file
-is uploaded whole (multipart, parts in parallel) and the hash of the bytes sent is compared; a
-file at one URL bound for another passes through a local scratch folder.
+``pread``/``pwrite`` from a mount), ``jobs`` ranges at a time across files, into a partial
+``RangeFile`` (``rangefile``: every write's length checked, the bytes hashed from the disk in
+order as the ranges land, so the sha256 is known when the last one does). A file whose hash is
+right is synced, renamed into place and journaled. To a store a local file is uploaded whole
+(multipart, parts in parallel) and the hash of the bytes sent is compared; a file at one URL
+bound for another passes through a local scratch folder.
 
 A file whose bytes hash wrong is copied again: damage in transit differs from try to try, while
 the same wrong hash twice is what the source holds, and is named in one line.
@@ -13,19 +14,19 @@ the same wrong hash twice is what the source holds, and is named in one line.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from pathlib import Path
 from typing import Any, Callable
 
+from imgpipe._sys.checksum import sha256_file
 from imgpipe._sys.oserrors import describe
 from imgpipe._sys.threads import DaemonPool
 from imgpipe.errors import DatasetError
 from imgpipe.format.layout import SidecarError
 from imgpipe.staging.plan import StagedFile
+from imgpipe.staging.rangefile import RangeFile
 from imgpipe.staging.target import LocalTarget, Target
 from imgpipe.storage.local import LocalSource
 from imgpipe.storage.source import ByteSource
@@ -33,7 +34,6 @@ from imgpipe.storage.source import ByteSource
 logger = logging.getLogger(__name__)
 
 PART_BYTES = 16 << 20  # one ranged copy
-HASH_BLOCK_BYTES = 4 << 20
 FILE_TRIES = 3  # copies of one file before a wrong hash is final
 UPLOAD_FILES = 4  # files uploaded at once (each in parallel parts of its own)
 
@@ -117,7 +117,7 @@ class Copier:
 
         def check() -> None:
             try:
-                right = _hash_file(path) == staged.sha256
+                right = sha256_file(path) == staged.sha256
             except OSError:
                 right = False
             try:
@@ -200,15 +200,16 @@ class Copier:
             )
         if tries >= FILE_TRIES:
             return DatasetError(
-                f"{where}: sha256 differs from the manifest in {tries} copies, each differently: bytes are damaged on the way; check the network or the disk, then rerun"
+                f"{where}: sha256 differs from the manifest in {tries} copies, each differently: bytes are damaged on the way; "
+                "check the network or the disk, then rerun"
             )
         wrong.add(digest)
         return None
 
 
 class _Download:
-    """One file copied range by range into a local file, hashed in order as the ranges land; ``then(path)``
-    runs once it hashes right (place it, or upload it on)."""
+    """One file copied range by range into a local ``RangeFile``, hashed in order as the ranges land;
+    ``then(path)`` runs once it hashes right (place it, or upload it on)."""
 
     def __init__(self, copier: Copier, staged: StagedFile, dest: Path, then: Callable[[Path], None], *, counted: bool = True) -> None:
         self.copier = copier
@@ -219,7 +220,7 @@ class _Download:
         self.done: Future = Future()
         self.tries = 0
         self.wrong: set[str] = set()
-        self._lock = threading.Lock()
+        self.file: RangeFile | None = None
 
     def start(self) -> Future:
         self._begin()
@@ -229,18 +230,13 @@ class _Download:
         self.tries += 1
         size = self.staged.size
         self.spans = [(start, min(start + PART_BYTES, size)) for start in range(0, size, PART_BYTES)]
-        self.landed: set[int] = set()
-        self.next = 0
-        self.hashing = False
-        self.digest = hashlib.sha256()
         try:
-            with open(self.dest, "wb") as f:
-                f.truncate(size)
+            self.file = RangeFile(self.dest, size, writeback=True)
         except OSError as e:
             self._fail(e)
             return
         if not self.spans:
-            self.copier.submit(self._verify)
+            self.copier.submit(self._landed, 0, 0)
         for k in range(len(self.spans)):
             self.copier.submit(self._copy, k)
 
@@ -258,35 +254,25 @@ class _Download:
             return
         if self.counted:
             self.copier.progress(end - start)
-        self._landed(k)
+        self._landed(start, end)
 
-    def _landed(self, k: int) -> None:
-        """Hash the ranges that can be hashed now, in order; one thread at a time does it for a file."""
-        with self._lock:
-            self.landed.add(k)
-            if self.hashing:
-                return
-            self.hashing = True
-        while True:
-            with self._lock:
-                if self.next not in self.landed:
-                    self.hashing = False
-                    return
-                start, end = self.spans[self.next]
-            try:
-                _hash_range(self.dest, start, end, self.digest)
-            except BaseException as e:  # handed to the caller through the Future
-                self._fail(e)
-                return
-            with self._lock:
-                self.next += 1
-                last = self.next == len(self.spans)
-            if last:
-                self._verify()
-                return
+    def _landed(self, start: int, end: int) -> None:
+        file = self.file
+        if self.done.done() or file is None:
+            return
+        try:
+            last = file.landed(start, end)
+        except BaseException as e:  # handed to the caller through the Future
+            self._fail(e)
+            return
+        if last:
+            self._verify(file)
 
-    def _verify(self) -> None:
-        digest = self.digest.hexdigest()
+    def _verify(self, file: RangeFile) -> None:
+        if file.short:
+            self._fail(DatasetError(f"{self.dest}: ends at byte {file.hashed}, before {file.size} (changed while being copied?)"))
+            return
+        digest = file.sha256()
         if not self.staged.sha256:
             why = self.copier.check_unhashed(self.staged, self.dest)
             if why is not None:
@@ -299,11 +285,14 @@ class _Download:
                 return
             if self.counted:
                 self.copier.progress(-self.staged.size)
+            file.close()
             self._begin()
             return
         try:
-            with open(self.dest, "rb+") as f:
-                os.fsync(f.fileno())
+            committed = file.commit(self.staged.sha256 or None)
+            file.close()
+            if not committed:
+                raise DatasetError(f"{self.dest}: not all of it was written; rerun")
             self.then(self.dest)
         except BaseException as e:  # handed to the caller through the Future
             self._fail(e)
@@ -312,10 +301,14 @@ class _Download:
 
     def _fail(self, error: BaseException) -> None:
         error = self.copier.error(self.staged, error)
-        with self._lock:
-            if self.done.done():
-                return
+        if self.done.done():
+            return
+        try:
             self.done.set_exception(error)
+        except InvalidStateError:  # another range of this file failed at the same moment
+            return
+        if self.file is not None:
+            self.file.close()
         self.copier.fail(error)
 
 
@@ -363,29 +356,3 @@ class _Upload:
         target.record(staged.name, size, digest)
         self.copier.progress(size)
         self.copier.copied(size)
-
-
-def _hash_range(path: Path, start: int, end: int, digest: Any) -> None:
-    """Hash bytes ``[start, end)`` of a file just written, then start writing them to the disk (without
-    waiting): the file's fsync at its end then waits only for its last ranges."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        at = start
-        while at < end:
-            block = os.pread(fd, min(HASH_BLOCK_BYTES, end - at), at)
-            if not block:
-                raise DatasetError(f"{path}: ends at byte {at}, before {end} (changed while being copied?)")
-            digest.update(block)
-            at += len(block)
-        if hasattr(os, "posix_fadvise"):  # Linux: DONTNEED starts the writeback of dirty pages, and keeps them cached until written
-            os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def _hash_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(HASH_BLOCK_BYTES):
-            digest.update(block)
-    return digest.hexdigest()

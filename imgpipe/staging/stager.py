@@ -27,7 +27,8 @@ from imgpipe._sys.diskinfo import check_free_space, format_bytes
 from imgpipe._sys.pidlock import release
 from imgpipe.errors import ConfigError, DatasetError
 from imgpipe.format.layout import SIDECAR_SUFFIXES, is_shard_file
-from imgpipe.format.manifest import JOURNAL_DIR, MANIFEST_NAME, parse_manifest, unfinished_pack
+from imgpipe.format.manifest import MANIFEST_NAME, parse_manifest
+from imgpipe.format.unfinished import JOURNAL_DIR, unfinished_pack
 from imgpipe.staging.copier import Copier
 from imgpipe.staging.plan import ListedFile, StagedFile, manifest_files, staged
 from imgpipe.staging.target import LocalTarget, StoreTarget, Target
@@ -67,7 +68,10 @@ class StageReport:
                 + (f", {format_bytes(kept)} kept from an earlier run" if kept else "")
                 + (f" ({self.found_in_place} file(s) of it found in place and checked)" if self.found_in_place else "")
             )
-        return f"{self.dst}: staged from {self.src}: {self.files} files, {format_bytes(self.total_bytes)}, each checked against its sha256; {how}"
+        return (
+            f"{self.dst}: staged from {self.src}: {self.files} files, {format_bytes(self.total_bytes)}, "
+            f"each checked against its sha256; {how}"
+        )
 
 
 def stage(
@@ -204,7 +208,8 @@ def _sized(source: ByteSource, listed: list[ListedFile]) -> list[StagedFile]:
             raise DatasetError(f"{where}: missing, though the manifest lists it; run 'imgpipe verify {source.location}'")
         if item.size is not None and size != item.size:
             raise DatasetError(
-                f"{where}: {size} bytes, the manifest says {item.size}: the file at the source changed since packing; run 'imgpipe verify {source.location}'"
+                f"{where}: {size} bytes, the manifest says {item.size}: the file at the source changed since packing; "
+                f"run 'imgpipe verify {source.location}'"
             )
         files.append(staged(item, size))
     return files
@@ -272,7 +277,8 @@ def _refuse_overlapping_folders(source: ByteSource, target: Target) -> None:
         raise DatasetError(f"{target.location}: SRC and DST are the same folder; give another DST")
     if not (source.remote or target.remote) and Path(source.location).resolve() in Path(target.location).resolve().parents:
         raise DatasetError(
-            f"{target.location}: DST is inside SRC {source.location}; a copy there would become part of the dataset it copies: give a DST outside it"
+            f"{target.location}: DST is inside SRC {source.location}; a copy there would become part of the dataset it copies: "
+            "give a DST outside it"
         )
 
 

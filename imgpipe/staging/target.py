@@ -14,7 +14,8 @@ from pathlib import Path
 from imgpipe._sys.atomic import atomic_write_bytes, fsync_dir
 from imgpipe._sys.oserrors import describe, write_probe
 from imgpipe.errors import DatasetError
-from imgpipe.format.manifest import MANIFEST_NAME, STAGE_DIR, STAGED_SUFFIX
+from imgpipe.format.manifest import MANIFEST_NAME
+from imgpipe.format.unfinished import STAGE_DIR, STAGED_SUFFIX
 from imgpipe.storage.opening import open_source
 from imgpipe.storage.source import url_scheme
 
@@ -88,13 +89,6 @@ class LocalTarget:
     def part(self, name: str) -> Path:
         """Where file ``name`` is written until it is verified."""
         return self.journal / (name + PART_SUFFIX)
-
-    def new_part(self, name: str, size: int) -> Path:
-        """An empty partial file of ``size`` bytes (holes, filled by range copies)."""
-        path = self.part(name)
-        with open(path, "wb") as f:
-            f.truncate(size)
-        return path
 
     def commit(self, name: str, part: Path) -> None:
         """Move a verified partial file into place and journal it (its data was synced by the caller)."""

@@ -7,19 +7,21 @@ import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
+from imgpipe._sys.forks import reset_after_fork
+from imgpipe._sys.writes import write_at
 from imgpipe.errors import DatasetError, ImgpipeError
 from imgpipe.storage.source import COPY_BLOCK_BYTES, ByteRange, ByteSource, RangeCheck, RangeError
 
 
 class LocalSource(ByteSource):
     """A local or mounted folder (or, with ``root=None``, files named by their paths): ``pread`` on
-    descriptors opened lazily in each process, reopened after a fork, never pickled."""
+    descriptors opened lazily in each process, dropped in a forked child (``_sys.forks``), never pickled."""
 
     def __init__(self, root: str | os.PathLike | None) -> None:
         self.root = None if root is None else Path(root)
         self.location = "" if root is None else str(root)
         self._fds: dict[str, int] = {}
-        self._pid = os.getpid()
+        reset_after_fork(self, LocalSource._forget_parent)
 
     def path(self, name: str) -> Path:
         return Path(name) if self.root is None else self.root / name
@@ -59,10 +61,8 @@ class LocalSource(ByteSource):
                 block = os.pread(src.fileno(), min(COPY_BLOCK_BYTES, end - at), at)
                 if not block:
                     raise DatasetError(f"{self.path(name)}: ends at {at} bytes, {end} expected (it changed while being copied?)")
-                view = memoryview(block)
-                while view:
-                    done = os.pwrite(out.fileno(), view, at)
-                    view, at = view[done:], at + done
+                write_at(out.fileno(), block, at)
+                at += len(block)
         return end - start
 
     def list_names(self) -> list[str] | None:
@@ -76,11 +76,6 @@ class LocalSource(ByteSource):
         return {e.name: e.stat().st_size for e in os.scandir(self.root) if e.is_file()}
 
     def _fd(self, name: str) -> int:
-        pid = os.getpid()
-        if pid != self._pid:  # forked: the inherited descriptors share file offsets with the parent
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds, self._pid = {}, pid
         fd = self._fds.get(name)
         if fd is None:
             try:
@@ -90,11 +85,14 @@ class LocalSource(ByteSource):
             self._fds[name] = fd
         return fd
 
+    def _forget_parent(self) -> None:
+        """In a forked child: close its copies of the parent's descriptors (they share the parent's file offsets)."""
+        self.close()
+
     def close(self) -> None:
-        if self._pid == os.getpid():
-            for fd in self._fds.values():
-                os.close(fd)
-        self._fds = {}
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
 
     def __del__(self) -> None:
         try:
@@ -109,4 +107,4 @@ class LocalSource(ByteSource):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._pid = os.getpid()
+        reset_after_fork(self, LocalSource._forget_parent)

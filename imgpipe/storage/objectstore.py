@@ -11,8 +11,8 @@ are what the store holds, and are not fetched again. A missing bucket, refused c
 missing file fail at once.
 
 obstore is not fork-safe (``store_client``): the process that opened the source asks a helper
-process (``store_helper``); a process forked from it, such as a loader worker, makes its own
-client after the fork, on its first read.
+process (``store_helper``); a process forked from it, such as a loader worker, drops the parent's
+client at the fork (``_sys.forks``) and makes its own on its first read.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
 from imgpipe._sys.checksum import crc32
+from imgpipe._sys.forks import reset_after_fork
 from imgpipe._sys.threads import DaemonPool
 from imgpipe.errors import ConfigError, ImgpipeError, RemoteError
 from imgpipe.storage.source import ByteRange, ByteSource, RangeCheck, RangeError, url_scheme
@@ -110,10 +111,10 @@ class ObjectStoreSource(ByteSource):
         self.budget_s = retry_seconds()
         self._owner = os.getpid()
         self._fixed_client = client
-        self._pid: int | None = None
         self._client: Any = None
         self._runner: DaemonPool | None = None
         self._random = random.Random()
+        reset_after_fork(self, ObjectStoreSource._forget_parent)
 
     def where(self, name: str) -> str:
         return f"{self.location}/{name}"
@@ -176,25 +177,28 @@ class ObjectStoreSource(ByteSource):
         start = time.monotonic()
         deadline = start + (self.budget_s if budget_s is None else budget_s)
         results: list[Any] = [None] * len(names)
+        reasons: dict[int, StoreError] = {}  # the last answer each failing name got (a try that timed out says less)
         todo = list(range(len(names)))
         tries = 0
         while todo:
             tries += 1
             answers = call([names[k] for k in todo], max(0.1, deadline - time.monotonic()))
-            failed: list[tuple[int, StoreError]] = []
+            failed: list[int] = []
             for k, answer in zip(todo, answers):
                 if not isinstance(answer, StoreError):
                     results[k] = answer
                 elif answer.kind == TRANSIENT:
-                    failed.append((k, answer))
+                    failed.append(k)
+                    if answer.answered or k not in reasons:
+                        reasons[k] = answer
                 elif answer.kind == MISSING:
                     raise FileNotFoundError(f"{self.where(names[k])}: not found")
                 else:
                     raise RemoteError(answer.message)
-            todo = [k for k, _ in failed]
+            todo = failed
             if failed and not self._pause(tries, deadline):
-                k, error = failed[0]
-                raise RemoteError(f"{self.where(names[k]) if names[k] else self.location}: {error}; {_gave_up(tries, start)}")
+                k = failed[0]
+                raise RemoteError(f"{self.where(names[k]) if names[k] else self.location}: {reasons[k]}; {_gave_up(tries, start)}")
         return results
 
     # ------------------------------------------------------------------ ranges
@@ -216,11 +220,12 @@ class ObjectStoreSource(ByteSource):
             for ks, answer in zip(groups, answers):
                 if isinstance(answer, StoreError):
                     for k in ks:
-                        if answer.kind == TRANSIENT:
-                            reasons[k] = str(answer)
-                            retry.append(k)
-                        else:
+                        if answer.kind != TRANSIENT:
                             out[k] = self._range_error(ranges[k], str(answer))
+                            continue
+                        if answer.answered or k not in reasons:  # a try that timed out says less than an answer before it
+                            reasons[k] = str(answer)
+                        retry.append(k)
                     continue
                 for k, data in zip(ks, answer):
                     view = memoryview(data)
@@ -264,13 +269,14 @@ class ObjectStoreSource(ByteSource):
     # ------------------------------------------------------------------ process safety
 
     def _io(self) -> Any:
-        pid = os.getpid()
-        if self._pid != pid:
+        if self._client is None:
             self._client = self._fixed_client or _client_for(self._owner, self.budget_s)
             self._runner = DaemonPool(FETCH_THREADS, "imgpipe-fetch")  # a batch being read and those fetched ahead of their use
-            self._random = random.Random()
-            self._pid = pid
         return self._client
+
+    def _forget_parent(self) -> None:
+        """In a forked child: the parent's client and threads are not this process's (it makes its own)."""
+        self._client, self._runner, self._random = None, None, random.Random()
 
     def _pause(self, tries: int, deadline: float) -> bool:
         """Sleep before try ``tries + 1`` (exponential backoff, full jitter); False when the time is up."""
@@ -282,9 +288,10 @@ class ObjectStoreSource(ByteSource):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pid=None, _client=None, _fixed_client=None, _runner=None, _random=None)
+        state.update(_client=None, _fixed_client=None, _runner=None, _random=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._random = random.Random()
+        reset_after_fork(self, ObjectStoreSource._forget_parent)

@@ -23,7 +23,9 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Sequence
 
+from imgpipe._sys.checksum import hashed_blocks
 from imgpipe._sys.threads import DaemonPool
+from imgpipe._sys.writes import write_at
 
 IO_THREADS = 32  # concurrent requests of one process, across files (each get_ranges adds up to 10 of its own)
 COALESCE_BYTES = 256 * 1024  # ranges of one file closer than this are fetched by one request
@@ -38,7 +40,10 @@ _CONFIG_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "GCE_METADATA_", "OBJECT_STORE_
 # Where each store's credentials come from, for the message that says they are missing or refused.
 _AWS_CREDENTIALS = "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the store's own variables"
 _GCS_CREDENTIALS = "GOOGLE_SERVICE_ACCOUNT or GOOGLE_APPLICATION_CREDENTIALS, or the instance's service account"
-_AZURE_CREDENTIALS = "AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN, a service principal (AZURE_CLIENT_ID, AZURE_CLIENT_SECRET, AZURE_TENANT_ID) or a managed identity"
+_AZURE_CREDENTIALS = (
+    "AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN, a service principal (AZURE_CLIENT_ID, AZURE_CLIENT_SECRET, AZURE_TENANT_ID) "
+    "or a managed identity"
+)
 _AZURE_SCHEMES = ("az", "azure", "adl", "abfs", "abfss")
 
 MISSING, NO_BUCKET, DENIED, TRANSIENT, FAILED = "missing", "no bucket", "denied", "transient", "failed"
@@ -48,15 +53,30 @@ _direct_pid: int | None = None  # the process whose obstore runtime exists (None
 
 class StoreError(Exception):
     """A failed store call: ``kind`` (MISSING, NO_BUCKET, DENIED: final; TRANSIENT: worth another try;
-    FAILED: final) and a one-line ``message``."""
+    FAILED: final: what cannot change on another try) and a one-line ``message``. ``answered``: False
+    when no answer came within the call's time (a retry that times out says less than the answer
+    an earlier try got)."""
 
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(kind, message)
+    def __init__(self, kind: str, message: str, *, answered: bool = True) -> None:
+        super().__init__(kind, message, answered)
         self.kind = kind
         self.message = message
+        self.answered = answered
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _store_error, (self.kind, self.message, self.answered)
 
     def __str__(self) -> str:
         return self.message
+
+
+def _store_error(kind: str, message: str, answered: bool) -> StoreError:
+    return StoreError(kind, message, answered=answered)
+
+
+def no_answer(timeout: float) -> StoreError:
+    """The error of a call that got no answer within ``timeout`` seconds (worth another try)."""
+    return StoreError(TRANSIENT, f"no answer within {timeout:.1f} s", answered=False)
 
 
 def config_fingerprint(environ: dict[str, str] | None = None) -> tuple[tuple[str, str], ...]:
@@ -122,7 +142,9 @@ def _aws_profile_credentials() -> Any:
 
 
 def store_error(error: BaseException, url: str, name: str = "") -> StoreError:
-    """An obstore exception as a StoreError: its kind and one short line."""
+    """An exception of a store call as a StoreError: its kind and one short line. Only obstore's own
+    errors of the network and the server may be worth another try; anything else (a range obstore
+    refuses to ask for, a bug) is the same on every try, and final."""
     from obstore import exceptions as ox
 
     text = " ".join(str(error).split())
@@ -131,8 +153,10 @@ def store_error(error: BaseException, url: str, name: str = "") -> StoreError:
     detail = error_detail(error)
     if code is not None and code[1] == "NoSuchBucket":
         return StoreError(NO_BUCKET, f"{url}: the bucket does not exist")
-    if isinstance(error, (ox.NotFoundError, FileNotFoundError)):
+    if isinstance(error, (ox.NotFoundError, FileNotFoundError)):  # obstore raises the built-in one for a missing object
         return StoreError(MISSING, f"{url}/{name}: not found" if name else f"{url}: not found")
+    if not isinstance(error, ox.BaseError):  # a ValueError (obstore's for a bad argument), an OverflowError, ...
+        return StoreError(FAILED, f"{url}/{name}: {type(error).__name__}: {detail}" if name else f"{url}: {type(error).__name__}: {detail}")
     if "Error performing token request" in text:  # obstore already retried the credential service (GCE metadata, Azure's managed identity)
         return StoreError(DENIED, f"{url}: no credentials: the request for a token failed; set {credential_variables(url)}")
     if isinstance(error, (ox.PermissionDeniedError, ox.UnauthenticatedError)) or (status and status[1] in ("401", "403")):
@@ -140,8 +164,12 @@ def store_error(error: BaseException, url: str, name: str = "") -> StoreError:
         return StoreError(DENIED, f"{url}: access denied ({why}); check the credentials ({credential_variables(url)})")
     if status and status[1].startswith("4") and status[1] not in ("408", "429"):
         return StoreError(FAILED, f"{url}/{name}: {detail}")
-    if isinstance(error, (ox.InvalidPathError, ox.NotSupportedError, ox.UnknownConfigurationKeyError)):
+    final = (ox.InvalidPathError, ox.NotSupportedError, ox.UnknownConfigurationKeyError, ox.AlreadyExistsError, ox.PreconditionError)
+    if isinstance(error, (*final, ox.NotModifiedError)):
         return StoreError(FAILED, f"{url}: {detail}")
+    if status:  # a 5xx, 408 or 429 that obstore already retried for a while: name it, not the retrying
+        reason = re.search(rf"status code: {status[1]} ([A-Za-z][A-Za-z ]*?)(?::|$| -)", text)
+        return StoreError(TRANSIENT, f"the server answered HTTP {status[1]}" + (f" {reason[1].strip()}" if reason else ""))
     return StoreError(TRANSIENT, detail or type(error).__name__)
 
 
@@ -236,11 +264,18 @@ class DirectClient:
         """Stream a whole file to the local path ``dest``."""
         import obstore
 
-        def stream(store: Any) -> int:
+        def stream(store: Any) -> int | StoreError:
             size = 0
-            with open(dest, "wb") as f:
+            try:
+                f = open(dest, "wb")
+            except OSError as e:
+                return local_error(dest, e, writing=True)
+            with f:
                 for chunk in obstore.get(store, name).stream(min_chunk_size=8 << 20):
-                    f.write(chunk)
+                    try:
+                        f.write(chunk)
+                    except OSError as e:
+                        return local_error(dest, e, writing=True)
                     size += len(chunk)
             return size
 
@@ -272,13 +307,11 @@ class DirectClient:
             written = start
             try:
                 for chunk in obstore.get(store, name, options={"range": (start, end)}).stream(min_chunk_size=4 << 20):
-                    view = memoryview(chunk)
-                    while view:
-                        try:
-                            done = os.pwrite(fd, view, written)
-                        except OSError as e:
-                            return local_error(dest, e, writing=True)
-                        view, written = view[done:], written + done
+                    try:
+                        write_at(fd, chunk, written)
+                    except OSError as e:
+                        return local_error(dest, e, writing=True)
+                    written += len(chunk)
             finally:
                 os.close(fd)
             if written != end:
@@ -309,17 +342,12 @@ class DirectClient:
                 size = os.fstat(source.fileno()).st_size
             except OSError as e:
                 return local_error(path, e, writing=False)
-
-            def chunks() -> Any:
-                while block := source.read(UPLOAD_PART_BYTES):
-                    digest.update(block)
-                    yield block
-
             with source:
+                chunks = hashed_blocks(source, UPLOAD_PART_BYTES, digest)  # the bytes sent are the bytes hashed
                 if size > UPLOAD_PART_BYTES:
-                    obstore.put(store, name, chunks(), chunk_size=UPLOAD_PART_BYTES, max_concurrency=UPLOAD_CONCURRENCY)
+                    obstore.put(store, name, chunks, chunk_size=UPLOAD_PART_BYTES, max_concurrency=UPLOAD_CONCURRENCY)
                 else:
-                    obstore.put(store, name, b"".join(chunks()), use_multipart=False)
+                    obstore.put(store, name, b"".join(chunks), use_multipart=False)
             return size, digest.hexdigest()
 
         return self._gather([(self._call, (url, name, upload))], timeout)[0]
@@ -364,5 +392,5 @@ class DirectClient:
             try:
                 out.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
             except TimeoutError:
-                out.append(StoreError(TRANSIENT, f"no answer within {timeout:.1f} s"))
+                out.append(no_answer(timeout))
         return out

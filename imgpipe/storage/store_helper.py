@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from imgpipe.storage.store_client import TRANSIENT, DirectClient, StoreError, config_fingerprint
+from imgpipe.storage.store_client import TRANSIENT, DirectClient, StoreError, config_fingerprint, no_answer
 
 _helpers: dict[tuple[Any, ...], weakref.ReferenceType[HelperClient]] = {}  # one per (process, store environment, budget)
 _registry_lock = threading.Lock()
@@ -121,7 +121,7 @@ class HelperClient:
         try:
             return future.result(timeout=timeout + 1.0)  # the helper keeps to ``timeout`` itself
         except TimeoutError:
-            return _all(op, args, StoreError(TRANSIENT, f"no answer within {timeout:.1f} s"))
+            return _all(op, args, no_answer(timeout))
         except ConnectionError:
             return _gone(op, args)
         finally:

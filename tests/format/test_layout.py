@@ -44,6 +44,8 @@ def test_writers_and_readers_round_trip() -> None:
         (layout._npy_bytes(np.zeros(6, np.int64)), "must be a 2-D integer array"),
         (layout._npy_bytes(np.asfortranarray(np.zeros((2, 3), np.int64))), "Fortran order"),
         (layout.index_bytes(np.arange(3), np.array([0, -8, 16])), "record 1: negative offset -8"),
+        (layout._npy_bytes(np.array([[0, 1, 2], [0, 2**64 - 16, 16]], np.uint64)), "record 1: offset 18446744073709551600 is beyond"),
+        (layout._npy_bytes(np.array([[0, 2**63, 2], [0, 8, 16]], np.uint64)), "record 1: key 9223372036854775808 is beyond"),
     ],
 )
 def test_a_bad_index_sidecar_is_one_error(data: bytes, message: str) -> None:

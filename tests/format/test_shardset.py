@@ -171,8 +171,8 @@ def test_file_handles_are_per_process_and_not_pickled(tiny: Path) -> None:
     parent_fd = local._fd(first)
     read_end, write_end = os.pipe()
     pid = os.fork()
-    if pid == 0:  # child: must reopen, never reuse the parent's descriptor
-        ok = s.read(3)[1] == expected and local._pid == os.getpid()
+    if pid == 0:  # child: must reopen, never reuse the parent's descriptor (dropped at the fork)
+        ok = local._fds == {} and s.read(3)[1] == expected and local._fds
         os.write(write_end, b"1" if ok else b"0")
         os._exit(0)
     os.close(write_end)

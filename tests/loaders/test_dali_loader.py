@@ -18,8 +18,9 @@ import torch
 from PIL import Image
 
 from imgpipe._sys.atomic import atomic_write_bytes
+from imgpipe._sys.checksum import sha256_file
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
-from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, sha256_file, write_manifest
+from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, write_manifest
 from imgpipe.format.recordio import IndexedRecordWriter, IRHeader, pack_header
 from imgpipe.loaders.sampler import rank_indices
 from imgpipe.loaders.torch import make_torch_loader

@@ -9,8 +9,8 @@ get an object, require credentials, give the AWS variables that reach it.
 every request to the server, after ``latency_s``, and answers chosen GETs with a fault instead:
 a 503 ``SlowDown``, a body cut short, a reset connection or a flipped byte (``FAULTS``), or a
 response that stalls (``STALLS``: the headers and half the body, then nothing; or nothing at
-all), its connection held open until the proxy stops. It counts what it serves, and can send each
-body at most ``bytes_per_s`` (a slow link).
+all), its connection held open until the proxy stops. It counts what it serves, can send each
+body at most ``bytes_per_s`` (a slow link), and can hold chosen GETs until the test lets them go.
 
 ``NoCredentials``: an HTTP server on 127.0.0.1 standing in for an instance's credential service
 (GCE's metadata server, Azure's managed identity endpoint) on a machine that has no identity: it
@@ -165,6 +165,7 @@ class Counts:
     gets: int = 0
     matching_gets: int = 0
     bytes_out: int = 0
+    held: int = 0  # GETs held by ``FaultProxy.hold``
     bodies: dict[str, list[int]] = field(default_factory=dict)  # path -> the size of each body sent for it (status 200 or 206)
     faults: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAULTS + STALLS, 0))
 
@@ -185,6 +186,7 @@ class FaultProxy:
         self._every = 1
         self._limit: int | None = None
         self._match = ".rec"
+        self._gate: tuple[str, threading.Event] | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()  # releases the stalled responses
         proxy = self
@@ -223,6 +225,13 @@ class FaultProxy:
             raise ValueError(f"fault must be one of {FAULTS + STALLS} or None, got {fault!r}")
         with self._lock:
             self._fault, self._every, self._limit, self._match = fault, every, limit, match
+
+    def hold(self, match: str = ".rec") -> threading.Event:
+        """Hold every GET whose path contains ``match`` (counted in ``counts.held``) until the event returned is set."""
+        gate = threading.Event()
+        with self._lock:
+            self._gate = (match, gate)
+        return gate
 
     def _choose(self, method: str, path: str) -> str | None:
         """Count the request; the fault to answer it with, or None."""
@@ -318,6 +327,11 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         owner = self.owner
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         fault = owner._choose(self.command, self.path)
+        gate = owner._gate
+        if gate is not None and self.command == "GET" and gate[0] in self.path and not gate[1].is_set():
+            with owner._lock:
+                owner.counts.held += 1
+            gate[1].wait(120)
         if owner.latency_s:
             time.sleep(owner.latency_s)
         if fault == "slowdown":

@@ -22,11 +22,12 @@ from s3_server import FaultProxy, S3Server
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from _cli import assert_one_line_error  # noqa: E402
-from _fs import tmpfs  # noqa: E402
+from _fs import PAGE, fill, tmpfs  # noqa: E402
 
-from imgpipe.cache.fill import missing_spans  # noqa: E402
-from imgpipe.cache.nodecache import STATE_DIR, NodeCache  # noqa: E402
+from imgpipe.cache.checkout import open_cache  # noqa: E402
+from imgpipe.cache.nodecache import STATE_DIR  # noqa: E402
 from imgpipe.cache.opening import open_shards  # noqa: E402
+from imgpipe.cache.shardfill import fetch_spans  # noqa: E402
 from imgpipe.errors import ConfigError, DatasetError  # noqa: E402
 from imgpipe.format.manifest import load_manifest  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
@@ -254,7 +255,8 @@ def test_a_cache_killed_at_any_moment_stays_right_and_the_next_run_finishes_it(
 
 
 def _lose_record(cache: Path, packed: Path, i: int) -> None:
-    """Make the cache look as a power loss may leave it: record ``i``'s bytes gone (zeros), its presence byte kept, its shard not complete."""
+    """Make the cache look as a power loss may leave it: record ``i``'s bytes gone (zeros), its presence byte kept,
+    its shard not complete."""
     shards = open_shards(packed)
     shard, start, end = shards.location(i)
     with open(cache / shards.rec_names[shard], "r+b") as f:
@@ -291,7 +293,7 @@ def test_a_cached_record_that_fails_its_check_is_fetched_again_and_rewritten(
 ) -> None:
     """The loaders check every record they read from a shard not complete (framing, crc32), so wrong bytes
     behind a presence byte are never used. The background fill is left out here: it would complete the shard first."""
-    monkeypatch.setattr(NodeCache, "start_filling", lambda *args: None)
+    monkeypatch.setattr("imgpipe.cache.opening.start_filling", lambda *args: None)
     cache = tmp_path / "cache"
     local = open_shards(packed_dir)
     through = open_shards(remote_packed, cache_dir=cache)
@@ -313,12 +315,12 @@ def test_a_new_boot_forgets_the_presence_of_shards_not_complete(
     from imgpipe.storage.opening import open_source
 
     source = open_source(remote_packed)
-    cache = NodeCache.open(tmp_path / "cache", source, *fetch_manifest(source))
+    cache = open_cache(tmp_path / "cache", source, *fetch_manifest(source))
     present, complete = cache.present("train").array, cache.completed("train").array
     present[:] = 1
     complete[0] = 1  # shard 0 (records 0..23) was fsynced whole; shard 1 was not
     (tmp_path / "cache" / STATE_DIR / "boot_id").write_text("an earlier boot")
-    NodeCache.open(tmp_path / "cache", source, *fetch_manifest(source))
+    open_cache(tmp_path / "cache", source, *fetch_manifest(source))
     records = open_shards(packed_dir).location
     assert present.tolist() == [1 if records(i)[0] == 0 else 0 for i in range(48)]
 
@@ -382,6 +384,61 @@ def test_a_disk_too_small_for_the_dataset_is_one_line_up_front(fault_proxy: Faul
         assert_one_line_error(done, f"{small / 'train'}: cache_dir needs ", "free some space, give another cache_dir")
 
 
+UNWRITABLE = "cannot write to cache_dir"
+
+
+def _wait_for(what: str, seen: list[str], capfd: pytest.CaptureFixture[str], timeout_s: float = FILL_S) -> None:
+    """Wait until ``what`` was written to this process's stderr or its children's (the store helper's warnings)."""
+    deadline = time.monotonic() + timeout_s
+    while what not in "".join(seen):
+        assert time.monotonic() < deadline, f"no {what!r} within {timeout_s} s: {''.join(seen)[-2000:]}"
+        time.sleep(0.05)
+        seen.append(capfd.readouterr().err)
+
+
+@pytest.mark.timeout(300)
+def test_a_disk_that_fills_mid_fill_serves_no_wrong_record_and_the_next_run_heals(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """The space check passes; then another file fills the disk while the background fill's shard requests
+    are in flight, so its writes come back short or fail. No record is marked present nor shard complete
+    that the disk does not hold, every record read is the folder's, and the caching stops with one
+    warning; once the space is free again, the next run finishes the cache, which verifies."""
+    local = open_shards(packed_dir, "train")
+    expected = [local.read(i) for i in range(len(local))]
+    smallest = min((packed_dir / name).stat().st_size for name in local.rec_names)
+    with tmpfs(tmp_path / "small", "2m") as small:
+        cache = small / "cache"
+        gate = fault_proxy.hold(".rec")  # the fill's shard requests (and the records the reads below fetch) wait
+        shards = open_shards(remote_packed, "train", cache_dir=cache)
+        deadline = time.monotonic() + FILL_S
+        while fault_proxy.counts.held < len(local.rec_names):  # the background fill asked for every train shard
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        filler = fill(small, leave_pages=smallest // PAGE // 2)  # room for half a shard: its write comes back short
+        gate.set()
+        seen: list[str] = []
+        _wait_for(UNWRITABLE, seen, capfd)
+        assert [shards.read(i) for i in range(len(shards))] == expected  # from the URL where the folder lacks them
+        time.sleep(1.0)
+        seen.append(capfd.readouterr().err)
+        warned = "".join(seen).count(UNWRITABLE) + sum(UNWRITABLE in r.getMessage() for r in caplog.records)
+        assert warned == 1, ("".join(seen), caplog.text)  # one warning for the node: the store helper's, or this process's
+        _present_records_are_right(cache, packed_dir)
+        assert not (cache / "manifest.json").exists()
+        with pytest.raises(DatasetError, match=f"{cache}: an incomplete node cache"):  # never read as bare .rec files, holes and all
+            open_shards(cache, "train")
+        shards.close()
+
+        filler.unlink()  # space again: the next run heals what the full disk left
+        _assert_same(_epochs(_torch(remote_packed, cache_dir=cache)), _epochs(_torch(packed_dir)))
+        _wait_complete(cache)
+        _verify(cache)
+        again = open_shards(cache, "train")  # a packed folder now, read unchecked
+        assert [again.read(i) for i in range(len(again))] == expected
+
+
 @pytest.mark.timeout(120)
 def test_mistakes_with_cache_dir_are_one_line(s3_env: S3Server, remote_packed: str, packed_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cache_dir caches a dataset read from a URL"):
@@ -396,7 +453,8 @@ def test_mistakes_with_cache_dir_are_one_line(s3_env: S3Server, remote_packed: s
     with pytest.raises(ConfigError, match="cache_dir applies to a URL"):
         make_torch_loader(open_shards(remote_packed), batch_size=4, device=None, cache_dir=tmp_path / "cache")
     done = subprocess.run(
-        [sys.executable, "-m", "imgpipe", "train", "--set", f"data.path={packed_dir}", "--set", f"data.cache={tmp_path / 'cache'}", "--gpus", "0"],
+        [sys.executable, "-m", "imgpipe", "train", "--set", f"data.path={packed_dir}", "--set", f"data.cache={tmp_path / 'cache'}",
+         "--gpus", "0"],
         capture_output=True, text=True, timeout=100,
     )  # fmt: skip
     assert_one_line_error(done, "--set data.cache=", "data.cache keeps a dataset read from a URL on this node", "unset data.cache")
@@ -405,14 +463,53 @@ def test_mistakes_with_cache_dir_are_one_line(s3_env: S3Server, remote_packed: s
 # ---------------------------------------------------------------------------- pieces
 
 
-def test_missing_spans_merge_small_gaps_and_cut_long_runs() -> None:
+STORE_ON_A_FULL_DISK = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+from _fs import fill
+from imgpipe.cache.checkout import open_cache
+from imgpipe.format.manifest import fetch_manifest
+from imgpipe.storage.opening import open_source
+source = open_source(sys.argv[1])
+cache = open_cache(sys.argv[2], source, *fetch_manifest(source))
+fill(Path(sys.argv[2]))  # another job takes the rest of the disk
+present = cache.present("train").array
+present[:] = 1  # a store into a page of the mapped state file
+print(int(present.sum()), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_presence_byte_stored_on_a_full_disk_is_no_crash(packed_dir: Path, tmp_path: Path) -> None:
+    """The state files get their blocks when the cache is opened: a store into a mapped page that a full
+    tmpfs cannot back would kill the process with SIGBUS (it did: the files were sparse)."""
+    with tmpfs(tmp_path / "small", "1m") as small:
+        done = subprocess.run(
+            [sys.executable, "-c", STORE_ON_A_FULL_DISK, str(packed_dir), str(small / "cache"), str(Path(__file__).parents[1])],
+            capture_output=True, text=True, timeout=100,
+        )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.split() == ["48"], (done.returncode, done.stderr[-2000:])
+
+
+def test_fetch_spans_tile_the_file_merge_small_gaps_and_cut_long_runs() -> None:
     offsets = np.arange(0, 1000, 100)
     ends = offsets + 100
-    missing = np.array([1, 1, 0, 1, 0, 0, 0, 1, 1, 1], bool)
-    assert missing_spans(offsets, ends, missing, gap=150, span=1000) == [(0, 4), (7, 10)]  # one present record (100 bytes) is fetched again
-    assert missing_spans(offsets, ends, missing, gap=50, span=1000) == [(0, 2), (3, 4), (7, 10)]
-    assert missing_spans(offsets, ends, missing, gap=150, span=250) == [(0, 2), (3, 4), (7, 9), (9, 10)]
-    assert missing_spans(offsets, ends, np.zeros(10, bool)) == []
+    present = ~np.array([1, 1, 0, 1, 0, 0, 0, 1, 1, 1], bool)
+
+    def spans(present: np.ndarray, size: int = 1000, **kwargs: int) -> tuple[list, list]:
+        fetched, kept = fetch_spans(offsets, ends, present, size, **kwargs)
+        assert sorted(fetched + kept) == [r for r in sorted(fetched + kept) if r[0] < r[1]]  # no empty range
+        tiles = sorted(fetched + kept)
+        assert tiles[0][0] == 0 and tiles[-1][1] == size and all(a[1] == b[0] for a, b in zip(tiles, tiles[1:]))  # they tile the file
+        return fetched, kept
+
+    assert spans(present, gap=150, span=1000) == ([(0, 400), (700, 1000)], [(400, 700)])  # record 2 (100 bytes) is fetched again
+    assert spans(present, gap=50, span=1000) == ([(0, 200), (300, 400), (700, 1000)], [(200, 300), (400, 700)])
+    assert spans(present, gap=150, span=250) == ([(0, 200), (200, 400), (700, 900), (900, 1000)], [(400, 700)])  # cut at record starts
+    assert spans(np.ones(10, bool)) == ([], [(0, 1000)])
+    assert spans(np.zeros(10, bool), size=1050, span=1000) == ([(0, 900), (900, 1050)], [])  # bytes after the last record too
+    assert spans(np.zeros(10, bool), span=50) == ([(k, k + 100) for k in range(0, 1000, 100)], [])  # a record larger than a span
 
 
 # ---------------------------------------------------------------------------- the trainer

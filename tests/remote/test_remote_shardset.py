@@ -153,7 +153,8 @@ def test_an_aws_profile_supplies_the_credentials(
     with s3_env.auth_required() as (key, secret):
         credentials = tmp_path / "credentials"
         credentials.write_text(
-            f"[imgpipe]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n[stale]\naws_access_key_id = {key}\naws_secret_access_key = old\n"
+            f"[imgpipe]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n"
+            f"[stale]\naws_access_key_id = {key}\naws_secret_access_key = old\n"
         )
         aws_env(monkeypatch, {"AWS_ENDPOINT_URL": s3_env.endpoint, "AWS_DEFAULT_REGION": "us-east-1", "AWS_PROFILE": "imgpipe"}, tmp_path)
         monkeypatch.delenv("AWS_ACCESS_KEY_ID")
@@ -189,3 +190,93 @@ def test_without_obstore_a_url_names_the_extra_to_install(remote_packed: str) ->
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=os.environ)
     assert result.returncode != 0
     assert f"ConfigError: {remote_packed}: reading from a URL needs obstore: pip install 'imgpipe[remote]'" in result.stderr
+
+
+def _uint64_sidecar(packed_dir: Path, dst: Path) -> Path:
+    """``packed_dir`` with its train index sidecar stored as uint64 and record 1's offset 2**64 - 16 (-16 as int64),
+    the manifest's sha256 of it updated: a sidecar the manifest vouches for, with an offset no file can hold."""
+    import hashlib
+    import json
+
+    from imgpipe.format.layout import _npy_bytes
+
+    shutil.copytree(packed_dir, dst)
+    array = np.load(dst / "train.index.npy").astype(np.uint64)
+    array[1, 1] = 2**64 - 16
+    data = _npy_bytes(array)
+    (dst / "train.index.npy").write_bytes(data)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest["splits"]["train"]["index_sidecar_sha256"] = hashlib.sha256(data).hexdigest()
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst
+
+
+def test_an_index_sidecar_of_uint64_with_an_offset_past_any_file_is_one_line_at_once(
+    fault_proxy: FaultProxy, s3_server: S3Server, packed_dir: Path, tmp_path: Path
+) -> None:
+    """Locally and from a bucket: one line naming the sidecar when the split is opened, nothing fetched again."""
+    folder = _uint64_sidecar(packed_dir, tmp_path / "uint64")
+    with pytest.raises(DatasetError, match=r"train\.index\.npy: record 1: offset 18446744073709551600 is beyond"):
+        open_shards(folder)
+    url = s3_server.upload(folder, BUCKET, "uint64")
+    gets = fault_proxy.counts.gets
+    with pytest.raises(DatasetError, match=rf"{url}/train\.index\.npy: record 1: offset 18446744073709551600 is beyond"):
+        open_shards(url)
+    assert fault_proxy.counts.gets - gets == 4  # the manifest, the index, labels and crc32 sidecars: no try again
+
+
+class _Counting:
+    """A store client that counts the range reads it passes on."""
+
+    def __init__(self, client: object) -> None:
+        self.client, self.calls = client, 0
+
+    def get_ranges(self, *args: object) -> object:
+        self.calls += 1
+        return self.client.get_ranges(*args)  # type: ignore[attr-defined]
+
+
+def test_a_range_the_store_client_refuses_is_not_tried_again(s3_env: S3Server, remote_packed: str, packed_dir: Path) -> None:
+    """An error that cannot change on another try (obstore refuses a negative offset before any request) is
+    the range's error at once, not retried for the retry time."""
+    from imgpipe.storage.objectstore import ObjectStoreSource
+    from imgpipe.storage.source import ByteRange
+    from imgpipe.storage.store_client import DirectClient
+
+    client = _Counting(DirectClient(30.0))
+    source = ObjectStoreSource(remote_packed, client=client)
+    name = open_shards(packed_dir).rec_names[0]
+    (bad,) = source.read_ranges([ByteRange(name, -16, 100)])
+    assert isinstance(bad, RemoteError) and "offset -16" in str(bad) and "OverflowError" in str(bad) and "gave up" not in str(bad)
+    assert client.calls == 1
+    (good,) = source.read_ranges([ByteRange(name, 0, 100)])
+    assert bytes(good) == (packed_dir / name).read_bytes()[:100]
+
+
+def test_a_server_answering_500_is_named_by_its_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that answers every request at once with HTTP 500: the line says so, not that no answer came."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Failing(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("IMGPIPE_REMOTE_TIMEOUT", "4")
+    url = f"http://127.0.0.1:{server.server_address[1]}/folder"
+    try:
+        with pytest.raises(RemoteError) as info:
+            open_shards(url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    message = str(info.value)
+    assert message.startswith(f"{url}/manifest.json: the server answered HTTP 500 Internal Server Error; gave up after "), message
+    assert "no answer" not in message and "\n" not in message
