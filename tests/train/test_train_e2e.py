@@ -113,7 +113,7 @@ def test_a_run_saved_on_2_ranks_resumes_on_3_in_the_same_global_stream(packed: P
     """G = 24 (train.global_batch_size, 12 x 2 ranks): 6 global steps per epoch. Stopped mid-epoch on 2 ranks,
     resumed on 3 with 8 per rank from the run's saved config.yaml, as docs/training.md shows it."""
     from imgpipe.train.config import load_config
-    from imgpipe.train.loop import lr_schedule
+    from imgpipe.train.optim import lr_schedule
 
     config = write_config(tmp_path, packed, epochs=2, validate=False)
     first = imgpipe_train(config, "--gpus", "0", "--nproc", "2", "--set", "train.global_batch_size=24", "--set", "train.max_steps=8")
@@ -261,6 +261,21 @@ def test_plain_run_without_launcher_on_synthetic_batches(packed: Path, tmp_path:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "done: 0 epoch(s), 2 steps" in done.stdout
     assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["world_size"] == 1
+    # plain values only: moving or renaming an imgpipe module can never make a checkpoint unloadable
+    assert {module for module, _ in pickled_globals(tmp_path / "run" / "checkpoint.pt")} <= {"torch", "torch._utils", "collections"}
+
+
+def pickled_globals(checkpoint: Path) -> set[tuple[str, str]]:
+    """The (module, name) pairs a torch checkpoint's pickle refers to."""
+    import pickletools
+    import zipfile
+
+    with zipfile.ZipFile(checkpoint) as archive:
+        pickle = archive.read(next(n for n in archive.namelist() if n.endswith("/data.pkl")))
+    ops = list(pickletools.genops(pickle))
+    found = {tuple(arg.split(" ", 1)) for op, arg, _ in ops if op.name == "GLOBAL"}
+    found |= {(ops[i - 2][1], ops[i - 1][1]) for i, (op, _, _) in enumerate(ops) if op.name == "STACK_GLOBAL"}
+    return found
 
 
 @pytest.mark.timeout(60)
