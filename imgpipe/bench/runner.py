@@ -217,10 +217,10 @@ def _run_all(ctx: Any, config: BenchConfig, compute: Compute, files: list[Path],
 
 def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, compute: Compute) -> RankStats:
     """Warm up, line the ranks up at a barrier, then measure ``config.steps`` steps."""
-    from imgpipe.bench.probes import SlowReads, endless, make_loader, read_delay_s
+    from imgpipe.bench.probes import endless, make_loader
 
     stats = RankStats(ctx.rank, config.batch_size, timed_stages=backend == "torch")
-    timer = SlowReads(read_delay_s(ctx.rank)) if backend == "torch" else None
+    timer = StageTimer() if backend == "torch" else None
     loader = make_loader(backend, config.train_config(workers, ctx.device), ctx, timer)
     clock = StageClock(ctx.device)
     try:

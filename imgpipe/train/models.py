@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from imgpipe.errors import ConfigError
-from imgpipe.train import faults
 from imgpipe.train.blurpool import apply_blurpool
 from imgpipe.train.config import TrainConfig
 from imgpipe.train.resolution import parse_resolution, val_image_size
@@ -91,7 +90,6 @@ def build_model(config: TrainConfig, num_classes: int, ctx: RankContext) -> tupl
     model = create_model(config.model.name, num_classes)
     if config.model.blurpool:
         apply_blurpool(model)
-    faults.install(model, ctx.rank)
     if config.train.sync_bn and ctx.distributed:
         if ctx.device.type != "cuda":
             raise ConfigError("train.sync_bn needs GPUs (SyncBatchNorm is CUDA-only); set it to false for CPU runs")

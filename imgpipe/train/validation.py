@@ -12,7 +12,6 @@ import torch
 import torch.distributed as dist
 
 from imgpipe.errors import TrainError
-from imgpipe.train import faults
 from imgpipe.train.precision import autocast
 
 if TYPE_CHECKING:
@@ -40,7 +39,7 @@ def validate(
     totals = torch.zeros(4, dtype=torch.float64, device=ctx.device)
     data.val.set_epoch(epoch)
     with torch.no_grad():
-        for images, labels in faults.val_batches(data.val, ctx.rank):
+        for images, labels in data.val:
             with autocast(ctx.device, autocast_dtype):
                 output = val_logits(module, images, config.data.val_flip_tta)
                 loss = criterion(output.float(), labels)

@@ -366,9 +366,10 @@ def test_ctrl_c_to_the_process_group_stops_every_rank_and_worker(packed: Path, t
 @pytest.mark.timeout(300)
 def test_under_slurm_the_rank_waiting_for_a_hung_one_says_so_in_one_line(packed: Path, tmp_path: Path) -> None:
     """No imgpipe launcher watches SLURM tasks: the healthy rank's gloo timeout becomes one line pointing at the others."""
-    from imgpipe.train.faults import FAULT_ENV
+    from _hooks.faults import TRAIN_FAULT_ENV, hook_env
 
-    tasks = start_slurm_tasks(write_config(tmp_path, packed, epochs=1, timeout_s=8), 2, **{FAULT_ENV.format(rank=1): "hang"})
+    hang = hook_env({"PYTHONPATH": os.environ.get("PYTHONPATH", "")}, **{TRAIN_FAULT_ENV.format(rank=1): "hang"})
+    tasks = start_slurm_tasks(write_config(tmp_path, packed, epochs=1, timeout_s=8), 2, **hang)
     try:
         _, stderr = tasks[0].communicate(timeout=200)
     finally:
