@@ -14,10 +14,10 @@ import torch
 
 from imgpipe.errors import DistributedError, ImgpipeError, TrainError
 from imgpipe.train.config import TrainConfig
-from imgpipe.train.launch import is_peer_failure
+from imgpipe.train.rank import is_peer_failure
 
 if TYPE_CHECKING:
-    from imgpipe.train.launch import RankContext
+    from imgpipe.train.rank import RankContext
 
 NONDETERMINISTIC_TEXT = "does not have a deterministic implementation"
 UNUSED_PARAMS_TEXT = "Expected to have finished reduction in the prior iteration"

@@ -25,17 +25,18 @@ from imgpipe.errors import ConfigError
 from imgpipe.train.config import TrainConfig, save_config
 from imgpipe.train.data import TrainData, build_data
 from imgpipe.train.failures import explain_failure
-from imgpipe.train.launch import RankContext, stop_requested
 from imgpipe.train.metrics import StepTimer, gather_summaries, global_images_per_s, imbalance
 from imgpipe.train.mixing import Mixing
 from imgpipe.train.models import check_model_name
 from imgpipe.train.precision import describe, resolve_auto
 from imgpipe.train.process_state import run_scope
+from imgpipe.train.rank import RankContext
 from imgpipe.train.resolution import parse_resolution, val_image_size
 from imgpipe.train.resume import batch_request, checkpoint_to_resume, resolve_batch
 from imgpipe.train.run_checkpoint import RunCheckpoint, RunState
 from imgpipe.train.runlog import RunLog, target_line
 from imgpipe.train.stepping import Stepper
+from imgpipe.train.stopping import stop_requested
 from imgpipe.train.validation import validate
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from imgpipe.train.config import TrainConfig
 from imgpipe.train.resolution import parse_resolution, val_image_size
 
 if TYPE_CHECKING:
-    from imgpipe.train.launch import RankContext
+    from imgpipe.train.rank import RankContext
 
 logger = logging.getLogger(__name__)
 

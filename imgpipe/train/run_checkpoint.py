@@ -22,7 +22,7 @@ from imgpipe.train.stepping import Stepper
 
 if TYPE_CHECKING:
     from imgpipe.train.data import TrainData
-    from imgpipe.train.launch import RankContext
+    from imgpipe.train.rank import RankContext
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from imgpipe.train.precision import amp_setup, autocast
 from imgpipe.train.validation import accumulate
 
 if TYPE_CHECKING:
-    from imgpipe.train.launch import RankContext
+    from imgpipe.train.rank import RankContext
 
 
 class Stepper:

@@ -17,7 +17,7 @@ from imgpipe.train.precision import autocast
 if TYPE_CHECKING:
     from imgpipe.train.config import TrainConfig
     from imgpipe.train.data import TrainData
-    from imgpipe.train.launch import RankContext
+    from imgpipe.train.rank import RankContext
 
 
 def validate(

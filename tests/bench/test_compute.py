@@ -12,9 +12,10 @@ from imgpipe.bench.compute import Compute  # noqa: E402
 from imgpipe.bench.config import BenchConfig  # noqa: E402
 from imgpipe.bench.probes import make_loader  # noqa: E402
 from imgpipe.errors import ConfigError  # noqa: E402
-from imgpipe.train.launch import RankContext, launch  # noqa: E402
+from imgpipe.train.launch import launch  # noqa: E402
 from imgpipe.train.models import build_model  # noqa: E402
 from imgpipe.train.precision import amp_setup  # noqa: E402
+from imgpipe.train.rank import RankContext  # noqa: E402
 
 CHANNELS_LAST = torch.channels_last
 

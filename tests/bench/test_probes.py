@@ -15,7 +15,8 @@ from imgpipe.bench.config import BenchConfig  # noqa: E402
 from imgpipe.bench.probes import endless, make_loader  # noqa: E402
 from imgpipe.loaders.stage_timer import BatchTimes, StageTimer  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
-from imgpipe.train.launch import RankContext, launch  # noqa: E402
+from imgpipe.train.launch import launch  # noqa: E402
+from imgpipe.train.rank import RankContext  # noqa: E402
 
 
 class SlowReads(StageTimer):

@@ -281,8 +281,8 @@ def test_data_prefetch_factor_reaches_the_trainers_and_the_benchs_torch_loaders(
     from imgpipe._sys.distenv import DistEnv
     from imgpipe.bench.probes import make_loader
     from imgpipe.train.data import build_data
-    from imgpipe.train.launch import RankContext
     from imgpipe.train.precision import resolve_auto
+    from imgpipe.train.rank import RankContext
 
     ctx = RankContext(DistEnv(), torch.device("cpu"), None, 30.0)
     config = resolve_auto(

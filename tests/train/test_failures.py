@@ -12,7 +12,8 @@ from imgpipe._sys.distenv import DistEnv
 from imgpipe.errors import TrainError
 from imgpipe.train.config import load_config
 from imgpipe.train.failures import explain_failure
-from imgpipe.train.launch import RankContext, free_port
+from imgpipe.train.launch import free_port
+from imgpipe.train.rank import RankContext
 
 
 class HalfUsed(torch.nn.Module):
