@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from typing import Any, Callable, TypeVar
 
 from imgpipe._sys.distenv import DistEnv
@@ -83,13 +82,6 @@ def check_launcher_env(environ: Any) -> None:
             f"{', '.join(sorted(has & {'RANK', 'WORLD_SIZE', 'LOCAL_RANK'}))} set but {', '.join(missing)} not: "
             "start with torchrun (or --gpus N / --nproc N), or unset these variables to run one process"
         )
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind to port 0 and ask): for the MASTER_PORT of ranks started elsewhere."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _want_cuda(gpus: int | None) -> bool:

@@ -15,8 +15,8 @@ rank's result. What it does not do is kept here:
 - SIGTERM or Ctrl-C to the launcher asks every rank to checkpoint and stop (SIGTERM to each, a
   second signal kills them), and ``Stopped`` is raised for it, not a rank failure;
 - CPU ranks share the cores (:func:`cpu_threads`), as torchrun's OMP_NUM_THREADS=1 does;
-- a finished rank skips the interpreter's teardown, where torch's and gloo's threads aborted a
-  finished rank about once in ten bench runs ("terminate called without an active exception").
+- a finished rank skips the interpreter's teardown, where torch's and gloo's threads can abort a
+  rank that has delivered its result ("terminate called without an active exception").
 """
 
 from __future__ import annotations

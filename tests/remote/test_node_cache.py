@@ -254,7 +254,8 @@ def test_a_cache_killed_at_any_moment_stays_right_and_the_next_run_finishes_it(
 
 
 def _lose_record(cache: Path, packed: Path, i: int) -> None:
-    """Make the cache look as a power loss may leave it: record ``i``'s bytes gone (zeros), its presence byte kept, its shard not complete."""
+    """Make the cache look as a power loss may leave it: record ``i``'s bytes gone (zeros), its presence byte kept,
+    its shard not complete."""
     shards = open_shards(packed)
     shard, start, end = shards.location(i)
     with open(cache / shards.rec_names[shard], "r+b") as f:
@@ -396,7 +397,8 @@ def test_mistakes_with_cache_dir_are_one_line(s3_env: S3Server, remote_packed: s
     with pytest.raises(ConfigError, match="cache_dir applies to a URL"):
         make_torch_loader(open_shards(remote_packed), batch_size=4, device=None, cache_dir=tmp_path / "cache")
     done = subprocess.run(
-        [sys.executable, "-m", "imgpipe", "train", "--set", f"data.path={packed_dir}", "--set", f"data.cache={tmp_path / 'cache'}", "--gpus", "0"],
+        [sys.executable, "-m", "imgpipe", "train", "--set", f"data.path={packed_dir}", "--set", f"data.cache={tmp_path / 'cache'}",
+         "--gpus", "0"],
         capture_output=True, text=True, timeout=100,
     )  # fmt: skip
     assert_one_line_error(done, "--set data.cache=", "data.cache keeps a dataset read from a URL on this node", "unset data.cache")
@@ -427,8 +429,6 @@ def test_data_cache_under_two_torchrun_nodes_each_with_its_own_folder(s3_env: S3
     sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
     from proctree import quiet_env
     from train_cli import epochs_of, write_config
-
-    from imgpipe.train.launch import free_port
 
     config = write_config(tmp_path, tmp_path, workers=1, epochs=1, batch_size=4, validate=False)
     values = yaml.safe_load(config.read_text())

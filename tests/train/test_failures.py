@@ -7,12 +7,12 @@ import datetime
 import pytest
 import torch
 import torch.distributed as dist
+from train_cli import free_port
 
 from imgpipe._sys.distenv import DistEnv
 from imgpipe.errors import TrainError
 from imgpipe.train.config import load_config
 from imgpipe.train.failures import explain_failure
-from imgpipe.train.launch import free_port
 from imgpipe.train.rank import RankContext
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from imgpipe._sys.distenv import available_cpus
 from imgpipe.errors import DistributedError
-from imgpipe.train.launch import check_launcher_env, free_port
+from imgpipe.train.launch import check_launcher_env
 from imgpipe.train.local_ranks import cpu_threads
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -24,14 +24,6 @@ HELPER = str(Path(__file__).parent / "launch_helper.py")
 
 def run_helper(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, HELPER, *args], env=env or quiet_env(), capture_output=True, text=True, timeout=timeout)
-
-
-def test_free_port_is_bindable() -> None:
-    import socket
-
-    port = free_port()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", port))
 
 
 @pytest.mark.parametrize("env", [{"RANK": "0"}, {"WORLD_SIZE": "2"}, {"LOCAL_RANK": "1"}, {"RANK": "1", "LOCAL_RANK": "1"}])

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 from proctree import descendants, quiet_env, rank_processes, wait_gone
-from train_cli import VAL_RECORDS, epochs_of, imgpipe_train, write_config
+from train_cli import VAL_RECORDS, epochs_of, free_port, imgpipe_train, write_config
 
 from imgpipe.train.loop import STOP_CHECK_STEPS
 
@@ -179,8 +179,6 @@ def test_two_torchrun_nodes_on_localhost_then_resumed_on_one(packed: Path, tmp_p
     writes the checkpoint, the per-rank table has ranks 0-3, and each node's ranks share the
     machine-wide ring allocation lock. Then the checkpoint resumes on one node of 2 ranks.
     """
-    from imgpipe.train.launch import free_port
-
     config = write_config(tmp_path, packed, workers=1, epochs=1, batch_size=4, validate=False)
     port = free_port()
     node = [str(TORCHRUN), "--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
@@ -207,8 +205,6 @@ def test_two_torchrun_nodes_on_localhost_then_resumed_on_one(packed: Path, tmp_p
 
 def start_slurm_tasks(config: Path, tasks: int, **extra: str) -> list[subprocess.Popen]:
     """``tasks`` imgpipe train processes with the variables `srun --ntasks N` sets on one node, and the MASTER_* a job script exports."""
-    from imgpipe.train.launch import free_port
-
     slurm = {
         "SLURM_NTASKS": str(tasks),
         "SLURM_NPROCS": str(tasks),
