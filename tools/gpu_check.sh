@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# GPU check of imgpipe's GPU paths, sized for one H200 with torch + torchvision only (well under 8 minutes before the
-# ramp run was added; its torch.compile of ResNet-50 adds a few, unmeasured: GPU_CHECK_RAMP_TIMEOUT, 360 s, bounds it).
+# GPU check of imgpipe's GPU paths, sized for one H200 with torch + torchvision only. The whole script keeps to
+# GPU_CHECK_BUDGET seconds (600 on a GPU: a device is lent 15 minutes, its start and the transfers included):
+# each step's timeout ends at the budget's end at the latest, and a step the budget has no time left for is not
+# started and counts as failed. Not yet measured on a GPU: the ramp's torch.compile of ResNet-50 (bounded by
+# GPU_CHECK_RAMP_TIMEOUT, 360 s).
 #
 # Every step runs under `timeout -k` (a rank stuck in a CUDA call ignores SIGTERM: the stop
 # handlers turn it into a flag), and the script exits non-zero when any step fails.
@@ -12,15 +15,19 @@
 #              amp/channels_last left at auto (bf16, channels_last on an H200), with validation
 #   ramp       a progressive-resizing run through those sizes, validated at 256 px with flip TTA, torch.compile
 #              (on the GPU), BlurPool and EMA: the time-to-accuracy path of the recipes
-#   fp16       train.amp=fp16 (GradScaler)
+#   fp16       train.amp=fp16 (GradScaler); on the GPU only (fp16 autocast on the CPU means nothing, and crawls)
 #   resume     a run stopped by max_steps mid-epoch, then --resume of its GPU checkpoint
-#   spawn      one GPU rank started by the spawn launcher (the path of --gpus N > 1)
+#   spawn      one GPU rank started by the local-ranks launcher, torch's elastic agent (the path of --gpus N > 1)
 #   bench      imgpipe bench on the GPU, with the same model
 #   dali       only where `import nvidia.dali` works
 # The report: decoder, images/s of the loader against the ceiling at each size (loaders fall behind
 # at low resolution, where the GPU asks for the most images/s), data-wait per rank, val samples, the bench verdict.
 # Run from the repository root:  bash tools/gpu_check.sh   (PYTHON=... to pick the interpreter)
-# GPU_CHECK_GPUS=0 with a tiny model and data dry-runs it on the CPU (tests/test_gpu_check.py does).
+# GPU_CHECK_GPUS=0 with a tiny model and data dry-runs it on the CPU (tests/test_gpu_check.py does), e.g.
+#   GPU_CHECK_GPUS=0 GPU_CHECK_MODEL=resnet18 GPU_CHECK_BATCH=8 GPU_CHECK_IMAGE_SIZE=32 GPU_CHECK_PER_CLASS=2 \
+#   GPU_CHECK_VAL_PER_CLASS=3 GPU_CHECK_WORKERS=1 GPU_CHECK_RESUME_AT=1 bash tools/gpu_check.sh
+# GPU_CHECK_IMAGE_SIZE=N trains at N px alone (GPU_CHECK_SIZES: several sizes, the ramp runs through them); the
+# validation size and the synthetic images' sides follow the largest training size unless set.
 # Results: stdout, and $OUT/gpu_check.txt when OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,15 +38,15 @@ REPORT=${OUT:-$WORK}/gpu_check.txt
 GPUS=${GPU_CHECK_GPUS:-1}
 MODEL=${GPU_CHECK_MODEL:-resnet50}
 BATCH=${GPU_CHECK_BATCH:-256}
-SIZES=${GPU_CHECK_SIZES:-160 192}             # the training sizes of FFCV's ResNet-50 recipes (rn50-16ep)
+SIZES=${GPU_CHECK_SIZES:-${GPU_CHECK_IMAGE_SIZE:-160 192}}  # the training sizes of FFCV's ResNet-50 recipes (rn50-16ep)
 read -r -a SIZE_LIST <<< "$SIZES"
 SIZE=${SIZE_LIST[0]}
 MAX_SIZE=$(printf '%s\n' "${SIZE_LIST[@]}" | sort -n | tail -n 1)
-VAL_SIZE=${GPU_CHECK_VAL_SIZE:-256}
+VAL_SIZE=${GPU_CHECK_VAL_SIZE:-$(( (MAX_SIZE * 4 / 3 + 7) / 8 * 8 ))}  # 4/3 of the largest training size: 256 for 192
 PER_CLASS=${GPU_CHECK_PER_CLASS:-400}         # 10 classes: 4000 train images, 15 steps of 256 per epoch
 VAL_PER_CLASS=${GPU_CHECK_VAL_PER_CLASS:-27}  # 270 val images: a full batch of 256, then 14
-MIN_SIDE=${GPU_CHECK_MIN_SIDE:-300}
-MAX_SIDE=${GPU_CHECK_MAX_SIDE:-500}
+MIN_SIDE=${GPU_CHECK_MIN_SIDE:-$(( VAL_SIZE * 5 / 4 < 300 ? VAL_SIZE * 5 / 4 : 300 ))}  # 300-500 px at 256 px validation
+MAX_SIDE=${GPU_CHECK_MAX_SIDE:-$(( VAL_SIZE * 2 < 500 ? VAL_SIZE * 2 : 500 ))}
 EPOCHS=${GPU_CHECK_EPOCHS:-2}
 BENCH_STEPS=${GPU_CHECK_BENCH_STEPS:-20}
 RESUME_AT=${GPU_CHECK_RESUME_AT:-5}  # a step inside the first epoch
@@ -48,6 +55,7 @@ RUN_TIMEOUT=${GPU_CHECK_RUN_TIMEOUT:-150}
 COMPILE=${GPU_CHECK_COMPILE:-$([ "$GPUS" -gt 0 ] && echo true || echo false)}  # the ramp run only: compiling a ResNet on the CPU takes minutes
 RAMP_TIMEOUT=${GPU_CHECK_RAMP_TIMEOUT:-360}  # the compile of ResNet-50's training step included
 BUILD=${GPU_CHECK_BUILD:-$([ "$GPUS" -gt 0 ] && echo 1 || echo 0)}
+BUDGET=${GPU_CHECK_BUDGET:-$([ "$GPUS" -gt 0 ] && echo 600 || echo 270)}  # seconds for the whole script
 CPUS=$(nproc)
 WORKERS=${GPU_CHECK_WORKERS:-$(( CPUS > 2 ? CPUS - 2 : 1 ))}
 KILL_AFTER=10
@@ -67,9 +75,16 @@ export PYTHONUNBUFFERED=1
 FAILED=()
 TIMES=()
 
-step() {  # step NAME SECONDS COMMAND...: run under timeout -k; a non-zero exit is a failure of NAME
-    local name=$1 limit=$2 rc start=$SECONDS
+step() {  # step NAME SECONDS COMMAND...: run under timeout -k, ending by the budget's end; a non-zero exit is a failure of NAME
+    local name=$1 limit=$2 rc start=$SECONDS left=$(( BUDGET - SECONDS ))
     shift 2
+    [ "${UNBUDGETED:-0}" = 1 ] && left=$limit  # the report: always written
+    if [ "$left" -le 0 ]; then
+        FAILED+=("$name (not run: the ${BUDGET}s of GPU_CHECK_BUDGET are spent)")
+        echo "gpu_check: FAILED $name: not run, the ${BUDGET}s of GPU_CHECK_BUDGET are spent"
+        return 124
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
     timeout -k "$KILL_AFTER" "$limit" "$@"
     rc=$?
     TIMES+=("$name $(( SECONDS - start ))s")
@@ -78,6 +93,11 @@ step() {  # step NAME SECONDS COMMAND...: run under timeout -k; a non-zero exit 
         echo "gpu_check: FAILED $name (exit $rc)"
     fi
     return "$rc"
+}
+SKIPPED=()
+skip() {  # skip NAME REASON: a step that is not run here, said in one line (and in the report)
+    SKIPPED+=("$1: $2")
+    echo "gpu_check: skipped $1: $2"
 }
 
 missing=$(timeout -k "$KILL_AFTER" 60 "$PY" - <<'EOF'
@@ -98,7 +118,7 @@ timeout -k "$KILL_AFTER" 120 "$PY" -c "import sys, torch, torchvision; assert $G
 
 if [ "$BUILD" = 1 ]; then
     echo "gpu_check: building the C extensions for this Python (setup.py build_ext --inplace)"
-    timeout -k "$KILL_AFTER" 240 "$PY" setup.py build_ext --inplace > "$WORK/build.log" 2>&1 \
+    timeout -k "$KILL_AFTER" $(( BUDGET - SECONDS < 240 ? BUDGET - SECONDS : 240 )) "$PY" setup.py build_ext --inplace > "$WORK/build.log" 2>&1 \
         || { echo "gpu_check: the build failed (the loader falls back to torchvision); last lines:"; tail -n 5 "$WORK/build.log"; }
 fi
 step decoder 60 "$PY" - > "$WORK/decoder.txt" <<'EOF'
@@ -113,7 +133,7 @@ echo "gpu_check: making and packing the synthetic set ($PER_CLASS + $VAL_PER_CLA
 step data 300 "$PY" - "$WORK" "$PER_CLASS" "$VAL_PER_CLASS" "$MIN_SIDE" "$MAX_SIDE" "$WORKERS" <<'EOF' || exit 4
 import sys, time
 from pathlib import Path
-from imgpipe import pack  # the public API: stays where the modules move
+from imgpipe.pack.packer import pack  # not `from imgpipe import pack`: the subpackage imgpipe.pack shadows that name
 from imgpipe.synth.tree import make_synthetic
 work = Path(sys.argv[1])
 per_class, val_per_class, min_side, max_side, workers = map(int, sys.argv[2:])
@@ -174,10 +194,15 @@ for size in "${SIZE_LIST[@]}"; do
     train "torch-$size" --set train.validate=true --set "data.image_size=$size"
 done
 RAMP="[$(IFS=,; echo "${SIZE_LIST[*]}")]"
+[ "$COMPILE" = true ] || echo "gpu_check: the ramp runs without torch.compile here (GPU_CHECK_COMPILE=true forces it; on the CPU compiling a ResNet takes minutes)"
 LIMIT=$RAMP_TIMEOUT train ramp --set "data.resolution=$RAMP" --set "train.epochs=${#SIZE_LIST[@]}" --set train.validate=true \
     --set "data.val_image_size=$VAL_SIZE" --set data.val_flip_tta=true --set model.blurpool=true --set train.ema=true \
     --set "train.compile=$COMPILE"
-train fp16 --set data.backend=synthetic --set train.amp=fp16 --set train.epochs=1
+if [ "$GPUS" -gt 0 ]; then
+    train fp16 --set data.backend=synthetic --set train.amp=fp16 --set train.epochs=1
+else
+    skip fp16 "fp16 autocast and its gradient scaler only mean anything on a GPU (GPU_CHECK_GPUS=0)"
+fi
 if train resume --set train.epochs=1 --set "train.max_steps=$RESUME_AT"; then
     if RESUMING=1 train resume --set train.epochs=1 --resume && ! grep -q "resumed from .* at epoch 0, step $RESUME_AT" "$WORK/run-resume.err"; then
         FAILED+=("resume (no 'resumed from ... at epoch 0, step $RESUME_AT')")
@@ -185,21 +210,21 @@ if train resume --set train.epochs=1 --set "train.max_steps=$RESUME_AT"; then
     fi
 fi
 
-echo "gpu_check: spawn: one rank started by the spawn launcher"
+echo "gpu_check: spawn: one rank started by the local-ranks launcher (torch's elastic agent)"
 cat > "$WORK/spawn.py" <<'EOF'
 import sys
 from pathlib import Path
 from imgpipe.errors import ImgpipeError
 from imgpipe.train import _train_rank, load_config
 from imgpipe.train.config import make_output_dir
-from imgpipe.train.launch import _spawn  # --gpus N starts N > 1 ranks this way; one GPU here, so one rank
+from imgpipe.train.local_ranks import start_local_ranks  # --gpus N starts N > 1 ranks this way; one GPU here, so one rank
 
 if __name__ == "__main__":
     work, gpus = Path(sys.argv[1]), int(sys.argv[2])
     config = load_config(work / "config.yaml", [f"output.dir={work / 'run-spawn'}", "data.backend=synthetic", "train.epochs=1"])
     make_output_dir(config)
     try:
-        result = _spawn(_train_rank, config, 1, use_cuda=gpus > 0, backend=None, timeout_s=config.train.timeout_s, grace_s=10)
+        result = start_local_ranks(_train_rank, config, 1, use_cuda=gpus > 0, backend=None, timeout_s=config.train.timeout_s, grace_s=10)
     except ImgpipeError as e:
         sys.exit(f"imgpipe: error: {e}")
     print(f"done: {result.epochs_completed} epoch(s), {result.step} steps in a spawned rank")
@@ -218,10 +243,11 @@ else
     echo "gpu_check: skipped DALI (GPU_CHECK_DALI=0, or nvidia.dali is not importable here)"
 fi
 
-step report 60 "$PY" - "$WORK" "$MODEL" "$BATCH" "$SIZES" "$VAL_SIZE" "$GPUS" > "$REPORT" <<'EOF'
+UNBUDGETED=1 step report 60 "$PY" - "$WORK" "$MODEL" "$BATCH" "$SIZES" "$VAL_SIZE" "$GPUS" ${SKIPPED[@]+"${SKIPPED[@]}"} > "$REPORT" <<'EOF'
 import json, sys
 from pathlib import Path
 work, model, batch, sizes, val_size, gpus = Path(sys.argv[1]), sys.argv[2], sys.argv[3], [int(s) for s in sys.argv[4].split()], int(sys.argv[5]), int(sys.argv[6])
+skipped = dict(line.split(": ", 1) for line in sys.argv[7:])
 problems = []
 def epochs(name):
     path = work / f"run-{name}" / "metrics.jsonl"
@@ -234,6 +260,9 @@ print(f"{'run':<12} {'px':>4} {'amp, layout':<22} {'images/s':>9} {'vs ceiling':
 names = [name for size in sizes for name in (f"ceiling-{size}", f"torch-{size}")] + ["ramp", "fp16", "resume", "dali"]
 for name in names:
     record = last_epoch(name)
+    if name in skipped:
+        print(f"{name:<12} skipped: {skipped[name]}")
+        continue
     if record is None:
         if name != "dali" or (work / "run-dali").exists():
             print(f"{name:<12} {'-':>4} {'-':<22} {'-':>9} {'-':>10}  {'-':>11}  (failed: no epoch ended)")

@@ -14,7 +14,6 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.context import BaseContext
-from pathlib import Path
 from typing import Callable, Iterable, Iterator, TypeVar
 
 PARENT_CHECK_S = 0.2  # how often a child looks whether its parent is still there
@@ -49,12 +48,12 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def process_start_time() -> float | None:
-    """When this process started (seconds since the epoch, to about a second), from /proc; None where there is no /proc."""
+    """When this process started (seconds since the epoch, as psutil reads it from the OS); None where it cannot say."""
+    import psutil  # here: the processes that only watch their parent (the store helper) never import it
+
     try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of proc(5): starttime, in clock ticks since boot
-    except (OSError, ValueError, IndexError, StopIteration):
+        return psutil.Process().create_time()
+    except psutil.Error:
         return None
 
 

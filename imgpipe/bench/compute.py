@@ -33,13 +33,15 @@ class Compute:
         self.model = None
         self.token = torch.zeros(1, device=ctx.device)
         if config.model:
-            from imgpipe.train.loop import build_model, build_optimizer, precision
+            from imgpipe.train.models import build_model
+            from imgpipe.train.optim import build_optimizer
+            from imgpipe.train.precision import amp_setup
 
             train = config.train_config(device=ctx.device)
             alone = dataclasses.replace(ctx, backend=None)  # no DDP: see the module docstring
             self.model, _ = build_model(train, classes, alone)  # the name passed BenchConfig.check
             self.optimizer = build_optimizer(self.model, train, train.train.batch_size * ctx.world_size)
-            self.dtype, self.scaler = precision(train, ctx.device)
+            self.dtype, self.scaler = amp_setup(train, ctx.device)
             self.loss = torch.nn.CrossEntropyLoss(label_smoothing=train.optim.label_smoothing)
 
     def step(self, images: Any, labels: Any) -> None:
@@ -48,7 +50,7 @@ class Compute:
             if self.sleep_s:
                 time.sleep(self.sleep_s)
             return
-        from imgpipe.train.loop import autocast
+        from imgpipe.train.precision import autocast
 
         self.optimizer.zero_grad(set_to_none=True)
         with autocast(self.ctx.device, self.dtype):

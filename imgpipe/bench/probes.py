@@ -18,53 +18,16 @@ sync         all-reduce with the other ranks                     rank
 ============ =================================================== ===============
 
 ``wait`` is the time a rank is blocked in ``next(loader)`` less ``collate``: the data-wait the GPU sees.
-
-Test and diagnostic hook: ``IMGPIPE_BENCH_READ_DELAY_MS_RANK<r>=<ms>`` makes rank ``r``
-sleep that long on each record it reads, as a slow disk would. It lets a test (or a user who
-wants to see what a slow disk does to a job) slow one rank on purpose; nothing else reads it.
 """
 
 from __future__ import annotations
 
-import os
-import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-from imgpipe.errors import DatasetError
 from imgpipe.loaders.stage_timer import StageTimer
 
 if TYPE_CHECKING:
     from imgpipe.train.config import TrainConfig
-
-READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
-
-
-def read_delay_s(rank: int, environ: dict[str, str] | None = None) -> float:
-    """The per-record read delay the diagnostic hook asks for on ``rank`` (seconds)."""
-    env = os.environ if environ is None else environ
-    name = READ_DELAY_ENV.format(rank=rank)
-    raw = env.get(name, "")
-    if not raw:
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise DatasetError(f"{name}={raw!r} is not a number of milliseconds") from None
-    return max(value, 0.0) / 1000.0
-
-
-class SlowReads(StageTimer):
-    """The torch loader's stage timer, each record read slowed by ``delay_s`` (the diagnostic hook)."""
-
-    def __init__(self, delay_s: float = 0.0) -> None:
-        super().__init__()
-        self.delay_s = delay_s
-
-    def read(self, records: Any, k: int) -> tuple[Any, memoryview]:
-        item = records.read_view(k)
-        if self.delay_s:
-            time.sleep(self.delay_s)
-        return item
 
 
 def make_loader(backend: str, train: TrainConfig, ctx: Any, timer: StageTimer | None) -> Any:

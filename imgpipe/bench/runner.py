@@ -1,8 +1,8 @@
 """Run the bench: N ranks, each driving its own part of DATA through a loader, for every
 (backend, workers) pair, with real or simulated compute, while the system is sampled.
 
-Ranks are started by :func:`imgpipe.train.launch.launch` (the trainer's launcher: spawn,
-gloo on the CPU, nccl on GPUs, a failed rank stops the others). Every rank runs the runs in
+Ranks are started by :func:`imgpipe.train.launch.launch` (the trainer's launcher: torch's
+elastic agent, gloo on the CPU, nccl on GPUs, a failed rank stops the others). Every rank runs the runs in
 the same order; before each one rank 0 evicts DATA from the page cache (``--cold``) and
 measures its residency; each rank warms its loader up, then all ranks start measuring
 together at a barrier. Results are gathered on rank 0 and returned to the caller.
@@ -217,10 +217,10 @@ def _run_all(ctx: Any, config: BenchConfig, compute: Compute, files: list[Path],
 
 def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, compute: Compute) -> RankStats:
     """Warm up, line the ranks up at a barrier, then measure ``config.steps`` steps."""
-    from imgpipe.bench.probes import SlowReads, endless, make_loader, read_delay_s
+    from imgpipe.bench.probes import endless, make_loader
 
     stats = RankStats(ctx.rank, config.batch_size, timed_stages=backend == "torch")
-    timer = SlowReads(read_delay_s(ctx.rank)) if backend == "torch" else None
+    timer = StageTimer() if backend == "torch" else None
     loader = make_loader(backend, config.train_config(workers, ctx.device), ctx, timer)
     clock = StageClock(ctx.device)
     try:

@@ -1,13 +1,14 @@
-"""What the machine does during a bench: CPU and iowait, disk reads, memory and page cache.
+"""What the machine does during a bench: CPU and iowait, disk reads, memory and page cache, through psutil.
 
-* CPU from ``/proc/stat``, exactly as ``top`` computes its ``%Cpu(s)`` line: over an
-  interval, ``wa = Δiowait / Δtotal`` and utilisation ``= 1 - (Δidle + Δiowait) / Δtotal``,
-  where total is user+nice+system+idle+iowait+irq+softirq+steal (guest time is already
-  inside user and nice, so it is not added twice), each Δ clamped at 0 as top does.
-* Disk reads from ``/proc/diskstats``: field 6 is sectors read, always 512-byte units.
-* The device that holds DATA comes from :func:`imgpipe._sys.diskinfo.device_for_path` (mount,
-  filesystem, rotational, network); its /proc/diskstats name is the device's basename.
-* Memory from ``/proc/meminfo`` (MemAvailable, Cached).
+* CPU from ``psutil.cpu_times()`` (the ``cpu`` line of /proc/stat), as ``top`` computes its
+  ``%Cpu(s)`` line: over an interval, ``wa = Δiowait / Δtotal`` and utilisation
+  ``= 1 - (Δidle + Δiowait) / Δtotal``, where total is user+nice+system+idle+iowait+irq+softirq+steal
+  (guest time is already inside user and nice, so it is not added twice), each Δ clamped at 0 as top does.
+* Disk reads from ``psutil.disk_io_counters(perdisk=True)``: the bytes read by the device that
+  holds DATA (:func:`imgpipe._sys.diskinfo.device_for_path`: mount, filesystem, rotational,
+  network), a partition by its own counter.
+* Memory from ``psutil.virtual_memory()``: available, and cached (the page cache and the
+  reclaimable kernel caches, as ``free`` counts them).
 
 ``SystemSampler`` reads all of them in a background thread (4 Hz by default).
 """
@@ -18,90 +19,47 @@ import logging
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from imgpipe._sys.diskinfo import DiskInfo
-from imgpipe._sys.meminfo import parse_meminfo
 
 logger = logging.getLogger(__name__)
 
-SECTOR_BYTES = 512
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")  # top's total; guest is inside user
 
 
-# ----------------------------------------------------------------------------- /proc/stat
-
-
-@dataclass(frozen=True)
-class CpuTimes:
-    """Aggregate CPU jiffies from the ``cpu`` line of /proc/stat."""
-
-    user: int
-    nice: int
-    system: int
-    idle: int
-    iowait: int
-    irq: int
-    softirq: int
-    steal: int
-
-    @property
-    def total(self) -> int:
-        return self.user + self.nice + self.system + self.idle + self.iowait + self.irq + self.softirq + self.steal
-
-
-def parse_proc_stat(text: str) -> CpuTimes:
-    """Parse the aggregate ``cpu`` line of /proc/stat (missing trailing fields count as 0)."""
-    for line in text.splitlines():
-        parts = line.split()
-        if parts and parts[0] == "cpu":
-            values = [int(v) for v in parts[1:9]] + [0] * (8 - len(parts[1:9]))
-            return CpuTimes(*values)
-    raise ValueError("no aggregate 'cpu' line in /proc/stat text")
-
-
-def cpu_usage(before: CpuTimes, after: CpuTimes) -> tuple[float, float]:
-    """(utilisation %, iowait %) over the interval, as top's %Cpu(s) line reports them.
+def cpu_usage(before: Any, after: Any) -> tuple[float, float]:
+    """(utilisation %, iowait %) between two ``psutil.cpu_times()``, as top's %Cpu(s) line reports them.
 
     Like top, a counter that went backwards (iowait can, see proc(5)) counts as 0, not negative.
     """
-    deltas = {f.name: max(0, getattr(after, f.name) - getattr(before, f.name)) for f in fields(CpuTimes)}
+    deltas = {name: max(0.0, getattr(after, name, 0.0) - getattr(before, name, 0.0)) for name in CPU_FIELDS}
     total = sum(deltas.values())
     if total <= 0:
         return 0.0, 0.0
     return 100.0 * (total - deltas["idle"] - deltas["iowait"]) / total, 100.0 * deltas["iowait"] / total
 
 
-# ----------------------------------------------------------------------------- /proc/diskstats
-
-
-def parse_diskstats(text: str) -> dict[str, int]:
-    """Map each device name in /proc/diskstats to its cumulative sectors read."""
-    sectors: dict[str, int] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 6:
-            sectors[parts[2]] = int(parts[5])
-    return sectors
-
-
 def read_mb_s(before: dict[str, int], after: dict[str, int], device: str, seconds: float) -> float | None:
-    """Read throughput of ``device`` in MB/s (10**6 bytes) between two diskstats samples."""
+    """Read throughput of ``device`` in MB/s (10**6 bytes) between two samples of bytes read per device."""
     if device not in before or device not in after or seconds <= 0:
         return None
-    return (after[device] - before[device]) * SECTOR_BYTES / seconds / 1e6
+    return (after[device] - before[device]) / seconds / 1e6
 
 
 # ----------------------------------------------------------------------------- which disk
 
 
 def diskstats_name(info: DiskInfo, path: str | os.PathLike | None = None) -> str | None:
-    """The /proc/diskstats name of the device holding a path (``/dev/sdb1`` -> ``sdb1``), or None.
+    """The name of the device holding a path in psutil's per-disk counters (/proc/diskstats): ``/dev/sdb1`` -> ``sdb1``; or None.
 
-    A partition is its own line in /proc/diskstats, so its reads are the reads of DATA's
-    filesystem. When the mount names a node that does not exist (``/dev/root``), ``path``'s
-    ``st_dev`` is looked up in ``/sys/dev/block`` instead.
+    A partition has its own counters, so its reads are the reads of DATA's filesystem. When the
+    mount names a node that does not exist (``/dev/root``), ``path``'s ``st_dev`` is looked up in
+    ``/sys/dev/block`` instead.
     """
     if not info.device.startswith("/dev/"):
         return None
@@ -125,13 +83,6 @@ def describe_disk(info: DiskInfo) -> str:
     return f"{kind} {where}"
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
 # ----------------------------------------------------------------------------- sampling
 
 
@@ -140,22 +91,22 @@ class Sample:
     """One reading of the system counters at wall time ``t`` (time.time())."""
 
     t: float
-    cpu: CpuTimes
-    sectors_read: dict[str, int]
+    cpu: Any  # psutil.cpu_times()
+    bytes_read: dict[str, int]  # per device, as diskstats names them
     mem_available: int
     cached: int
 
 
-def take_sample(proc_root: str | os.PathLike = "/proc", t: float | None = None) -> Sample:
-    """Read stat, diskstats and meminfo under ``proc_root`` (a recorded copy in tests), stamped ``t``."""
-    root = Path(proc_root)
-    mem = parse_meminfo(_read(root / "meminfo"))
+def take_sample(t: float | None = None) -> Sample:
+    """Read the CPU times, the bytes read per device and the memory, stamped ``t``."""
+    disks = psutil.disk_io_counters(perdisk=True, nowrap=False) or {}
+    memory = psutil.virtual_memory()
     return Sample(
         t=time.time() if t is None else t,
-        cpu=parse_proc_stat(_read(root / "stat")),
-        sectors_read=parse_diskstats(_read(root / "diskstats")),
-        mem_available=mem.get("MemAvailable", 0),
-        cached=mem.get("Cached", 0),
+        cpu=psutil.cpu_times(),
+        bytes_read={name: counters.read_bytes for name, counters in disks.items()},
+        mem_available=memory.available,
+        cached=getattr(memory, "cached", 0),
     )
 
 
@@ -197,25 +148,24 @@ def summarize(samples: list[Sample], device: str | None, start: float | None = N
         cpu_util_pct=util,
         iowait_pct=iowait,
         iowait_max_pct=peak,
-        read_mb_s=read_mb_s(first.sectors_read, last.sectors_read, device, seconds) if device else None,
+        read_mb_s=read_mb_s(first.bytes_read, last.bytes_read, device, seconds) if device else None,
         mem_available_mb=min(s.mem_available for s in window) / 1e6,
         cached_mb=last.cached / 1e6,
     )
 
 
 class SystemSampler:
-    """Sample /proc in a daemon thread every ``interval`` seconds until stopped."""
+    """Sample the system in a daemon thread every ``interval`` seconds until stopped."""
 
-    def __init__(self, interval: float = 0.25, proc_root: str = "/proc") -> None:
+    def __init__(self, interval: float = 0.25) -> None:
         self.interval = interval
-        self.proc_root = proc_root
         self.samples: list[Sample] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="imgpipe-bench-sampler", daemon=True)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.samples.append(take_sample(self.proc_root))
+            self.samples.append(take_sample())
             self._stop.wait(self.interval)
 
     def __enter__(self) -> "SystemSampler":
@@ -225,4 +175,4 @@ class SystemSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.samples.append(take_sample(self.proc_root))
+        self.samples.append(take_sample())

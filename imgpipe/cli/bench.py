@@ -48,13 +48,15 @@ def _counts(text: str) -> tuple[int, ...]:
     "--config",
     "config_path",
     type=click.Path(dir_okay=False),
-    help="Trainer YAML config (imgpipe train --config): the model and loaders run with its options (train.amp, train.channels_last, ...); the bench's own options win.",
+    help="Trainer YAML config (imgpipe train --config): the model and loaders run with its options "
+    "(train.amp, train.channels_last, ...); the bench's own options win.",
 )
 @click.option(
     "--recipe",
     default=None,
     metavar="NAME",
-    help="Trainer recipe (imgpipe train --list-recipes), under --config and --set: its options, training size and model (unless --model or --compute-ms).",
+    help="Trainer recipe (imgpipe train --list-recipes), under --config and --set: its options, training size and model "
+    "(unless --model or --compute-ms).",
 )
 @click.option(
     "--set",
@@ -88,11 +90,7 @@ def bench_command(
     json_path: str | None,
     plot_path: str | None,
 ) -> None:
-    """Find the bottleneck of loading DATA (a folder made by `imgpipe pack`, or its URL), rank by rank, and say what to change.
-
-    Diagnostic hook: IMGPIPE_BENCH_READ_DELAY_MS_RANK<r>=MS makes rank r sleep MS ms per record
-    read, as a slow disk would (see what one slow rank does to the job).
-    """
+    """Find the bottleneck of loading DATA (a folder made by `imgpipe pack`, or its URL), rank by rank, and say what to change."""
     from imgpipe.bench import BenchConfig, bench
     from imgpipe.bench.report import check_output_path, format_report, require_matplotlib, to_dict, write_json, write_plot
     from imgpipe.bench.runner import resolve_backends

@@ -39,7 +39,7 @@ from typing import Iterator
 
 import torch
 
-from imgpipe._sys.meminfo import MEMINFO, available_memory
+from imgpipe._sys.meminfo import available_memory
 from imgpipe._sys.pidlock import lock_file
 from imgpipe._sys.torch_private import storage_use_count
 from imgpipe.errors import ConfigError
@@ -151,10 +151,10 @@ def allocation_lock(folder: str = SHARED_MEMORY_DIR) -> Iterator[None]:
         os.close(fd)  # type: ignore[arg-type]  (releases the lock)
 
 
-def check_shared_memory(size: int, slots: int, folder: str = SHARED_MEMORY_DIR, meminfo: str = MEMINFO) -> None:
+def check_shared_memory(size: int, slots: int, folder: str = SHARED_MEMORY_DIR, available: int | None = None) -> None:
     """Refuse a ring larger than the free space of ``folder`` (a tmpfs) or than the memory available
     (tmpfs pages are memory): torch would fail to allocate it, or the kernel's OOM killer would
-    end the process while ``share_memory_`` writes it."""
+    end the process while ``share_memory_`` writes it. ``available``: the memory to assume (bytes), else what psutil says."""
     try:
         stats = os.statvfs(folder)
     except OSError:  # no such tmpfs here (not Linux): nothing to check
@@ -162,7 +162,7 @@ def check_shared_memory(size: int, slots: int, folder: str = SHARED_MEMORY_DIR, 
     free = stats.f_bavail * stats.f_frsize
     if size > free:
         raise shared_memory_error(size, slots, f"{folder} has {free / 2**20:.0f} MiB free")
-    memory = available_memory(meminfo)
+    memory = available_memory() if available is None else available
     if memory is not None and size > memory:
         raise ConfigError(
             f"the torch loader's {slots} shared-memory batches need {size / 2**20:.0f} MiB but only "

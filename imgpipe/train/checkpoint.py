@@ -23,7 +23,6 @@ import torch
 from imgpipe._sys.atomic import atomic_write
 from imgpipe._sys.oserrors import describe
 from imgpipe.errors import ConfigError, TrainError
-from imgpipe.train.rundir import checkpoint_path  # noqa: F401  (re-exported: where checkpoints live)
 
 logger = logging.getLogger(__name__)
 

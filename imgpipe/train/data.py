@@ -18,7 +18,7 @@ from imgpipe.format.manifest import Manifest, load_manifest
 from imgpipe.loaders.base import Loader
 from imgpipe.loaders.sampler import batch_count
 from imgpipe.train.config import TrainConfig
-from imgpipe.train.launch import RankContext
+from imgpipe.train.rank import RankContext
 from imgpipe.train.resolution import parse_resolution
 
 

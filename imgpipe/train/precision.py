@@ -4,7 +4,8 @@ On a CUDA GPU with native bf16 (compute capability 8.0 and later) auto is bf16 a
 channels_last, the usual recipe behind NVIDIA's ResNet-50 numbers (about twice fp32 NCHW), and
 torch.compile; elsewhere (the CPU, older GPUs) it is no autocast, NCHW and no compile (on the
 CPU compiling a ResNet takes minutes of a short run). amp and channels_last default to auto,
-compile to false. Explicit values are kept.
+compile to false. Explicit values are kept. A resolved ``train.amp`` gives the forward pass its
+autocast dtype and the step its gradient scaler (enabled for fp16 only).
 """
 
 from __future__ import annotations
@@ -33,3 +34,14 @@ def resolve_auto(config: TrainConfig, device: torch.device) -> TrainConfig:
 def describe(config: TrainConfig) -> str:
     """What a resolved config runs, in words: "amp bf16, channels_last"."""
     return f"amp {config.train.amp}, {'channels_last' if config.train.channels_last else 'NCHW'}"
+
+
+def amp_setup(config: TrainConfig, device: torch.device) -> tuple[torch.dtype | None, torch.amp.GradScaler]:
+    """A resolved train.amp as (the autocast dtype, None for fp32; the gradient scaler, enabled for fp16 only)."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.train.amp)
+    return dtype, torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> torch.autocast:
+    """The forward pass's autocast context: ``dtype`` on ``device``, off for None."""
+    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import torch
 
-from imgpipe.train.launch import stop_handlers
+from imgpipe.train.stopping import stop_handlers
 
 CUBLAS_WORKSPACE = ":4096:8"  # what cuBLAS needs to be deterministic (CUDA >= 10.2)
 

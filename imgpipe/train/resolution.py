@@ -83,3 +83,8 @@ def parse_resolution(value: Any, image_size: int) -> ResolutionSchedule:
 
 def _is_size(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def val_image_size(config: Any) -> int:
+    """The validation size (a TrainConfig's): data.val_image_size, else data.image_size."""
+    return config.data.val_image_size or config.data.image_size

@@ -21,6 +21,7 @@ from imgpipe.errors import ConfigError
 from imgpipe.loaders.sampler import batch_splits
 from imgpipe.train import checkpoint as ckpt
 from imgpipe.train.config import TrainConfig
+from imgpipe.train.rundir import checkpoint_path
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Position:
 
 def checkpoint_to_resume(config: TrainConfig) -> dict[str, Any] | None:
     """The checkpoint ``output.resume`` asks for (``no``: None; ``auto``: None when there is none yet)."""
-    path = ckpt.checkpoint_path(config.output.dir)
+    path = checkpoint_path(config.output.dir)
     if config.output.resume == "no" or (config.output.resume == "auto" and not path.exists()):
         return None
     return ckpt.load_checkpoint(path)
@@ -161,7 +162,9 @@ def changed_settings(saved: dict[str, Any], config: TrainConfig) -> list[str]:
 
 
 def resume_line(saved: dict[str, Any], world_size: int, batch_size: int, position: Position | None = None, changes: list[str] = ()) -> str:
-    """What the resumed run continues from, and what changed, e.g. ``resumed at epoch 3, global batch 120, on 3 ranks (was 2); per-rank batch 4 (was 6)``.
+    """What the resumed run continues from, and what changed.
+
+    For example ``resumed at epoch 3, global batch 120, on 3 ranks (was 2); per-rank batch 4 (was 6)``.
 
     ``global batch N`` is the position: global batches of the epoch already consumed.
     """

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import io
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
+import pytest
 from PIL import Image
 
 from imgpipe._sys.checksum import sha256_file
@@ -14,11 +17,19 @@ from imgpipe._sys.diskinfo import DiskInfo
 from imgpipe.bench.config import BenchConfig
 from imgpipe.bench.runner import BenchResult, RunResult
 from imgpipe.bench.stats import RankStats, StepTimes
-from imgpipe.bench.system import SystemSummary
+from imgpipe.bench.system import Sample, SystemSummary, take_sample
 from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, write_manifest
 from imgpipe.format.recordio import IndexedRecordWriter, IRHeader, pack_header
 
 DATA = Path(__file__).parent / "data"
+
+
+def recorded(folder: Path, t: float, monkeypatch: pytest.MonkeyPatch) -> Sample:
+    """The sample psutil takes of a recorded /proc (``folder``), stamped ``t``; its meminfo lacks fields psutil warns about."""
+    monkeypatch.setattr(psutil, "PROCFS_PATH", str(folder))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return take_sample(t=t)
 
 
 def _jpeg(rng: np.random.Generator, width: int, height: int) -> bytes:

@@ -9,18 +9,22 @@ import sys
 from pathlib import Path
 
 import pytest
+from _hooks.faults import READ_DELAY_ENV, hook_env
 from bench_helpers import SCHEMA, check
 from PIL import Image
 
 from imgpipe._sys.diskinfo import device_for_path
 from imgpipe.bench import BenchConfig, bench
-from imgpipe.bench.probes import READ_DELAY_ENV, read_delay_s
-from imgpipe.errors import ConfigError, DatasetError
+from imgpipe.errors import ConfigError
 
 
 def imgpipe(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "imgpipe", *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+        [sys.executable, "-m", "imgpipe", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=hook_env(dict(os.environ), **(env or {})),
     )
 
 
@@ -137,10 +141,6 @@ def test_bad_options_are_one_line_config_errors(small_pack: Path) -> None:
         assert str(error.value).startswith(message), str(error.value)
     with pytest.raises(ConfigError, match="48 records, not one batch of 32 for each of 2 rank"):
         bench(BenchConfig(data=str(small_pack), nproc=2, batch_size=32))
-    with pytest.raises(DatasetError, match="is not a number"):
-        read_delay_s(1, {READ_DELAY_ENV.format(rank=1): "slow"})
-    assert read_delay_s(1, {READ_DELAY_ENV.format(rank=1): "25"}) == 0.025
-    assert read_delay_s(0, {READ_DELAY_ENV.format(rank=1): "25"}) == 0.0
 
 
 @pytest.mark.timeout(120)

@@ -12,8 +12,10 @@ from imgpipe.bench.compute import Compute  # noqa: E402
 from imgpipe.bench.config import BenchConfig  # noqa: E402
 from imgpipe.bench.probes import make_loader  # noqa: E402
 from imgpipe.errors import ConfigError  # noqa: E402
-from imgpipe.train.launch import RankContext, launch  # noqa: E402
-from imgpipe.train.loop import build_model, precision  # noqa: E402
+from imgpipe.train.launch import launch  # noqa: E402
+from imgpipe.train.models import build_model  # noqa: E402
+from imgpipe.train.precision import amp_setup  # noqa: E402
+from imgpipe.train.rank import RankContext  # noqa: E402
 
 CHANNELS_LAST = torch.channels_last
 
@@ -37,7 +39,7 @@ def test_model_precision_and_input_layout_follow_the_trainer_config(small_pack: 
     trainers, _ = build_model(train, 4, ctx)
     assert type(compute.model) is type(trainers)
     assert layouts(compute.model) == layouts(trainers)
-    assert compute.dtype == precision(train, ctx.device)[0]
+    assert compute.dtype == amp_setup(train, ctx.device)[0]
     if overrides:  # the options reach the model: channels_last weights, a bf16 forward pass
         assert all(is_cl for _, _, is_cl in layouts(compute.model)) and compute.dtype is torch.bfloat16
 

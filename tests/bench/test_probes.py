@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,24 @@ torch = pytest.importorskip("torch")
 from _tiny_shards import make_tiny_pack  # noqa: E402
 
 from imgpipe.bench.config import BenchConfig  # noqa: E402
-from imgpipe.bench.probes import SlowReads, endless, make_loader  # noqa: E402
+from imgpipe.bench.probes import endless, make_loader  # noqa: E402
 from imgpipe.loaders.stage_timer import BatchTimes, StageTimer  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
-from imgpipe.train.launch import RankContext, launch  # noqa: E402
+from imgpipe.train.launch import launch  # noqa: E402
+from imgpipe.train.rank import RankContext  # noqa: E402
+
+
+class SlowReads(StageTimer):
+    """The stage timer, each record read slowed by ``delay_s``."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+
+    def read(self, records: object, k: int) -> tuple[object, memoryview]:
+        item = super().read(records, k)
+        time.sleep(self.delay_s)
+        return item
 
 
 def cpu_rank() -> RankContext:
@@ -49,7 +64,7 @@ def test_probe_batches_are_the_loaders_batches(tmp_path: Path, workers: int) -> 
 
 @pytest.mark.timeout(60)
 def test_slow_reads_are_timed_as_reads(tmp_path: Path) -> None:
-    """The slow-disk hook's delay lands in the read stage of the batch, in a worker process."""
+    """A slower read (the bench tests' slow-disk hook slows it so) lands in the read stage of the batch, in a worker process."""
     data = make_tiny_pack(tmp_path / "tiny", records=8, shards=1, classes=2, min_side=32, max_side=48)
     timer = SlowReads(delay_s=0.02)
     loader = make_torch_loader(data, "train", batch_size=4, image_size=16, rank=0, world_size=1, workers=1, stage_timer=timer)

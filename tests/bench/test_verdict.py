@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import re
 
-from bench_helpers import DATA, HDD, SSD, rank_stats, result, run
+import pytest
+from bench_helpers import DATA, HDD, SSD, rank_stats, recorded, result, run
 
 from imgpipe.bench import verdict as rules
 from imgpipe.bench.runner import RunResult, data_disk
-from imgpipe.bench.system import summarize, take_sample
+from imgpipe.bench.system import summarize
 from imgpipe.bench.verdict import decide
 
 
-def test_recorded_47_percent_iowait_on_a_spinning_disk_is_io_bound() -> None:
-    recorded = DATA / "hdd_iowait"
-    samples = [take_sample(recorded / "before", t=0.0), take_sample(recorded / "after", t=1.25)]
+def test_recorded_47_percent_iowait_on_a_spinning_disk_is_io_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    samples = [recorded(DATA / "hdd_iowait" / "before", 0.0, monkeypatch), recorded(DATA / "hdd_iowait" / "after", 1.25, monkeypatch)]
     ranks = [rank_stats(0, wait=0.030, read=0.004, decode=0.006), rank_stats(1, wait=0.028, read=0.004, decode=0.006)]
     measured = run(ranks, iowait=0.0)
     measured.system = summarize(samples, "sdb1", 0.0, 1.25)
@@ -195,8 +195,10 @@ def remote_run(
     *, read: float, decode: float, iowait: float = 1.0, backend: str = "torch", timed: bool = True, record_bytes: int = 110_000
 ) -> RunResult:
     """2 ranks reading a URL: 8 records a batch, each batch 8 requests of 50 ms and ``record_bytes`` each."""
-    ranks = [rank_stats(r, wait=0.05, read=read, decode=decode, compute=0.02, requests=8, request_s=0.4, fetched=8 * record_bytes, timed=timed)
-             for r in range(2)]  # fmt: skip
+    ranks = [
+        rank_stats(r, wait=0.05, read=read, decode=decode, compute=0.02, requests=8, request_s=0.4, fetched=8 * record_bytes, timed=timed)
+        for r in range(2)
+    ]
     return run(ranks, workers=2, iowait=iowait, backend=backend)
 
 
@@ -214,7 +216,8 @@ def test_a_url_whose_reads_dominate_is_remote_io_bound_with_the_store_figures_an
     # 110 KB in 50 ms: round trips; 5 batches of 10 ms decoding cover one, the default prefetch_factor 2 fetches 1 ahead
     assert v.message.endswith(
         "; round trips, not bandwidth, bound the reads (50 ms a request, 2.2 MB/s each) and a worker decodes a batch in 10 ms: "
-        "raise prefetch_factor to 6 (`--set data.prefetch_factor=6`, make_torch_loader's prefetch_factor) so each worker fetches 5 batches ahead"
+        "raise prefetch_factor to 6 (`--set data.prefetch_factor=6`, make_torch_loader's prefetch_factor) "
+        "so each worker fetches 5 batches ahead"
     )
 
 

@@ -525,8 +525,6 @@ def test_data_cache_under_two_torchrun_nodes_each_with_its_own_folder(s3_env: S3
     from proctree import quiet_env
     from train_cli import epochs_of, write_config
 
-    from imgpipe.train.launch import free_port
-
     config = write_config(tmp_path, tmp_path, workers=1, epochs=1, batch_size=4, validate=False)
     values = yaml.safe_load(config.read_text())
     values["data"]["path"] = remote_packed

@@ -18,7 +18,7 @@ from s3_server import FaultProxy, S3Server
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
 from proctree import quiet_env  # noqa: E402
-from train_cli import one_line_error, write_config  # noqa: E402
+from train_cli import free_port, one_line_error, write_config  # noqa: E402
 
 from imgpipe.format.shardset import open_shards  # noqa: E402
 
@@ -40,8 +40,6 @@ def assert_staged(packed: Path, folder: Path) -> None:
 def test_data_stage_under_two_torchrun_nodes_each_with_its_own_folder(
     fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path
 ) -> None:
-    from imgpipe.train.launch import free_port
-
     config = write_config(tmp_path, packed_dir, epochs=1, batch_size=4, validate=False)
     port = free_port()
     agents = []
@@ -82,8 +80,6 @@ def test_data_stage_with_local_ranks_started_here(fault_proxy: FaultProxy, remot
 def test_when_local_rank_0_cannot_stage_every_rank_says_why_in_one_line(s3_env: S3Server, packed_dir: Path, tmp_path: Path) -> None:
     """Two ranks started as ``srun --ntasks 2`` starts them on one node: rank 0 meets a damaged shard; rank 1, waiting
     for its copy, fails with rank 0's reason instead of waiting on."""
-    from imgpipe.train.launch import free_port
-
     url = s3_env.upload(packed_dir, BUCKET, "damaged-for-train")
     shard = open_shards(packed_dir).rec_names[0]
     data = bytearray((packed_dir / shard).read_bytes())

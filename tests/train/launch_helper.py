@@ -15,7 +15,8 @@ import sys
 import time
 
 from imgpipe.errors import ImgpipeError
-from imgpipe.train.launch import RankContext, launch
+from imgpipe.train.launch import launch
+from imgpipe.train.rank import RankContext
 
 
 def per_rank(ctx: RankContext, mode: str) -> dict:

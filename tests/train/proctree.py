@@ -1,25 +1,25 @@
-"""Process-tree helpers for the training tests: descendants of a pid, read from /proc."""
+"""Process-tree helpers for the training tests: descendants of a pid, through psutil."""
 
 from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
+
+import psutil
 
 
 def children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (Linux /proc), oldest first."""
+    """Direct children of ``pid``, oldest first."""
+    try:
+        kids = psutil.Process(pid).children()
+    except psutil.Error:
+        return []
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for kid in kids:
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            found.append((kid.create_time(), kid.pid))
+        except psutil.Error:
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[1]) == pid:
-            found.append((int(fields[19]), int(entry.name)))  # (start time, pid)
     return [p for _, p in sorted(found)]
 
 
@@ -34,18 +34,17 @@ def descendants(pid: int) -> list[int]:
 
 def cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return ""
 
 
 def alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def wait_gone(pids: list[int], timeout: float) -> list[int]:

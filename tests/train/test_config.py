@@ -12,7 +12,7 @@ import yaml
 
 from imgpipe.errors import ConfigError
 from imgpipe.train.config import TrainConfig, default_yaml, from_dict, load_config, save_config
-from imgpipe.train.loop import build_optimizer, lr_schedule
+from imgpipe.train.optim import build_optimizer, lr_schedule
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -211,7 +211,7 @@ def test_bn_weight_decay_is_the_decay_of_bn_and_bias_parameters() -> None:
     assert decay["weight_decay"] == 0.0005 and bn["weight_decay"] == 0.0001
     assert {id(p) for p in bn["params"]} == {id(p) for p in model.parameters() if p.ndim == 1}
     # a resume re-applies the config's optim section to the loaded optimizer: bn_weight_decay too
-    from imgpipe.train.loop import apply_optim_config
+    from imgpipe.train.optim import apply_optim_config
 
     resumed = load_config(None, ["optim.weight_decay=0.0005", "optim.bn_weight_decay=0.0002"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(resumed, steps_per_epoch=10))
@@ -281,8 +281,8 @@ def test_data_prefetch_factor_reaches_the_trainers_and_the_benchs_torch_loaders(
     from imgpipe._sys.distenv import DistEnv
     from imgpipe.bench.probes import make_loader
     from imgpipe.train.data import build_data
-    from imgpipe.train.launch import RankContext
     from imgpipe.train.precision import resolve_auto
+    from imgpipe.train.rank import RankContext
 
     ctx = RankContext(DistEnv(), torch.device("cpu"), None, 30.0)
     config = resolve_auto(

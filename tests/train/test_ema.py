@@ -1,4 +1,4 @@
-"""train.ema: the EMA weights follow the live ones as the hand-computed average, and are not the live ones."""
+"""train.ema: the EMA weights (torch's AveragedModel) follow the live ones as the hand-computed average, and are not the live ones."""
 
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ def test_after_k_steps_the_ema_is_the_hand_computed_average_and_differs_from_the
     moved = [k for k in live if live[k].is_floating_point() and not torch.allclose(got[k], live[k], rtol=1e-4, atol=1e-5)]
     assert "0.weight" in moved and "1.running_mean" in moved and "4.weight" in moved  # the average lags the weights
     assert all(not p.requires_grad for p in ema.module.parameters()) and not ema.module.training
+    assert list(got) == list(live)  # the model's own keys: checkpoints hold the EMA as they always have
 
 
 def test_the_ema_loads_back_from_its_state() -> None:

@@ -7,12 +7,13 @@ import datetime
 import pytest
 import torch
 import torch.distributed as dist
+from train_cli import free_port
 
 from imgpipe._sys.distenv import DistEnv
 from imgpipe.errors import TrainError
 from imgpipe.train.config import load_config
-from imgpipe.train.launch import RankContext, free_port
-from imgpipe.train.loop import explain_failure
+from imgpipe.train.failures import explain_failure
+from imgpipe.train.rank import RankContext
 
 
 class HalfUsed(torch.nn.Module):
@@ -98,7 +99,7 @@ def test_deterministic_cuda_refuses_adaptive_pooling_to_more_than_1x1_before_tra
     import torchvision
 
     from imgpipe.errors import ConfigError
-    from imgpipe.train.loop import check_deterministic
+    from imgpipe.train.models import check_deterministic
 
     config = load_config(None, [f"model.name={name}", f"train.deterministic={str(deterministic).lower()}"])
     model = torchvision.models.get_model(name, num_classes=4)

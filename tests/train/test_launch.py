@@ -13,7 +13,8 @@ import pytest
 
 from imgpipe._sys.distenv import available_cpus
 from imgpipe.errors import DistributedError
-from imgpipe.train.launch import check_launcher_env, cpu_threads, free_port
+from imgpipe.train.launch import check_launcher_env
+from imgpipe.train.local_ranks import cpu_threads
 
 sys.path.insert(0, str(Path(__file__).parent))
 from proctree import descendants, quiet_env, wait_gone  # noqa: E402
@@ -23,14 +24,6 @@ HELPER = str(Path(__file__).parent / "launch_helper.py")
 
 def run_helper(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, HELPER, *args], env=env or quiet_env(), capture_output=True, text=True, timeout=timeout)
-
-
-def test_free_port_is_bindable() -> None:
-    import socket
-
-    port = free_port()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", port))
 
 
 @pytest.mark.parametrize("env", [{"RANK": "0"}, {"WORLD_SIZE": "2"}, {"LOCAL_RANK": "1"}, {"RANK": "1", "LOCAL_RANK": "1"}])
@@ -68,7 +61,8 @@ def test_only_rank_set_fails_with_one_line_not_keyerror() -> None:
     assert done.returncode == 1
     assert "KeyError" not in done.stderr and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [
-        "imgpipe: error: RANK set but WORLD_SIZE not: start with torchrun (or --gpus N / --nproc N), or unset these variables to run one process"
+        "imgpipe: error: RANK set but WORLD_SIZE not: start with torchrun (or --gpus N / --nproc N), "
+        "or unset these variables to run one process"
     ]
 
 

@@ -64,7 +64,7 @@ def test_resumed_mid_epoch_with_half_the_grad_accum_no_batch_is_read_twice(packe
 def test_resume_applies_a_new_batch_size_where_the_position_allows_and_says_why_not_elsewhere(packed: Path, tmp_path: Path) -> None:
     """The docs' ``--set train.batch_size=... --resume``: after 64 records, batches of 32 continue the same epoch."""
     from imgpipe.train.config import load_config
-    from imgpipe.train.loop import lr_schedule
+    from imgpipe.train.optim import lr_schedule
 
     config, run = start(tmp_path, packed, max_steps=4)
     resumed = imgpipe_train(config, *ONE_RANK, "--resume", "--set", "train.batch_size=32", "--set", "train.epochs=1", timeout=150)
@@ -87,7 +87,7 @@ def test_resume_applies_a_new_batch_size_where_the_position_allows_and_says_why_
 @pytest.mark.timeout(300)
 def test_resume_applies_a_new_base_lr_and_says_so(packed: Path, tmp_path: Path) -> None:
     from imgpipe.train.config import load_config
-    from imgpipe.train.loop import lr_schedule
+    from imgpipe.train.optim import lr_schedule
 
     config = write_config(tmp_path, packed, epochs=1, validate=False)
     first = imgpipe_train(config, *SYNTHETIC, "--set", "train.max_steps=3")

@@ -103,7 +103,7 @@ def test_the_trainer_compiles_one_training_graph_for_the_whole_ramp(packed: Path
 
 
 def test_flip_tta_averages_the_logits_of_the_image_and_its_mirror() -> None:
-    from imgpipe.train.loop import val_logits
+    from imgpipe.train.validation import val_logits
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 5)).eval()

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 from proctree import descendants, quiet_env, rank_processes, wait_gone
-from train_cli import VAL_RECORDS, epochs_of, imgpipe_train, write_config
+from train_cli import VAL_RECORDS, epochs_of, free_port, imgpipe_train, write_config
 
 from imgpipe.train.loop import STOP_CHECK_STEPS
 
@@ -113,7 +113,7 @@ def test_a_run_saved_on_2_ranks_resumes_on_3_in_the_same_global_stream(packed: P
     """G = 24 (train.global_batch_size, 12 x 2 ranks): 6 global steps per epoch. Stopped mid-epoch on 2 ranks,
     resumed on 3 with 8 per rank from the run's saved config.yaml, as docs/training.md shows it."""
     from imgpipe.train.config import load_config
-    from imgpipe.train.loop import lr_schedule
+    from imgpipe.train.optim import lr_schedule
 
     config = write_config(tmp_path, packed, epochs=2, validate=False)
     first = imgpipe_train(config, "--gpus", "0", "--nproc", "2", "--set", "train.global_batch_size=24", "--set", "train.max_steps=8")
@@ -179,8 +179,6 @@ def test_two_torchrun_nodes_on_localhost_then_resumed_on_one(packed: Path, tmp_p
     writes the checkpoint, the per-rank table has ranks 0-3, and each node's ranks share the
     machine-wide ring allocation lock. Then the checkpoint resumes on one node of 2 ranks.
     """
-    from imgpipe.train.launch import free_port
-
     config = write_config(tmp_path, packed, workers=1, epochs=1, batch_size=4, validate=False)
     port = free_port()
     node = [str(TORCHRUN), "--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
@@ -207,8 +205,6 @@ def test_two_torchrun_nodes_on_localhost_then_resumed_on_one(packed: Path, tmp_p
 
 def start_slurm_tasks(config: Path, tasks: int, **extra: str) -> list[subprocess.Popen]:
     """``tasks`` imgpipe train processes with the variables `srun --ntasks N` sets on one node, and the MASTER_* a job script exports."""
-    from imgpipe.train.launch import free_port
-
     slurm = {
         "SLURM_NTASKS": str(tasks),
         "SLURM_NPROCS": str(tasks),
@@ -261,6 +257,21 @@ def test_plain_run_without_launcher_on_synthetic_batches(packed: Path, tmp_path:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "done: 0 epoch(s), 2 steps" in done.stdout
     assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["world_size"] == 1
+    # plain values only: moving or renaming an imgpipe module can never make a checkpoint unloadable
+    assert {module for module, _ in pickled_globals(tmp_path / "run" / "checkpoint.pt")} <= {"torch", "torch._utils", "collections"}
+
+
+def pickled_globals(checkpoint: Path) -> set[tuple[str, str]]:
+    """The (module, name) pairs a torch checkpoint's pickle refers to."""
+    import pickletools
+    import zipfile
+
+    with zipfile.ZipFile(checkpoint) as archive:
+        pickle = archive.read(next(n for n in archive.namelist() if n.endswith("/data.pkl")))
+    ops = list(pickletools.genops(pickle))
+    found = {tuple(arg.split(" ", 1)) for op, arg, _ in ops if op.name == "GLOBAL"}
+    found |= {(ops[i - 2][1], ops[i - 1][1]) for i, (op, _, _) in enumerate(ops) if op.name == "STACK_GLOBAL"}
+    return found
 
 
 @pytest.mark.timeout(60)
@@ -351,9 +362,10 @@ def test_ctrl_c_to_the_process_group_stops_every_rank_and_worker(packed: Path, t
 @pytest.mark.timeout(300)
 def test_under_slurm_the_rank_waiting_for_a_hung_one_says_so_in_one_line(packed: Path, tmp_path: Path) -> None:
     """No imgpipe launcher watches SLURM tasks: the healthy rank's gloo timeout becomes one line pointing at the others."""
-    from imgpipe.train.faults import FAULT_ENV
+    from _hooks.faults import TRAIN_FAULT_ENV, hook_env
 
-    tasks = start_slurm_tasks(write_config(tmp_path, packed, epochs=1, timeout_s=8), 2, **{FAULT_ENV.format(rank=1): "hang"})
+    hang = hook_env({"PYTHONPATH": os.environ.get("PYTHONPATH", "")}, **{TRAIN_FAULT_ENV.format(rank=1): "hang"})
+    tasks = start_slurm_tasks(write_config(tmp_path, packed, epochs=1, timeout_s=8), 2, **hang)
     try:
         _, stderr = tasks[0].communicate(timeout=200)
     finally:

@@ -1,4 +1,4 @@
-"""Failures raised inside a real `imgpipe train` run (the IMGPIPE_TRAIN_FAULT_RANK<r> hook) come back as one named line."""
+"""Failures raised inside a real `imgpipe train` run (the test hook IMGPIPE_TRAIN_FAULT_RANK<r>) come back as one named line."""
 
 from __future__ import annotations
 
@@ -8,17 +8,16 @@ import time
 from pathlib import Path
 
 import pytest
+from _hooks.faults import TRAIN_FAULT_ENV, hook_env
 from proctree import descendants, quiet_env, wait_gone
 from train_cli import SYNTHETIC, VAL_RECORDS, imgpipe_train, one_line_error, write_config
-
-from imgpipe.train.faults import FAULT_ENV
 
 TWO_RANKS = ("--gpus", "0", "--nproc", "2")
 
 
 def faulty(**kinds: str) -> dict[str, str]:
     """quiet_env with the hook set: faulty(rank1="oom")."""
-    return quiet_env(**{FAULT_ENV.format(rank=int(key[4:])): kind for key, kind in kinds.items()})
+    return hook_env(quiet_env(), **{TRAIN_FAULT_ENV.format(rank=int(key[4:])): kind for key, kind in kinds.items()})
 
 
 @pytest.mark.timeout(240)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,13 @@ from proctree import quiet_env
 
 VAL_RECORDS = 40  # 4 classes x 10 (the ``packed`` fixture of conftest.py)
 SYNTHETIC = ("--set", "data.backend=synthetic", "--set", "train.validate=false")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago: the MASTER_PORT of ranks a test starts without imgpipe's launcher."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def write_config(folder: Path, packed: Path, workers: int = 0, base_lr: float = 0.1, tensorboard: bool = False, **train: object) -> Path:

@@ -1,0 +1,166 @@
+"""Test hooks: make one rank of a real run fail, or read slowly, the way real runs do; nothing in imgpipe reads them.
+
+A process started with :func:`hook_env`'s environment has this folder on its PYTHONPATH, so its
+``sitecustomize`` calls :func:`install`, which patches imgpipe's modules as they are imported
+(in every rank and loader worker the process starts, which inherit the environment):
+
+- ``IMGPIPE_TRAIN_FAULT_RANK<r>=KIND`` makes rank ``r``'s model, from its second forward pass on
+  (the first is the trainer's size check, so one whole step and its collectives run first):
+  ``hang`` (sleep, never reaching the step's all-reduce), ``oom`` (``torch.OutOfMemoryError``, as
+  CUDA raises it), ``illegal-address`` (the error CUDA gives for an illegal memory access);
+  ``unused-parameter`` gives it a parameter no forward pass uses (set it on every rank: DDP refuses
+  models that differ between ranks); ``short-val`` leaves out its last validation batch.
+- ``IMGPIPE_BENCH_READ_DELAY_MS_RANK<r>=MS`` makes rank ``r``'s timed loader workers sleep MS ms
+  on each record they read, as a slow disk would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+TRAIN_FAULT_ENV = "IMGPIPE_TRAIN_FAULT_RANK{rank}"
+READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
+KINDS = ("hang", "oom", "illegal-address", "unused-parameter", "short-val")
+ILLEGAL_ADDRESS_TEXT = "CUDA error: an illegal memory access was encountered"
+HERE = Path(__file__).resolve().parent
+
+
+def hook_env(env: dict[str, str], **hooks: str) -> dict[str, str]:
+    """``env`` with the hooks set (``hook_env(env, IMGPIPE_TRAIN_FAULT_RANK1="hang")``) and this folder first on PYTHONPATH."""
+    path = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
+    return {**env, **hooks, "PYTHONPATH": path}
+
+
+def install() -> None:
+    """Patch imgpipe's modules as they are imported, when this process's environment asks for a hook."""
+    prefixes = (TRAIN_FAULT_ENV.split("{")[0], READ_DELAY_ENV.split("{")[0])
+    if any(name.startswith(prefixes) for name in os.environ):
+        patches = {"imgpipe.train.models": _patch_models, "imgpipe.train.data": _patch_data}
+        patches["imgpipe.loaders.stage_timer"] = _patch_stage_timer
+        sys.meta_path.insert(0, _AfterImport(patches))
+
+
+def fault(rank: int) -> str | None:
+    """The fault asked of ``rank``, or None."""
+    kind = os.environ.get(TRAIN_FAULT_ENV.format(rank=rank)) or None
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"{TRAIN_FAULT_ENV.format(rank=rank)}={kind!r}: must be one of {', '.join(KINDS)}")
+    return kind
+
+
+def read_delay_s(rank: int) -> float:
+    """The per-record read delay asked of ``rank`` (seconds)."""
+    return max(float(os.environ.get(READ_DELAY_ENV.format(rank=rank)) or 0.0), 0.0) / 1000.0
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``patches[name](module)`` right after the module ``name`` executed, before anyone imports names from it."""
+
+    def __init__(self, patches: dict[str, Callable[[Any], None]]) -> None:
+        self.patches = patches
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in self.patches:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        execute, patch = spec.loader.exec_module, self.patches[name]
+
+        def exec_module(module: Any) -> None:
+            execute(module)
+            patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _this_rank() -> int:
+    """This process's rank: the process group's, else the launcher's variables (a loader worker inherits them)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or 0)
+
+
+def _patch_models(models: Any) -> None:
+    create_model = models.create_model
+
+    def create_faulty_model(name: str, num_classes: int) -> Any:
+        import torch
+
+        model = create_model(name, num_classes)
+        rank = _this_rank()
+        kind = fault(rank)
+        if kind == "unused-parameter":
+            model.add_module("imgpipe_unused", torch.nn.Linear(1, 1))
+        elif kind in ("hang", "oom", "illegal-address"):
+            calls = [0]
+
+            def before_forward(_module: Any, _inputs: Any) -> None:
+                calls[0] += 1
+                if calls[0] < 2:
+                    return
+                if kind == "hang":
+                    while True:
+                        time.sleep(60)
+                if kind == "oom":
+                    raise torch.OutOfMemoryError(
+                        f"CUDA out of memory. Tried to allocate 2.00 GiB (injected by {TRAIN_FAULT_ENV.format(rank=rank)})"
+                    )
+                raise RuntimeError(ILLEGAL_ADDRESS_TEXT)
+
+            model.register_forward_pre_hook(before_forward)
+        return model
+
+    models.create_model = create_faulty_model
+
+
+class _ShortVal:
+    """A validation loader less its last batch."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        previous = None
+        for batch in self.loader:
+            if previous is not None:
+                yield previous
+            previous = batch
+
+
+def _patch_data(data: Any) -> None:
+    build_data = data.build_data
+
+    def build_short_data(config: Any, ctx: Any) -> Any:
+        built = build_data(config, ctx)
+        if fault(ctx.rank) == "short-val" and built.val is not None:
+            return dataclasses.replace(built, val=_ShortVal(built.val))
+        return built
+
+    data.build_data = build_short_data
+
+
+def _patch_stage_timer(stage_timer: Any) -> None:
+    read = stage_timer.StageTimer.read
+
+    def slow_read(self: Any, records: Any, k: int) -> Any:
+        item = read(self, records, k)
+        delay = read_delay_s(_this_rank())
+        if delay:
+            time.sleep(delay)
+        return item
+
+    stage_timer.StageTimer.read = slow_read
