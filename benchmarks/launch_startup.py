@@ -82,7 +82,7 @@ def main() -> None:
     trees = {"this": ROOT, "baseline": args.baseline.resolve()}
     with tempfile.TemporaryDirectory(prefix="imgpipe-launch-") as tmp:
         work = Path(tmp)
-        from imgpipe.pack.packer import pack
+        from imgpipe.packing.packer import pack
         from imgpipe.synth.tree import make_synthetic
 
         (work / "ranks.py").write_text(RANKS)

@@ -25,9 +25,9 @@ from pathlib import Path
 from imgpipe.format.recordio import IRHeader, format_index_line, frame_parts, pack_header
 from imgpipe.image import codec
 from imgpipe.image.jpeg import inspect_jpeg
-from imgpipe.pack.journal import Journal
-from imgpipe.pack.plan import ShardSpec
-from imgpipe.pack.shardwriter import ShardJob, write_shard
+from imgpipe.packing.journal import Journal
+from imgpipe.packing.plan import ShardSpec
+from imgpipe.packing.shardwriter import ShardJob, write_shard
 
 STAGES = ("read", "JPEG header walk", "Pillow header parse", "scan check", "record framing", "crc32", "sha256", "write")
 

@@ -2,7 +2,7 @@
 
 Builds (once) a tree of tiny files in ImageNet's shape: `train/<wnid>/*.JPEG`, 1,000 classes.
 Then, in a fresh interpreter for each run, times the pack's own scan + plan step
-(`imgpipe.pack.packer._plan`, which stats every file for the shard-size estimate) and reports its
+(`imgpipe.packing.packer._plan`, which stats every file for the shard-size estimate) and reports its
 peak RSS. The baseline in the same run: a plain `os.walk` listing of the same tree, and
 torchvision's `ImageFolder` indexing (which builds a list of (path, class) tuples).
 Goal (issue 2): well under 1 GB for 1.28 M files.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 PROBES = {
     "imgpipe scan + plan": """
-from imgpipe.pack.packer import _plan
+from imgpipe.packing.packer import _plan
 plan = _plan(root, None, 256_000_000, None, None, 95, True, 0)
 n = sum(len(s.paths) for s in plan.splits.values())
 """,

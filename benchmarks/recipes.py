@@ -53,7 +53,7 @@ def make_data(work: Path, classes: int, per_class: int, val_per_class: int, resi
     packed = work / f"packed-{classes}x{per_class}-r{resize}"
     if (packed / "manifest.json").exists():
         return packed
-    from imgpipe.pack.packer import pack
+    from imgpipe.packing.packer import pack
     from imgpipe.synth.tree import make_synthetic
 
     src = work / f"src-{classes}x{per_class}"

@@ -142,7 +142,7 @@ def main() -> None:
             build(index, args.records, args.shards, payload=tiny_jpeg())
         images = work / "images"
         if not (images / "manifest.json").is_file():
-            from imgpipe.pack.packer import pack
+            from imgpipe.packing.packer import pack
 
             tree = make_imagenet_shaped(work / "tree", args.images, classes=10, workers=2)
             pack(tree, images, shard_size=args.shard_size, workers=2, progress=False)

@@ -152,7 +152,7 @@ def stage_scan(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def stage_plan(a: argparse.Namespace) -> dict[str, Any]:
-    from imgpipe.pack import packer
+    from imgpipe.packing import packer
 
     scanning = [0.0, 0.0]
     real_scan = packer.scan

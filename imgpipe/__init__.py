@@ -15,7 +15,7 @@ _PUBLIC = {
     "ShardSet": "imgpipe.format.shardset",
     "make_torch_loader": "imgpipe.loaders.torch",
     "make_dali_loader": "imgpipe.loaders.dali",
-    "pack": "imgpipe.pack.packer",
+    "pack": "imgpipe.packing.packer",
     "verify": "imgpipe.format.verify",
     "stage": "imgpipe.staging.stager",
     "DistEnv": "imgpipe._sys.distenv",

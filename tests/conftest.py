@@ -70,7 +70,7 @@ def synth_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def packed_dir(synth_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``synth_tree`` packed into 2 train shards + 1 val shard (no resize, shuffled with seed 0)."""
-    from imgpipe.pack.packer import pack
+    from imgpipe.packing.packer import pack
 
     dst = tmp_path_factory.mktemp("packed") / "packed"
     pack(synth_tree, dst, shards="train=2,val=1", workers=1, progress=False)

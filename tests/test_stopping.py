@@ -73,7 +73,7 @@ def test_a_command_whose_threads_never_end_stops_within_seconds(kind: str, signu
 
 def test_a_library_call_leaves_the_signal_handlers_as_it_found_them(parquet_src: Path, tmp_path: Path) -> None:
     """pack (listing in threads, packing in worker processes) installs no handler and no wakeup fd in its caller."""
-    from imgpipe.pack.packer import pack
+    from imgpipe.packing.packer import pack
 
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)}
     wakeup = signal.set_wakeup_fd(-1)

@@ -14,7 +14,7 @@ from imgpipe.cli import cli
 from imgpipe.errors import PackError, Stopped
 
 if TYPE_CHECKING:
-    from imgpipe.pack.parts import ArrayTask
+    from imgpipe.packing.parts import ArrayTask
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def pack_command(
     ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar, and ILSVRC2012_devkit_t12.tar.gz or
     LOC_val_solution.csv.
     """
-    from imgpipe.pack.packer import pack
+    from imgpipe.packing.packer import pack
 
     split_list = [s.strip() for s in splits.split(",") if s.strip()] if splits is not None else None
     if split_list == []:
@@ -89,7 +89,7 @@ def node_identity(num_nodes: int | None, node_rank: int | None, environ: Mapping
     The options win when given (both of them, in an array job); else an array task picks the part
     (with srun's SLURM_NNODES/SLURM_NODEID within it); else srun's node; else one node.
     """
-    from imgpipe.pack.parts import ArrayTask
+    from imgpipe.packing.parts import ArrayTask
 
     array_task = ArrayTask.from_environ(environ)
     if array_task is not None and (num_nodes is None) != (node_rank is None):

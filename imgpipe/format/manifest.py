@@ -21,7 +21,7 @@ from typing import Any
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe.errors import DatasetError
 from imgpipe.format.layout import MANIFEST_NAME
-from imgpipe.format.unfinished import JOURNAL_DIR, PLAN_NAME, incomplete_folder  # noqa: F401  (imgpipe.pack.journal imports the names from here)
+from imgpipe.format.unfinished import JOURNAL_DIR, PLAN_NAME, incomplete_folder  # noqa: F401  (imgpipe.packing.journal imports the names from here)
 from imgpipe.storage.opening import open_source
 from imgpipe.storage.source import ByteSource, is_url
 

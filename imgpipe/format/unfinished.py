@@ -5,7 +5,7 @@ Until then the writer keeps its own state in a folder of its own inside DST, and
 loaders, ``verify``, ``info``, ``stage``) that finds one without a manifest refuses the folder
 with the writer's line, whatever part of imgpipe that process loaded:
 
-    .imgpipe-pack/      the journal of ``imgpipe pack`` (``imgpipe.pack.journal``): ``plan.json``, a ``{shard}.json`` per shard done
+    .imgpipe-pack/      the journal of ``imgpipe pack`` (``imgpipe.packing.journal``): ``plan.json``, a ``{shard}.json`` per shard done
     .imgpipe-stage/     the journal of ``imgpipe stage`` (``imgpipe.staging.target``): a ``{file}.{size}.{sha256}.done`` per file
     .imgpipe-cache/     a node cache's state (``imgpipe.cache``): its folder is read through ``cache_dir`` until it is complete
 

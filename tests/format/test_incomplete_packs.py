@@ -12,7 +12,7 @@ import pytest
 
 from imgpipe.errors import DatasetError
 from imgpipe.format.shardset import open_shards
-from imgpipe.pack.journal import JOURNAL_DIR
+from imgpipe.packing.journal import JOURNAL_DIR
 
 
 def imgpipe(*args: object) -> subprocess.CompletedProcess[str]:

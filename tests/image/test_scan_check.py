@@ -21,7 +21,7 @@ from PIL import Image
 from imgpipe.image import codec
 from imgpipe.image.codec import decode_failure, keep_failure, prepare_image
 from imgpipe.image.jpeg import inspect_jpeg
-from imgpipe.pack.packer import pack
+from imgpipe.packing.packer import pack
 
 sys.path.insert(0, str(Path(__file__).parent))
 import jpeg_zoo  # noqa: E402

@@ -18,7 +18,7 @@ from PIL import Image
 
 from imgpipe.image import shrink
 from imgpipe.image.codec import prepare_image
-from imgpipe.pack.packer import pack
+from imgpipe.packing.packer import pack
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_codec import OPENCV_SCRIPT  # noqa: E402

@@ -28,7 +28,7 @@ from _cli import assert_one_line_error
 from imgpipe.errors import DatasetError
 from imgpipe.format.verify import verify
 from imgpipe.ingest.scan import scan
-from imgpipe.pack.packer import pack
+from imgpipe.packing.packer import pack
 
 MEMORY_LIMIT = 2 << 30  # address space of a pack subprocess: a listing that grows without end dies of it, not the machine
 WNID = "n01440764"

@@ -17,7 +17,7 @@ from imgpipe.format.manifest import load_manifest
 from imgpipe.ingest import members
 from imgpipe.ingest.members import ArchiveFile, MemberSpans, member_reader
 from imgpipe.ingest.scan import scan
-from imgpipe.pack.packer import pack
+from imgpipe.packing.packer import pack
 from imgpipe.synth.tree import make_synthetic
 
 SYNTH = dict(classes=5, per_class=6, val_per_class=2, seed=11, quirks=True, min_side=32, max_side=64, progress=False)

@@ -30,8 +30,8 @@ from _cli import assert_one_line_error
 
 from imgpipe.format.manifest import load_manifest
 from imgpipe.ingest.classnames import ilsvrc2012_wnids, names_for_indices
-from imgpipe.pack.journal import JOURNAL_DIR
-from imgpipe.pack.packer import PackReport, pack
+from imgpipe.packing.journal import JOURNAL_DIR
+from imgpipe.packing.packer import PackReport, pack
 from imgpipe.synth.layouts import LAYOUTS
 from imgpipe.synth.tree import make_synthetic
 
@@ -494,7 +494,7 @@ def test_parquet_null_images_are_empty_and_hf_names_must_carry_the_wnid(datasets
 @pytest.mark.parametrize("layout", STREAMS)
 def test_clean_jpegs_from_a_stream_are_written_once_in_their_slots(layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every record fills the slot laid out for it, so the slot files are the shards: no compaction copies them."""
-    from imgpipe.pack import scatter
+    from imgpipe.packing import scatter
 
     options = dict(classes=6, per_class=4, val_per_class=2, seed=2, min_side=32, max_side=64, progress=False)
     make_synthetic(tmp_path / "tree", **options)  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from _cli import assert_one_line_error
 
-from imgpipe.pack.packer import pack
+from imgpipe.packing.packer import pack
 from imgpipe.synth.tree import make_synthetic
 
 SYNTH = dict(classes=3, per_class=3, val_per_class=1, seed=3, min_side=24, max_side=40, progress=False)

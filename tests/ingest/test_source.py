@@ -235,7 +235,7 @@ def test_folder_links_never_pack_an_image_twice(tmp_path: Path) -> None:
 def test_a_file_link_loop_is_listed_and_skipped_with_a_reason_at_pack_time(tmp_path: Path) -> None:
     from PIL import Image
 
-    from imgpipe.pack.packer import pack
+    from imgpipe.packing.packer import pack
 
     src = tmp_path / "src"
     (src / "A").mkdir(parents=True)
@@ -260,7 +260,7 @@ def strict_json(raw: bytes) -> object:
 def test_non_utf8_names_are_skipped_with_a_reason_and_the_manifest_stays_strict_json(tmp_path: Path) -> None:
     from PIL import Image
 
-    from imgpipe.pack.packer import pack
+    from imgpipe.packing.packer import pack
 
     src = tmp_path / "src"
     (src / "A").mkdir(parents=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from imgpipe.ingest.imagenet_tars import TRAIN_TAR, VAL_TAR
-from imgpipe.pack.packer import pack
+from imgpipe.packing.packer import pack
 from imgpipe.synth.tree import make_synthetic
 
 pytestmark = pytest.mark.skipif(shutil.which("tar") is None, reason="GNU tar is the reference extractor")

@@ -21,8 +21,8 @@ from imgpipe.cli.data import node_identity
 from imgpipe.format.manifest import load_manifest
 from imgpipe.ingest.devkit import DEVKIT_NAME, GROUND_TRUTH, META, read_devkit
 from imgpipe.ingest.imagenet_tars import TRAIN_TAR, VAL_TAR
-from imgpipe.pack.journal import JOURNAL_DIR
-from imgpipe.pack.packer import pack
+from imgpipe.packing.journal import JOURNAL_DIR
+from imgpipe.packing.packer import pack
 from imgpipe.synth.tree import make_synthetic
 
 SYNTH = dict(classes=4, per_class=10, val_per_class=3, seed=3, quirks=True, min_side=48, max_side=96, progress=False)

@@ -332,7 +332,7 @@ def test_a_new_boot_forgets_the_presence_of_shards_not_complete(
 def test_a_dataset_changed_upstream_starts_the_cache_afresh_and_says_so(
     s3_env: S3Server, packed_dir: Path, synth_tree: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from imgpipe.pack.packer import pack
+    from imgpipe.packing.packer import pack
 
     url = s3_env.upload(packed_dir, BUCKET, "changing")
     cache = tmp_path / "cache"

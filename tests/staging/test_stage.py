@@ -137,7 +137,7 @@ def test_an_unwritable_dst_is_one_line(packed_dir: Path, tmp_path: Path) -> None
 
 @pytest.mark.timeout(180)
 def test_a_dst_holding_another_dataset_is_refused_then_replaced_with_overwrite(packed_dir: Path, synth_tree: Path, tmp_path: Path) -> None:
-    from imgpipe.pack.packer import pack
+    from imgpipe.packing.packer import pack
 
     other = tmp_path / "other"
     pack(synth_tree, other, shards="train=3,val=1", workers=1, progress=False)  # other shard names, another manifest

@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture(scope="session")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A learnable synthetic ImageNet (4 classes, 40 train + 10 val images each), packed in 2 shards per split."""
-    from imgpipe.pack.packer import pack
+    from imgpipe.packing.packer import pack
     from imgpipe.synth.tree import make_synthetic
 
     root = tmp_path_factory.mktemp("train-data")

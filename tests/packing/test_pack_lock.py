@@ -14,8 +14,8 @@ from PIL import Image
 
 from imgpipe.errors import PackError
 from imgpipe.format.verify import verify
-from imgpipe.pack.journal import JOURNAL_DIR
-from imgpipe.pack.packer import pack
+from imgpipe.packing.journal import JOURNAL_DIR
+from imgpipe.packing.packer import pack
 
 
 def imgpipe(*args: object, **kwargs) -> subprocess.Popen[str]:
@@ -103,7 +103,7 @@ def test_a_finished_pack_without_its_journal_is_recognised_from_its_manifest(pac
 
 @pytest.mark.timeout(60)
 def test_overwrite_waits_for_no_node_while_another_node_writes(synth_tree: Path, tmp_path: Path) -> None:
-    from imgpipe.pack.journal import Journal
+    from imgpipe.packing.journal import Journal
 
     dst = tmp_path / "out"
     pack(synth_tree, dst, shards=2, num_nodes=2, node_rank=0, workers=1, progress=False)

@@ -6,7 +6,7 @@ only proof that a shard is finished, so a rerun skips exactly the journaled shar
 rewrites anything else. Each node of a multi-node pack writes only its own entries, and
 holds ``node-{rank}.lock`` (with its pid inside) while it runs, from before it touches DST
 (even to delete it for --overwrite) to the end, so that two packs never write the same shards.
-``parts.json`` records how a pack in several parts is split (``imgpipe.pack.parts``).
+``parts.json`` records how a pack in several parts is split (``imgpipe.packing.parts``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe._sys.pidlock import describe_holder, holder_alive, lock_holder, try_lock
 from imgpipe.errors import PackError
 from imgpipe.format.manifest import JOURNAL_DIR, PLAN_NAME
-from imgpipe.pack.parts import Parts
+from imgpipe.packing.parts import Parts
 
 PARTS_NAME = "parts.json"
 

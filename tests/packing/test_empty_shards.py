@@ -71,7 +71,7 @@ def test_the_renumbered_pack_is_read_by_dali(middle_class_broken: Path, tmp_path
 
     if not dali_available():
         pytest.skip("nvidia.dali is not importable")
-    from imgpipe.pack.packer import pack
+    from imgpipe.packing.packer import pack
 
     dst = tmp_path / "dst"
     pack(middle_class_broken, dst, shuffle=False, shards=3, workers=1, progress=False)

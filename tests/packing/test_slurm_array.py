@@ -16,9 +16,9 @@ from PIL import Image
 
 from imgpipe.cli.data import node_identity
 from imgpipe.errors import PackError
-from imgpipe.pack.journal import JOURNAL_DIR, PARTS_NAME
-from imgpipe.pack.packer import pack
-from imgpipe.pack.parts import ArrayTask, Parts, choose_part
+from imgpipe.packing.journal import JOURNAL_DIR, PARTS_NAME
+from imgpipe.packing.packer import pack
+from imgpipe.packing.parts import ArrayTask, Parts, choose_part
 
 PACK_OPTIONS = ("--no-shuffle", "--shards", "6", "--workers", "1")
 

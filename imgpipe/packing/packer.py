@@ -56,10 +56,10 @@ from imgpipe.format.layout import (
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped, SplitInfo, load_manifest, write_manifest
 from imgpipe.image import codec, shrink
 from imgpipe.ingest.scan import scan
-from imgpipe.pack.journal import JOURNAL_DIR, Journal, ShardResult
-from imgpipe.pack.parts import ArrayTask, Parts, choose_part, missing_parts_advice
-from imgpipe.pack.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size, published_names
-from imgpipe.pack.shardwriter import ShardJob, init_worker, tmp_names, write_shard, write_shard_in_worker
+from imgpipe.packing.journal import JOURNAL_DIR, Journal, ShardResult
+from imgpipe.packing.parts import ArrayTask, Parts, choose_part, missing_parts_advice
+from imgpipe.packing.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size, published_names
+from imgpipe.packing.shardwriter import ShardJob, init_worker, tmp_names, write_shard, write_shard_in_worker
 
 logger = logging.getLogger(__name__)
 
@@ -493,7 +493,7 @@ def _write_shards(
         elif jobs:
             _run_pool(jobs, min(workers, len(jobs)), advance, report)
         if streamed:
-            from imgpipe.pack.scatter import StreamPack
+            from imgpipe.packing.scatter import StreamPack
 
             StreamPack(plan, streamed, dst, resize, quality, node_rank, advance, lambda result: _collect(result, report)).run(workers)
     except BaseException:

@@ -22,8 +22,8 @@ from imgpipe._sys.checksum import crc32
 from imgpipe._sys.procs import die_with_parent
 from imgpipe.format.recordio import IndexedRecordWriter, IRHeader, pack_header
 from imgpipe.image import codec
-from imgpipe.pack.journal import Journal, ShardResult
-from imgpipe.pack.plan import ShardSpec
+from imgpipe.packing.journal import Journal, ShardResult
+from imgpipe.packing.plan import ShardSpec
 
 if TYPE_CHECKING:
     from imgpipe.ingest.members import MemberSpans

@@ -49,9 +49,9 @@ from imgpipe.errors import ImgpipeError, PackError
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, IndexedRecordWriter, IRHeader, format_index_line, frame_parts, pack_header
 from imgpipe.image import codec
 from imgpipe.ingest.streams import StreamItems, StreamUnit
-from imgpipe.pack.journal import Journal, ShardResult
-from imgpipe.pack.plan import PackPlan, ShardSpec
-from imgpipe.pack.shardwriter import tmp_names
+from imgpipe.packing.journal import Journal, ShardResult
+from imgpipe.packing.plan import PackPlan, ShardSpec
+from imgpipe.packing.shardwriter import tmp_names
 
 logger = logging.getLogger(__name__)
 

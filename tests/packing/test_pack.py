@@ -1,4 +1,4 @@
-"""imgpipe.pack on real synthetic trees: skips and repairs, determinism, sharding, resume after kill -9, nodes."""
+"""imgpipe.pack (the function) on real synthetic trees: skips and repairs, determinism, sharding, resume after kill -9, nodes."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from PIL import Image
 from imgpipe._sys.diskinfo import check_free_space, device_for_path, format_bytes, warn_if_slow
 from imgpipe.errors import DatasetError, PackError
 from imgpipe.format.manifest import load_manifest
-from imgpipe.pack.journal import JOURNAL_DIR
-from imgpipe.pack.packer import pack
-from imgpipe.pack.plan import RECORD_OVERHEAD, parse_shard_counts, parse_size
+from imgpipe.packing.journal import JOURNAL_DIR
+from imgpipe.packing.packer import pack
+from imgpipe.packing.plan import RECORD_OVERHEAD, parse_shard_counts, parse_size
 from imgpipe.synth.tree import make_synthetic
 
 
