@@ -133,7 +133,7 @@ echo "gpu_check: making and packing the synthetic set ($PER_CLASS + $VAL_PER_CLA
 step data 300 "$PY" - "$WORK" "$PER_CLASS" "$VAL_PER_CLASS" "$MIN_SIDE" "$MAX_SIDE" "$WORKERS" <<'EOF' || exit 4
 import sys, time
 from pathlib import Path
-from imgpipe.packing.packer import pack  # not `from imgpipe import pack`: the subpackage imgpipe.pack shadows that name
+from imgpipe import pack  # the public API: stays where the modules move
 from imgpipe.synth.tree import make_synthetic
 work = Path(sys.argv[1])
 per_class, val_per_class, min_side, max_side, workers = map(int, sys.argv[2:])
