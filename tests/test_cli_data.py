@@ -158,7 +158,7 @@ def test_a_stopped_pack_says_a_rerun_resumes_and_it_does(tmp_path: Path, signum:
     assert proc.returncode == 128 + signum, stderr
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1] == (
-        f"imgpipe: stopped by {signal.Signals(signum).name}: rerun the same command to resume; the shards finished in {dst} are kept"
+        f"imgpipe: stopped by {signal.Signals(signum).name}: rerun the same command to resume; the records written in {dst} are kept"
     )
     assert list(dst.glob(".*.tmp")) == []
     rerun = imgpipe(*cmd[3:])

@@ -38,6 +38,14 @@ logger = logging.getLogger(__name__)
     "--node-rank", type=int, default=None, help="This machine's rank in 0..num-nodes-1 (default: SLURM_NODEID under srun, else 0)."
 )
 @click.option("--finalize", is_flag=True, help="Only write the manifest once every node has finished.")
+@click.option(
+    "--checkpoint-every",
+    "checkpoint_s",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds between checkpoints of the records written: a killed pack loses at most this much work (0: at every result).",
+)
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def pack_command(
     src: tuple[str, ...], dst: str, splits: str | None, num_nodes: int | None, node_rank: int | None, no_progress: bool, **options: object
@@ -67,7 +75,7 @@ def pack_command(
         )
     except (KeyboardInterrupt, Stopped) as e:
         signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
-        raise Stopped(signum, f"rerun the same command to resume; the shards finished in {dst} are kept") from None
+        raise Stopped(signum, f"rerun the same command to resume; the records written in {dst} are kept") from None
     click.echo(report.summary())
 
 

@@ -1,0 +1,118 @@
+"""Pack reads its source in the order the storage holds it (files by inode, archive members front to back), with every
+worker busy whatever the shard count, into the same output; a checkpoint it cannot trust is not used."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from imgpipe.pack.checkpoint import Checkpoints, checkpoint_path
+from imgpipe.pack.journal import JOURNAL_DIR
+from imgpipe.pack.packer import _plan, pack
+from imgpipe.pack.readorder import JOBS_PER_WORKER, READS_IN_FLIGHT, MemberReads, ReadOrder
+from imgpipe.pack.slots import ItemResults, SideFile, SlotLayout
+from imgpipe.synth.tree import make_synthetic
+
+SYNTH = dict(classes=5, per_class=24, val_per_class=4, seed=3, quirks=True, min_side=24, max_side=40, progress=False)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("order") / "src"
+    make_synthetic(root, workers=2, **SYNTH)  # type: ignore[arg-type]
+    return root
+
+
+def plan_of(src: Path, shards: str | int | None = None, workers: int = 2):
+    return _plan(src, None, 256 * 10**6, shards, None, 95, True, 0, workers)
+
+
+@pytest.mark.timeout(120)
+def test_each_worker_reads_the_files_in_inode_order_and_the_output_does_not_change(tree: Path, tmp_path: Path) -> None:
+    log = tmp_path / "reads.txt"
+    spy = Path(__file__).parent / "_read_spy.py"
+    command = [sys.executable, str(spy), "pack", str(tree), str(tmp_path / "out"), "--shards", "1", "--workers", "2", "--no-progress"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=100, env={**os.environ, "READ_SPY_LOG": str(log)})
+    assert result.returncode == 0, result.stderr
+    pack(tree, tmp_path / "reference", shards=1, workers=1, progress=False)
+    files = lambda dst: {p.name: p.read_bytes() for p in dst.iterdir() if p.is_file()}  # noqa: E731
+    assert files(tmp_path / "out") == files(tmp_path / "reference")
+    reads: dict[str, list[int]] = {}
+    for line in log.read_text().splitlines():
+        pid, path = line.split("\t")
+        reads.setdefault(pid, []).append(os.stat(path).st_ino)
+    every = sorted(inode for inodes in reads.values() for inode in inodes)
+    assert every == sorted(p.stat().st_ino for p in tree.rglob("*.JPEG")), "each file is read once"
+    for inodes in reads.values():  # in inode order, but for the reads in flight at once (threads)
+        rank = np.argsort(np.argsort(inodes, kind="stable"), kind="stable")
+        assert np.abs(rank - np.arange(len(inodes))).max() <= READS_IN_FLIGHT, inodes
+
+
+@pytest.mark.parametrize("workers", [1, 2, 16])
+def test_one_shard_is_read_in_jobs_for_every_worker(tree: Path, workers: int) -> None:
+    plan, root = plan_of(tree, shards=1)
+    layout = SlotLayout.of(plan, plan.shards, tree / "unused")
+    groups = ReadOrder(plan, layout, root).groups(np.arange(len(layout)), workers)
+    assert len(groups) >= min(len(layout), workers)
+    assert max(map(len, groups)) == math.ceil(len(layout) / (workers * JOBS_PER_WORKER))  # the last jobs end near together
+    assert sorted(np.concatenate(groups).tolist()) == list(range(len(layout)))
+
+
+@pytest.mark.parametrize("layout_name", ["wds", "kaggle-zip", "split-tar"])
+def test_archive_members_are_read_front_to_back(layout_name: str, tmp_path: Path) -> None:
+    make_synthetic(tmp_path / "src", layout=layout_name, **SYNTH)  # type: ignore[arg-type]
+    plan, root = plan_of(tmp_path / "src", shards="train=3,val=2")
+    layout = SlotLayout.of(plan, plan.shards, tmp_path / "unused")
+    order = ReadOrder(plan, layout, root)
+    groups = order.groups(np.arange(len(layout)), 2)
+    assert sorted(np.concatenate(groups).tolist()) == list(range(len(layout)))
+    read: list[tuple[str, int]] = []
+    for group in groups:
+        reads = order.job(group).reads
+        assert isinstance(reads, MemberReads)
+        read += [(str(reads.spans.archives[a]), int(o)) for a, o in zip(reads.spans.archive, reads.spans.offsets)]
+    for archive in {a for a, _ in read}:
+        offsets = [o for a, o in read if a == archive]
+        assert offsets == sorted(offsets), archive
+
+
+def test_a_checkpoint_that_names_a_record_outside_its_slots_is_not_used(tree: Path, tmp_path: Path) -> None:
+    plan, _ = plan_of(tree, shards=2)
+    folder = tmp_path / JOURNAL_DIR
+    folder.mkdir()
+    layout = SlotLayout.of(plan, plan.shards, folder / "slots")
+    path = checkpoint_path(folder, 0)
+    fresh = np.zeros(len(layout.shards), bool)
+
+    def saved(**changes: object) -> tuple[int, ItemResults]:
+        results = ItemResults.empty(len(layout))
+        results.done[:5], results.length[:5] = True, layout.lengths[:5]
+        side = SideFile(folder / "side")
+        Checkpoints(path, plan.fingerprint, layout, results, side, 0).save(np.ones(len(layout.shards), bool))
+        if changes:
+            with np.load(path) as data:
+                arrays = {name: data[name] for name in data.files}
+            for name, value in changes.items():
+                arrays[name] = np.asarray(value, arrays[name].dtype) if name != "meta" else value
+            np.savez(path, **arrays)  # type: ignore[arg-type]
+        loaded = ItemResults.empty(len(layout))
+        taken = Checkpoints(path, plan.fingerprint, layout, loaded, side, 0).load(fresh)
+        side.close()
+        return len(taken), loaded
+
+    assert saved()[0] == 5
+    assert saved(length=[*layout.lengths[:4], layout.lengths[4] + 1])[0] == 0  # longer than its slot, not in the side file
+    assert saved(position=[0, 1, 2, 3, 10**9])[0] == 0  # outside its shard
+    assert saved(side=[0, -1, -1, -1, -1])[0] == 0  # in a side file that holds nothing
+    meta = {"fingerprint": "another plan", "side_bytes": 0, "shards": [s.name for s in layout.shards], "reasons": {}}
+    assert saved(meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))[0] == 0
+    fresh[layout.shard[0]] = True  # its slot file was laid out again: what it held is gone
+    count, loaded = saved()
+    assert count == 0 and not loaded.done.any()
