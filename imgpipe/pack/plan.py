@@ -24,15 +24,18 @@ import logging
 import math
 import os
 import re
+import stat as stat_module
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from imgpipe._sys.fiemap import UNSUPPORTED, first_extent
 from imgpipe.errors import PackError
 from imgpipe.format.layout import shard_stem
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE
+from imgpipe.pack.filereads import opens_are_round_trips
 
 if TYPE_CHECKING:
     from imgpipe.ingest.members import MemberSpans
@@ -42,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_SHARD_SIZE = "256MB"
 RECORD_OVERHEAD = FRAME_HEADER.size + IR_SIZE + 3  # frame header, IRHeader, worst-case padding
+NOWHERE = 2**63 - 1  # the place of a file with no data on the disk: read after the others
 _UNITS = {
     "": 1,
     "B": 1,
@@ -135,7 +139,7 @@ class SplitPlan:
     sizes: np.ndarray
     shards: list[ShardSpec]
     spans: MemberSpans | StreamItems | None = None  # archive sources: where each planned item lies
-    inodes: np.ndarray | None = None  # files: each one's inode (read order, not part of the fingerprint)
+    places: np.ndarray | None = None  # files: where each lies (disk offset or inode: source_stats), the read order; not fingerprinted
 
 
 @dataclass
@@ -156,21 +160,41 @@ class PackPlan:
 
 
 def source_stats(root: Path, paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Byte size and inode number of each source file (0 where it vanished), one stat per file.
+    """Byte size of each source file (0 where it vanished), and where it lies: the order pack reads them in.
 
-    The inode is the order pack reads the files in: file systems allocate a folder's files
-    near each other in inode order, so it follows the disk far better than a name order.
+    On a disk whose file system says where a file's data is (ext4, xfs, btrfs: FIEMAP), a file's
+    place is that disk offset (``NOWHERE``, after all others, for one with no data there);
+    elsewhere (tmpfs; a network or FUSE file system, where an open is a round trip) its inode
+    number, which local file systems allocate in about the order they lay files out. One open,
+    or one stat, per file.
     """
-    sizes = np.zeros(len(paths), dtype=np.int64)
-    inodes = np.zeros(len(paths), dtype=np.uint64)
+    sizes, inodes, offsets = np.zeros(len(paths), np.int64), np.zeros(len(paths), np.int64), np.full(len(paths), NOWHERE, np.int64)
     base = os.path.join(os.fspath(root), "")  # plain strings: a Path per file costs more than its stat
+    placed = len(paths) > 0 and not opens_are_round_trips(root)
     for k, rel in enumerate(paths):
+        if placed:
+            try:
+                sizes[k], inodes[k], offsets[k] = _placed(base + rel)
+                continue
+            except OSError as e:
+                placed = e.errno not in UNSUPPORTED  # this file cannot be opened (stat it), or no file here can be placed
         try:
             stat = os.stat(base + rel)
         except OSError:
             continue
         sizes[k], inodes[k] = stat.st_size, stat.st_ino
-    return sizes, inodes
+    return sizes, offsets if placed else inodes
+
+
+def _placed(path: str) -> tuple[int, int, int]:
+    """(size, inode, disk offset or NOWHERE) of a file, opened to ask (without waiting, should it be a FIFO)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        offset = first_extent(fd) if stat_module.S_ISREG(info.st_mode) and info.st_size else None
+        return info.st_size, info.st_ino, NOWHERE if offset is None else offset
+    finally:
+        os.close(fd)
 
 
 def make_plan(
@@ -195,7 +219,7 @@ def make_plan(
     for split_index, (name, (paths, labels)) in enumerate(split_items.items()):
         labels = np.asarray(labels, dtype=np.int32)
         split_spans = (spans or {}).get(name)
-        sizes, inodes = (split_spans.sizes, None) if split_spans is not None else source_stats(root, paths)
+        sizes, places = (split_spans.sizes, None) if split_spans is not None else source_stats(root, paths)
         order = np.random.default_rng([seed, split_index]).permutation(len(paths)) if shuffle else np.arange(len(paths))
         planned_paths = [paths[k] for k in order.tolist()]
         planned_labels = labels[order]
@@ -211,8 +235,8 @@ def make_plan(
         bounds = [len(paths) * k // count for k in range(count + 1)]
         shards = [ShardSpec(name, k, count, bounds[k], bounds[k + 1]) for k in range(count)]
         planned_spans = split_spans.take(order) if split_spans is not None else None
-        planned_inodes = inodes[order] if inodes is not None else None
-        splits[name] = SplitPlan(name, planned_paths, planned_labels, sizes[order], shards, planned_spans, planned_inodes)
+        planned_places = places[order] if places is not None else None
+        splits[name] = SplitPlan(name, planned_paths, planned_labels, sizes[order], shards, planned_spans, planned_places)
         digest.update(name.encode() + b"\0")
         digest.update("\n".join(planned_paths).encode("utf-8", "surrogateescape"))
         digest.update(planned_labels.astype("<i4").tobytes())

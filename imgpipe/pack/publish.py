@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import mmap
 import os
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,8 @@ from imgpipe.errors import PackError
 from imgpipe.format.recordio import IndexedRecordWriter, format_index_line
 from imgpipe.pack.journal import Journal, ShardResult
 from imgpipe.pack.slots import ACTIONS, REPAIRED, SKIPPED, ItemResults, SideFile, SlotLayout, tmp_names
+
+HASH_CHUNK = 4 << 20
 
 
 class Publisher:
@@ -114,11 +115,11 @@ def write_failure(dst: Path, doing: str, error: BaseException) -> PackError:
 
 
 def _sha256_and_sync(path: Path) -> str:
-    """The file's sha256, hashed in place (mapped: no copy to read it); then made durable."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size:
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                digest.update(mapped)
+    """The file's sha256, read a chunk at a time (a mapping would count the whole shard in the process's memory);
+    then made durable."""
+    digest, chunk = hashlib.sha256(), bytearray(HASH_CHUNK)
+    with open(path, "rb", buffering=0) as f:
+        while count := f.readinto(chunk):
+            digest.update(memoryview(chunk)[:count])
         os.fsync(f.fileno())
     return digest.hexdigest()

@@ -4,9 +4,9 @@ The plan's shuffled order is the order of the output, not of the reads: read in 
 disk seeks for every file and a network file system waits a round trip for each. So the items
 of the shards to write are read by where they lie, and ``scatter`` puts each record in its slot:
 
-- files by inode number: ext4 and xfs allocate a folder's files near each other in the order
-  they were written, and number their inodes in that order; ``READS_IN_FLIGHT`` at a time per
-  worker, so the disk's queue holds neighbours to merge and network round trips overlap;
+- files by where their data lies on the disk (``plan.source_stats``: FIEMAP's offset, else the
+  inode number), many at a time (``filereads``), so that the disk's queue holds neighbours to
+  merge and network round trips overlap;
 - archive members (image-net.org's tars, Kaggle's zip, WebDataset shards) front to back;
 - streams (``.tar.gz``, Parquet) from their start, a unit per job (they have no random access).
 
@@ -16,62 +16,25 @@ every worker is busy whatever the shard count, and the workers read near each ot
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
-from imgpipe._sys.threads import DaemonPool
 from imgpipe.errors import PackError
 from imgpipe.ingest.members import ArchiveFile, MemberSpans, member_reader
 from imgpipe.ingest.streams import StreamItems, StreamUnit
+from imgpipe.pack.filereads import FileReads, opens_are_round_trips
 from imgpipe.pack.plan import PackPlan
 from imgpipe.pack.slots import SlotLayout
 
-READS_IN_FLIGHT = 16  # per worker
-JOB_ITEMS = 1024
+JOB_ITEMS = 256
 JOBS_PER_WORKER = 4  # at least, where there are items enough: the last jobs end near together
 FILES, MEMBERS, STREAMS = range(3)
 Entry = tuple[int, float, int, int, int, int]  # item, label, position (record key), shard, slot offset, slot length
-
-
-def read_file(path: str) -> bytes | str:
-    """The file's bytes, or the reason it cannot be read."""
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        return f"unreadable ({e.strerror or type(e).__name__})"
-
-
-@dataclass(frozen=True)
-class FileReads:
-    """Files under ``root`` (which ends with a separator), read in this order, ``READS_IN_FLIGHT`` at a time."""
-
-    root: str
-    paths: list[str]
-
-    def read(self) -> Iterator[bytes | str]:
-        if len(self.paths) == 1 or READS_IN_FLIGHT <= 1:
-            yield from (read_file(self.root + path) for path in self.paths)
-            return
-        pool = DaemonPool(READS_IN_FLIGHT, "imgpipe-pack-read")
-        queued = iter(self.paths)
-        window = deque(pool.submit(read_file, self.root + path) for path in itertools.islice(queued, READS_IN_FLIGHT))
-        try:
-            while window:
-                data = window.popleft().result()
-                following = next(queued, None)
-                if following is not None:
-                    window.append(pool.submit(read_file, self.root + following))
-                yield data
-        finally:
-            pool.close()
 
 
 @dataclass(frozen=True)
@@ -145,19 +108,32 @@ class ReadOrder:
                     remap[split.spans.archive[window]],
                     split.spans.offsets[window],
                 )
-            elif split.inodes is not None:
-                self.key[items] = split.inodes[window].astype(np.int64)
+            elif split.places is not None:
+                self.key[items] = split.places[window]
         self.units, self.archives = list(units), list(archives)
+        self.threads = bool(np.any(self.kind == FILES)) and opens_are_round_trips(root)
 
     def groups(self, todo: np.ndarray, workers: int) -> list[np.ndarray]:
-        """The items ``todo`` cut into jobs, each in storage order: streams first (biggest first), then the rest front to back."""
+        """The items ``todo`` cut into jobs, each in storage order: streams first (biggest first), then the rest front to back.
+
+        Files come in bands of ``workers`` jobs that take every ``workers``-th file of the band, so
+        that the workers read the same stretch of the disk together, file after file; members come
+        in runs of neighbours (an archive's readahead follows one reader).
+        """
+        workers = max(1, workers)
         todo = todo[np.lexsort((todo, self.key[todo], self.unit[todo], self.kind[todo]))]
         runs = np.split(todo, np.flatnonzero(np.diff(self.kind[todo]) | np.diff(self.unit[todo])) + 1) if len(todo) else []
-        streams = [run for run in runs if self.kind[run[0]] == STREAMS]
+        streams = sorted((run for run in runs if self.kind[run[0]] == STREAMS), key=lambda run: -int(self.layout.sizes[run].sum()))
         others = [run for run in runs if self.kind[run[0]] != STREAMS]
-        size = max(1, min(JOB_ITEMS, math.ceil(sum(map(len, others)) / (JOBS_PER_WORKER * max(1, workers)))))
-        streams.sort(key=lambda run: -int(self.layout.sizes[run].sum()))
-        return streams + [run[start : start + size] for run in others for start in range(0, len(run), size)]
+        size = max(1, min(JOB_ITEMS, math.ceil(sum(map(len, others)) / (JOBS_PER_WORKER * workers))))
+        groups = list(streams)
+        for run in others:
+            if self.kind[run[0]] == FILES:
+                bands = (run[start : start + size * workers] for start in range(0, len(run), size * workers))
+                groups += [band[w::workers] for band in bands for w in range(min(workers, len(band)))]
+            else:
+                groups += [run[start : start + size] for start in range(0, len(run), size)]
+        return groups
 
     def job(self, group: np.ndarray) -> ReadJob:
         """The job that reads ``group`` (one of ``groups``)."""
@@ -171,7 +147,7 @@ class ReadOrder:
         elif kind == MEMBERS:
             reads, what = MemberReads(self._spans(group), self._paths(group)), str(self.archives[int(self.unit[first])])
         else:
-            reads = FileReads(self.root, self._paths(group))
+            reads = FileReads(self.root, self._paths(group), layout.sizes[group], self.threads)
             what = f"{self.root}{reads.paths[0]}" + (f" and {len(group) - 1:,} more files" if len(group) > 1 else "")
         return ReadJob(reads, what, starts, group, layout.labels[group], layout.positions[group], layout.shard[group],
                        layout.offsets[group], layout.lengths[group])  # fmt: skip

@@ -338,7 +338,10 @@ def test_gzip_and_deflate_read_alike_with_isal_or_zlib(backend: str, datasets: P
     if backend == "isal":
         pytest.importorskip("isal", reason="python-isal is not installed (pip install 'imgpipe[fast]')")
     block = "" if backend == "isal" else "sys.modules['isal'] = None; "
-    code = f"import sys; {block}from imgpipe.ingest import fastzlib; assert fastzlib.BACKEND == {backend!r}; from imgpipe.cli import main; main()"
+    code = (
+        f"import sys; {block}from imgpipe.ingest import fastzlib; assert fastzlib.BACKEND == {backend!r}; "
+        "from imgpipe.cli import main; main()"
+    )
 
     def pack_with(src: Path, dst: Path) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-c", code, "pack", str(src), str(dst), "--shards", "train=3,val=2", "--workers", "2", "--no-progress"]
@@ -513,19 +516,19 @@ def test_parquet_null_images_are_empty_and_hf_names_must_carry_the_wnid(datasets
     assert_one_line_error(imgpipe("pack", hf_tar, tmp_path / "hf-out"), "train_images_0.tar.gz", "member photo.JPEG", "<image>_<wnid>.JPEG")
 
 
-@pytest.mark.parametrize("layout", STREAMS)
-def test_clean_jpegs_from_a_stream_are_written_once_in_their_slots(layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every record fills the slot laid out for it, so the slot files are the shards: no compaction copies them."""
-    from imgpipe.pack import scatter
-
-    options = dict(classes=6, per_class=4, val_per_class=2, seed=2, min_side=32, max_side=64, progress=False)
-    make_synthetic(tmp_path / "tree", **options)  # type: ignore[arg-type]
-    make_synthetic(tmp_path / layout, layout=layout, **options)  # type: ignore[arg-type]
-    pack(tmp_path / "tree", tmp_path / "from-tree", shards="train=3,val=2", workers=1, progress=False)
+@pytest.mark.parametrize("layout", ARCHIVES)
+def test_clean_jpegs_are_written_once_in_their_slots(layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every record fills the slot laid out for it, so the slot files are the shards: no compaction copies them, from the
+    tree or from any layout."""
+    from imgpipe.pack import publish
 
     def no_copy(*args: object) -> None:
         raise AssertionError("a shard was compacted")
 
-    monkeypatch.setattr(scatter, "IndexedRecordWriter", no_copy)
-    pack(tmp_path / layout, tmp_path / "from-stream", shards="train=3,val=2", workers=1, progress=False)
-    assert shard_files(tmp_path / "from-stream") == shard_files(tmp_path / "from-tree")
+    monkeypatch.setattr(publish, "IndexedRecordWriter", no_copy)
+    options = dict(classes=6, per_class=4, val_per_class=2, seed=2, min_side=32, max_side=64, progress=False)
+    make_synthetic(tmp_path / "tree", **options)  # type: ignore[arg-type]
+    make_synthetic(tmp_path / layout, layout=layout, **options)  # type: ignore[arg-type]
+    pack(tmp_path / "tree", tmp_path / "from-tree", shards="train=3,val=2", workers=1, progress=False)
+    pack(tmp_path / layout, tmp_path / "from-layout", shards="train=3,val=2", workers=2, progress=False)
+    assert shard_files(tmp_path / "from-layout") == shard_files(tmp_path / "from-tree")
