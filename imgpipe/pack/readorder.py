@@ -77,9 +77,10 @@ class ReadJob:
     offsets: np.ndarray
     lengths: np.ndarray
 
-    def entries(self, j: int) -> list[Entry]:
-        return [(int(self.items[i]), float(self.labels[i]), int(self.positions[i]), int(self.shards[i]), int(self.offsets[i]),
-                 int(self.lengths[i])) for i in range(int(self.starts[j]), int(self.starts[j + 1]))]  # fmt: skip
+    def columns(self) -> list[list]:
+        """Per item: g, label, position, shard, slot offset and slot length (the fields of an ``Entry``), as lists."""
+        return [self.items.tolist(), self.labels.astype(np.float64).tolist(), self.positions.tolist(), self.shards.tolist(),
+                self.offsets.tolist(), self.lengths.tolist()]  # fmt: skip
 
 
 class ReadOrder:

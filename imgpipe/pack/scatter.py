@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -42,7 +42,29 @@ logger = logging.getLogger(__name__)
 REPORT_EVERY_S = 0.2
 RESULTS_TIMEOUT_S = 60.0
 MAX_OPEN_SLOTS = 512  # slot files a worker keeps open (a job feeds every shard)
-Result = tuple[int, int, str | None, int, int, bytes | None, int]  # item, action, reason, framed length, crc32, bytes past the slot, read
+
+
+@dataclass
+class Written:
+    """What a worker did with the items of the members it read, sent to the parent a batch at a time: per item its
+    action, framed length, crc32 and source bytes; by item the rare reason, and a record longer than its slot."""
+
+    items: list[int] = field(default_factory=list)
+    actions: list[int] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    crcs: list[int] = field(default_factory=list)
+    reads: list[int] = field(default_factory=list)
+    reasons: dict[int, str] = field(default_factory=dict)
+    extras: dict[int, bytes] = field(default_factory=dict)
+
+    def add(self, g: int, action: int, length: int, crc: int, read: int, reason: str | None = None) -> None:
+        self.items.append(g)
+        self.actions.append(action)
+        self.lengths.append(length)
+        self.crcs.append(crc)
+        self.reads.append(read)
+        if reason:
+            self.reasons[g] = reason
 
 
 @dataclass(frozen=True)
@@ -118,8 +140,8 @@ class Scatter:
     def _run_inline(self, groups: list[np.ndarray]) -> None:
         writer = SlotWriter(self.setup)
 
-        def emit(batch: list[Result]) -> None:
-            self._record(batch)
+        def emit(written: Written) -> None:
+            self._record(written)
             if self.checkpoints.due():
                 self.checkpoints.save(self.publisher.finished)
 
@@ -209,25 +231,23 @@ class Scatter:
                 missing = int((~self.results.done).sum())
                 raise PackError(f"{missing} record(s) were read but their results never arrived; rerun to resume") from None
 
-    def _record(self, batch: list[Result]) -> None:
+    def _record(self, written: Written) -> None:
         """Take a worker's results; a record longer than its slot goes to the side file."""
         r = self.results
-        taken: list[int] = []
-        nbytes = 0
-        for g, action, reason, length, crc, extra, read in batch:
-            if r.done[g]:
-                continue
-            if extra is not None:
-                r.side[g] = self.side.append(extra)
-            r.done[g], r.action[g], r.length[g], r.crc[g], r.read[g] = True, action, length, crc, read
-            if reason:
-                r.reasons[g] = reason
-            taken.append(g)
-            nbytes += read
-        if taken:
-            self.publisher.taken(taken)
+        g = np.array(written.items, np.int64)
+        new = ~r.done[g]
+        for item, extra in written.extras.items():
+            if not r.done[item]:
+                r.side[item] = self.side.append(extra)
+        r.reasons.update((item, text) for item, text in written.reasons.items() if not r.done[item])
+        columns = (written.actions, written.lengths, written.crcs, written.reads)
+        action, length, crc, read = (np.array(c, dtype)[new] for c, dtype in zip(columns, (np.int8, np.int64, np.uint32, np.int64)))
+        g = g[new]
+        r.done[g], r.action[g], r.length[g], r.crc[g], r.read[g] = True, action, length, crc, read
+        if len(g):
+            self.publisher.taken(g)
             self.checkpoints.recorded = True
-        self.advance(len(taken), nbytes)
+        self.advance(len(g), int(read.sum()))
         self.publisher.publish_ready()
 
     def _clean_up(self, checkpoint: Path) -> None:
@@ -252,27 +272,27 @@ class SlotWriter:
         self.setup = setup
         self.fds: OrderedDict[int, int] = OrderedDict()
 
-    def write_member(self, data: bytes | str, entries: list[Entry]) -> list[Result]:
-        """Prepare one member (``data``: its bytes, or why it has none) and write a record of it for each of its items."""
+    def write_member(self, data: bytes | str, entries: list[Entry], written: Written) -> None:
+        """Prepare one member (``data``: its bytes, or why it has none), write a record of it for each of its items into
+        its slot, and note what was done in ``written``."""
         if isinstance(data, str):
-            return [(g, SKIPPED, data, 0, 0, None, 0) for g, *_ in entries]
+            for g, *_ in entries:
+                written.add(g, SKIPPED, 0, 0, 0, data)
+            return
         prepared = codec.prepare_image(data, resize=self.setup.resize, quality=self.setup.quality)
-        results: list[Result] = []
+        action = ACTIONS.index(prepared.action)
         for g, label, position, shard, offset, length in entries:
             if prepared.data is None:
-                results.append((g, SKIPPED, prepared.reason or "unreadable image", 0, 0, None, len(data)))
+                written.add(g, SKIPPED, 0, 0, len(data), prepared.reason or "unreadable image")
                 continue
             record = pack_header(IRHeader(0, label, position, 0), prepared.data)
             parts = frame_parts(memoryview(record))  # views of the record: written as they are, not joined
             framed = sum(map(len, parts))
-            extra = None
             if framed <= length:
                 self._write(shard, parts, offset, framed)
             else:
-                extra = b"".join(parts)
-            reason = prepared.reason if prepared.action == "repaired" else None
-            results.append((g, ACTIONS.index(prepared.action), reason, framed, crc32(record), extra, len(data)))
-        return results
+                written.extras[g] = b"".join(parts)
+            written.add(g, action, framed, crc32(record), len(data), prepared.reason if prepared.action == "repaired" else None)
 
     def _write(self, shard: int, parts: list[memoryview], offset: int, total: int) -> None:
         path = self.setup.slot_files[shard]
@@ -299,28 +319,26 @@ class SlotWriter:
 
 
 def read_job(
-    job: ReadJob,
-    emit: Callable[[list[Result]], None],
-    writer: SlotWriter,
-    hand_off: Callable[[bytes | str, list[Entry]], bool] | None = None,
+    job: ReadJob, emit: Callable[[Written], None], writer: SlotWriter, hand_off: Callable[[bytes | str, list[Entry]], bool] | None = None
 ) -> None:
     """Read ``job`` in its order; write each member's records into their slots, unless ``hand_off`` gives the member
-    to a helper; ``emit`` the results every ``REPORT_EVERY_S``."""
-    batch: list[Result] = []
+    to a helper; ``emit`` what was written every ``REPORT_EVERY_S``."""
+    written = Written()
     last = time.monotonic()
+    starts, columns = job.starts.tolist(), job.columns()
     try:
         for j, data in enumerate(job.reads.read()):
-            entries = job.entries(j)
+            entries = list(zip(*(column[starts[j] : starts[j + 1]] for column in columns)))
             if hand_off is None or not hand_off(data, entries):
-                batch += writer.write_member(data, entries)
+                writer.write_member(data, entries, written)
             if time.monotonic() - last >= REPORT_EVERY_S:
-                emit(batch)
-                batch, last = [], time.monotonic()
+                emit(written)
+                written, last = Written(), time.monotonic()
     except BaseException:
         with contextlib.suppress(Exception):
-            emit(batch)  # the records written before a bad member count: the checkpoint keeps them
+            emit(written)  # the records written before a bad member count: the checkpoint keeps them
         raise
-    emit(batch)
+    emit(written)
 
 
 _worker: dict[str, Any] = {}
@@ -356,4 +374,6 @@ def _help() -> None:
         member = members.get()
         if member is None:
             return
-        _worker["results"].put(writer.write_member(*member))
+        written = Written()
+        writer.write_member(*member, written)
+        _worker["results"].put(written)
