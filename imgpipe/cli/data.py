@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
     "--node-rank", type=int, default=None, help="This machine's rank in 0..num-nodes-1 (default: SLURM_NODEID under srun, else 0)."
 )
 @click.option("--finalize", is_flag=True, help="Only write the manifest once every node has finished.")
+@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @click.option(
     "--checkpoint-every",
     "checkpoint_s",
@@ -46,7 +47,6 @@ logger = logging.getLogger(__name__)
     show_default=True,
     help="Seconds between checkpoints of the records written: a killed pack loses at most this much work (0: at every result).",
 )
-@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def pack_command(
     src: tuple[str, ...], dst: str, splits: str | None, num_nodes: int | None, node_rank: int | None, no_progress: bool, **options: object
 ) -> None:

@@ -4,11 +4,12 @@ Flow: ``ingest.scan`` (files, or members of image-net.org's tars read in place b
 ``tarsource``) -> ``plan.make_plan`` (pure function of the options) -> check DST
 against the journal (same options, or ``--overwrite``) -> free-space check and slow-disk
 warning -> worker processes read the source in storage order and put each record into its
-planned slot (``scatter``), each shard published and journaled once it is whole -> when every
-shard of the plan is journaled, the sidecars and ``manifest.json`` are written (atomically, last).
+planned slot (``scatter``), each shard published and journaled once it is whole, the records
+written checkpointed -> when every shard of the plan is journaled, the sidecars and
+``manifest.json`` are written (atomically, last).
 
-A rerun skips journaled shards and the records a checkpoint holds, so a pack killed at any
-moment and rerun with the same arguments ends byte-identical to an uninterrupted one. With ``num_nodes=N`` node ``i``
+A rerun skips journaled shards, so a pack killed at any moment and rerun with the same
+arguments ends byte-identical to an uninterrupted one. With ``num_nodes=N`` node ``i``
 writes the shards whose global index (over all splits) is ``i mod N``; whichever node
 completes the journal writes the manifest, or ``finalize=True`` does it afterwards.
 """
@@ -136,9 +137,11 @@ def pack(
 ) -> PackReport:
     """Pack ``src`` into RecordIO shards in ``dst``; see the module docstring. Raises PackError/DatasetError.
 
+    ``checkpoint_s``: how often the records written are made durable and recorded, so that a
+    killed run loses at most that much work.
+
     ``src`` is a source folder, one image-net.org tar, or several of its files (tars, devkit,
-    LOC_val_solution.csv) named one by one. ``checkpoint_s``: how often the records written
-    are made durable and recorded, so that a killed run loses at most that much work.
+    LOC_val_solution.csv) named one by one.
     """
     started = time.monotonic()
     sources = [src] if isinstance(src, (str, os.PathLike)) else list(src)

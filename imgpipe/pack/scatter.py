@@ -140,16 +140,11 @@ class Scatter:
     def _run_inline(self, groups: list[np.ndarray]) -> None:
         writer = SlotWriter(self.setup)
 
-        def emit(written: Written) -> None:
-            self._record(written)
-            if self.checkpoints.due():
-                self.checkpoints.save(self.publisher.finished)
-
         try:
             for group in groups:
                 job = self.order.job(group)
                 try:
-                    read_job(job, emit, writer)
+                    read_job(job, self._record, writer)
                 except (ImgpipeError, KeyboardInterrupt):
                     raise
                 except Exception as e:
@@ -197,8 +192,6 @@ class Scatter:
                         raise
                     except Exception as e:
                         raise write_failure(self.dst, doing, e) from e
-                if self.checkpoints.due():
-                    self.checkpoints.save(self.publisher.finished)
             self._drain_all(results)
         except BaseException:
             for process in list(getattr(pool, "_processes", {}).values()):
@@ -248,6 +241,8 @@ class Scatter:
             self.publisher.taken(g)
             self.checkpoints.recorded = True
         self.advance(len(g), int(read.sum()))
+        if self.checkpoints.due():
+            self.checkpoints.save(self.publisher.finished)
         self.publisher.publish_ready()
 
     def _clean_up(self, checkpoint: Path) -> None:

@@ -164,12 +164,14 @@ def slow_datasets(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def checkpointed(dst: Path) -> int:
-    """Records a pack's checkpoint says are written (0 without one)."""
+    """Records a pack's checkpoint says are written in shards not yet journaled (0 without one): what a rerun keeps."""
     try:
         with np.load(dst / JOURNAL_DIR / "checkpoint-node0.npz") as checkpoint:
-            return len(checkpoint["position"])
+            names, shards = json.loads(checkpoint["meta"].tobytes())["shards"], checkpoint["shard"].tolist()
     except (OSError, ValueError, KeyError):
         return 0
+    journaled = {path.name[: -len(".json")] for path in (dst / JOURNAL_DIR).glob("*-of-*.json")}
+    return sum(names[k] not in journaled for k in shards)
 
 
 def pack_command(src: Path, dst: Path, program: tuple[str, ...] = ("-m", "imgpipe"), *options: str) -> list[str]:
@@ -338,10 +340,7 @@ def test_gzip_and_deflate_read_alike_with_isal_or_zlib(backend: str, datasets: P
     if backend == "isal":
         pytest.importorskip("isal", reason="python-isal is not installed (pip install 'imgpipe[fast]')")
     block = "" if backend == "isal" else "sys.modules['isal'] = None; "
-    code = (
-        f"import sys; {block}from imgpipe.ingest import fastzlib; assert fastzlib.BACKEND == {backend!r}; "
-        "from imgpipe.cli import main; main()"
-    )
+    code = f"import sys; {block}from imgpipe.ingest import fastzlib; assert fastzlib.BACKEND == {backend!r}; from imgpipe.cli import main; main()"
 
     def pack_with(src: Path, dst: Path) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-c", code, "pack", str(src), str(dst), "--shards", "train=3,val=2", "--workers", "2", "--no-progress"]
