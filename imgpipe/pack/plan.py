@@ -165,36 +165,34 @@ def source_stats(root: Path, paths: Sequence[str]) -> tuple[np.ndarray, np.ndarr
     On a disk whose file system says where a file's data is (ext4, xfs, btrfs: FIEMAP), a file's
     place is that disk offset (``NOWHERE``, after all others, for one with no data there);
     elsewhere (tmpfs; a network or FUSE file system, where an open is a round trip) its inode
-    number, which local file systems allocate in about the order they lay files out. One open,
-    or one stat, per file.
+    number, which local file systems allocate in about the order they lay files out. One stat per
+    file, and an open of each regular file with data where FIEMAP answers.
     """
     sizes, inodes, offsets = np.zeros(len(paths), np.int64), np.zeros(len(paths), np.int64), np.full(len(paths), NOWHERE, np.int64)
     base = os.path.join(os.fspath(root), "")  # plain strings: a Path per file costs more than its stat
     placed = len(paths) > 0 and not opens_are_round_trips(root)
     for k, rel in enumerate(paths):
-        if placed:
-            try:
-                sizes[k], inodes[k], offsets[k] = _placed(base + rel)
-                continue
-            except OSError as e:
-                placed = e.errno not in UNSUPPORTED  # this file cannot be opened (stat it), or no file here can be placed
         try:
-            stat = os.stat(base + rel)
+            info = os.stat(base + rel)
         except OSError:
             continue
-        sizes[k], inodes[k] = stat.st_size, stat.st_ino
+        sizes[k], inodes[k] = info.st_size, info.st_ino
+        if placed and info.st_size and stat_module.S_ISREG(info.st_mode):  # never a FIFO: opening one is not without effects
+            try:
+                offsets[k] = _first_extent_of(base + rel)
+            except OSError as e:
+                placed = e.errno not in UNSUPPORTED  # this file cannot be opened (its place stays unknown), or none here can say
     return sizes, offsets if placed else inodes
 
 
-def _placed(path: str) -> tuple[int, int, int]:
-    """(size, inode, disk offset or NOWHERE) of a file, opened to ask (without waiting, should it be a FIFO)."""
+def _first_extent_of(path: str) -> int:
+    """Where the regular file's data starts on the disk, or ``NOWHERE``; opened ``O_NONBLOCK``, to read nothing."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        info = os.fstat(fd)
-        offset = first_extent(fd) if stat_module.S_ISREG(info.st_mode) and info.st_size else None
-        return info.st_size, info.st_ino, NOWHERE if offset is None else offset
+        offset = first_extent(fd)
     finally:
         os.close(fd)
+    return NOWHERE if offset is None else offset
 
 
 def make_plan(
