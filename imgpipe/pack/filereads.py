@@ -88,15 +88,15 @@ class FileReads:
 
     def _advised(self) -> Iterator[bytes | str]:
         sizes = self.sizes.tolist()
-        window: deque[tuple[int, int | str | None]] = deque()  # (file, its fd or why it has none; None: open at its turn)
+        window: deque[int | str | None] = deque()  # the next files' fds, or why one has none (None: opened at its turn)
         ahead = bytes_ahead = 0
         try:
             for k, path in enumerate(self.paths):
                 while ahead < len(self.paths) and (not window or (len(window) < ADVISED_AHEAD and bytes_ahead < ADVISED_BYTES)):
-                    window.append((ahead, _open_advised(self.root + self.paths[ahead]) if sizes[ahead] > 0 else None))
+                    window.append(_open_advised(self.root + self.paths[ahead]) if sizes[ahead] > 0 else None)
                     bytes_ahead += max(sizes[ahead], 0)
                     ahead += 1
-                _, handle = window.popleft()
+                handle = window.popleft()
                 bytes_ahead -= max(sizes[k], 0)
                 if handle is None:
                     yield read_file(self.root + path)
@@ -109,7 +109,7 @@ class FileReads:
                         os.close(handle)
                     yield data
         finally:
-            for _, handle in window:
+            for handle in window:
                 if isinstance(handle, int):
                     os.close(handle)
 

@@ -94,14 +94,8 @@ class Scatter:
         collect: Callable[[ShardResult], None],
         checkpoint_s: float = CHECKPOINT_S,
     ) -> None:
-        self.plan, self.dst, self.node_rank, self.advance, self.collect, self.checkpoint_s = (
-            plan,
-            dst,
-            node_rank,
-            advance,
-            collect,
-            checkpoint_s,
-        )
+        self.plan, self.dst, self.node_rank, self.checkpoint_s = plan, dst, node_rank, checkpoint_s
+        self.advance, self.collect = advance, collect
         self.journal = Journal(dst)
         self.layout = SlotLayout.of(plan, todo, self.journal.folder / SLOTS_DIR)
         self.order = ReadOrder(plan, self.layout, root)
@@ -139,13 +133,12 @@ class Scatter:
 
     def _run_inline(self, groups: list[np.ndarray]) -> None:
         writer = SlotWriter(self.setup)
-
         try:
             for group in groups:
                 job = self.order.job(group)
                 try:
                     read_job(job, self._record, writer)
-                except (ImgpipeError, KeyboardInterrupt):
+                except ImgpipeError:
                     raise
                 except Exception as e:
                     raise write_failure(self.dst, f"reading {job.what}", e) from e
