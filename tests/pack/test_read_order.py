@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _fs import tmpfs
 
 from imgpipe._sys.fiemap import UNSUPPORTED, first_extent
 from imgpipe.pack.checkpoint import Checkpoints, checkpoint_path
@@ -87,6 +89,21 @@ def test_a_fifo_is_opened_only_to_be_read(tmp_path: Path) -> None:
     report = pack(src, tmp_path / "out", workers=2, progress=False)
     writer.join(10)
     assert [s.reason for s in report.skipped if s.path.endswith("zz.JPEG")] == ["not an image"]
+
+
+@pytest.mark.timeout(120)
+def test_a_tree_on_a_tmpfs_is_read_by_inode_and_packs_the_same(tree: Path, tmp_path: Path) -> None:
+    """tmpfs cannot say where a file lies (FIEMAP): the plan falls back on the inodes, and the shards are the disk's."""
+    with tmpfs(tmp_path / "ram", "64m") as ram:
+        shutil.copytree(tree, ram / "src")
+        plan, _ = plan_of(ram / "src")
+        for split in plan.splits.values():
+            inodes = [os.stat(ram / "src" / path).st_ino for path in split.paths]
+            assert split.places is not None and split.places.tolist() == inodes
+        pack(ram / "src", tmp_path / "from-ram", workers=2, progress=False)
+    pack(tree, tmp_path / "from-disk", workers=2, progress=False)
+    files = lambda dst: {p.name: p.read_bytes() for p in dst.iterdir() if p.is_file() and p.name != "manifest.json"}  # noqa: E731
+    assert files(tmp_path / "from-ram") == files(tmp_path / "from-disk")
 
 
 @pytest.mark.parametrize("workers", [1, 2, 16])
