@@ -1,12 +1,12 @@
 """Where one image's time goes in ``imgpipe pack`` without ``--resize`` (keep the bytes), stage by stage.
 
-One process, one thread, the same source files: for each, the stages of the keep path as
-``packing.shardwriter`` runs them (read the file, walk the JPEG headers, Pillow's header parse
-and the scan check that ``codec.keep_failure`` makes, frame the record, its crc32, the shard's
-sha256, the write), then Pillow's whole decode (the check the keep path made before), and
-``write_shard`` itself over the same files (reading, checking, framing, hashing, writing, fsync
-and the journal entry). Prints CPU microseconds per image, the median of ``--passes`` passes,
-and the wall time of ``write_shard``, whose fsync waits for the disk.
+One process, the same source files: for each, the stages of the keep path as ``pack.scatter``
+runs them (read the file, walk the JPEG headers, Pillow's header parse and the scan check that
+``codec.keep_failure`` makes, frame the record, its crc32, the shard's sha256, the write), then
+Pillow's whole decode (the check the keep path made before), and ``Scatter`` itself with one
+worker over the same files (reading with its threads, checking, framing, writing into the slots,
+hashing, fsync and the journal entry). Prints CPU microseconds per image, the median of
+``--passes`` passes, and the wall time of ``Scatter``, whose fsync waits for the disk.
 
     python benchmarks/pack_stages.py            # the ImageNet-shaped tree pack_vs_im2rec.py made
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import shutil
 import statistics
 import sys
 import tempfile
@@ -22,18 +23,20 @@ import time
 import zlib
 from pathlib import Path
 
+import numpy as np
+
 from imgpipe.format.recordio import IRHeader, format_index_line, frame_parts, pack_header
 from imgpipe.image import codec
 from imgpipe.image.jpeg import inspect_jpeg
 from imgpipe.packing.journal import Journal
-from imgpipe.packing.plan import ShardSpec
-from imgpipe.packing.shardwriter import ShardJob, write_shard
+from imgpipe.packing.plan import make_plan
+from imgpipe.packing.scatter import Scatter
 
 STAGES = ("read", "JPEG header walk", "Pillow header parse", "scan check", "record framing", "crc32", "sha256", "write")
 
 
 def one_pass(paths: list[Path], out: Path) -> dict[str, float]:
-    """CPU seconds per image of each stage, and of ``write_shard`` (with its wall seconds) over ``paths``."""
+    """CPU seconds per image of each stage, and of ``Scatter`` (with its wall seconds) over ``paths``."""
     total = dict.fromkeys(STAGES, 0.0)
     clock = time.thread_time
     rec_hash = hashlib.sha256()
@@ -70,13 +73,18 @@ def one_pass(paths: list[Path], out: Path) -> dict[str, float]:
     for payload in payloads:
         codec.decode_failure(payload)
     per_image["Pillow whole decode (the old check)"] = (clock() - start) / len(paths)
-    spec = ShardSpec("train", 0, 1, 0, len(paths))
-    job = ShardJob(out, paths[0].parents[2], spec, [str(p.relative_to(paths[0].parents[2])) for p in paths], [0] * len(paths), None, 95)
-    Journal(out).folder.mkdir(exist_ok=True)
-    start, wall = clock(), time.perf_counter()
-    write_shard(job)
-    per_image["write_shard (all of it)"] = (clock() - start) / len(paths)
-    per_image["write_shard wall (fsync waits)"] = (time.perf_counter() - wall) / len(paths)
+    root = paths[0].parents[2]
+    rel = [str(p.relative_to(root)) for p in paths]
+    plan = make_plan(root, ["c"], {"train": (rel, np.zeros(len(rel), np.int32))}, options={}, shard_size=1, shard_counts={"train": 1},
+                     shuffle=False, seed=0)  # fmt: skip
+    pack_out = out / "scatter"
+    Journal(pack_out).folder.mkdir(parents=True, exist_ok=True)
+    ignore = lambda *args: None  # noqa: E731
+    start, wall = time.process_time(), time.perf_counter()
+    Scatter(plan, plan.shards, root, pack_out, resize=None, quality=95, node_rank=0, advance=ignore, collect=ignore).run(1)
+    per_image["Scatter, one worker (all of it; threads too)"] = (time.process_time() - start) / len(paths)
+    per_image["Scatter wall (fsync waits)"] = (time.perf_counter() - wall) / len(paths)
+    shutil.rmtree(pack_out)
     return per_image
 
 

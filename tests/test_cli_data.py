@@ -37,10 +37,8 @@ def test_pack_verify_info_round_trip(synth_tree: Path, tmp_path: Path) -> None:
 
     verified = imgpipe("verify", dst, "--decode", "--workers", "2")
     assert verified.returncode == 0, verified.stdout + verified.stderr
-    assert (
-        verified.stdout.strip()
-        == f"{dst}: OK: checked and decoded 60 records in 3 shard(s), {manifest.splits['train'].bytes / 1e6 + manifest.splits['val'].bytes / 1e6:,.1f} MB"
-    )
+    megabytes = manifest.splits["train"].bytes / 1e6 + manifest.splits["val"].bytes / 1e6
+    assert verified.stdout.strip() == f"{dst}: OK: checked and decoded 60 records in 3 shard(s), {megabytes:,.1f} MB"
 
     info = imgpipe("info", dst)
     assert info.returncode == 0, info.stderr
@@ -158,7 +156,7 @@ def test_a_stopped_pack_says_a_rerun_resumes_and_it_does(tmp_path: Path, signum:
     assert proc.returncode == 128 + signum, stderr
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1] == (
-        f"imgpipe: stopped by {signal.Signals(signum).name}: rerun the same command to resume; the shards finished in {dst} are kept"
+        f"imgpipe: stopped by {signal.Signals(signum).name}: rerun the same command to resume; the records written in {dst} are kept"
     )
     assert list(dst.glob(".*.tmp")) == []
     rerun = imgpipe(*cmd[3:])

@@ -50,6 +50,14 @@ logger = logging.getLogger(__name__)
 )
 @click.option("--finalize", is_flag=True, help="Only write the manifest once every part is written; else name the parts missing.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@click.option(
+    "--checkpoint-every",
+    "checkpoint_s",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds between checkpoints of the records written: a killed pack loses at most this much work (0: at every result).",
+)
 def pack_command(
     src: tuple[str, ...], dst: str, splits: str | None, num_nodes: int | None, node_rank: int | None, no_progress: bool, **options: object
 ) -> None:
@@ -79,7 +87,7 @@ def pack_command(
         )
     except (KeyboardInterrupt, Stopped) as e:
         signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
-        raise Stopped(signum, f"rerun the same command to resume; the shards finished in {dst} are kept") from None
+        raise Stopped(signum, f"rerun the same command to resume; the records written in {dst} are kept") from None
     click.echo(report.summary())
 
 

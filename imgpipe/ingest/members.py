@@ -195,7 +195,7 @@ def _exact(data: bytes, size: int, archive: ArchiveFile, name: str) -> bytes:
     if len(data) != size:
         raise DatasetError(
             f"{name}: {archive} ends inside this member ({len(data)} of {size} bytes); it changed since the scan: "
-            f"download it again and rerun (finished shards are kept)"
+            f"download it again and rerun (the records written are kept)"
         )
     return data
 
@@ -203,7 +203,7 @@ def _exact(data: bytes, size: int, archive: ArchiveFile, name: str) -> bytes:
 def _zip_member(source: OpenArchive, header_at: int, packed: int, size: int, crc: int, deflated: bool, name: str) -> bytes:
     """The bytes of the zip member whose local header is at ``header_at``, checked against the central directory."""
     corrupt = f"{name}: corrupt zip member in {source.archive}"
-    redownload = "download the zip again and rerun (finished shards are kept)"
+    redownload = "download the zip again and rerun (the records written are kept)"
     head = source.pread(ZIP_LOCAL_HEADER.size, header_at)
     if len(head) < ZIP_LOCAL_HEADER.size or ZIP_LOCAL_HEADER.unpack(head)[0] != ZIP_LOCAL_SIGNATURE:
         raise DatasetError(f"{corrupt}: no local header at byte {header_at}; {redownload}")

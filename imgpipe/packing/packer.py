@@ -3,8 +3,10 @@
 Flow: ``ingest.scan`` (files, or members of image-net.org's tars read in place by
 ``tarsource``) -> ``plan.make_plan`` (pure function of the options) -> check DST
 against the journal (same options, or ``--overwrite``) -> free-space check and slow-disk
-warning -> worker processes each write whole shards (``shardwriter``) -> when every shard
-of the plan is journaled, the sidecars and ``manifest.json`` are written (atomically, last).
+warning -> worker processes read the source in storage order and put each record into its
+planned slot (``scatter``), each shard published and journaled once it is whole, the records
+written checkpointed -> when every shard of the plan is journaled, the sidecars and
+``manifest.json`` are written (atomically, last).
 
 A rerun skips journaled shards, so a pack killed at any moment and rerun with the same
 arguments ends byte-identical to an uninterrupted one. With ``num_nodes=N`` node ``i``
@@ -15,16 +17,11 @@ picks its part, see ``parts``); whichever node completes the journal writes the 
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import queue as queue_module
 import shutil
-import threading
 import time
 from collections import Counter
-from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -35,10 +32,9 @@ from tqdm import tqdm
 from imgpipe._sys.atomic import fsync_dir
 from imgpipe._sys.diskinfo import check_free_space, warn_if_slow
 from imgpipe._sys.distenv import available_cpus
-from imgpipe._sys.oserrors import NO_SPACE, describe, write_probe
-from imgpipe._sys.procs import pool_context
+from imgpipe._sys.oserrors import describe, write_probe
 from imgpipe._sys.validate import MAX_SEED
-from imgpipe.errors import DatasetError, ImgpipeError, PackError, RecordIOError
+from imgpipe.errors import DatasetError, PackError, RecordIOError
 from imgpipe.format import recordio
 from imgpipe.format.layout import (
     SIDECAR_SUFFIXES,
@@ -56,10 +52,12 @@ from imgpipe.format.layout import (
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped, SplitInfo, load_manifest, write_manifest
 from imgpipe.image import codec, shrink
 from imgpipe.ingest.scan import scan
+from imgpipe.packing.checkpoint import CHECKPOINT_S
 from imgpipe.packing.journal import JOURNAL_DIR, Journal, ShardResult
 from imgpipe.packing.parts import ArrayTask, Parts, choose_part, missing_parts_advice
 from imgpipe.packing.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size, published_names
-from imgpipe.packing.shardwriter import ShardJob, init_worker, tmp_names, write_shard, write_shard_in_worker
+from imgpipe.packing.scatter import Scatter
+from imgpipe.packing.slots import tmp_names
 
 logger = logging.getLogger(__name__)
 
@@ -138,8 +136,12 @@ def pack(
     finalize: bool = False,
     array_task: ArrayTask | None = None,
     progress: bool = True,
+    checkpoint_s: float = CHECKPOINT_S,
 ) -> PackReport:
     """Pack ``src`` into RecordIO shards in ``dst``; see the module docstring. Raises PackError/DatasetError.
+
+    ``checkpoint_s``: how often the records written are made durable and recorded, so that a
+    killed run loses at most that much work.
 
     ``src`` is a source folder, one image-net.org tar, or several of its files (tars, devkit,
     LOC_val_solution.csv) named one by one. ``array_task``, when given, picks the part instead
@@ -155,6 +157,8 @@ def pack(
     _check_arguments(src_paths, dst_path, workers, resize, quality, seed, num_nodes, node_rank, overwrite)
     if shard_size is not None and shards is not None:
         raise PackError("give --shards or --shard-size, not both")
+    if not 0 <= checkpoint_s < float("inf"):
+        raise PackError(f"--checkpoint-every {checkpoint_s}: give seconds, 0 or more")
     size = parse_size(shard_size if shard_size is not None else DEFAULT_SHARD_SIZE)
     cache = dst_path / JOURNAL_DIR / LISTINGS_DIR  # listings that cost a full read (.tar.gz, Parquet) are kept for reruns
     plan, src_path = _plan(
@@ -187,7 +191,9 @@ def pack(
                 check_free_space(dst_path, needed, what=f"{len(todo)} shard(s) to write")
                 warn_if_slow(dst_path)
                 _warn_if_no_extension(resize)
-                _write_shards(plan, todo, src_path, dst_path, resize, quality, workers, progress, report, node_rank)
+                _write_shards(
+                    plan, todo, src_path, dst_path, resize, quality, workers, progress, report, node_rank, checkpoint_s=checkpoint_s
+                )
             report.seconds = time.monotonic() - started
             pending = [s.name for s in plan.shards if journal.read_entry(s.name) is None]
             report.shards_pending = pending
@@ -446,16 +452,6 @@ def _finished(journal: Journal, dst: Path, spec: ShardSpec, published: dict[str,
 # ----------------------------------------------------------------------------- writing
 
 
-def _jobs(plan: PackPlan, todo: Sequence[ShardSpec], src: Path, dst: Path, resize: int | None, quality: int) -> list[ShardJob]:
-    jobs = []
-    for spec in todo:
-        split = plan.splits[spec.split]
-        window = slice(spec.start, spec.stop)
-        spans = split.spans.take(window) if split.spans is not None else None
-        jobs.append(ShardJob(dst, src, spec, split.paths[window], split.labels[window].tolist(), resize, quality, spans))
-    return jobs
-
-
 def _write_shards(
     plan: PackPlan,
     todo: Sequence[ShardSpec],
@@ -467,12 +463,9 @@ def _write_shards(
     progress: bool,
     report: PackReport,
     node_rank: int = 0,
+    checkpoint_s: float = CHECKPOINT_S,
 ) -> None:
-    """Write ``todo``: shard by shard from files and in-place archives, unit by unit from streams (``scatter``)."""
-    from imgpipe.ingest.streams import StreamItems
-
-    streamed = [spec for spec in todo if isinstance(plan.splits[spec.split].spans, StreamItems)]
-    jobs = _jobs(plan, [spec for spec in todo if spec not in streamed], src, dst, resize, quality)
+    """Write ``todo``: the source read in storage order, every record put into its planned slot (``scatter``)."""
     workers = workers or available_cpus()
     total_bytes = sum(int(plan.splits[s.split].sizes[s.start : s.stop].sum()) for s in todo)
     bar = tqdm(total=sum(s.items for s in todo), unit="img", desc="pack", disable=not progress, dynamic_ncols=True, smoothing=0.1)
@@ -487,15 +480,9 @@ def _write_shards(
 
     logger.info("writing %d shard(s) of %d with %d worker(s) into %s", len(todo), report.shards_total, workers, dst)
     try:
-        if jobs and min(workers, len(jobs)) == 1:
-            for job in jobs:
-                _collect(_run_inline(job, advance), report)
-        elif jobs:
-            _run_pool(jobs, min(workers, len(jobs)), advance, report)
-        if streamed:
-            from imgpipe.packing.scatter import StreamPack
-
-            StreamPack(plan, streamed, dst, resize, quality, node_rank, advance, lambda result: _collect(result, report)).run(workers)
+        scatter = Scatter(plan, todo, src, dst, resize=resize, quality=quality, node_rank=node_rank, advance=advance,
+                          collect=lambda result: _collect(result, report), checkpoint_s=checkpoint_s)  # fmt: skip
+        scatter.run(workers)
     except BaseException:
         for spec in todo:
             if Journal(dst).read_entry(spec.name) is None:
@@ -504,73 +491,6 @@ def _write_shards(
         raise
     finally:
         bar.close()
-
-
-def _run_inline(job: ShardJob, advance: Any) -> ShardResult:
-    try:
-        return write_shard(job, advance)
-    except ImgpipeError:
-        raise
-    except Exception as e:
-        raise _write_failure(job, e) from e
-
-
-def _write_failure(job: ShardJob, error: Exception) -> PackError:
-    """One line for a shard that could not be written: a full or read-only DST says what to do, and that a rerun resumes."""
-    if isinstance(error, OSError) and (error.errno in NO_SPACE or error.errno == errno.EROFS):
-        return PackError(
-            f"DST {job.dst}: writing shard {job.spec.name} failed: {describe(error, writing=True)}; "
-            "then rerun the same command to resume (the shards finished are kept)"
-        )
-    return PackError(f"writing shard {job.spec.name} failed: {type(error).__name__}: {error}")
-
-
-def _run_pool(jobs: Sequence[ShardJob], workers: int, advance: Any, report: PackReport) -> None:
-    context = pool_context()
-    updates = context.Queue()
-    stop = threading.Event()
-
-    def drain() -> None:
-        while not stop.is_set() or not updates.empty():
-            try:
-                images, nbytes = updates.get(timeout=0.1)
-            except queue_module.Empty:
-                continue
-            advance(images, nbytes)
-
-    drainer = threading.Thread(target=drain, name="imgpipe-pack-progress", daemon=True)
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker, initargs=(updates, os.getpid()))
-    futures: dict[Future, ShardJob] = {}
-    try:
-        futures = {pool.submit(write_shard_in_worker, job): job for job in jobs}
-        drainer.start()
-        remaining = set(futures)
-        while remaining:
-            done, remaining = wait(remaining, return_when=FIRST_EXCEPTION)
-            for future in done:
-                job = futures[future]
-                try:
-                    _collect(future.result(), report)
-                except BrokenProcessPool:
-                    raise PackError(
-                        f"a pack worker died while writing {job.spec.name} (killed, or out of memory?); rerun to resume"
-                    ) from None
-                except ImgpipeError:
-                    raise
-                except Exception as e:
-                    raise _write_failure(job, e) from e
-    except BaseException:
-        for process in list(getattr(pool, "_processes", {}).values()):
-            process.kill()
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    else:
-        pool.shutdown(wait=True)
-    finally:
-        stop.set()
-        if drainer.is_alive():
-            drainer.join()
-        updates.close()
 
 
 def _collect(result: ShardResult, report: PackReport) -> None:

@@ -24,15 +24,18 @@ import logging
 import math
 import os
 import re
+import stat as stat_module
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from imgpipe._sys.fiemap import UNSUPPORTED, first_extent
 from imgpipe.errors import PackError
 from imgpipe.format.layout import shard_stem
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE
+from imgpipe.packing.filereads import opens_are_round_trips
 
 if TYPE_CHECKING:
     from imgpipe.ingest.members import MemberSpans
@@ -42,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_SHARD_SIZE = "256MB"
 RECORD_OVERHEAD = FRAME_HEADER.size + IR_SIZE + 3  # frame header, IRHeader, worst-case padding
+NOWHERE = 2**63 - 1  # the place of a file with no data on the disk: read after the others
 _UNITS = {
     "": 1,
     "B": 1,
@@ -135,6 +139,7 @@ class SplitPlan:
     sizes: np.ndarray
     shards: list[ShardSpec]
     spans: MemberSpans | StreamItems | None = None  # archive sources: where each planned item lies
+    places: np.ndarray | None = None  # files: where each lies (disk offset or inode: source_stats), the read order; not fingerprinted
 
 
 @dataclass
@@ -154,16 +159,40 @@ class PackPlan:
         return [shard for split in self.splits.values() for shard in split.shards]
 
 
-def source_sizes(root: Path, paths: Sequence[str]) -> np.ndarray:
-    """Byte size of each source file (0 where it vanished), one stat per file."""
-    sizes = np.zeros(len(paths), dtype=np.int64)
+def source_stats(root: Path, paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Byte size of each source file (0 where it vanished), and where it lies: the order pack reads them in.
+
+    On a disk whose file system says where a file's data is (ext4, xfs, btrfs: FIEMAP), a file's
+    place is that disk offset (``NOWHERE``, after all others, for one with no data there);
+    elsewhere (tmpfs; a network or FUSE file system, where an open is a round trip) its inode
+    number, which local file systems allocate in about the order they lay files out. One stat per
+    file, and an open of each regular file with data where FIEMAP answers.
+    """
+    sizes, inodes, offsets = np.zeros(len(paths), np.int64), np.zeros(len(paths), np.int64), np.full(len(paths), NOWHERE, np.int64)
     base = os.path.join(os.fspath(root), "")  # plain strings: a Path per file costs more than its stat
+    placed = len(paths) > 0 and not opens_are_round_trips(root)
     for k, rel in enumerate(paths):
         try:
-            sizes[k] = os.stat(base + rel).st_size
+            info = os.stat(base + rel)
         except OSError:
-            sizes[k] = 0
-    return sizes
+            continue
+        sizes[k], inodes[k] = info.st_size, info.st_ino
+        if placed and info.st_size and stat_module.S_ISREG(info.st_mode):  # never a FIFO: opening one is not without effects
+            try:
+                offsets[k] = _first_extent_of(base + rel)
+            except OSError as e:
+                placed = e.errno not in UNSUPPORTED  # this file cannot be opened (its place stays unknown), or none here can say
+    return sizes, offsets if placed else inodes
+
+
+def _first_extent_of(path: str) -> int:
+    """Where the regular file's data starts on the disk, or ``NOWHERE``; opened ``O_NONBLOCK``, to read nothing."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        offset = first_extent(fd)
+    finally:
+        os.close(fd)
+    return NOWHERE if offset is None else offset
 
 
 def make_plan(
@@ -188,7 +217,7 @@ def make_plan(
     for split_index, (name, (paths, labels)) in enumerate(split_items.items()):
         labels = np.asarray(labels, dtype=np.int32)
         split_spans = (spans or {}).get(name)
-        sizes = split_spans.sizes if split_spans is not None else source_sizes(root, paths)
+        sizes, places = (split_spans.sizes, None) if split_spans is not None else source_stats(root, paths)
         order = np.random.default_rng([seed, split_index]).permutation(len(paths)) if shuffle else np.arange(len(paths))
         planned_paths = [paths[k] for k in order.tolist()]
         planned_labels = labels[order]
@@ -204,7 +233,8 @@ def make_plan(
         bounds = [len(paths) * k // count for k in range(count + 1)]
         shards = [ShardSpec(name, k, count, bounds[k], bounds[k + 1]) for k in range(count)]
         planned_spans = split_spans.take(order) if split_spans is not None else None
-        splits[name] = SplitPlan(name, planned_paths, planned_labels, sizes[order], shards, planned_spans)
+        planned_places = places[order] if places is not None else None
+        splits[name] = SplitPlan(name, planned_paths, planned_labels, sizes[order], shards, planned_spans, planned_places)
         digest.update(name.encode() + b"\0")
         digest.update("\n".join(planned_paths).encode("utf-8", "surrogateescape"))
         digest.update(planned_labels.astype("<i4").tobytes())

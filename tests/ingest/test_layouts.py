@@ -161,16 +161,32 @@ def slow_datasets(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def checkpointed(dst: Path) -> int:
-    """Records a stream pack's checkpoint says are written (0 without one)."""
+    """Records a pack's checkpoint says are written in shards not yet journaled (0 without one): what a rerun keeps."""
     try:
-        with np.load(dst / JOURNAL_DIR / "stream-node0.npz") as checkpoint:
-            return len(checkpoint["positions"])
+        with np.load(dst / JOURNAL_DIR / "checkpoint-node0.npz") as checkpoint:
+            names, shards = json.loads(checkpoint["meta"].tobytes())["shards"], checkpoint["shard"].tolist()
     except (OSError, ValueError, KeyError):
         return 0
+    journaled = {path.name[: -len(".json")] for path in (dst / JOURNAL_DIR).glob("*-of-*.json")}
+    return sum(names[k] not in journaled for k in shards)
 
 
-def pack_command(src: Path, dst: Path, program: tuple[str, ...] = ("-m", "imgpipe")) -> list[str]:
-    return [sys.executable, *program, "pack", str(src), str(dst), "--shards", "8", "--resize", "64", "--workers", "2", "--no-progress"]
+def pack_command(src: Path, dst: Path, program: tuple[str, ...] = ("-m", "imgpipe"), *options: str) -> list[str]:
+    return [
+        sys.executable,
+        *program,
+        "pack",
+        str(src),
+        str(dst),
+        "--shards",
+        "8",
+        "--resize",
+        "64",
+        "--workers",
+        "2",
+        "--no-progress",
+        *options,
+    ]
 
 
 STEP_S = 0.002
@@ -204,41 +220,35 @@ def tar_data_ends(path: Path) -> tuple[list[int], int]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("layout", ARCHIVES)
+@pytest.mark.parametrize("layout", ("tree", *ARCHIVES))
 def test_kill_then_resume_is_byte_identical(layout: str, slow_datasets: Path, tmp_path: Path) -> None:
-    """Killed at the first moment some work is durable (a journaled shard; for streams, a checkpoint of written records),
-    the rerun resumes: it writes only the shards not journaled, from a stream only the records not checkpointed, and
-    reads each .tar.gz only up to the member of its last such record."""
-    env = {**os.environ, "IMGPIPE_PACK_CHECKPOINT_S": "0", "STREAM_SPY_LOG": str(tmp_path / "reads.jsonl")}
+    """Killed at the first moment some work is durable (a checkpoint of written records), the rerun resumes: it writes
+    only the shards not journaled and reads only the records not checkpointed; a .tar.gz only up to the member of its
+    last such record."""
+    env = {**os.environ, "STREAM_SPY_LOG": str(tmp_path / "reads.jsonl")}
+    every = ("--checkpoint-every", "0")
     subprocess.run(pack_command(slow_datasets / "tree", tmp_path / "reference"), check=True, capture_output=True, timeout=240)
     dst = tmp_path / "out"
     journaled = lambda: len(list((dst / JOURNAL_DIR).glob("*-of-*.json")))  # noqa: E731
     shards = len([name for name in shard_files(tmp_path / "reference") if name.endswith(".rec")])
-    for _ in range(
-        5
-    ):  # a kill that lands once every shard is journaled (a loaded machine let the pack run on) leaves nothing to resume: again
+    for _ in range(5):  # a kill that lands once every shard is journaled (a loaded machine let the pack run on) leaves nothing to resume
         shutil.rmtree(dst, ignore_errors=True)
-        kill_once_durable(
-            pack_command(slow_datasets / layout, dst), (lambda: checkpointed(dst) > 0) if layout in STREAMS else journaled, env
-        )
+        kill_once_durable(pack_command(slow_datasets / layout, dst, ("-m", "imgpipe"), *every), lambda: checkpointed(dst) > 0, env)
         if journaled() < shards:
             break
     assert journaled() < shards, "every kill landed after the last shard was journaled"
     assert not (dst / "manifest.json").exists()
     done_shards = journaled()
     spy = (str(Path(__file__).parent / "_stream_spy.py"),) if layout == "hf-tar" else ("-m", "imgpipe")
-    result = subprocess.run(pack_command(slow_datasets / layout, dst, spy), capture_output=True, text=True, timeout=240, env=env)
+    result = subprocess.run(pack_command(slow_datasets / layout, dst, spy, *every), capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stderr
     assert shard_files(dst) == shard_files(tmp_path / "reference")
     assert not [p for p in dst.rglob("*") if p.name.endswith(".tmp")]
     writing = re.search(r"writing (\d+) shard\(s\) of (\d+)", result.stderr)
     assert writing and int(writing[1]) == int(writing[2]) - done_shards, result.stderr  # journaled shards are not written again
-    if layout not in STREAMS:
-        assert done_shards > 0
-        return
     resumed = re.search(r"resuming: (\d+) of (\d+) records were written before", result.stderr)
     assert resumed and 0 < int(resumed[1]) < int(resumed[2]), result.stderr
-    assert not (dst / JOURNAL_DIR / "slots").exists() and not (dst / JOURNAL_DIR / "stream-node0.npz").exists()
+    assert not (dst / JOURNAL_DIR / "slots").exists() and not (dst / JOURNAL_DIR / "checkpoint-node0.npz").exists()
     if layout == "hf-tar":
         reads = [json.loads(line) for line in (tmp_path / "reads.jsonl").read_text().splitlines()]
         assert sum(len(read["wanted"]) for read in reads) == int(resumed[2]) - int(resumed[1])  # no written record is read again
@@ -277,21 +287,33 @@ def test_a_truncated_archive_is_one_line(layout: str, victim: str, fragments: li
     assert_one_line_error(imgpipe("pack", src, tmp_path / "out", "--workers", "2", "--no-progress"), *fragments)
 
 
-def test_a_corrupt_zip_member_is_one_line_and_finished_shards_stay(datasets: Path, tree_pack: Path, tmp_path: Path) -> None:
+def test_a_corrupt_zip_member_is_one_line_and_what_was_written_stays(datasets: Path, tree_pack: Path, tmp_path: Path) -> None:
+    """The member read last (the zip is read front to back) is corrupt: every shard without it is published, the other
+    records of its shard are checkpointed, and the rerun after a new download reads that member alone."""
     src = copy_layout(datasets, "kaggle-zip", tmp_path / "src")
     archive = src / "imagenet-object-localization-challenge.zip"
-    last = (tree_pack / "train.sources.txt").read_text().splitlines()[-1]  # in the last train shard
-    member = "ILSVRC/Data/CLS-LOC/" + last
+    good = archive.read_bytes()
+    sources = {
+        f"ILSVRC/Data/CLS-LOC/{line}" for split in ("train", "val") for line in (tree_pack / f"{split}.sources.txt").read_text().split()
+    }
     with zipfile.ZipFile(archive) as z:
-        info = z.getinfo(member)
-    data = bytearray(archive.read_bytes())
+        info = max((i for i in z.infolist() if i.filename in sources and i.compress_size >= 32), key=lambda i: i.header_offset)
+    data = bytearray(good)
     at = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra) + info.compress_size // 2
     data[at : at + 16] = bytes(16)
     archive.write_bytes(bytes(data))
-    result = imgpipe("pack", src, tmp_path / "out", "--workers", "1", "--shards", "train=3,val=2", "--no-progress")
-    assert_one_line_error(result, f"imagenet-object-localization-challenge.zip/{member}", "corrupt zip member", "download the zip again")
-    journaled = sorted(p.name for p in (tmp_path / "out" / JOURNAL_DIR).glob("train-*.json"))
-    assert journaled == ["train-00000-of-00003.json", "train-00001-of-00003.json"]
+    args = ("pack", src, tmp_path / "out", "--workers", "1", "--shards", "train=3,val=2", "--no-progress")
+    result = imgpipe(*args)
+    assert_one_line_error(
+        result, f"imagenet-object-localization-challenge.zip/{info.filename}", "corrupt zip member", "download the zip again"
+    )
+    assert len(list((tmp_path / "out" / JOURNAL_DIR).glob("*-of-*.json"))) == 4
+    archive.write_bytes(good)  # downloaded again
+    rerun = imgpipe(*args)
+    assert rerun.returncode == 0, rerun.stderr
+    resumed = re.search(r"resuming: (\d+) of (\d+) records were written before", rerun.stderr)
+    assert resumed and int(resumed[1]) == int(resumed[2]) - 1, rerun.stderr
+    assert shard_files(tmp_path / "out") == shard_files(tree_pack)
 
 
 def test_a_webdataset_sample_with_a_label_but_no_image_is_one_line(tmp_path: Path) -> None:
@@ -491,19 +513,19 @@ def test_parquet_null_images_are_empty_and_hf_names_must_carry_the_wnid(datasets
     assert_one_line_error(imgpipe("pack", hf_tar, tmp_path / "hf-out"), "train_images_0.tar.gz", "member photo.JPEG", "<image>_<wnid>.JPEG")
 
 
-@pytest.mark.parametrize("layout", STREAMS)
-def test_clean_jpegs_from_a_stream_are_written_once_in_their_slots(layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every record fills the slot laid out for it, so the slot files are the shards: no compaction copies them."""
-    from imgpipe.packing import scatter
-
-    options = dict(classes=6, per_class=4, val_per_class=2, seed=2, min_side=32, max_side=64, progress=False)
-    make_synthetic(tmp_path / "tree", **options)  # type: ignore[arg-type]
-    make_synthetic(tmp_path / layout, layout=layout, **options)  # type: ignore[arg-type]
-    pack(tmp_path / "tree", tmp_path / "from-tree", shards="train=3,val=2", workers=1, progress=False)
+@pytest.mark.parametrize("layout", ARCHIVES)
+def test_clean_jpegs_are_written_once_in_their_slots(layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every record fills the slot laid out for it, so the slot files are the shards: no compaction copies them, from the
+    tree or from any layout."""
+    from imgpipe.packing import publish
 
     def no_copy(*args: object) -> None:
         raise AssertionError("a shard was compacted")
 
-    monkeypatch.setattr(scatter, "IndexedRecordWriter", no_copy)
-    pack(tmp_path / layout, tmp_path / "from-stream", shards="train=3,val=2", workers=1, progress=False)
-    assert shard_files(tmp_path / "from-stream") == shard_files(tmp_path / "from-tree")
+    monkeypatch.setattr(publish, "IndexedRecordWriter", no_copy)
+    options = dict(classes=6, per_class=4, val_per_class=2, seed=2, min_side=32, max_side=64, progress=False)
+    make_synthetic(tmp_path / "tree", **options)  # type: ignore[arg-type]
+    make_synthetic(tmp_path / layout, layout=layout, **options)  # type: ignore[arg-type]
+    pack(tmp_path / "tree", tmp_path / "from-tree", shards="train=3,val=2", workers=1, progress=False)
+    pack(tmp_path / layout, tmp_path / "from-layout", shards="train=3,val=2", workers=2, progress=False)
+    assert shard_files(tmp_path / "from-layout") == shard_files(tmp_path / "from-tree")

@@ -74,7 +74,7 @@ def test_quirks_are_skipped_or_repaired_and_clean_jpegs_kept_byte_exact(quirk_tr
     assert len(train) == len(paths) == len(labels) == 3 * 6 + 8 - 3
     keys = [key for key, _, _ in train]
     assert keys == sorted(keys) and len(set(keys)) == len(keys) and max(keys) == 3 * 6 + 8 - 1  # gaps where skipped
-    for (key, label, payload), path, sidecar_label in zip(train, paths, labels):
+    for (_key, label, payload), path, sidecar_label in zip(train, paths, labels):
         assert int(label) == sidecar_label == manifest.classes.index(path.split("/")[1])
         image = Image.open(io.BytesIO(payload))
         assert image.format == "JPEG" and image.mode == "RGB"
@@ -360,6 +360,9 @@ def test_user_errors_are_one_line_imgpipe_errors(tmp_path: Path) -> None:
         pack(tmp_path / "empty", tmp_path / "empty" / "out", progress=False)
     with pytest.raises(PackError, match="--overwrite with --num-nodes"):
         pack(tmp_path / "empty", tmp_path / "out", overwrite=True, num_nodes=2, progress=False)
+    for every in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(PackError, match="--checkpoint-every"):
+            pack(tmp_path / "empty", tmp_path / "out", checkpoint_s=every, progress=False)
 
 
 def _odd_name_tree(synth_tree: Path, root: Path) -> Path:

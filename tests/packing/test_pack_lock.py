@@ -47,9 +47,10 @@ def test_a_second_pack_on_a_locked_dst_names_the_first_and_deletes_nothing(block
         deadline = time.monotonic() + 60
         while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < deadline:
             time.sleep(0.02)
-        waiting = [dst / JOURNAL_DIR / "train-00000-of-00002.json", dst / ".train-00001-of-00002.rec.tmp"]
+        waiting = [dst / JOURNAL_DIR / "train-00000-of-00002.json", dst / JOURNAL_DIR / "slots" / "train-00001-of-00002.rec"]
         while not all(p.exists() for p in waiting) and time.monotonic() < deadline:  # shard 0 done, shard 1 waits on the FIFO
             time.sleep(0.02)
+        assert all(p.exists() for p in waiting), sorted(p.name for p in dst.rglob("*"))
         before = {p.name for p in dst.rglob("*")}
         for extra in (["--overwrite"], [], ["--seed", "5", "--overwrite"]):  # whatever its options
             second = subprocess.run(  # run() kills it if it times out
