@@ -204,7 +204,22 @@ def test_a_disk_that_fills_up_mid_pack_names_dst_and_the_rerun_resumes(tmp_path:
     size_mb = sum(p.stat().st_size for p in src.rglob("*") if p.is_file()) // 2**20 + 2
     with tmpfs(tmp_path / "disk", f"{size_mb}m") as disk:
         dst = disk / "out"
-        cmd = [sys.executable, "-m", "imgpipe", "pack", str(src), str(dst), "--workers", "1", "--shards", "40", "--resize", "64"]
+        # --no-shuffle: shards hold runs of files in read order, so they are finished one after another, not all at the end
+        cmd = [
+            sys.executable,
+            "-m",
+            "imgpipe",
+            "pack",
+            str(src),
+            str(dst),
+            "--workers",
+            "1",
+            "--shards",
+            "40",
+            "--resize",
+            "64",
+            "--no-shuffle",
+        ]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 120
         while not list((dst / ".imgpipe-pack").glob("train-*.json")) and time.monotonic() < deadline and proc.poll() is None:
