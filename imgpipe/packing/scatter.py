@@ -28,7 +28,7 @@ import numpy as np
 from imgpipe._sys.checksum import crc32
 from imgpipe._sys.procs import die_with_parent, pool_context
 from imgpipe.errors import ImgpipeError, PackError
-from imgpipe.format.recordio import IRHeader, frame_parts, pack_header
+from imgpipe.format.recordio import IR_SIZE, MAX_RECORD_BYTES, IRHeader, frame_parts, pack_header
 from imgpipe.image import codec
 from imgpipe.packing.checkpoint import CHECKPOINT_S, Checkpoints, checkpoint_path
 from imgpipe.packing.journal import Journal, ShardResult
@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 REPORT_EVERY_S = 0.2
 RESULTS_TIMEOUT_S = 60.0
 MAX_OPEN_SLOTS = 512  # slot files a worker keeps open (a job feeds every shard)
+TOO_LARGE_REASON = "image too large for a RecordIO record (512 MiB with its header); shrink it, or pack with --resize"
 
 
 @dataclass
@@ -269,9 +270,10 @@ class SlotWriter:
             return
         prepared = codec.prepare_image(data, resize=self.setup.resize, quality=self.setup.quality)
         action = ACTIONS.index(prepared.action)
+        too_large = prepared.data is not None and len(prepared.data) + IR_SIZE >= MAX_RECORD_BYTES
         for g, label, position, shard, offset, length in entries:
-            if prepared.data is None:
-                written.add(g, SKIPPED, 0, 0, len(data), prepared.reason or "unreadable image")
+            if prepared.data is None or too_large:
+                written.add(g, SKIPPED, 0, 0, len(data), TOO_LARGE_REASON if too_large else prepared.reason or "unreadable image")
                 continue
             record = pack_header(IRHeader(0, label, position, 0), prepared.data)
             parts = frame_parts(memoryview(record))  # views of the record: written as they are, not joined

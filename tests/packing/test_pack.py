@@ -498,3 +498,21 @@ def test_a_clean_header_over_a_broken_scan_is_skipped_so_verify_decode_passes(tm
     assert report.skipped[0].reason.startswith("cannot decode (OSError: ")
     result = subprocess.run([sys.executable, "-m", "imgpipe", "verify", str(tmp_path / "dst"), "--decode"], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+def test_an_image_too_large_for_a_record_is_skipped_with_the_reason_and_the_pack_verifies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RecordIO's length field holds less than 2**29 bytes: a larger image is left out with the reason (it stopped the
+    pack with a ValueError). The limit is lowered here (the workers are forked, so they inherit it)."""
+    from imgpipe.format.verify import verify
+    from imgpipe.packing import scatter
+
+    src = tmp_path / "src"
+    make_synthetic(src, classes=2, per_class=4, val_per_class=0, min_side=32, max_side=48, progress=False)
+    big = src / "train" / sorted(p.name for p in (src / "train").iterdir())[0] / "big.JPEG"
+    Image.effect_noise((400, 400), 80).convert("RGB").save(big, quality=95)
+    monkeypatch.setattr(scatter, "MAX_RECORD_BYTES", big.stat().st_size)
+    report = pack(src, tmp_path / "dst", workers=2, progress=False)
+    assert [(s.path.rsplit("/", 1)[-1], s.reason) for s in report.skipped] == [("big.JPEG", scatter.TOO_LARGE_REASON)]
+    assert verify(tmp_path / "dst").ok
