@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     src, rec = prepare(a)
     train = src / "train"
     print(f"data: {a.images} train JPEGs ({describe_tree(train)}), {a.shard_mb} MB shards; batch {a.batch_size}, {a.image_size} px uint8, "
-          f"{a.workers} workers; 2 epochs per process (the first cold); medians of {a.rounds} round(s); {a.latency_ms:.0f} ms per request")  # fmt: skip
+          f"{a.workers} workers; 2 epochs per process (the first cold); medians of {a.rounds} round(s); "
+          f"{a.latency_ms:.0f} ms per request")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="remote-bench.") as tmp, S3Server(lifetime_s=7200, latency_s=a.latency_ms / 1e3) as server:
         work = Path(tmp)
         os.environ.update(server.env())  # for the peers' children too
@@ -241,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                 f = epoch_figures(result)
                 extra = f", cache complete after 2 epochs: {result['cache_complete']}" if "cache_complete" in result else ""
                 print(f"  round {round_ + 1}: {name:15s} cold {f[0]['images_per_s']:5.0f}, warm {f[1]['images_per_s']:5.0f} images/s; "
-                      f"GETs {[e['GET'] for e in f]}, range GETs {[e['range_GET'] for e in f]}, requests/s {[round(e['requests_per_s']) for e in f]}{extra}",
+                      f"GETs {[e['GET'] for e in f]}, range GETs {[e['range_GET'] for e in f]}, "
+                      f"requests/s {[round(e['requests_per_s']) for e in f]}{extra}",
                       flush=True)  # fmt: skip
         stage = compare_stage(url, env, work, rounds=a.rounds, counts=server.counts) if not (a.no_stage or a.no_epochs) else {}
         first = first_batches(a, server, env, work) if not a.no_first_batch else {}
@@ -268,7 +270,8 @@ def report_epochs(runs: dict[str, list[dict[str, Any] | None]], a: argparse.Name
     figures = {name: [f for f in rounds if f is not None] for name, rounds in by_round.items()}
     images = runs[LOCAL][0]["epochs"][0]["images"]  # type: ignore[index]
     print(
-        f"\n{'loader':15s} {'cold img/s':>10s} {'warm img/s':>10s} {'range GETs/record cold/warm':>28s} {'MB cold':>8s} {'requests/s cold/warm':>21s}"
+        f"\n{'loader':15s} {'cold img/s':>10s} {'warm img/s':>10s} {'range GETs/record cold/warm':>28s} {'MB cold':>8s} "
+        f"{'requests/s cold/warm':>21s}"
     )
     for name, rounds in figures.items():
         if not rounds:
@@ -293,7 +296,8 @@ def report_epochs(runs: dict[str, list[dict[str, Any] | None]], a: argparse.Name
     peers = [p for p in PEERS if figures.get(p)]
     goals = [("cache, first epoch (cold) / local folder, first epoch", ratio(CACHE, 0, [LOCAL], 0), 0.9),
              ("cache, second epoch / local folder, second epoch", ratio(CACHE, 1, [LOCAL], 1), 0.95),
-             ("local folder beside the same fill, first epoch / local folder alone (this machine's ceiling)", ratio(BESIDE, 0, [LOCAL], 0), None),
+             ("local folder beside the same fill, first epoch / local folder alone (this machine's ceiling)",
+              ratio(BESIDE, 0, [LOCAL], 0), None),
              ("cache, first epoch / local folder beside the same fill, first epoch", ratio(CACHE, 0, [BESIDE], 0), None),
              ("stream, second epoch / local folder, second epoch", ratio(STREAM, 1, [LOCAL], 1), None)]  # fmt: skip
     if peers:
@@ -309,19 +313,22 @@ def report_stage(stage: dict[str, Any], runs: dict[str, list[dict[str, Any] | No
     """``imgpipe stage`` of the same folder against boto3's s3transfer, and what a staged first epoch would take."""
     ours, theirs = stage["imgpipe stage"], stage["boto3 s3transfer"]
     print(f"\nimgpipe stage of the same {ours['bytes'] / 1e6:.0f} MB (medians of {stage['rounds']} rounds, alternating with boto3):")
-    print(f"  imgpipe stage {ours['seconds']:5.2f} s ({ours['mb_s']:.0f} MB/s), boto3 s3transfer {theirs['seconds']:5.2f} s ({theirs['mb_s']:.0f} MB/s): "
+    print(f"  imgpipe stage {ours['seconds']:5.2f} s ({ours['mb_s']:.0f} MB/s), "
+          f"boto3 s3transfer {theirs['seconds']:5.2f} s ({theirs['mb_s']:.0f} MB/s): "
           f"{stage['ratio']:.2f}x boto3's time  goal <= 1.1x: {'met' if stage['ratio'] <= 1.1 else 'MISSED'}")  # fmt: skip
     local = [epoch_figures(r)[0] for r in runs.get(LOCAL, []) if r is not None]
     if local:
         images = runs[LOCAL][0]["epochs"][0]["images"]  # type: ignore[index]
         cold = statistics.median(f["images_per_s"] for f in local)
-        print(f"  staged, then the local folder's cold epoch: {images / (ours['seconds'] + images / cold):.0f} images/s over the first epoch "
+        rate = images / (ours["seconds"] + images / cold)
+        print(f"  staged, then the local folder's cold epoch: {rate:.0f} images/s over the first epoch "
               f"(the copy, then {cold:.0f} images/s)")  # fmt: skip
 
 
 def report_first_batches(first: dict[str, list[dict[str, Any]]], a: argparse.Namespace) -> None:
     print(
-        f"\ntime to the first batch, {a.records:,} records in {a.index_shards} shards (fresh interpreter, after the imports; batch 256, 64 px, 2 workers):"
+        f"\ntime to the first batch, {a.records:,} records in {a.index_shards} shards "
+        "(fresh interpreter, after the imports; batch 256, 64 px, 2 workers):"
     )
     goals_s = {"bucket, cold": 5.0, "cache holding the index": 1.0, "cache complete": 1.0}
     for name, results in first.items():

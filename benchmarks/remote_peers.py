@@ -74,7 +74,8 @@ def epoch_figures(result: dict[str, Any]) -> list[dict[str, float]]:
     for epoch in result["epochs"]:
         counted = epoch.get("counters", {})
         figures.append({
-            "images_per_s": epoch["images"] / epoch["wall_s"], "images_per_cpu_s": epoch["images"] / max(epoch["cpu_s"], 1e-9), "GET": counted.get("GET", 0), "range_GET": counted.get("range_GET", 0),
+            "images_per_s": epoch["images"] / epoch["wall_s"], "images_per_cpu_s": epoch["images"] / max(epoch["cpu_s"], 1e-9),
+            "GET": counted.get("GET", 0), "range_GET": counted.get("range_GET", 0),
             "requests": counted.get("requests", 0), "MB": counted.get("bytes_out", 0) / 1e6,
             "requests_per_s": counted.get("requests", 0) / epoch["wall_s"], "cache_MB": counted.get("cache_bytes", 0) / 1e6,
         })  # fmt: skip
@@ -85,7 +86,8 @@ def report(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Print the per-loader table and the ratios against imgpipe from a local folder; return the figures."""
     figures: dict[str, Any] = {}
     print(
-        f"\n{'loader':14s} {'cold img/s':>10s} {'warm img/s':>10s} {'/CPU-s cold/warm':>16s}  {'GETs cold/warm':>14s} {'MB cold/warm':>13s} {'req/s cold':>10s} {'cache MB':>8s}"
+        f"\n{'loader':14s} {'cold img/s':>10s} {'warm img/s':>10s} {'/CPU-s cold/warm':>16s}  {'GETs cold/warm':>14s} "
+        f"{'MB cold/warm':>13s} {'req/s cold':>10s} {'cache MB':>8s}"
     )
     for name, results in runs.items():
         per_round = [epoch_figures(r) for r in results]
@@ -157,14 +159,16 @@ def main(argv: list[str] | None = None) -> int:
     src, rec = prepare(a)
     train = src / "train"
     print(f"data: {a.images} train JPEGs ({describe_tree(train)}); batch {a.batch_size}, size {a.image_size} uint8, {a.workers} workers; "
-          f"{a.epochs} epochs per process (the first cold), medians of {a.rounds} rounds; server latency {a.latency_ms:.0f} ms per request")  # fmt: skip
+          f"{a.epochs} epochs per process (the first cold), medians of {a.rounds} rounds; "
+          f"server latency {a.latency_ms:.0f} ms per request")  # fmt: skip
     with _s3_server.start(latency_s=a.latency_ms / 1e3) as server:
         urls = {}
         for peer in (n for n in a.names if n in PEERS):
             written = prepare_peer(a.peers_python, peer, train, a.work, server.url, shard_mb=a.shard_mb)
             urls[peer] = written["url"]
             print(
-                f"{peer}: {written['files']} files, {written['bytes'] / 1e6:.0f} MB in {written['url']} (uploaded in {written['upload_s']:.1f} s)"
+                f"{peer}: {written['files']} files, {written['bytes'] / 1e6:.0f} MB in {written['url']} "
+                f"(uploaded in {written['upload_s']:.1f} s)"
             )
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in a.names}
         notes: set[str] = set()

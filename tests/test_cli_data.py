@@ -37,10 +37,8 @@ def test_pack_verify_info_round_trip(synth_tree: Path, tmp_path: Path) -> None:
 
     verified = imgpipe("verify", dst, "--decode", "--workers", "2")
     assert verified.returncode == 0, verified.stdout + verified.stderr
-    assert (
-        verified.stdout.strip()
-        == f"{dst}: OK: checked and decoded 60 records in 3 shard(s), {manifest.splits['train'].bytes / 1e6 + manifest.splits['val'].bytes / 1e6:,.1f} MB"
-    )
+    megabytes = manifest.splits["train"].bytes / 1e6 + manifest.splits["val"].bytes / 1e6
+    assert verified.stdout.strip() == f"{dst}: OK: checked and decoded 60 records in 3 shard(s), {megabytes:,.1f} MB"
 
     info = imgpipe("info", dst)
     assert info.returncode == 0, info.stderr

@@ -142,7 +142,7 @@ def test_a_loop_that_drops_each_batch_gets_every_one_from_the_ring_without_a_cop
     loader = _loader(tiny, workers=2, prefetch_factor=1, normalize=normalize)  # 2 in flight + 2: 4 slots
     slots = {slot.data_ptr() for slot in loader.dataset.ring.slots}
     reference = _loader(tiny, workers=0, normalize=normalize)
-    for epoch in range(2):
+    for _epoch in range(2):
         for (x, y), (x0, y0) in zip(loader, reference, strict=True):
             assert x.data_ptr() in slots  # the slot itself: the workers normalized (or not) in place
             assert torch.equal(x, x0) and torch.equal(y, y0)
@@ -154,10 +154,10 @@ def test_a_loop_that_drops_each_batch_gets_every_one_from_the_ring_without_a_cop
 def test_an_abandoned_pass_leaves_the_next_one_exact(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     claims = _recording_claims(monkeypatch)
     loader = _loader(tiny, workers=2, normalize=False)
-    for step, batch in enumerate(loader):  # epoch 0: leave after 2 of 12 batches, 4 requests in flight
+    for step, _batch in enumerate(loader):  # epoch 0: leave after 2 of 12 batches, 4 requests in flight
         if step == 1:
             break
-    del batch
+    del _batch
     epoch1 = [(x.clone(), y.clone()) for x, y in loader]
     reference = _loader(tiny, workers=0, normalize=False)
     reference.set_epoch(1)

@@ -105,7 +105,7 @@ def test_only_the_output_size_changes_with_the_resolution(indexed: Path) -> None
         loader.set_epoch(1)
         images, labels = next(iter(loader))
         for image, record in zip(images, labels.tolist()):
-            crop_for = lambda w, h: sample_crop(TrainGeometry(image_size=999), w, h, seed=SEED, epoch=1, index=record)  # noqa: E731
+            crop_for = lambda w, h, record=record: sample_crop(TrainGeometry(image_size=999), w, h, seed=SEED, epoch=1, index=record)  # noqa: E731
             assert torch.equal(image, decode_sample(shards.read(record)[1], crop_for, size))
     loader.close()
     rng_free = TrainGeometry(image_size=16), TrainGeometry(image_size=320)
