@@ -6,6 +6,9 @@ MXVENV := .venv-mxnet
 # torch 2.14.1 / torchvision 0.29.1 are the pair that import together on this machine.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 PYTEST_ARGS ?=
+# pytest-xdist processes: most tests wait on the processes they start (DDP ranks, CLI runs, the S3 server),
+# so two of them keep both cores busy; PYTEST_WORKERS=0 runs the suite in one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: demo test interop-venv clean
 
@@ -30,9 +33,12 @@ interop-venv:
 demo: $(VENV)/.installed
 	$(PY) tools/demo.py
 
-# IMGPIPE_STRICT_DEPS=1: a missing or broken MXNet venv or DALI fails the run instead of skipping (tests/conftest.py).
+# ruff first (seconds; config in pyproject.toml). IMGPIPE_STRICT_DEPS=1: a missing or broken MXNet venv or DALI
+# fails the run instead of skipping (tests/conftest.py).
 test: $(VENV)/.installed interop-venv
-	IMGPIPE_STRICT_DEPS=1 IMGPIPE_MXNET_PYTHON=$(abspath $(MXVENV))/bin/python $(PY) -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	IMGPIPE_STRICT_DEPS=1 IMGPIPE_MXNET_PYTHON=$(abspath $(MXVENV))/bin/python $(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(MXVENV) demo

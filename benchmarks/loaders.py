@@ -31,7 +31,8 @@ steadier measure on a machine shared with other work. Worker and main-process RS
 
     python benchmarks/loaders.py                      # ImageNet-shaped, 3,000 JPEGs, at 2 and all workers
     python benchmarks/loaders.py --data synth --quick --workers 2
-    bash benchmarks/ffcv_env.sh /tmp/ffcv-venv && python benchmarks/loaders.py --workers 2 --only imgpipe-torch --ffcv-python /tmp/ffcv-venv/bin/python
+    bash benchmarks/ffcv_env.sh /tmp/ffcv-venv
+    python benchmarks/loaders.py --workers 2 --only imgpipe-torch --ffcv-python /tmp/ffcv-venv/bin/python
 """
 
 from __future__ import annotations
@@ -347,7 +348,8 @@ def report(
         memory = f"{workers_mb} | {[round(e['main_rss_mb']) for e in last]} ({[round(e['main_private_mb']) for e in last]})"
         per_core = r["steady"] / min(max(1, int(w)), cpus)
         print(
-            f"{name:20s} {dtype:7s} {split:5s} {w:>2s} {r['first']:7.0f} {r['steady']:7.0f} {per_core:6.0f} {r['steady_per_cpu_s']:6.0f}  {memory}"
+            f"{name:20s} {dtype:7s} {split:5s} {w:>2s} {r['first']:7.0f} {r['steady']:7.0f} {per_core:6.0f} "
+            f"{r['steady_per_cpu_s']:6.0f}  {memory}"
         )
         figures[key] = {**r, "per_core": per_core, "rounds": [rates(x) for x in results], "last_round_epochs": last}
     rate, per_cpu = statistics.median(r for r, _ in decode), statistics.median(c for _, c in decode)
@@ -366,8 +368,9 @@ def report(
                 first, _ = median_ratio(runs[k_mine], runs[k_theirs], "first")
                 per_cpu, _ = median_ratio(runs[k_mine], runs[k_theirs], "steady_per_cpu_s")
                 goal = goal if split == "train" else None
-                print(f"  {mine} / {theirs:20s} {dtype:7s} {split:5s} {w:2d} workers {steady:5.2f}x ({first:4.2f}x, per CPU-s {per_cpu:4.2f}x)  "
-                      f"{verdict(steady, goal):18s} rounds {', '.join(f'{x:.2f}' for x in rounds)}")  # fmt: skip
+                print(f"  {mine} / {theirs:20s} {dtype:7s} {split:5s} {w:2d} workers {steady:5.2f}x "
+                      f"({first:4.2f}x, per CPU-s {per_cpu:4.2f}x)  {verdict(steady, goal):18s} "
+                      f"rounds {', '.join(f'{x:.2f}' for x in rounds)}")  # fmt: skip
                 figures[f"ratio {mine}/{theirs} {dtype} {split} {w}"] = {
                     "steady": steady,
                     "first": first,
@@ -380,8 +383,9 @@ def report(
                 pairs = [rates(x)["steady"] / cores / rate for x, (rate, _) in zip(runs[k], decode)]
                 per_core = statistics.median(pairs)
                 per_cpu = statistics.median(rates(x)["steady_per_cpu_s"] / cpu for x, (_, cpu) in zip(runs[k], decode))
-                print(f"  imgpipe-torch per core / Pillow decode-only   uint8   train {w:2d} workers {per_core:5.2f}x (per CPU-s {per_cpu:4.2f}x)  "
-                      f"{verdict(per_core, PER_CORE_GOAL):18s} rounds {', '.join(f'{x:.2f}' for x in pairs)}")  # fmt: skip
+                print(f"  imgpipe-torch per core / Pillow decode-only   uint8   train {w:2d} workers {per_core:5.2f}x "
+                      f"(per CPU-s {per_cpu:4.2f}x)  {verdict(per_core, PER_CORE_GOAL):18s} "
+                      f"rounds {', '.join(f'{x:.2f}' for x in pairs)}")  # fmt: skip
                 figures[f"ratio per core / decode-only uint8 train {w}"] = {"steady": per_core, "per_cpu_s": per_cpu, "rounds": pairs}
     return figures
 
@@ -472,7 +476,8 @@ def main(argv: list[str] | None = None) -> int:
             runs[f"{name}|{dtype}|{split}|{w}"].append(result)
             r = rates(result)
             print(
-                f"  round {round_ + 1}: {name:20s} {dtype:7s} {split:5s} {w} workers: first {r['first']:6.0f}, steady {r['steady']:6.0f} images/s",
+                f"  round {round_ + 1}: {name:20s} {dtype:7s} {split:5s} {w} workers: "
+                f"first {r['first']:6.0f}, steady {r['steady']:6.0f} images/s",
                 flush=True,
             )
     figures = report(runs, decode, workers, cpus, a)

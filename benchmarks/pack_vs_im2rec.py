@@ -211,7 +211,8 @@ def main() -> None:
     parser.add_argument("--src", type=Path, help="tree with train/<class>/* (default: a generated one, made once)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "imgpipe-bench", help="scratch folder")
     parser.add_argument("--data", choices=["imagenet", "synth"], default="imagenet",
-                        help="generated tree: ImageNet's sizes and file sizes (--images), or imgpipe synth's defaults (--classes x --per-class)")  # fmt: skip
+                        help="generated tree: ImageNet's sizes and file sizes (--images), "
+                             "or imgpipe synth's defaults (--classes x --per-class)")  # fmt: skip
     parser.add_argument("--images", type=int, default=3000)
     parser.add_argument("--classes", type=int, default=20)
     parser.add_argument("--per-class", type=int, default=50)
@@ -277,7 +278,8 @@ def main() -> None:
         if times["im2rec"]:
             print(f"  imgpipe / im2rec, median of the per-pair ratios: {median_pair_ratio(times['imgpipe'], times['im2rec']):.2f}x")
             print(f"  CPU seconds (user + sys, all processes): imgpipe {statistics.median(cpu_times['imgpipe']):.2f}, "
-                  f"im2rec {statistics.median(cpu_times['im2rec']):.2f}; per-pair ratio {median_pair_ratio(cpu_times['imgpipe'], cpu_times['im2rec']):.2f}x")  # fmt: skip
+                  f"im2rec {statistics.median(cpu_times['im2rec']):.2f}; "
+                  f"per-pair ratio {median_pair_ratio(cpu_times['imgpipe'], cpu_times['im2rec']):.2f}x")  # fmt: skip
         if resize:
             per_core = per_core_limit(src / "train")
             pack_per_core = images / medians["imgpipe"] / args.workers

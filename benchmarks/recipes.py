@@ -8,17 +8,19 @@ Data: ImageNet-layout synthetic classes (``imgpipe synth``: a hue pair and a str
 class, with per-image jitter, noise and blobs), packed with ``--resize`` to a short side a little
 above the validation size, as one packs ImageNet for low-resolution training (FFCV packs at 400-500
 px for 160-192 px training). 50 classes make the hues of neighbouring classes close, so the task is
-not solved at once; 500 validation images make one image 0.2 points of top-1. Both runs are the real ``imgpipe train`` CLI, one process each,
-alternating fixed, progressive, fixed, ...; round r runs both with seed r (one seed's top-1 moves by
-several points on a set this small, so the medians over seeds are compared); the wall time is the trainer's own (``wall_s`` of the
-last epoch: training plus every epoch's validation, no process start-up), and the top-1 the last
-epoch's. The CPU seconds of each whole run (its loader workers too) are printed beside: on a
-machine shared with other work they move less than the wall time. Printed: each run, then the medians and the median of the per-round ratios (a machine
-shared with other work disturbs a ratio taken within one round less).
+not solved at once; 500 validation images make one image 0.2 points of top-1. Both runs are the real
+``imgpipe train`` CLI, one process each, alternating fixed, progressive, fixed, ...; round r runs both
+with seed r (one seed's top-1 moves by several points on a set this small, so the medians over seeds are
+compared); the wall time is the trainer's own (``wall_s`` of the last epoch: training plus every
+epoch's validation, no process start-up), and the top-1 the last epoch's. The CPU seconds of each
+whole run (its loader workers too) are printed beside: on a machine shared with other work they move
+less than the wall time. Printed: each run, then the medians and the median of the per-round ratios
+(a machine shared with other work disturbs a ratio taken within one round less).
 
 Usage::
 
-    python benchmarks/recipes.py                 # 50 classes x 32 train / 10 val, 96 px, 8 epochs, 2 rounds, 1 thread (~40 min on 2 idle cores)
+    python benchmarks/recipes.py                 # 50 classes x 32 train / 10 val, 96 px, 8 epochs, 2 rounds, 1 thread
+                                                 # (~40 min on 2 idle cores)
     python benchmarks/recipes.py --rounds 4      # medians over 4 seeds
 
 The sizes: fixed at 96 px; progressive at 64 px, then 96 px for the last two epochs, validated at
@@ -126,7 +128,8 @@ def children_cpu_s() -> float:
 
 def describe(name: str, result: dict) -> str:
     return (
-        f"{name:<12} top-1 {result['top1']:.4f}  wall {result['wall_s']:7.1f} s (process {result['process_s']:.1f} s, CPU {result['cpu_s']:.1f} s)  "
+        f"{name:<12} top-1 {result['top1']:.4f}  wall {result['wall_s']:7.1f} s "
+        f"(process {result['process_s']:.1f} s, CPU {result['cpu_s']:.1f} s)  "
         f"train px {result['sizes']}  val px {result['val_px']}  top-1 by epoch {result['top1_by_epoch']}"
     )
 
@@ -148,7 +151,8 @@ def main() -> None:
         "--threads",
         type=int,
         default=1,
-        help="OMP_NUM_THREADS of each run (1: the model's step scales with the image as on a GPU, and the loader worker has the other core)",
+        help="OMP_NUM_THREADS of each run (1: the model's step scales with the image as on a GPU, "
+        "and the loader worker has the other core)",
     )
     parser.add_argument("--rounds", type=int, default=2, help="pairs of runs, round r with seed r (the top-1 of one seed moves by points)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "imgpipe-recipes-bench")
@@ -157,7 +161,8 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     packed = make_data(args.work, args.classes, args.per_class, args.val_per_class, args.resize)
     print(
-        f"recipes: resnet18, {args.classes} classes x {args.per_class} train / {args.val_per_class} val (packed at short side {args.resize}), "
+        f"recipes: resnet18, {args.classes} classes x {args.per_class} train / {args.val_per_class} val "
+        f"(packed at short side {args.resize}), "
         f"{args.epochs} epochs, batch {args.batch}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
@@ -174,12 +179,10 @@ def main() -> None:
     top1_fixed = statistics.median(r["top1"] for r in fixed)
     top1_prog = statistics.median(r["top1"] for r in progressive)
     ratio = statistics.median(ratios)
-    print(
-        f"fixed {args.size} px, seeds 0-{args.rounds - 1}: median top-1 {top1_fixed:.4f}, median wall {statistics.median(r['wall_s'] for r in fixed):.1f} s"
-    )
-    print(
-        f"progressive {args.start}->{args.size} px, val {args.val_size} px: median top-1 {top1_prog:.4f}, median wall {statistics.median(r['wall_s'] for r in progressive):.1f} s"
-    )
+    wall_fixed = statistics.median(r["wall_s"] for r in fixed)
+    wall_prog = statistics.median(r["wall_s"] for r in progressive)
+    print(f"fixed {args.size} px, seeds 0-{args.rounds - 1}: median top-1 {top1_fixed:.4f}, median wall {wall_fixed:.1f} s")
+    print(f"progressive {args.start}->{args.size} px, val {args.val_size} px: median top-1 {top1_prog:.4f}, median wall {wall_prog:.1f} s")
     gap = 100 * (top1_fixed - top1_prog)
     verdict = "met" if gap <= 2.0 and ratio <= 0.8 else "NOT met"
     print(

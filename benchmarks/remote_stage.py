@@ -54,7 +54,8 @@ from boto3.s3.transfer import TransferConfig
 bucket, prefix, dst = sys.argv[1:4]
 t0 = time.perf_counter()
 s3 = boto3.client("s3")
-keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/") for o in page.get("Contents", [])]
+pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
 config = TransferConfig(max_concurrency=10)
 for key in keys:
     s3.download_file(bucket, key, os.path.join(dst, key.rsplit("/", 1)[1]), Config=config)
@@ -154,7 +155,8 @@ def main() -> None:
         t0 = time.perf_counter()
         up = stage(data, f"s3://{BUCKET}/packed")
         print(
-            f"{up.files} files, {up.total_bytes / 1e6:,.0f} MB ({args.shards} shards) uploaded by imgpipe stage in {time.perf_counter() - t0:.1f} s; "
+            f"{up.files} files, {up.total_bytes / 1e6:,.0f} MB ({args.shards} shards) uploaded by imgpipe stage "
+            f"in {time.perf_counter() - t0:.1f} s; "
             f"{args.latency_ms:.0f} ms added per request; {args.rounds} alternating round(s), each copy in a fresh interpreter"
         )
         result = compare(f"s3://{BUCKET}/packed", env, work, rounds=args.rounds, jobs=args.jobs, counts=server.counts)
@@ -163,7 +165,8 @@ def main() -> None:
     for name in ("boto3 s3transfer", "imgpipe stage"):
         r = result[name]
         print(
-            f"  {name:17s} {r['seconds']:6.2f} s  {r['mb_s']:6.0f} MB/s  {r.get('gets', 0):5.0f} GETs   (each round: {', '.join(f'{s:.2f}' for s in r['all_seconds'])} s)"
+            f"  {name:17s} {r['seconds']:6.2f} s  {r['mb_s']:6.0f} MB/s  {r.get('gets', 0):5.0f} GETs   "
+            f"(each round: {', '.join(f'{s:.2f}' for s in r['all_seconds'])} s)"
         )
     print(f"  imgpipe stage / boto3: {result['ratio']:.2f}x the time (goal: <= 1.10x)")
 

@@ -63,7 +63,8 @@ EPOCH = """
 import json, sys, time
 from imgpipe.loaders.torch import make_torch_loader
 kwargs = json.loads(sys.argv[2])
-loader = make_torch_loader(sys.argv[1], batch_size=64, image_size=224, workers=2, device=None, normalize=False, rank=0, world_size=1, **kwargs)
+loader = make_torch_loader(sys.argv[1], batch_size=64, image_size=224, workers=2, device=None, normalize=False, rank=0, world_size=1,
+                           **kwargs)
 for x, y in loader:  # the first epoch starts the workers and their clients: not streaming yet
     pass
 print("warm", flush=True)

@@ -147,7 +147,10 @@ def pytest_runtest_makereport() -> Iterator[None]:
     named = [tool for tool in STRICT_TOOLS if tool in reason.lower()]  # a GPU-only skip stays a skip
     dali = "dali" in named
     if strict_deps() and named:
-        why = f"{STRICT_ENV}=1 (make test) requires DALI, the MXNet venv, python-isal, moto, obstore and boto3 (the dev extra) and imgpipe's C extensions"
+        why = (
+            f"{STRICT_ENV}=1 (make test) requires DALI, the MXNet venv, python-isal, moto, obstore and boto3 (the dev extra)"
+            " and imgpipe's C extensions"
+        )
     elif dali and dali_problem() not in (None, "not installed"):
         why = f"NVIDIA DALI is {dali_problem()}"
     else:

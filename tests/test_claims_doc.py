@@ -17,7 +17,8 @@ def missing_tests(text: str) -> list[str]:
     """The ``tests/<file>.py::<test>`` citations in ``text`` whose file or test function does not exist."""
     cited = set(CITATION.findall(text))
     return [f"{path}::{name}" for path, name in sorted(cited)
-            if not (ROOT / path).is_file() or not re.search(rf"^def {name}\(", (ROOT / path).read_text(encoding="utf-8"), re.M)]  # fmt: skip
+            if not (ROOT / path).is_file()
+            or not re.search(rf"^def {name}\(", (ROOT / path).read_text(encoding="utf-8"), re.M)]  # fmt: skip
 
 
 def test_claims_doc_cites_the_suite() -> None:
@@ -53,7 +54,12 @@ def test_every_claim_cites_a_test_or_says_how_it_is_measured() -> None:
 
 
 def test_a_claim_row_without_a_test_or_a_measurement_is_caught() -> None:
-    table = "| claim | tests |\n| --- | --- |\n| cited | `tests/test_claims_doc.py::test_every_cited_test_exists` |\n| measured | measured by `benchmarks/loaders.py` |\n| bare | |\n| vague | see above |\n"
+    table = (
+        "| claim | tests |\n| --- | --- |\n"
+        "| cited | `tests/test_claims_doc.py::test_every_cited_test_exists` |\n"
+        "| measured | measured by `benchmarks/loaders.py` |\n"
+        "| bare | |\n| vague | see above |\n"
+    )
     assert unbacked_rows(table) == ["bare", "vague"]
 
 

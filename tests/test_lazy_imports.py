@@ -54,7 +54,10 @@ def test_opening_packing_and_verifying_never_import_torch_or_dali(tmp_path: Path
 def test_the_store_helper_and_the_cache_fill_import_neither_tqdm_nor_torch() -> None:
     """Every process that opens a URL starts a store helper, and a cache fill runs in it: what it
     imports is CPU spent beside the loader's workers (tqdm alone is 0.1 s here)."""
-    code = "import sys, imgpipe.storage.store_helper, imgpipe.cache.fill, imgpipe._sys.procs; print(sorted(m for m in ('tqdm', 'torch') if m in sys.modules))"
+    code = (
+        "import sys, imgpipe.storage.store_helper, imgpipe.cache.fill, imgpipe._sys.procs;"
+        " print(sorted(m for m in ('tqdm', 'torch') if m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"

@@ -179,8 +179,9 @@ def test_a_layout_from_an_existing_tree_is_the_layout_synth_makes(tmp_path: Path
     make_synthetic(tmp_path / "made-tars", quirks=True, tars=True, **SMALL)
     make_synthetic(tmp_path / "taken-tars", quirks=True, tars=True, source=tmp_path / "tree", **SMALL)
     assert digest_tree(tmp_path / "taken-tars") == digest_tree(tmp_path / "made-tars")
-    args = [sys.executable, "-m", "imgpipe", "synth", str(tmp_path / "other"), "--from", str(tmp_path / "tree"), "--layout", "wds",
-            "--classes", "3", "--per-class", "4", "--val-per-class", "2", "--seed", "5", "--min-side", "40", "--max-side", "72"]  # fmt: skip
+    args = [sys.executable, "-m", "imgpipe", "synth", str(tmp_path / "other"), "--from", str(tmp_path / "tree"),
+            "--layout", "wds", "--classes", "3", "--per-class", "4", "--val-per-class", "2", "--seed", "5",
+            "--min-side", "40", "--max-side", "72"]  # fmt: skip
     no_quirks = subprocess.run(args, capture_output=True, text=True, timeout=100)  # the tree has them
     assert no_quirks.returncode != 0 and no_quirks.stderr.count("\n") == 1 and "with other arguments" in no_quirks.stderr
     with pytest.raises(DatasetError, match="another --layout"):

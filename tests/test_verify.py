@@ -296,7 +296,8 @@ def test_an_index_sidecar_that_differs_from_the_idx_files_is_located(dataset: Pa
     manifest["splits"]["train"]["index_sidecar_sha256"] = hashlib.sha256(data).hexdigest()
     (dataset / "manifest.json").write_text(json.dumps(manifest))
     found = problem_lines(dataset)
-    said = f"train.index.npy: record {first + 2} (source {source_of(dataset, 'train', first + 2)}): key {keys[first + 2]}, offset {offsets[first + 2]}"
+    source = source_of(dataset, "train", first + 2)
+    said = f"train.index.npy: record {first + 2} (source {source}): key {keys[first + 2]}, offset {offsets[first + 2]}"
     assert found == [f"{said} but {idx.name} line 3 says key {keys[first + 2]}, offset {offsets[first + 2] - 4}; rerun 'imgpipe pack'"]
 
 

@@ -67,8 +67,8 @@ def loader_pass(backend: str) -> None:
     loader = make(REC, "train", batch_size=32, image_size=128, workers=2, seed=0)
     start = time.perf_counter()
     images = 0
-    for batch, labels in loader:
-        images += labels.numel()
+    for batch, _labels in loader:
+        images += len(batch)
     elapsed = time.perf_counter() - start
     print(f"{backend:5s} loader: {len(loader)} batches of {tuple(batch.shape)} {batch.dtype}, {images / elapsed:,.0f} images/s")
     if backend == "torch":

@@ -72,7 +72,7 @@ def test_val_outputs_of_both_loaders_agree(packed_dir: Path) -> None:
     dali_batches = list(make_dali_loader(packed_dir, "val", workers=1, **common))
     ours = torch.cat([images for images, _ in torch_batches]).float()
     theirs = torch.cat([images for images, _ in dali_batches]).float()
-    assert torch.equal(torch.cat([l for _, l in torch_batches]), torch.cat([l for _, l in dali_batches]))
+    assert torch.equal(torch.cat([labels for _, labels in torch_batches]), torch.cat([labels for _, labels in dali_batches]))
     assert ours.shape == theirs.shape == (len(ours), 3, SIZE, SIZE)
 
     mad = (ours - theirs).abs().mean(dim=(1, 2, 3))

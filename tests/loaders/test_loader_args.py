@@ -128,8 +128,8 @@ def test_a_loader_state_that_is_not_a_dict_is_one_config_error(tiny: Path, reque
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
 def test_numpy_integers_and_bools_are_accepted(tiny: Path, backend: str, request: pytest.FixtureRequest) -> None:
-    loader = factory(backend, request)(tiny, batch_size=np.int64(4), image_size=np.int32(32), workers=0, seed=np.uint8(1), rank=0, world_size=1,
-                              train=np.bool_(False), normalize=np.bool_(True))  # fmt: skip
+    loader = factory(backend, request)(tiny, batch_size=np.int64(4), image_size=np.int32(32), workers=0, seed=np.uint8(1), rank=0,
+                                       world_size=1, train=np.bool_(False), normalize=np.bool_(True))  # fmt: skip
     assert loader.batch_size == 4 and type(loader.batch_size) is int
 
 

@@ -74,27 +74,24 @@ def test_an_iterator_left_unread_or_dropped_does_not_stop_the_next_pass(tiny: Pa
     loader.close()
 
 
-def threads() -> tuple[int, list[str]]:
-    """This process's threads: how many the kernel counts (DALI's own included), and Python's by name."""
-    return len(os.listdir("/proc/self/task")), sorted(thread.name for thread in threading.enumerate())
+def threads() -> tuple[int, set[threading.Thread]]:
+    """This process's threads: how many the kernel counts (DALI's own included), and Python's."""
+    return len(os.listdir("/proc/self/task")), set(threading.enumerate())
 
 
-def settle_earlier_threads(timeout: float = 10.0) -> None:
-    """Wait (bounded) for the imgpipe threads an earlier test's closed loader is still ending, so they are not
-    counted in this test's ``before`` and then missed after it."""
-    deadline = time.monotonic() + timeout
-    while any(name.startswith("imgpipe-") for name in threads()[1]) and time.monotonic() < deadline:
-        time.sleep(0.01)
+def started_since(before: tuple[int, set[threading.Thread]]) -> list[str]:
+    """The names of Python's threads alive now that were not in ``before`` (by identity: an earlier test's
+    thread that ends meanwhile, or one of the same name, is told apart)."""
+    return sorted(thread.name for thread in threading.enumerate() if thread not in before[1])
 
 
-def leftover_threads(before: tuple[int, list[str]], timeout: float = 2.0) -> tuple[int, list[str]]:
+def leftover_threads(before: tuple[int, set[threading.Thread]], timeout: float = 2.0) -> tuple[int, list[str]]:
     """How many more kernel threads than ``before`` this process runs, and Python's threads not in ``before``,
     once none is left or after ``timeout`` seconds. The kernel's count may lag a joined thread's exit by a
     moment, and may fall below ``before`` when an earlier test's native thread ends meanwhile."""
     deadline = time.monotonic() + timeout
     while True:
-        count, names = threads()
-        extra = (max(0, count - before[0]), sorted(set(names) - set(before[1])))
+        extra = (max(0, threads()[0] - before[0]), started_since(before))
         if extra == (0, []) or time.monotonic() >= deadline:
             return extra
         time.sleep(0.01)
@@ -103,7 +100,6 @@ def leftover_threads(before: tuple[int, list[str]], timeout: float = 2.0) -> tup
 @pytest.mark.timeout(120)
 def test_close_ends_a_live_pass_and_leaves_no_thread_or_process(tiny: Path, backend: str) -> None:
     gc.collect()  # earlier tests' loaders are gone before the count
-    settle_earlier_threads()
     before, children = threads(), set(descendants(os.getpid()))
     loader = make(backend, tiny)
     live = iter(loader)
@@ -111,7 +107,7 @@ def test_close_ends_a_live_pass_and_leaves_no_thread_or_process(tiny: Path, back
     assert threads() != before  # the pass runs threads (DALI's, the feed's; the DataLoader's queue feeders)
     workers = set(descendants(os.getpid())) - children
     loader.close()
-    assert threads()[1] == before[1]  # Python's threads are joined by close() itself
+    assert started_since(before) == []  # Python's threads are joined by close() itself
     assert leftover_threads(before) == (0, [])
     assert wait_gone(sorted(workers), 10) == []
     with pytest.raises(ConfigError, match=r"the loader was closed \(loader.close\(\)\)"):

@@ -25,6 +25,7 @@ from imgpipe.loaders.geometry import EvalGeometry, TrainGeometry, sample_crop  #
 from imgpipe.loaders.pixels import decode_sample  # noqa: E402
 from imgpipe.loaders.sampler import rank_indices  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
+from tests.train.proctree import children as child_pids  # noqa: E402
 
 RECORDS = 23  # label = record index; no world size or batch size here divides it
 G = 6  # the global batch: 3 per epoch
@@ -105,7 +106,7 @@ def test_only_the_output_size_changes_with_the_resolution(indexed: Path) -> None
         loader.set_epoch(1)
         images, labels = next(iter(loader))
         for image, record in zip(images, labels.tolist()):
-            crop_for = lambda w, h: sample_crop(TrainGeometry(image_size=999), w, h, seed=SEED, epoch=1, index=record)  # noqa: E731
+            crop_for = lambda w, h, record=record: sample_crop(TrainGeometry(image_size=999), w, h, seed=SEED, epoch=1, index=record)  # noqa: E731
             assert torch.equal(image, decode_sample(shards.read(record)[1], crop_for, size))
     loader.close()
     rng_free = TrainGeometry(image_size=16), TrainGeometry(image_size=320)
@@ -199,12 +200,9 @@ def shm_mapped_bytes(pid: int | str = "self") -> int:
 
 
 def children() -> set[int]:
-    """This process's child processes (the loader's workers)."""
-    found: set[int] = set()
-    for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/children") as f:
-            found |= {int(pid) for pid in f.read().split()}
-    return found
+    """This process's child processes (the loader's workers), by their parent pid: a thread of this process
+    that ends meanwhile (its ``/proc/self/task/<tid>/children`` gone) loses none of them."""
+    return set(child_pids(os.getpid()))
 
 
 def alive(pid: int) -> bool:

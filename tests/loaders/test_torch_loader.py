@@ -195,7 +195,7 @@ def test_png_and_grayscale_records_decode_through_pillow() -> None:
         buffer = io.BytesIO()
         Image.fromarray(rgb).convert(mode).save(buffer, fmt)
         whole = Crop(0.0, 0.0, 80.0, 60.0)
-        out = decode_sample(buffer.getvalue(), lambda w, h: whole, 40)
+        out = decode_sample(buffer.getvalue(), lambda w, h, whole=whole: whole, 40)
         assert out.shape == (3, 40, 40) and _mad(out, _pillow_reference(buffer.getvalue(), whole, 40)) < 2, (mode, fmt)
 
 
@@ -604,7 +604,8 @@ def test_world_sizes_1_to_4_give_pixel_identical_global_batches(tiny: Path) -> N
 
 @pytest.mark.timeout(240)
 def test_state_saved_at_world_2_resumes_at_world_3_and_at_workers_0_from_2(tiny: Path) -> None:
-    """40 records, G = 6: 6 global batches per epoch; stop after 2 of epoch 1 on 2 ranks, go on at 3 ranks and at 2 ranks without workers."""
+    """40 records, G = 6: 6 global batches per epoch; stop after 2 of epoch 1 on 2 ranks, go on at 3 ranks and at 2 ranks
+    without workers."""
     make = lambda world, rank, workers: make_torch_loader(  # noqa: E731
         tiny, batch_size=6 // world, image_size=SIZE, workers=workers, normalize=False, rank=rank, world_size=world, seed=8
     )
