@@ -104,7 +104,8 @@ class StoreIO:
 
 
 def store_io(ranks: list[RankStats]) -> StoreIO | None:
-    """The ranks' remote-store requests during their measured steps; None when they made none (a local folder, or DALI, whose reads are not timed)."""
+    """The ranks' remote-store requests during their measured steps; None when they made none (a local folder,
+    or DALI, whose reads are not timed)."""
     steps = [s for r in ranks for s in r.steps]
     calls = sum(s.request_calls for s in steps)
     if not calls:

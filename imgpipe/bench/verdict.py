@@ -254,7 +254,10 @@ def _input_bound(result: BenchResult, run: RunResult) -> Verdict | None:
     return Verdict("decode", message, run.backend, run.workers, cause="decode")
 
 
-_LOCAL_COPY = "a cache dir (`cache_dir=DIR`, in the trainer `data.cache: DIR`) fills a copy on the node as it streams, or `imgpipe stage {data} /local/dir` copies it there once (`data.stage: DIR`)"
+_LOCAL_COPY = (
+    "a cache dir (`cache_dir=DIR`, in the trainer `data.cache: DIR`) fills a copy on the node as it streams, or "
+    "`imgpipe stage {data} /local/dir` copies it there once (`data.stage: DIR`)"
+)
 
 
 def _remote_bound(
@@ -265,7 +268,10 @@ def _remote_bound(
     io = run.store_io
     seen = ""
     if io is not None:
-        seen = f"; the store answered {io.requests:,} requests, {io.latency_ms:.0f} ms each on average ({io.requests_per_s:.0f} requests/s, {io.mb_per_s:.1f} MB/s)"
+        seen = (
+            f"; the store answered {io.requests:,} requests, {io.latency_ms:.0f} ms each on average "
+            f"({io.requests_per_s:.0f} requests/s, {io.mb_per_s:.1f} MB/s)"
+        )
     target = _workers_needed(run, loader)
     more = f"raise --workers to {target}" if target is not None else "raise --workers"
     message = (
@@ -288,7 +294,8 @@ def _deeper_prefetch(result: BenchResult, io: StoreIO | None, loader: tuple[floa
     if ahead + 1 <= factor:
         return ""  # the batches fetched ahead already cover a round trip
     return (
-        f"; round trips, not bandwidth, bound the reads ({io.latency_ms:.0f} ms a request, {per_request:.1f} MB/s each) and a worker decodes "
+        f"; round trips, not bandwidth, bound the reads ({io.latency_ms:.0f} ms a request, "
+        f"{per_request:.1f} MB/s each) and a worker decodes "
         f"a batch in {loader[1]:.0f} ms: raise prefetch_factor to {ahead + 1} (`--set data.prefetch_factor={ahead + 1}`, "
         f"make_torch_loader's prefetch_factor) so each worker fetches {ahead} batches ahead"
     )
@@ -339,7 +346,8 @@ def _notes(result: BenchResult, run: RunResult) -> list[str]:
         )
     if is_url(result.config.data) and not any(r.timed_stages for r in run.ranks):
         notes.append(
-            "the DALI loader's reads are not timed, so waiting for the store and decoding cannot be told apart; `--backend torch` measures both"
+            "the DALI loader's reads are not timed, so waiting for the store and decoding cannot "
+            "be told apart; `--backend torch` measures both"
         )
     backends = sorted({r.backend for r in result.runs})
     workers = {r.workers for r in result.runs}

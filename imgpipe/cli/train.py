@@ -30,7 +30,8 @@ from imgpipe.cli import cli
 @click.option(
     "--overwrite",
     is_flag=True,
-    help="Start afresh in an output.dir that holds a run: delete its checkpoint, metrics and TensorBoard events (same as --set output.overwrite=true).",
+    help="Start afresh in an output.dir that holds a run: delete its checkpoint, metrics and "
+    "TensorBoard events (same as --set output.overwrite=true).",
 )
 @click.option("--print-config", is_flag=True, help="Print the resolved config (the defaults without --config) as YAML and exit.")
 @click.option("--list-recipes", is_flag=True, help="Name the shipped recipes and exit.")

@@ -246,8 +246,8 @@ def read_index(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     """Parse a .idx file into (keys, offsets) int64 arrays, in file order.
 
     The exact ``key<TAB>offset<LF>`` text that MXNet and imgpipe write is parsed a chunk of
-    whole lines at a time without a Python loop (little memory beyond the two arrays); any other text (CRLF, spaces, blank lines, no final newline) goes
-    through a line-by-line parser that names the first bad line.
+    whole lines at a time without a Python loop (little memory beyond the two arrays); any other text (CRLF,
+    spaces, blank lines, no final newline) goes through a line-by-line parser that names the first bad line.
     """
     path = Path(path)
     parsed = _read_canonical_index(path)

@@ -44,7 +44,8 @@ def lock_or_wait(target: LocalTarget, manifest_bytes: bytes, stall_s: float = ST
             logger.info("%s: another imgpipe stage (%s) is copying there; waiting for it", target.location, describe_holder(holder))
             told = True
         progress.check(
-            f"{target.location}: the imgpipe stage copying there ({describe_holder(holder)}) made no progress for {stall_s:.0f} s; stop it and rerun"
+            f"{target.location}: the imgpipe stage copying there ({describe_holder(holder)}) made no "
+            f"progress for {stall_s:.0f} s; stop it and rerun"
         )
         time.sleep(POLL_S)
 

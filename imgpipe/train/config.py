@@ -315,17 +315,20 @@ def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str,
         raise ConfigError(f"{blame('train.seed')}: train.seed must be from 0 to {MAX_SEED}, got {config.train.seed}")
     if config.data.cache and config.data.path and not is_url(config.data.path):
         raise ConfigError(
-            f"{blame('data.cache')}: data.cache keeps a dataset read from a URL on this node; data.path {config.data.path} is read where it is: "
+            f"{blame('data.cache')}: data.cache keeps a dataset read from a URL on this node; "
+            f"data.path {config.data.path} is read where it is: "
             "unset data.cache"
         )
     if config.data.cache and config.data.stage:
         raise ConfigError(
-            f"{blame('data.cache')}: data.cache and data.stage both set: stage copies the whole dataset before training, the cache fills as it trains; give one"
+            f"{blame('data.cache')}: data.cache and data.stage both set: stage copies the whole dataset "
+            "before training, the cache fills as it trains; give one"
         )
     if config.data.stage:
         if is_url(config.data.stage):
             raise ConfigError(
-                f"{blame('data.stage')}: data.stage must be a folder on each node's disk, not a URL ({config.data.stage}); the URL goes in data.path"
+                f"{blame('data.stage')}: data.stage must be a folder on each node's disk, not a URL "
+                f"({config.data.stage}); the URL goes in data.path"
             )
         if not config.data.path:
             raise ConfigError(f"{blame('data.stage')}: data.stage needs data.path, the dataset to copy there")
@@ -350,7 +353,8 @@ def _validate_time_to_accuracy(config: TrainConfig, blame: _Blame) -> None:
         )
     if not 0.0 < config.data.val_crop_ratio <= 1.0:
         raise ConfigError(
-            f"{blame('data.val_crop_ratio')}: data.val_crop_ratio must be in (0, 1], such as 224/256 = 0.875, got {config.data.val_crop_ratio}"
+            f"{blame('data.val_crop_ratio')}: data.val_crop_ratio must be in (0, 1], such as "
+            f"224/256 = 0.875, got {config.data.val_crop_ratio}"
         )
     optim = config.optim
     if optim.schedule == "linear_ramp":
@@ -373,7 +377,8 @@ def _validate_time_to_accuracy(config: TrainConfig, blame: _Blame) -> None:
         )
     if target is not None and not config.train.validate:
         raise ConfigError(
-            f"{blame('train.target_top1')}: train.target_top1 is checked against the validation: set train.validate: true, or target_top1: null"
+            f"{blame('train.target_top1')}: train.target_top1 is checked against the validation: "
+            "set train.validate: true, or target_top1: null"
         )
 
 

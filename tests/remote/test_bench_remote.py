@@ -22,8 +22,8 @@ def test_bench_of_a_slow_bucket_is_remote_io_bound_and_quotes_the_store(
 ) -> None:
     fault_proxy.latency_s = LATENCY_S
     report = tmp_path / "bench.json"
-    cmd = [sys.executable, "-m", "imgpipe", "bench", remote_packed, "--gpus", "0", "--nproc", "1", "--workers", "1", "--steps", "4", "--warmup", "1",
-           "--batch-size", "8", "--image-size", "32", "--compute-ms", "10", "--json", str(report)]  # fmt: skip
+    cmd = [sys.executable, "-m", "imgpipe", "bench", remote_packed, "--gpus", "0", "--nproc", "1", "--workers", "1", "--steps", "4",
+           "--warmup", "1", "--batch-size", "8", "--image-size", "32", "--compute-ms", "10", "--json", str(report)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(report.read_text())

@@ -65,7 +65,7 @@ def test_gs_and_az_urls_are_read_by_their_own_clients_as_the_folder(
     assert remote.describe(3).startswith(f"{url}/train-0000")
     remote_batches, local_batches = _batches(url), _batches(packed_dir)  # forked workers make their own client
     assert len(remote_batches) == len(local_batches) > 0
-    assert all(np.array_equal(a, b) for r, l in zip(remote_batches, local_batches) for a, b in zip(r, l))
+    assert all(np.array_equal(a, b) for r, here in zip(remote_batches, local_batches) for a, b in zip(r, here))
 
 
 @pytest.mark.timeout(120)

@@ -38,8 +38,8 @@ def imgpipe(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
 
 
 def start_stage(src: str, dst: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "imgpipe", "stage", src, str(dst), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    cmd = [sys.executable, "-m", "imgpipe", "stage", src, str(dst), *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def files(folder: Path) -> list[str]:

@@ -39,7 +39,8 @@ def test_without_timm_a_timm_name_is_one_line_saying_how_to_install_it(tmp_path:
         import sys
         sys.modules["timm"] = None  # as if timm were not installed
         from imgpipe.cli import main
-        main(["train", "--set", "model.name=timm:resnet50", "--set", "data.path=/nowhere", "--set", "output.dir={tmp_path / "run"}", "--gpus", "0"])
+        main(["train", "--set", "model.name=timm:resnet50", "--set", "data.path=/nowhere", "--set", "output.dir={tmp_path / "run"}",
+              "--gpus", "0"])
         """
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

@@ -32,7 +32,12 @@ def wait_until(proc: subprocess.Popen, ready, timeout: float = 120) -> set[int]:
     return seen
 
 
-SLOW_SITE = "import os, time\nif os.environ.get('IMGPIPE_TEST_SLOW_SITE') and 'spawn_main' in open('/proc/self/cmdline').read():\n    open(os.environ['IMGPIPE_TEST_SLOW_SITE'] + f'/{os.getpid()}', 'w').close()\n    time.sleep(3)\n"
+SLOW_SITE = (
+    "import os, time\n"
+    "if os.environ.get('IMGPIPE_TEST_SLOW_SITE') and 'spawn_main' in open('/proc/self/cmdline').read():\n"
+    "    open(os.environ['IMGPIPE_TEST_SLOW_SITE'] + f'/{os.getpid()}', 'w').close()\n"
+    "    time.sleep(3)\n"
+)
 
 
 def slow_interpreter_start(tmp_path: Path) -> dict[str, str]:
