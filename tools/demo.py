@@ -1,9 +1,10 @@
 """`make demo`: the main job end to end on the embedded synthetic dataset.
 
-synth -> pack -> the same pack from image-net.org-style tars and from timm-style WebDataset shards -> verify
--> stage it from a "shared mount" to a "node's disk" and verify the copy -> info -> one pass over each loader
--> a 2-process CPU training run with progressive resizing (48 px, then 64 px; validated at 80 px with flip TTA),
-resumed on 1 process for its 64 px epoch -> the shipped recipes -> a bench with its verdict.
+synth -> pack -> the same pack from image-net.org-style tars, from timm-style WebDataset shards and as a 3-task
+SLURM array job (then --finalize) -> verify -> stage it from a "shared mount" to a "node's disk" and verify the copy
+-> info -> one pass over each loader -> a 2-process CPU training run with progressive resizing (48 px, then 64 px;
+validated at 80 px with flip TTA), resumed on 1 process for its 64 px epoch -> the shipped recipes -> a bench with
+its verdict.
 Every step is the real CLI (or the public API for the loaders),
 run the way a user would run it; the output lands in ./demo/.
 """
@@ -26,6 +27,7 @@ TARS = DEMO / "ilsvrc-tars"
 REC_FROM_TARS = DEMO / "rec-from-tars"
 WDS = DEMO / "imagenet-wds"
 REC_FROM_WDS = DEMO / "rec-from-wds"
+REC_FROM_ARRAY = DEMO / "rec-from-array"
 NODE_LOCAL = DEMO / "node-local" / "rec"  # stands for a training node's own disk; REC stands for the shared mount
 SYNTH_ARGS = ("--classes", "8", "--per-class", "40", "--val-per-class", "8", "--seed", "0", "--quirks", "--workers", "2")
 PACK_ARGS = ("--shard-size", "2MB", "--workers", "2")
@@ -35,12 +37,12 @@ def step(title: str) -> None:
     print(f"\n=== {title}", flush=True)
 
 
-def imgpipe(*args: str, stdout: Path | None = None) -> None:
-    """Run one imgpipe command as a user would, echoing it first; stop the demo if it fails."""
+def imgpipe(*args: str, stdout: Path | None = None, env: dict[str, str] | None = None) -> None:
+    """Run one imgpipe command as a user would (with ``env`` added), echoing it first; stop the demo if it fails."""
     cmd = [sys.executable, "-m", "imgpipe", *args]
-    shown = "$ imgpipe " + " ".join(shlex.quote(a) for a in args)
+    shown = "$ " + "".join(f"{k}={v} " for k, v in (env or {}).items()) + "imgpipe " + " ".join(shlex.quote(a) for a in args)
     print(shown + (f" > {stdout}" if stdout else ""), flush=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     if stdout is None:
         result = subprocess.run(cmd, cwd=ROOT, env=env)
     else:
@@ -57,6 +59,12 @@ def same_shards(folders: Path, other: Path, what: str) -> None:
     print(f"{len(names)} shard and label files from {what} are {'byte-identical' if same else 'DIFFERENT'} to those from the folders")
     if not same:
         sys.exit(f"demo: packing {what} gave other shards than packing the folders")
+
+
+def array_task(task: int, count: int) -> dict[str, str]:
+    """The variables SLURM gives task ``task`` of ``sbatch --array=0-(count - 1)``."""
+    ids = {"ID": task, "COUNT": count, "MIN": 0, "MAX": count - 1, "STEP": 1}
+    return {f"SLURM_ARRAY_TASK_{name}": str(value) for name, value in ids.items()}
 
 
 def loader_pass(backend: str) -> None:
@@ -97,6 +105,12 @@ def main() -> None:
     imgpipe("synth", str(WDS), *SYNTH_ARGS, "--layout", "wds", "--from", str(SRC))  # written from step 1's tree, not made again
     imgpipe("pack", str(WDS), str(REC_FROM_WDS), *PACK_ARGS)
     same_shards(REC, REC_FROM_WDS, "the WebDataset shards")
+
+    step("2d. the same pack split over 3 machines as a SLURM array job (sbatch --array=0-2), then --finalize")
+    for task in range(3):  # each task of the array, here one after the other on this machine
+        imgpipe("pack", str(SRC), str(REC_FROM_ARRAY), *PACK_ARGS, "--no-progress", env=array_task(task, 3))
+    imgpipe("pack", str(SRC), str(REC_FROM_ARRAY), *PACK_ARGS, "--finalize")
+    same_shards(REC, REC_FROM_ARRAY, "the array job's 3 parts")
 
     step("3. verify the shards are intact and complete")
     imgpipe("verify", str(REC), "--decode")
