@@ -58,6 +58,7 @@ logger = logging.getLogger(__name__)
 TRAIN_TAR = "ILSVRC2012_img_train.tar"
 VAL_TAR = "ILSVRC2012_img_val.tar"
 ESCAPE_REASON = "member name is absolute or climbs out with '..'"
+KEEP, HIDDEN, NOT_AN_IMAGE = "keep", "hidden", "not an image"  # member_verdict's answers other than a reason to report
 MAX_LINK_HOPS = 40  # Linux's limit on symbolic links followed in one path lookup
 
 
@@ -86,6 +87,21 @@ class _Listing:
     kinds: np.ndarray
     rejected: list[tuple[str, str]] = field(default_factory=list)
     ignored: int = 0
+
+
+def member_verdict(name: str, rest: str) -> str:
+    """How the archive member ``name`` (``rest``: its part below the folder being listed) is listed: ``KEEP``,
+    ``HIDDEN`` (a name or folder starting with '.': left out silently), ``NOT_AN_IMAGE`` (counted as ignored),
+    or the reason it is left out and reported (a name that escapes SRC or cannot be stored)."""
+    if not stays_inside_source_root(name):
+        return ESCAPE_REASON
+    if any(part.startswith(".") for part in rest.split("/")):
+        return HIDDEN
+    if not is_image_name(name):
+        return NOT_AN_IMAGE
+    if "\n" in name:
+        return NEWLINE_REASON
+    return KEEP
 
 
 def find_tars(src: str | os.PathLike | Sequence[str | os.PathLike]) -> TarFiles | None:
@@ -308,16 +324,13 @@ def _list_images(archive: ArchiveFile, start: int, size: int, prefix: str, root:
     rejected = [(f"{prefix}/{name}", reason) for name, reason in rejected if is_image_name(name)]
     for name, offset, length, kind in members:
         path = f"{prefix}/{name}"
-        if not stays_inside_source_root(name):
-            rejected.append((path, ESCAPE_REASON))
-        elif any(part.startswith(".") for part in name.split("/")):
-            continue
-        elif not is_image_name(name):
-            ignored += 1
-        elif "\n" in name:
-            rejected.append((path, NEWLINE_REASON))
-        else:
+        verdict = member_verdict(name, name)
+        if verdict == KEEP:
             found.append((path, offset, length, kind))
+        elif verdict == NOT_AN_IMAGE:
+            ignored += 1
+        elif verdict != HIDDEN:
+            rejected.append((path, verdict))
     for path, reason in rejected:
         warn_left_out(prefix, path[len(prefix) + 1 :], reason)
     found.sort(key=lambda item: item[0].rpartition("/")[::2])

@@ -25,18 +25,8 @@ import numpy as np
 
 from imgpipe._sys.oserrors import advice, describe
 from imgpipe.errors import DatasetError
-from imgpipe.format.manifest import stays_inside_source_root
-from imgpipe.ingest.folders import (
-    KAGGLE_DATA,
-    NEWLINE_REASON,
-    VAL_CSV,
-    SourceTree,
-    SplitItems,
-    is_image_name,
-    label_flat_val,
-    warn_left_out,
-)
-from imgpipe.ingest.imagenet_tars import ESCAPE_REASON, resolve_links
+from imgpipe.ingest.folders import KAGGLE_DATA, VAL_CSV, SourceTree, SplitItems, label_flat_val, warn_left_out
+from imgpipe.ingest.imagenet_tars import HIDDEN, KEEP, NOT_AN_IMAGE, member_verdict, resolve_links
 from imgpipe.ingest.members import SPAN, ZIP_DEFLATED, ZIP_LOCAL_HEADER, ZIP_STORED, ArchiveFile, MemberSpans, member_reader
 from imgpipe.ingest.tarwalk import TarEntry
 
@@ -203,17 +193,13 @@ def _images(files: dict[str, tuple[int, int]], base: str, rejected: list[tuple[s
     for name in files:
         if not name.startswith(base):
             continue
-        rest = name[len(base) :]
-        if not stays_inside_source_root(name):
-            rejected.append((name, ESCAPE_REASON))
-        elif any(part.startswith(".") for part in rest.split("/")):
-            continue
-        elif not is_image_name(name):
-            ignored += 1
-        elif "\n" in name:
-            rejected.append((name, NEWLINE_REASON))
-        else:
+        verdict = member_verdict(name, name[len(base) :])
+        if verdict == KEEP:
             names.append(name)
+        elif verdict == NOT_AN_IMAGE:
+            ignored += 1
+        elif verdict != HIDDEN:
+            rejected.append((name, verdict))
     if ignored:
         logger.info("%s/%s: ignored %d members without an image extension", zip_name, base, ignored)
     return sorted(names, key=lambda name: name.rpartition("/")[::2])
