@@ -2,11 +2,10 @@
 or 130, whatever its threads are doing.
 
 The signal unwinds the main thread as Ctrl-C does (``Stopped`` for SIGTERM), so the command stops its
-workers and says so. Should that not happen, a watchdog thread woken by the signal itself
-(``signal.set_wakeup_fd``, written even while the main thread is stuck in a call) prints the line after
-``STOP_GRACE_S``, kills the children still running and ends the process with ``os._exit`` (after a failing
-or stopped command's line: ``EXIT_GRACE_S``). A second signal ends it at once; the trainer's launcher
-handles the signals itself.
+workers and says so. Failing that, a watchdog thread woken by the signal itself (``signal.set_wakeup_fd``,
+written even while the main thread is stuck in a call) prints the line after ``STOP_GRACE_S``, kills the
+children and ends the process with ``os._exit`` (``EXIT_GRACE_S`` after a failing or stopped command's own
+line). A second signal ends it at once; the trainer's launcher handles the signals itself.
 """
 
 from __future__ import annotations
