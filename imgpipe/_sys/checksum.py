@@ -1,12 +1,9 @@
 """Checksums: the records' crc32, and the sha256 of a file, read from the disk.
 
-``crc32`` is the ``{split}.crc32.npy`` sidecar's (zlib's CRC-32): ISA-L's when python-isal is
-installed (the ``fast`` extra), 1 us per 110 KB record where zlib's takes 19. Pack takes one per
-record written; a read from a URL, the node cache's fill and ``verify`` one per record read.
-
-``sha256_file`` and ``hash_range`` hash what a file holds (in bounded blocks), for the manifest's
-sha256 of every file; ``hashed_blocks`` hands a file's blocks on as it hashes them (an upload
-hashes the bytes it sends).
+``crc32`` is the ``{split}.crc32.npy`` sidecar's (zlib's CRC-32), computed by ISA-L when python-isal is
+installed (the ``fast`` extra): pack takes one per record written; a read from a URL, the node cache's
+fill and ``verify`` one per record read. ``sha256_file`` and ``hash_range`` hash what a file holds, in
+bounded blocks, for the manifest; ``hashed_blocks`` hands a file's blocks on as it hashes them.
 """
 
 from __future__ import annotations

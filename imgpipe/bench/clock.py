@@ -1,12 +1,10 @@
 """Stage boundaries that hold on a GPU: a clock read only once the queued device work is done.
 
-CUDA kernels, copies and NCCL collectives return to the host before they finish, so host
-timestamps around them measure only the launch: the all-reduce would read about 0 ms and its
-time, like the optimizer step's, would be charged to whatever stage waits next. The bench
-therefore ends every stage with :meth:`StageClock.now`, which first waits for the work queued on
-the device's current stream (the compute stream; the torch loader's side-stream copy of the
-next batch keeps running), then reads ``time.perf_counter``. On the CPU, work is done when the
-call returns, and the clock is ``perf_counter`` alone.
+CUDA kernels, copies and NCCL collectives return before they finish, so host timestamps around them
+measure only the launch and their time is charged to whatever stage waits next. So every stage ends
+with :meth:`StageClock.now`, which first waits for the work queued on the device's current stream (the
+loader's side-stream copy of the next batch keeps running), then reads ``time.perf_counter``; on the
+CPU it is ``perf_counter`` alone.
 """
 
 from __future__ import annotations

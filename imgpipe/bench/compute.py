@@ -1,13 +1,10 @@
 """What a rank does with each batch: the trainer's model and training step, or a simulated one.
 
-``--model NAME``: the model, optimizer, loss and precision ``imgpipe train`` builds for the
-bench's trainer config (:meth:`BenchConfig.train_config`: ``train.amp``, ``train.channels_last``,
-...), with the trainer's own functions; forward + backward (``step``), the gradient all-reduce
-(``sync``), the optimizer step (``update``). The model is not wrapped in DDP: DDP would run the
-all-reduce inside ``backward``, where it cannot be told apart from compute, so the bench
-all-reduces the gradients itself as its own stage. ``--compute-ms T``: a sleep of T ms (like a
-GPU kernel, it leaves the CPU to the loader), then an all-reduce of one number, where DDP would
-make the ranks meet.
+``--model NAME``: the model, optimizer, loss and precision ``imgpipe train`` builds for the bench's
+trainer config, with the trainer's own functions: forward + backward (``step``), the gradient
+all-reduce (``sync``), the optimizer step (``update``). The model is not wrapped in DDP, which would
+all-reduce inside ``backward``, where it cannot be told apart from compute. ``--compute-ms T``: a sleep
+of T ms (like a GPU kernel, it leaves the CPU to the loader), then an all-reduce of one number.
 """
 
 from __future__ import annotations

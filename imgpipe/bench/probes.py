@@ -1,23 +1,9 @@
 """The bench's loaders: ``make_torch_loader`` / ``make_dali_loader`` as the trainer builds them, timed.
 
 The torch loader gets a :class:`~imgpipe.loaders.stage_timer.StageTimer`, its hook for per-stage
-times; everything else (workers, shared-memory ring, pinning, the copy one batch ahead on a
-side stream, normalization on the device) is the loader users run.
-
-============ =================================================== ===============
-stage        what                                                timed in
-============ =================================================== ===============
-read         the batch's records, from their shards or a URL     loader worker
-decode       decode + crop + flip + writing into the batch       loader worker
-collate      the loader's own work on the batch: copy out of     rank (loader)
-             the ring + normalize (CPU); pin + queue the copy
-h2d          the copy to the GPU the step still waits for        rank
-             (0 on the CPU)
-compute      the model's forward+backward+step, or --compute-ms  rank
-sync         all-reduce with the other ranks                     rank
-============ =================================================== ===============
-
-``wait`` is the time a rank is blocked in ``next(loader)`` less ``collate``: the data-wait the GPU sees.
+times; everything else (workers, shared-memory ring, pinning, the copy one batch ahead on a side
+stream, normalization on the device) is the loader users run. The stages (read, decode, collate, h2d,
+compute, sync) and ``wait``, the data-wait the GPU sees, are defined in docs/bench-json.md.
 """
 
 from __future__ import annotations

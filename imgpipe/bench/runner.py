@@ -1,16 +1,11 @@
 """Run the bench: N ranks, each driving its own part of DATA through a loader, for every
 (backend, workers) pair, with real or simulated compute, while the system is sampled.
 
-Ranks are started by :func:`imgpipe.train.launch.launch` (the trainer's launcher: torch's
-elastic agent, gloo on the CPU, nccl on GPUs, a failed rank stops the others). Every rank runs the runs in
-the same order; before each one rank 0 evicts DATA from the page cache (``--cold``) and
-measures its residency; each rank warms its loader up, then all ranks start measuring
-together at a barrier. Results are gathered on rank 0 and returned to the caller.
-
-One step of one rank: ``wait`` (blocked in ``next(loader)``, less the loader's own ``collate``)
--> ``h2d`` (the copy the step still waits for, GPU runs only) -> ``compute`` -> ``sync`` (see
-:mod:`.compute`); every stage ends on a :class:`~.clock.StageClock` reading. The loaders are the
-real ones, built by :mod:`.probes`.
+Ranks are started by the trainer's launcher (:func:`imgpipe.train.launch.launch`) and run the runs in
+the same order: before each, rank 0 evicts DATA from the page cache (``--cold``) and measures its
+residency, each rank warms its loader up, and all start measuring together at a barrier; rank 0
+gathers the results. A step is ``wait`` -> ``h2d`` -> ``compute`` -> ``sync`` (:mod:`.compute`), each
+ending on a :class:`~.clock.StageClock` reading; the loaders are the real ones (:mod:`.probes`).
 """
 
 from __future__ import annotations

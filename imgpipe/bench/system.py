@@ -1,16 +1,9 @@
 """What the machine does during a bench: CPU and iowait, disk reads, memory and page cache, through psutil.
 
-* CPU from ``psutil.cpu_times()`` (the ``cpu`` line of /proc/stat), as ``top`` computes its
-  ``%Cpu(s)`` line: over an interval, ``wa = Δiowait / Δtotal`` and utilisation
-  ``= 1 - (Δidle + Δiowait) / Δtotal``, where total is user+nice+system+idle+iowait+irq+softirq+steal
-  (guest time is already inside user and nice, so it is not added twice), each Δ clamped at 0 as top does.
-* Disk reads from ``psutil.disk_io_counters(perdisk=True)``: the bytes read by the device that
-  holds DATA (:func:`imgpipe._sys.diskinfo.device_for_path`: mount, filesystem, rotational,
-  network), a partition by its own counter.
-* Memory from ``psutil.virtual_memory()``: available, and cached (the page cache and the
-  reclaimable kernel caches, as ``free`` counts them).
-
-``SystemSampler`` reads all of them in a background thread (4 Hz by default).
+CPU from ``psutil.cpu_times()`` as ``top`` computes its ``%Cpu(s)`` line (``wa = Δiowait / Δtotal``;
+guest time is inside user and nice, so not added twice; each Δ clamped at 0), the bytes read by the
+device that holds DATA (:func:`imgpipe._sys.diskinfo.device_for_path`), memory available and cached as
+``free`` counts them. ``SystemSampler`` reads them in a background thread (4 Hz by default).
 """
 
 from __future__ import annotations

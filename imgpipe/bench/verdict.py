@@ -1,45 +1,10 @@
 """The verdict: which bound a bench run hit, in plain words, and what to change next.
 
-The run judged is the fastest one (the best backend and worker count). Rules, in order;
-every threshold is a named constant below:
-
-1. **Straggler** (2+ ranks): a rank whose own loader is slower, not one that merely waited
-   longer. It waits most for data, at least ``STRAGGLER_WAIT_GAP`` (absolute fraction of its step
-   time) more than every other rank, the others wait less than ``DATA_BOUND_WAIT`` (if they all
-   starve, rule 2 applies), and its own read or decode time per batch is >= ``SLOW_STAGE_RATIO``
-   times the others' median: that stage is the cause (*I/O* or *decode*). Without that evidence
-   (equal stages, or stages unknown as with DALI) uneven waits only say which rank arrived last
-   at the all-reduce: on a shared saturated disk either one can, so rule 2 judges the run and a
-   note says why no rank was named. An I/O cause on a rotational or network disk gets the SSD
-   advice.
-2. **Input bound**: the job's data-wait fraction is >= ``DATA_BOUND_WAIT``: per step, the longest
-   data wait of any rank (the others wait for that rank in the all-reduce), over the step time.
-
-   * *remote I/O bound* when DATA is a URL and reading (fetching the batch's records) takes
-     >= ``READ_SHARE_IO`` of the loader's per-batch worker time. The verdict quotes the requests
-     the workers made, their mean latency, the request rate and MB/s. Next action: keep the data
-     on the node (a cache dir, or ``imgpipe stage``), or more workers, each keeping the requests
-     of its next prefetch_factor - 1 batches in flight; and when round trips bound the reads (a
-     request brings its bytes slower than ``LATENCY_BOUND_MB_S``: it waits on latency, not
-     bandwidth) and the batches fetched ahead cannot cover one round trip while a worker decodes,
-     a larger prefetch_factor: 1 + ceil(latency / decode ms per batch), at most
-     1 + ``MAX_BATCHES_AHEAD``.
-   * *I/O bound* (DATA on a disk or a mount) when system iowait >= ``IOWAIT_HIGH_PCT`` (as top's
-     ``wa``), or when reading takes >= ``READ_SHARE_IO`` of the loader's per-batch worker time.
-     Next action: a local SSD for rotational disks and network filesystems, otherwise more workers.
-   * *decode bound* otherwise. Next action: raise workers to K = max(workers + 1,
-     ceil(worker time per batch / the rank's own time per batch)) (enough workers to make
-     one batch per step), unless a run with more workers was measured and was slower (then the
-     cores are the limit: not more workers, more CPUs), the DALI backend, or packing with
-     ``--resize 256``; first of all, for
-     the torch backend of an install without the region decoder, reinstalling where
-     libjpeg-turbo's headers are.
-3. **Compute bound** otherwise, with the loader's headroom: workers x compute time / loader
-   time - 1 (how much faster the model could get before the loader limits it).
-
-Notes add what the rules do not decide: a loader-only run (no compute), DATA warm in the
-page cache (>= ``WARM_CACHE`` resident, so the disk was barely measured: use ``--cold``), and
-the best worker count of each backend.
+The run judged is the fastest one (the best backend and worker count). The rules, in order: a
+straggler (a rank whose own reads or decodes are slower, not one that merely waited longer), input
+bound (remote I/O, I/O or decode, each with its next action), else compute bound with the loader's
+headroom; notes add what the rules do not decide. Every threshold is a named constant below; the
+rules in full are in docs/bench-json.md ("How the verdict is reached").
 """
 
 from __future__ import annotations
@@ -97,7 +62,7 @@ def _pct(fraction: float) -> str:
 
 
 def decide(result: BenchResult) -> Verdict:
-    """Apply the rules of the module docstring to the fastest run of ``result``."""
+    """Apply the rules (docs/bench-json.md, "How the verdict is reached") to the fastest run of ``result``."""
     run = result.best_run
     verdict = _straggler(result, run) or _input_bound(result, run) or _compute_bound(result, run)
     uneven = _uneven_waits(run)

@@ -1,16 +1,10 @@
 """The background fill of a node cache: every shard of every split fetched into the folder, the opened split first.
 
-It runs in the store helper process of the process that opened the URL (which runs obstore itself
-and never forks), as ``start`` (a ``module:function`` job of the helper): ``STREAMS`` threads each
-claim a shard no process of the node fills yet and bring it whole (``shardfill.SplitFill.fill``),
-while the expected end of the split (``{split}.eta``) is published from the rate measured, so that
-loaders know whether to wait for a record or fetch it alone. A loader worker that waits for records
-while that fill is due fills the shards holding them itself meanwhile (``source.CacheSource``).
-Once every shard of every split is complete, the ``.idx`` files are written from the index sidecar
-(or fetched), and ``files.commit`` writes the manifest.
-
-A folder that cannot be written (a full disk) stops the fill with one warning; the loaders go on
-reading what they miss from the URL.
+It runs as a ``module:function`` job (``start``) in the store helper of the process that opened the URL:
+``STREAMS`` threads claim shards no process of the node fills yet and bring each whole (``shardfill``),
+while the split's expected end (``{split}.eta``) is published so that loaders know whether to wait for a
+record or fetch it alone. Once every shard is complete the ``.idx`` files are written and
+``files.commit`` writes the manifest; a disk that cannot be written stops the fill with one warning.
 """
 
 from __future__ import annotations

@@ -1,39 +1,10 @@
 """A node-local cache folder of one dataset at a URL: what it holds.
 
-The folder becomes the dataset's packed folder as it fills: each shard file at its own name,
-records written at their own offsets (``source.CacheSource``, and whole shards fetched in the
-background: ``fill``, ``shardfill``), the ``.idx`` files and sidecars whole, checked against the
-manifest's sha256 (``files``). ``manifest.json`` is written last, once every file of every split
-is complete, so the folder is then a packed folder like any other (``imgpipe verify DIR``).
-Which version it holds and who uses it: ``checkout``. The cache's own state is kept apart, in
-``.imgpipe-cache/``:
-
-    source.json         the version cached: the sha256 of the upstream manifest (and its URL)
-    manifest.json       that manifest's bytes
-    lock, init.lock     flock: every process using the cache holds ``lock`` shared; a version
-                        change takes it exclusively (no one may use the old one), under ``init.lock``
-    boot_id             the boot of the machine that wrote the presence bytes (see below)
-    unwritable          made by the first process that found the folder's disk full (it warns; the others stay quiet)
-    {split}.present     one byte per record: 1 once its checked bytes were written whole
-    {split}.complete    one byte per shard: 1 once the file's bytes on disk match its sha256 and were fsynced
-    {split}.claims      one lockable byte per shard: the process filling that shard holds it
-    {split}.eta         when the background fill of the split is due to end (a float64, Unix time; 0: unknown)
-
-Which byte says a record is present. A record's presence byte is set after its bytes were
-checked (length, framing, crc32 from the sidecar) and written whole at their offset (every
-write's length is checked: a disk that takes part of it is an error, and nothing is marked). A
-process killed at any moment leaves every byte it wrote in the page cache, so a set byte stays
-true. A power loss may keep a presence byte and lose the bytes before it (no fsync per record:
-that would cost a disk flush per record), so the first process of a new boot clears the presence
-of every shard that is not complete (``boot_id`` says which boot wrote them). On top of that,
-every read of a record from a shard that is not complete is checked again, as a read from the URL
-is, and a record that fails is fetched again and rewritten. A shard's ``complete`` byte is set only
-once the file, read back from the disk, hashes to the manifest's sha256 and was fsynced, so it
-never promises more than the disk holds; a complete shard is read as a local folder is, unchecked.
-A pack without the crc32 sidecar is cached in whole shards only.
-
-The state files are given their blocks when the cache is opened (``SharedArray.allocate``): a
-store into a mapped page of a full disk would be a SIGBUS.
+The folder becomes the dataset's packed folder as it fills (``manifest.json`` last, once every file is
+complete); the cache's own state is kept apart, in ``.imgpipe-cache/`` (docs/format.md). Rule: a
+record's presence byte is set only once its checked bytes were written whole, and a shard's complete
+byte only once the file, read back from the disk, hashes to the manifest's sha256 and was fsynced;
+docs/remote.md ("Why a presence byte per record") says why that stays true through kill -9 and power loss.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Bring one shard of a cache whole: a few large streamed range GETs into its ``RangeFile``, each record checked as it lands.
 
-A shard is filled through staging's ``RangeFile``, as ``imgpipe stage`` copies a file: every write's
-length checked, the file hashed from the disk in order as its bytes land, fsynced and only then
-marked complete, once that sha256 is the manifest's. What the cache adds is per-record presence,
-because the first epoch reads records while their shards still arrive: the bytes the shard lacks
-are fetched in spans of at most ``SPAN_BYTES`` (runs of missing records merged across present
-ones spanning less than ``GAP_BYTES``), each one streamed request whose chunks are written at their
-offsets as they arrive; each record a chunk completes is checked (framing, crc32 from the sidecar)
-and marked present once its bytes were written whole. A shard is filled by one process of the node
-at a time: it claims the shard's byte of ``{split}.claims`` with a lock, which its death drops.
+The shard is written, hashed from the disk and committed through staging's ``RangeFile``, as ``imgpipe
+stage`` copies a file. What the cache adds is per-record presence (the first epoch reads records while
+their shards arrive): the missing bytes come in streamed spans of at most ``SPAN_BYTES`` (runs merged
+across present records spanning less than ``GAP_BYTES``), and each record a chunk completes is checked
+and marked present once written whole. One process of the node fills a shard at a time, holding its
+lockable byte of ``{split}.claims``.
 """
 
 from __future__ import annotations

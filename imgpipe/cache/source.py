@@ -1,14 +1,10 @@
 """A ``ByteSource`` that reads a split's records from its node-local cache folder, and from the URL what is missing.
 
-A record is read from the cache folder when its shard is complete (read as from a local folder),
-or when its presence byte is set and its bytes pass the ShardSet's check (length, framing, crc32:
-``nodecache`` says why a presence byte is checked again). The records still missing are waited
-for while the background fill (``fill``) is due to end within ``WAIT_S``: meanwhile a process
-with its own obstore client (a loader worker) claims and fills the shards that hold them itself
-(``shardfill``), rather than idle. What is still missing then is fetched from the URL in one
-batch, as without a cache; each record fetched and checked is written whole into its shard file
-at its own offset (its length checked), then marked present. Writes from several processes of a
-node meet only at identical bytes. Which records are read, and in what order, stays the caller's.
+A record is read from the folder when its shard is complete, or when its presence byte is set and its
+bytes pass the ShardSet's check. Missing records are waited for while the background fill is due to end
+within ``WAIT_S`` (a process with its own obstore client fills their shards itself meanwhile:
+``shardfill``), then fetched from the URL in one batch, checked, and written whole at their offsets.
+Writes from several processes meet only at identical bytes; which records are read stays the caller's.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """How every command stops: within ``STOP_GRACE_S`` of SIGTERM or SIGINT, with one line and exit code 143
 or 130, whatever its threads are doing.
 
-The signal unwinds the main thread as Ctrl-C does (``Stopped`` for SIGTERM, KeyboardInterrupt for SIGINT),
-so the command stops its workers and says so in one line. What the main thread cannot do, a watchdog
-thread does: woken by the signal itself (``signal.set_wakeup_fd``, written by the C handler even while
-the main thread is stuck in a call), once ``STOP_GRACE_S`` have passed it prints the line if nobody has,
-kills the child processes still running and ends the process with ``os._exit``, which no thread left
-running (Python joins them at exit) can hold up. After a failing or stopped command's line, what is left
-running gets ``EXIT_GRACE_S``. A second signal ends the process at once. Where a command handles the
-signals itself (the trainer's launcher), the watchdog leaves them to it.
+The signal unwinds the main thread as Ctrl-C does (``Stopped`` for SIGTERM), so the command stops its
+workers and says so. Failing that, a watchdog thread woken by the signal itself (``signal.set_wakeup_fd``,
+written even while the main thread is stuck in a call) prints the line after ``STOP_GRACE_S``, kills the
+children and ends the process with ``os._exit`` (``EXIT_GRACE_S`` after a failing or stopped command's own
+line). A second signal ends it at once; the trainer's launcher handles the signals itself.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The names of a packed folder's files, and one reader and one writer per sidecar.
 
-Layout of a packed folder::
-
-    DST/manifest.json                       the manifest (``manifest.py``; written last, atomically)
-    DST/{split}-{i:05d}-of-{n:05d}.rec      RecordIO shard
-    DST/{split}-{i:05d}-of-{n:05d}.idx      its MXNet index: "id<TAB>offset" per record
-    DST/{split}.sources.txt                 sidecar: one source path per record, in record order
-    DST/{split}.labels.npy                  sidecar: int32 label per record, in record order
-    DST/{split}.crc32.npy                   sidecar: uint32 zlib.crc32 of each record (IRHeader + image), in record order
-    DST/{split}.index.npy                   sidecar: every .idx of the split as one int64 array, keys then offsets
-
-The readers take the sidecar's bytes (so verify can hash the same bytes it parses) and raise
-:class:`SidecarError` without the path; each caller turns that into its own kind of report.
+The files are listed in docs/format.md. The readers take the sidecar's bytes (so verify can hash the
+same bytes it parses) and raise :class:`SidecarError` without the path; each caller turns that into its
+own kind of report.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The dataset manifest (``manifest.json``): dataclasses <-> JSON, checksums, safe names.
 
-The files it lists, and their names, are in ``layout.py``.
-
-Records of a split are numbered 0..N-1 in shard order (a record's *index*). The IRHeader
-``id`` and the .idx key are the item's position in the pack plan, stable whatever was
-skipped: they increase through the split and have gaps where a source image was skipped.
-
-Every name in the manifest is a plain file name inside DST and every source path is
-relative to the source root: a manifest can never point outside its dataset folder.
+Records of a split are numbered 0..N-1 in shard order (a record's *index*); the IRHeader ``id`` and the
+.idx key are the item's position in the pack plan, stable whatever was skipped (they increase through
+the split, with gaps). Every name in the manifest is a plain file name inside DST and every source path
+is relative to the source root: a manifest can never point outside its dataset folder. The files it
+lists, and their names, are ``layout``'s.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """MXNet RecordIO, byte for byte as dmlc-core frames it: records, IRHeader and the .idx index.
 
-On-disk layout of one record (all words little-endian uint32)::
-
-    +-------+----------------------+----------------------+---------+
-    | magic | lrec = cflag<<29|len | payload[len]         | pad 0-3 |
-    +-------+----------------------+----------------------+---------+
-
-dmlc splits a payload wherever the magic word appears at a 4-byte aligned offset: the
-magic itself is dropped and the pieces are written as frames with cflag 1 (first), 2
-(middle) and 3 (last); a reader puts the magic back between them. cflag 0 is a whole
-record. A record's payload is an IRHeader ``<IfQQ>`` (flag, label, id, id2); when flag
-> 0, ``flag`` float32 labels follow the header and ``label`` is 0. The ``.idx`` file is
-text, one ``key\\toffset`` line per record, in write order.
-
-Readers never trust a length field: every length is checked against the bytes that are
-really there before anything is allocated, and a malformed file raises RecordIOError
-naming the file and the offset. They are stricter than dmlc's ``NextRecord``, which
-resizes its buffer to whatever a length word says and accepts any cflag order: a cflag
-above 3, or 2/3 without a 1 before it, is refused here (dmlc never writes either).
+The framing (magic, ``cflag << 29 | len``, payload, padding; a payload split at every aligned magic word)
+and the IRHeader ``<IfQQ>`` are drawn in docs/format.md. Rule: readers never trust a length field: every
+length is checked against the bytes really there before anything is allocated, and a malformed file
+raises RecordIOError naming the file and the offset. They are stricter than dmlc's ``NextRecord``: a
+cflag order dmlc never writes is refused.
 """
 
 from __future__ import annotations

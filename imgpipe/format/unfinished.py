@@ -1,15 +1,10 @@
 """What a folder looks like while a writer still works on it, and the one line that says so.
 
-A packed folder is complete only when its ``manifest.json`` exists: every writer writes it last.
-Until then the writer keeps its own state in a folder of its own inside DST, and a reader (the
-loaders, ``verify``, ``info``, ``stage``) that finds one without a manifest refuses the folder
-with the writer's line, whatever part of imgpipe that process loaded:
-
-    .imgpipe-pack/      the journal of ``imgpipe pack`` (``imgpipe.packing.journal``): ``plan.json``, a ``{shard}.json`` per shard done
-    .imgpipe-stage/     the journal of ``imgpipe stage`` (``imgpipe.staging.target``): a ``{file}.{size}.{sha256}.done`` per file
-    .imgpipe-cache/     a node cache's state (``imgpipe.cache``): its folder is read through ``cache_dir`` until it is complete
-
-The writers take these names from here; their files inside are theirs.
+A packed folder is complete only when its ``manifest.json`` exists: every writer writes it last. Until
+then each writer keeps its state in a folder of its own inside DST (``.imgpipe-pack/``,
+``.imgpipe-stage/``, ``.imgpipe-cache/``: docs/format.md), and every reader (the loaders, ``verify``,
+``info``, ``stage``) that finds one without a manifest refuses the folder with that writer's line. The
+writers take these names from here; their files inside are theirs.
 """
 
 from __future__ import annotations

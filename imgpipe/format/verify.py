@@ -1,22 +1,10 @@
 """``imgpipe verify``: is a packed folder complete and intact? Every problem is located.
 
-``dst`` may be a URL of a packed folder (``s3://``, ``gs://``, ``az://``, ``http(s)://``): each
-shard is downloaded to a temporary file by the process that checks it, then checked as a local
-one, so problems name the same files.
-
-With a manifest, each shard is checked against it: size and sha256 of the .rec and .idx,
-the framing of every record, that the .idx lists exactly the record starts in order with
-keys equal to the IRHeader ids, record counts, labels (integral, in range, equal to the
-labels sidecar), each record's crc32 against the checksum sidecar, and the sidecars
-themselves. ``decode=True`` also decodes every image with Pillow. Bare .rec/.idx pairs
-(e.g. from im2rec) get the framing and index checks. A folder with a pack journal
-(``.imgpipe-pack/``) but no manifest is an unfinished pack, one with the journal of
-``imgpipe stage`` (``.imgpipe-stage/``) an unfinished copy: one problem, nothing else is
-checked. A shard without records is a problem (DALI cannot map an empty file). Shards are
-checked in parallel.
-
-A problem reads ``file: record K (offset O, source S): what``, where K is the record's
-index in its split (for a bare pair: in its file).
+With a manifest each shard is held to it (size and sha256, every record's framing, the ``.idx`` against
+the record starts and the IRHeader ids, labels and crc32s against their sidecars; ``decode=True`` also
+decodes every image with Pillow); bare .rec/.idx pairs get the framing and index checks; a writer's
+journal without a manifest is one problem. A URL's shards are downloaded and checked as local ones.
+A problem reads ``file: record K (offset O, source S): what``, K the record's index in its split.
 """
 
 from __future__ import annotations

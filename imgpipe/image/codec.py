@@ -1,29 +1,11 @@
 """One image in, one JPEG every backend reads the same way out: sniff, keep, repair or skip.
 
-``prepare_image`` decides from the JPEG headers whether the bytes can be stored as they
-are: a baseline (SOF0/SOF1) or progressive (SOF2), 8-bit, 3-component YCbCr JPEG without
-an EXIF rotation that ends with its EOI marker is kept byte-exact, once it is known that
-Pillow decodes it whole as ``imgpipe verify --decode`` will (``keep_failure``, mostly without
-decoding), so pack never stores what its own verify or the loaders reject (re-encoded output
-is Pillow's own). Anything that DALI, MXNet (OpenCV) and Pillow would read differently is
-decoded with Pillow and re-encoded as a baseline RGB JPEG ("repaired"): CMYK/YCCK,
-grayscale, RGB-coded or 12-bit or arithmetic-coded JPEGs, other formats (PNG, GIF, BMP,
-WebP, ...) whatever their name, and an EXIF orientation other than 1 (applied, then the
-EXIF block is dropped: OpenCV and DALI's decoder (``adjust_orientation=True`` by default)
-turn the picture, while Pillow and so torchvision do not).
-
-Truncated beyond repair: a JPEG whose data stops before its EOI marker is skipped without
-decoding ("truncated JPEG"); Pillow refuses such a file too unless ``LOAD_TRUNCATED_IMAGES``
-is set, and DALI and OpenCV would fill the missing part with grey. Zero padding after the
-EOI is allowed and kept; other bytes after the EOI are cut off (lossless, "repaired").
-Files Pillow cannot open or decode (empty, not an image, corrupt, or truncated other
-formats, with Pillow's default ``LOAD_TRUNCATED_IMAGES = False``) are skipped with the
-reason, and so is an image over Pillow's decompression-bomb limit. Re-encoding is
-deterministic: the same input always gives the same bytes.
-
-Resizing a JPEG that needs no repair goes through ``imgpipe.image.shrink`` (libjpeg-turbo in one C
-call) when its extension is built, else through Pillow here: the same size and filter, other
-bytes (see ``imgpipe.image.shrink``).
+``prepare_image`` keeps a clean JPEG (baseline or progressive, 8-bit YCbCr, no EXIF rotation, ending
+with its EOI) byte for byte once it is known that Pillow decodes it whole (``keep_failure``),
+re-encodes with Pillow what DALI, MXNet and Pillow would read differently ("repaired"), and skips what
+cannot be read, with the reason; the rules are in docs/cli.md. Rule: pack never stores what its own
+``verify --decode`` or the loaders reject, and re-encoding is deterministic. ``--resize`` of a clean JPEG
+goes through ``imgpipe.image.shrink`` when its extension is built, else through Pillow here.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """``pack --resize`` for the common case, a clean YCbCr JPEG, in one call into libjpeg-turbo.
 
-The optional C extension ``imgpipe.image._jpeg_shrink`` decodes in the DCT domain at 1/1, 1/2, 1/4
-or 1/8 (the SIMD scales; libjpeg's M/8 scales are slower than a full decode), keeping at least
-twice the target size, resizes with Pillow's antialiased bilinear filter (a 4:2:0 source at full
-scale as its Y, Cb and Cr planes, without colour conversion) and encodes a baseline JPEG, with
-no Python objects in between. Pillow's path (``draft`` at the same scales, ``Image.resize
-(BILINEAR)``, ``save``) has the same semantics and the same output size at about half the
-speed, but other bytes: an installation without the extension packs other, equally
-deterministic, bytes.
+The optional C extension ``imgpipe.image._jpeg_shrink`` decodes in the DCT domain at 1/1, 1/2, 1/4 or
+1/8 (the SIMD scales; libjpeg's other M/8 scales are slower than a full decode), keeping at least twice
+the target size, resizes with Pillow's antialiased bilinear filter (a 4:2:0 source at full scale as its
+Y, Cb and Cr planes) and encodes a baseline JPEG. Pillow's path has the same semantics and output size
+but other bytes: an installation without the extension packs other, equally deterministic, bytes.
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """Find the images and labels of a source tree: ImageNet, the Kaggle download, or class folders.
 
-Accepted layouts (``SourceTree.layout``):
-
-- ``imagenet``: ``SRC/train/<wnid>/*`` and optionally ``SRC/val/``, either class folders
-  or flat files labelled by ``LOC_val_solution.csv`` (beside ``val/``, inside it, or at the
-  top of the Kaggle download when SRC is its ``ILSVRC/Data/CLS-LOC``);
-- ``kaggle``: ``SRC/ILSVRC/Data/CLS-LOC/{train,val}`` with ``SRC/LOC_val_solution.csv``;
-- ``imagenet21k-p``: ImageNet-21K-P as Alibaba-MIIL's scripts and image-net.org leave it,
-  ``SRC/imagenet21k_train/<wnid>/*`` and ``SRC/imagenet21k_val/<wnid>/*`` (its
-  ``imagenet21k_small_classes/`` is not part of it and is not read);
-- ``class-folders``: ``SRC/<class>/*``, any folders of images, scanned as split ``train``;
-- archives read in place, only when SRC has no ``train/`` or Kaggle folders (``layouts``):
-  image-net.org's tars (``tarballs``, or ``split-tar`` with the train tar in parts), Kaggle's
-  zip, Hugging Face's Parquet files or tarballs, WebDataset shards.
-
-Classes are the train folder names sorted as torchvision's ImageFolder sorts them (plain
-``sorted()``); val uses the same label index. Only files with an image extension
-(``IMAGE_EXTENSIONS``, any case) are candidates; other files are ignored and counted in
-the log. A candidate that turns out not to be an image is skipped later, at pack time.
-Hidden files and folders (a leading ``.``) are ignored. A file whose path contains a
-newline cannot be written to the line-based sources sidecar, nor a name that is not UTF-8
-into the JSON manifest: such a file is left out and listed in ``SplitItems.rejected`` with
-the reason (its bytes shown as ``\\xNN``), and the packer reports it as skipped; such a
-class folder is a DatasetError. Class folders are walked recursively, like ImageFolder;
-symlinks are followed, but each folder is walked once. Paths are posix, relative to ``SourceTree.root``; train is
-in ImageFolder's order (class, then folder, then file name), val by file name. Only
-``os.scandir`` is used, without a per-file ``stat``, and paths are kept as ``list[str]``
-plus an int32 label array, so 1.28 M files cost about 120 MB.
+The layouts (``SourceTree.layout``: ``imagenet``, ``kaggle``, ``imagenet21k-p``, ``class-folders``; the
+archive layouts are ``layouts``' and ``scan``'s) and how each is labelled are in docs/cli.md. Items come
+in ImageFolder's order (classes by plain ``sorted()``; class, folder, file; val by file name), as posix
+paths relative to ``SourceTree.root``, kept as a ``list[str]`` and an int32 label array; a path the
+sidecars cannot hold (a newline, not UTF-8) is left out and listed in ``SplitItems.rejected``. Only
+``os.scandir`` is used, with no per-file ``stat``.
 """
 
 from __future__ import annotations

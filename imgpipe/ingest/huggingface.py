@@ -1,23 +1,10 @@
 """Scan Hugging Face's ``ILSVRC/imagenet-1k`` downloads: today's Parquet files, or the earlier tarballs.
 
-- Parquet (``data/train-00000-of-00294.parquet``, ``validation-*``): each row is ``image`` =
-  {``bytes``: the JPEG, ``path``: ``n01440764_10026_n01440764.JPEG``} and ``label``; read
-  with pyarrow (the ``parquet`` extra). A unit is one file, read a row group at a time.
-- Tarballs (``data/train_images_{0..4}.tar.gz``, ``val_images.tar.gz``): the members the loading
-  script ``imagenet-1k.py`` reads, as ``datasets``' ``iter_archive`` yields them (regular members,
-  no links, none whose base name starts with ``.`` or ``__``) ending in ``.JPEG``, each labelled
-  by the synset after the last ``_`` of its name (``ILSVRC2012_val_00000001_n01751748.JPEG`` in
-  val). A unit is one whole ``.tar.gz``. ``test*`` files have no labels and are not read.
-
-Both name a file ``<name>_<wnid>.JPEG``; its item is the extracted tree's
-``train/<wnid>/<name>.JPEG`` (``val/<name>.JPEG``, flat), and classes are the wnids, sorted,
-as ``classes.py`` orders them. Parquet rows whose paths do not follow that rule are labelled
-by ``label`` alone (``classnames``). Items come in the tree's order with its labels; each is
-(unit, ordinal, size), read by ``scatter``. Source paths are ``<file>/<member or path>``.
-
-A ``.tar.gz`` is listed by decompressing it whole (that is the price of gzip), a Parquet file
-by reading its columns with pyarrow, a row group at a time (``parquet``); listings are kept in the
-pack journal (``cache``), keyed by path, size and mtime, so a rerun does not list again.
+Both name a file ``<name>_<wnid>.JPEG``: its item is the extracted tree's ``train/<wnid>/<name>.JPEG``
+(flat ``val/``), in that tree's order and with its labels (rows without such a name: by ``label``,
+``classnames``). A unit is one Parquet file, read with pyarrow a row group at a time (``parquet``), or
+one whole ``.tar.gz`` (the members ``datasets``' ``iter_archive`` yields); each item is (unit, ordinal,
+size), read by ``scatter``. Listings are kept in the pack journal, keyed by path, size and mtime.
 """
 
 from __future__ import annotations
@@ -115,7 +102,7 @@ def find_hf(src: str | os.PathLike | Sequence[str | os.PathLike]) -> HfFiles | N
 
 
 def scan_hf(files: HfFiles, splits: Sequence[str] | None, workers: int | None = None, cache: Path | None = None) -> SourceTree:
-    """The classes and items of a Hugging Face download, like ``source.scan`` gives for its extracted tree."""
+    """The classes and items of a Hugging Face download, like ``folders.scan_folders`` gives for its extracted tree."""
     wanted = list(files.splits) if splits is None else list(dict.fromkeys(splits))
     missing = [s for s in wanted if s not in files.splits]
     if missing:

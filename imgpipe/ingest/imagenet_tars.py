@@ -1,23 +1,11 @@
 """Scan image-net.org's tarballs in place: member offsets inside the tar, no extraction.
 
-A tarball source holds ``ILSVRC2012_img_train.tar`` (one ``<wnid>.tar`` per class inside),
-``ILSVRC2012_img_val.tar`` (flat ``ILSVRC2012_val_%08d.JPEG``) and the val labels: the
-devkit ``ILSVRC2012_devkit_t12.tar.gz`` or Kaggle's ``LOC_val_solution.csv``. Items are the
-same as those of the extracted tree, in the same order and with the same labels, so a pack
-from the tars is byte-identical to a pack of the extracted folders. Each item is a
-(byte offset, size) span of the outer tar, kept in numpy arrays; workers read it with one
-``pread``. Its source path names the member: ``ILSVRC2012_img_train.tar/n01440764.tar/
-n01440764_10026.JPEG``, relative to the source root (the folder holding the tars).
-
-The train tar may also come cut into parts (``ILSVRC2012_img_train.tar.001``, ``.002``, ...;
-layout ``split-tar``): the parts are read as one file (``members.ArchiveFile``), across part
-boundaries. Members are what extraction leaves (``resolve_links``): a repeated name keeps its
-last member, hard links and symbolic links inside the archive read as their targets.
-
-Python's ``tarfile`` stops quietly at a header it cannot parse after the first one, which
-is how a truncated download looks; the listing therefore also requires the end-of-archive
-zero block and every member's data inside the file, and names the tar and the member where
-the damage starts.
+Items are the extracted tree's, in its order and with its labels, so the shards are byte-identical to
+the tree's; each is a (byte offset, size) span of the outer tar, read with one ``pread``. The train tar
+may come in parts (``split-tar``, ``members.ArchiveFile``); members are what extraction leaves
+(``resolve_links``). Python's ``tarfile`` stops quietly at a header it cannot parse, which is how a
+truncated download looks, so the listing also requires the end-of-archive block and every member's
+data inside the file, and names the tar and the member where the damage starts.
 """
 
 from __future__ import annotations
@@ -212,7 +200,7 @@ def _holds_tars(archive: ArchiveFile) -> bool:
 
 
 def scan_tars(tars: TarFiles, splits: Sequence[str] | None, workers: int | None = None) -> SourceTree:
-    """The classes and items of a tarball source, like ``source.scan`` gives for the extracted tree."""
+    """The classes and items of a tarball source, like ``folders.scan_folders`` gives for the extracted tree."""
     found = {name: path for name, path in (("train", tars.train), ("val", tars.val)) if path is not None}
     wanted = list(found) if splits is None else list(dict.fromkeys(splits))
     missing = [s for s in wanted if s not in found]

@@ -1,14 +1,10 @@
 """Scan Kaggle's ``imagenet-object-localization-challenge.zip`` in place: no extraction.
 
-The zip holds the Kaggle layout that ``source.scan`` packs once extracted:
-``ILSVRC/Data/CLS-LOC/train/<wnid>/*.JPEG``, flat ``ILSVRC/Data/CLS-LOC/val/`` labelled by
-``LOC_val_solution.csv`` (inside the zip, or beside it), ``LOC_synset_mapping.txt`` and
-annotations, which are not read. Its central directory gives every member's local-header
-offset, sizes, method and crc32; items are the extracted tree's, in its order and with its
-labels, and a worker reads each member at its offset (stored, or inflated) and checks the
-crc32. Extraction semantics: a repeated name keeps its last member, a name that climbs out
-is left out and listed, a symbolic link reads as its target (``tarsource.resolve_links``).
-Source paths are ``<zip name>/ILSVRC/Data/CLS-LOC/train/<wnid>/<file>``.
+The zip holds the Kaggle download's ``ILSVRC/Data/CLS-LOC/{train,val}``, val labelled by
+``LOC_val_solution.csv`` (inside the zip, or beside it). Its central directory gives every member's
+offset, sizes, method and crc32; items are the extracted tree's, in its order and with its labels, and
+a worker reads each member at its offset (stored, or inflated) and checks the crc32. Members are what
+extraction leaves (``imagenet_tars.resolve_links``); source paths start with the zip's name.
 """
 
 from __future__ import annotations
@@ -59,7 +55,7 @@ def find_zip(src: str | os.PathLike | Sequence[str | os.PathLike]) -> Path | Non
 
 
 def scan_zip(path: Path, splits: Sequence[str] | None) -> SourceTree:
-    """The classes and items of the Kaggle zip, like ``source.scan`` gives for the extracted download."""
+    """The classes and items of the Kaggle zip, like ``folders.scan_folders`` gives for the extracted download."""
     archive = ArchiveFile.of(path)
     infos = _central_directory(path)
     prefix = _prefix(path, infos)

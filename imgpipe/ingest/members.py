@@ -1,13 +1,10 @@
 """Where an item's bytes lie inside an archive, and how a worker reads them in place.
 
-An ``ArchiveFile`` is one file, or a file cut into parts (``x.tar.001``, ``.002``, ...) that
-are one archive when joined; ``open_archive`` reads either with ``pread`` across part
-boundaries. ``MemberSpans`` says, per item, which archive and where: a plain span (tar
-members, WebDataset samples), a zip member at its local header (stored or deflated, checked
-against the central directory's crc32), or no bytes at all (a link that extraction would
-leave dangling or pointing out of the archive: the item is skipped at pack time with that
-reason, as the extracted tree's unreadable link would be). Arrays, not objects: 1.28 M items
-cost about 40 MB.
+An ``ArchiveFile`` is one file, or a file cut into parts (``x.tar.001``, ``.002``, ...) read as one with
+``pread`` across part boundaries (``open_archive``). ``MemberSpans`` says, per item, which archive and
+where: a plain span (tar members, WebDataset samples), a zip member at its local header (stored or
+deflated, checked against the central directory's crc32), or no bytes at all (a link extraction would
+leave dangling or pointing out: skipped at pack time with that reason). Arrays, not objects.
 """
 
 from __future__ import annotations

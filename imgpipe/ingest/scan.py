@@ -1,12 +1,9 @@
 """Which archive layout SRC is, read in place: the scan of each lives in its own module.
 
-- ``kaggle-zip``: Kaggle's ``imagenet-object-localization-challenge.zip`` (``zipsource``);
-- ``hf-parquet`` / ``hf-tar``: Hugging Face's ``ILSVRC/imagenet-1k`` Parquet files or tarballs (``hfsource``);
-- ``wds``: WebDataset shards such as ``timm/imagenet-1k-wds`` (``wdssource``);
-- ``tarballs`` / ``split-tar``: image-net.org's tars, the train tar whole or in parts (``tarsource``);
-- ``synset-tars``: ImageNet-21k's folder of one ``<wnid>.tar`` per synset (``synset_tars``).
-
-None of them when SRC is a folder tree (``train/``, the extracted Kaggle download, class folders).
+``kaggle-zip`` (``kaggle_zip``), ``hf-parquet`` / ``hf-tar`` (``huggingface``), ``wds`` (``webdataset``),
+``tarballs`` / ``split-tar`` (``imagenet_tars``) and ``synset-tars`` (``synset_tars``), tried in that
+order; none of them when SRC is a folder tree (``train/``, the extracted Kaggle download, class
+folders: ``folders``).
 """
 
 from __future__ import annotations

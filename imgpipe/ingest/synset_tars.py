@@ -1,13 +1,11 @@
 """ImageNet-21k as image-net.org releases it: a folder of one tar per synset, read in place.
 
-The winter21 and fall11 releases are ``<wnid>.tar`` files, one per synset, each holding that
-synset's images flat, like the class tars inside ILSVRC2012's train tar: the folder
-``tar xf fall11_whole.tar`` or ``tar xzf winter21_whole.tar.gz`` leaves, or the per-synset
-downloads ``image-net.org/data/winter21_whole/<wnid>.tar``. Each class tar is listed (in
-parallel) as ``imagenet_tars`` lists those; an item is ``<wnid>.tar/<name>`` with its span in
-that tar, in the extracted class folders' order and labelled by sorted wnid, so the shards are
-byte-identical to a pack of the extracted tree. The outer tar itself (``fall11_whole.tar``) is
-read in place as a train tar by ``imagenet_tars``.
+The winter21 and fall11 releases are ``<wnid>.tar`` files, one per synset, each holding that synset's
+images flat (what ``tar xf fall11_whole.tar`` or ``tar xzf winter21_whole.tar.gz`` leaves, or the
+per-synset downloads). Each class tar is listed in parallel as ``imagenet_tars`` lists those of the
+train tar; items are ``<wnid>.tar/<name>`` spans, in the extracted class folders' order and labelled by
+sorted wnid, so the shards are byte-identical to a pack of the extracted tree. The outer
+``fall11_whole.tar`` is read in place as a train tar by ``imagenet_tars``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Walk a tar's plain headers the way Python's ``tarfile`` reads them, for less CPU per member.
 
-A WebDataset shard holds three members per image and a ``.tar.gz`` is walked twice (listed, then
-read), so the walk's cost per member counts (``docs/benchmarks.md``, ``benchmarks/tar_listing.py``).
-``walk`` reads one 512-byte header per member and decodes only the name, type, size and link, giving
-what ``tarfile`` gives for such a header; its sizes are octal digits, so each step moves forward.
-Anything else (a GNU long name, a pax or sparse header, a base-256 number, a bad checksum, a short
-read, a field ``tarfile`` would refuse) raises ``Unsupported``, and the caller reads the archive
-with ``tarfile`` instead: its members and its verdict on a damaged archive stay ``tarfile``'s own.
-
-``tarfile`` is only ever given ``CheckedTarInfo``: a header whose next offset does not move forward
-(a negative size: the ``tarfile`` of Python 3.11.7 steps back onto the same header for ever, CVE-2025-8194),
-or a long name or pax header larger than any real one, is an ``UnsafeHeader`` before ``tarfile``
-reads, seeks or loops on it.
+``walk`` decodes only a plain header's name, type, size and link (what it gains: docs/benchmarks.md);
+anything else (a GNU long name, a pax or sparse header, a base-256 number, a bad checksum, a short
+read, a field ``tarfile`` would refuse) raises ``Unsupported``, and the caller reads the archive with
+``tarfile``, whose members and verdicts stay its own. Rule: ``tarfile`` is only ever given
+``CheckedTarInfo``: a header whose next offset does not move forward (a negative size, CVE-2025-8194)
+or a long name or pax header larger than any real one is an ``UnsafeHeader`` before ``tarfile`` reads it.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Scan WebDataset shards in place, as timm publishes ImageNet (``timm/imagenet-1k-wds``).
 
-Shards are ``<name>-train-<n>.tar`` and ``<name>-validation-<n>.tar`` (``-val-`` too); a folder
-with timm's ``_info.json`` (or ``info.json``) takes each split's shards from its ``filenames``,
-as timm's ``reader_wds`` does. Members are grouped as webdataset groups them
-(``tariterators``): regular members only, none matching its ``skip_meta`` (``__*__``), the key
-is the member name up to the first dot of its base name, the rest (lower-cased) its suffix,
-consecutive members with one key make a sample, and a suffix twice in one sample is an error.
-As ``reader_wds`` reads a sample: the image is the first of ``jpg``, ``png``, ``webp``, the
-label the integer text of ``.cls`` (or the ``.json``'s ``alt_label`` field where the split
-info names one; -1 leaves the sample out); the file name is the ``.json``'s ``filename`` where
-it has one, else the key and ``.JPEG`` (``reader_wds``' ``key_ext``). Classes are the wnids the
-train samples' file names give (``n01440764_149.JPEG``), where every one names its label's wnid,
-else ``classnames.names_for_indices`` (ILSVRC2012's wnids for exactly its 1,000 indices); val
-samples (``ILSVRC2012_val_00000001.JPEG``) take their label's name from the train samples.
-
-Items are those of the tree the samples make (``train/<class>/<file name>`` and a flat
-``val/``), in that tree's order, each a span of its shard read with one ``pread``; source
-paths are ``<shard>/<file name>``. A sample with a label but no image, or an image but no
-label, is a DatasetError naming the shard and the member.
+Members are grouped into samples as webdataset's ``tariterators`` groups them, and a sample is read as
+timm's ``reader_wds`` reads it (image, label, file name; docs/cli.md). Items are those of the tree the
+samples make (``train/<class>/<file name>`` and a flat ``val/``), in that tree's order, each a span of
+its shard read with one ``pread``; a sample with a label but no image, or an image but no label, is a
+DatasetError naming the shard and the member.
 """
 
 from __future__ import annotations
@@ -145,7 +132,7 @@ def _from_info(root: Path, info: Path) -> WdsShards | None:
 
 
 def scan_shards(shards: WdsShards, splits: Sequence[str] | None, workers: int | None = None) -> SourceTree:
-    """The classes and items of WebDataset shards, like ``source.scan`` gives for the tree their samples make."""
+    """The classes and items of WebDataset shards, like ``folders.scan_folders`` gives for the tree their samples make."""
     wanted = list(shards.splits) if splits is None else list(dict.fromkeys(splits))
     missing = [s for s in wanted if s not in shards.splits]
     root = (

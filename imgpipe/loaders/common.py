@@ -1,13 +1,10 @@
 """What both loaders do before they differ: check the arguments, find the rank, open the shards,
 and place this rank in the global stream (``open_rank_stream``).
 
-Every public argument is checked here, once for both loaders: a mistake (``image_size="224"``,
-``batch_size=8.5``, ``train=1``, ``device="cuda"`` without a GPU) is one ``ConfigError``
-naming the argument and what it accepts, never a TypeError or a torch error from deep inside.
-
-``device`` defaults to ``CURRENT_DEVICE``: the current CUDA device when torch sees one, else the
-CPU, so batches are normalized on the GPU unless the caller asks otherwise; ``device=None``
-still means the CPU explicitly.
+Every public argument is checked here, once for both loaders: a mistake is one ``ConfigError`` naming
+the argument and what it accepts, never a TypeError or a torch error from deep inside. ``device``
+defaults to ``CURRENT_DEVICE`` (the current CUDA device when torch sees one, else the CPU);
+``device=None`` means the CPU.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """NVIDIA DALI loader fed by imgpipe: the torch loader's records, order, crops and state, decoded by DALI.
 
-``nvidia.dali`` is imported here only, lazily, so imgpipe works without it installed.
-
-The ``EpochSampler`` picks each batch's records exactly as for the torch loader (the global
-stream: the same records at every world size), and an external source (``dali_feed.DaliFeed``)
-hands DALI each record's bytes, read from the ShardSet, with the window to decode and the crop
-and flip drawn from (seed, epoch, record). DALI decodes only that window
-(``decoders.image_slice``: ``mixed`` on a GPU, ``cpu`` otherwise), resizes the crop box to
-the resolution of the batch's epoch squared (fed per batch: ``set_resolution`` needs no new
-pipeline) and mirrors and normalizes it. So both backends yield the same labels
-in every batch, and pixels that differ only by the resize filter. The pipeline itself draws
-no random numbers; it is built once and reused from epoch to epoch (rebuilt after an epoch
-left unfinished). ``state_dict`` / ``load_state_dict`` are the sampler's, as in the torch loader.
-
-The feed runs in this process, in a thread of its own two batches ahead of DALI's calls; where
-the CPUs are all busy decoding, its per-record Python work (read, JPEG header, crop draw: 60 us)
-competes with them.
-Users who drive ``fn.readers.mxnet`` themselves keep ``imgpipe.loaders.dali_index.write_dali_index``.
+``nvidia.dali`` is imported here only, lazily, so imgpipe works without it installed. The
+``EpochSampler`` picks each batch's records as for the torch loader, and an external source
+(``dali_feed.DaliFeed``, a thread two batches ahead) hands DALI each record's bytes, window, crop and
+flip. DALI decodes only the window, resizes it to the batch's size, mirrors and normalizes it, and draws
+no random numbers: labels equal the torch loader's and pixels differ only by the resize filter. The
+pipeline is built once and reused from epoch to epoch (rebuilt after an epoch left unfinished).
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """What imgpipe hands DALI's external source per batch: each record's bytes, the window to decode, the crop and flip.
 
-The DALI loader decodes what the torch loader decodes: the sampler's records in the sampler's
-order, with each record's crop box and flip from ``transforms.sample_crop`` (seed, epoch,
-record). A crop box may have fractional edges (the eval center crop), and DALI's slice
-decoder takes whole pixels, so each sample carries:
-
-* ``anchor`` / ``shape``: the smallest whole-pixel window holding the box, (x, y) and (w, h),
-  for ``decoders.image_slice`` (absolute, ``axis_names="WH"``);
-* ``roi_start`` / ``roi_end``: the box inside that window, (y, x), for ``fn.resize``'s ROI,
-  so the resize maps exactly the box onto the output, as the torch loader's resampling does;
-* ``mirror`` (0/1) for ``crop_mirror_normalize``;
-* ``size`` (h, w): the output size of the batch's epoch, for ``fn.resize``, so the pipeline
-  follows ``set_resolution`` without being rebuilt.
-
-Labels stay on the host: the loader takes them from the ShardSet for the batch DALI returns.
-
-The feed prepares its batches ``READ_AHEAD`` ahead in a thread of its own: called from
-``pipe.run()``, preparing a batch there (4 ms for 64 records) left DALI's threads without their
-next batch for that long, 5-7 % of the loader's rate on 2 CPUs. The thread holds the GIL only
-for that Python work; DALI's threads need none.
-
+Per sample, for the sampler's records and the torch loader's boxes (``geometry.sample_crop``):
+``anchor`` / ``shape``, the smallest whole-pixel window holding the box, for ``decoders.image_slice``;
+``roi_start`` / ``roi_end``, the (possibly fractional) box inside it, for ``fn.resize``; ``mirror``; and
+``size``, the epoch's output size, so the pipeline follows ``set_resolution``. Labels stay on the host.
+Batches are prepared ``READ_AHEAD`` ahead in a thread of its own (docs/measurements.md says why).
 Pure numpy: no DALI import, so it runs (and is tested) anywhere.
 """
 

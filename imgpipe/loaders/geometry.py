@@ -1,22 +1,11 @@
 """The image geometry both loaders share: train random-resized-crop + flip, eval resize + center crop.
 
-Boxes are computed from the stored (width, height), read from the JPEG header before any
-decoding, so a loader can decode at reduced size and resample only the box. All randomness
-comes from the sample's own generator (``seeding.sample_rng``).
-
-Shared constants (the DALI loader uses the same ones):
-
-* ``IMAGENET_MEAN`` / ``IMAGENET_STD``: per-channel RGB mean and std in 0-255 units.
-* ``EVAL_CROP_FRACTION``: eval resizes the shorter side to ``round(image_size / 0.875)``
-  and center-crops ``image_size`` (256 -> 224 for the classic setting); a loader's
-  ``crop_ratio`` replaces it.
-
-The output size is not part of a train box: ``TrainGeometry.sample`` never reads
-``image_size``, so a loader may change its resolution between epochs (``at(size)``) and
-record i of epoch e keeps its box and flip; only the resize after the crop differs.
-* ``INTERPOLATION`` / ``ANTIALIAS``: bilinear with antialiasing when downscaling.
-* ``TRAIN_SCALE`` / ``TRAIN_RATIO`` / ``FLIP_P`` / ``CROP_ATTEMPTS``: torchvision's
-  RandomResizedCrop and RandomHorizontalFlip defaults.
+Boxes come from the stored (width, height), read from the JPEG header before decoding, so a loader can
+decode at reduced size and resample only the box; all randomness comes from ``seeding.sample_rng``.
+Rule: a train box never reads ``image_size``, so the resolution may change between epochs (``at(size)``)
+and record i of epoch e keeps its box and flip. The constants are the DALI loader's too: ImageNet's mean
+and std in 0-255 units, torchvision's RandomResizedCrop and flip defaults, bilinear with antialiasing,
+and ``EVAL_CROP_FRACTION`` (eval resizes the shorter side to ``round(size / 0.875)``, then crops ``size``).
 """
 
 from __future__ import annotations

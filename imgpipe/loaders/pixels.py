@@ -1,24 +1,11 @@
 """One record's payload to one ``size`` x ``size`` uint8 CHW tensor along a crop box.
 
-The crop box is computed from the size in the JPEG header, before decoding. Then, for a JPEG:
-
-* where imgpipe's region decoder was built (``_jpeg_region.c``, a C extension over
-  libjpeg-turbo): only the box's rows and iMCU columns are decoded, as DALI and TensorFlow cut
-  a random crop, and the pixels are exactly those of a full decode. An integral box (the train
-  crop) is resized with torch's uint8 bilinear antialiased kernel (vectorized for channels-last
-  3-channel images; faster than Pillow's, same filter). A fractional box (the eval
-  center crop) is resampled from the whole image as torchvision's ``Resize`` + ``CenterCrop``
-  do it: the image resized so that the box becomes ``size`` x ``size``, then cut. A box that
-  shrinks ``DRAFT_MIN_REDUCTION`` times or more is decoded reduced in the DCT domain, as
-  Pillow's ``draft`` picks it, and resized by Pillow, whose box may fall between pixels;
-* where it was not built: torchvision's whole-image libjpeg-turbo decode and the same torch
-  resampling, and Pillow's ``draft`` for a box that shrinks that much;
-* Pillow for an eval box of an extreme aspect ratio, whose whole-image resize would be many
-  times the box, for anything not a JPEG, and for any JPEG the fast decoders reject, so a
-  corrupt record fails with Pillow's reason, the one ``imgpipe verify`` and pack print.
-
-Memory: the header's size is checked against Pillow's decompression-bomb limit before
-any decoder allocates the image.
+The box comes from the JPEG header's size, checked against Pillow's decompression-bomb limit before
+any decoder allocates the image. A JPEG is decoded by imgpipe's region decoder (``_jpeg_region.c``:
+only the box, with a whole decode's pixels), else whole by torchvision, reduced in the DCT domain when
+the box shrinks ``DRAFT_MIN_REDUCTION`` times or more, and resampled as torchvision's transforms do.
+Anything else, and any JPEG the fast decoders reject, goes to Pillow, so a corrupt record fails with
+Pillow's reason, the one ``imgpipe verify`` and pack print.
 """
 
 from __future__ import annotations
@@ -43,8 +30,8 @@ WHOLE_RESIZE_MAX_AREA = 16  # a fractional box resampled by resizing the whole i
 
 
 def load_decoders() -> None:
-    """Import the fast decoders now: the torch loader calls this before it forks its workers
-    (torchvision's image module imported in each worker costs ~170 MB of private memory)."""
+    """Import the fast decoders now: the torch loader calls this before it forks its workers, so
+    that they share torchvision's image module instead of each importing its own (docs/measurements.md)."""
     if region_decoder() is None:
         torchvision_jpeg_decoder()
 

@@ -1,33 +1,11 @@
 """Shared-memory batch slots that the torch loader's workers build batches in, and that the caller gets without a copy.
 
-A DataLoader worker that returns a new tensor sends it through a new shared-memory file: for
-every batch the worker creates the file and faults its pages in, the main process maps them and
-faults them in again, and both unmap them afterwards. Copying each batch out of a fixed buffer
-instead costs as much in the main process: a new 38 MB float32 batch (64 x 224 px) is faulted in
-page by page, about 20 ms on this machine, as long as normalizing it. A ``BatchRing`` is a fixed
-set of slots in shared memory, allocated and faulted in once, before the workers start (forked
-workers inherit it; spawned ones receive it once, with the dataset). Each request names a slot,
-the worker builds its batch in that slot and returns the slot's number, and the caller gets a
-view of the slot: no copy, no new page.
-
-When a slot may be built in again: once its batch has come back (it is no longer "in flight")
-and the caller holds nothing on it any more: no tensor, view, numpy array or DLPack capsule on
-its memory (``storage_use_count``), and not its storage object (``batch.untyped_storage()``,
-``batch.storage()``: the Python object torch keeps for a storage, whose reference count the ring
-reads). A caller that keeps batches (a list of them, a prefetcher) keeps their slots; a request
-that finds its slot still held goes without one, and its worker allocates a new shared tensor,
-as without the ring. So a batch never changes while the caller holds it, and a loop that drops
-each batch before the next (``for x, y in loader``) reuses the slots forever: the ring has the
-DataLoader's ``workers * prefetch_factor`` requests in flight, plus the batch being handed over
-and the one the caller still holds.
-
-A slot holds ``image_size`` (the largest size the loader was built or re-sized for) and serves any
-smaller resolution as a view of its first bytes, so a loader whose resolution changes between
-epochs keeps its ring (a larger one takes a new ring: ``TorchLoader._fit_ring``).
-
-What does not keep a slot: a raw address (``data_ptr()``), a weak reference, and a batch sent to
-another process (``torch.multiprocessing``): it is shared memory already, so the other process
-maps the slot itself and holds no reference here. Clone a batch before any of those.
+A ``BatchRing`` is a fixed set of slots, allocated and faulted in once before the workers start: a
+request names a slot, its worker builds the batch there and returns the slot's number, and the caller
+gets a view of it (docs/measurements.md says why neither a new tensor nor a copy per batch will do).
+Rule: a slot is built in again only once its batch has come back and the caller holds nothing on it
+(``storage_use_count``; what holds a slot: docs/api.md), so a batch never changes while it is held; a
+request whose slot is still held goes without one, and its worker allocates a new shared tensor.
 """
 
 from __future__ import annotations

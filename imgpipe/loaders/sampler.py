@@ -1,26 +1,10 @@
 """Which records this rank reads in an epoch, batch by batch: a pure function plus a small stateful sampler.
 
-Contract, for a split of ``n`` records (``DESIGN.md``, "The data contract"):
-
-* One global stream. Every rank computes the same epoch order from (seed, epoch)
-  (``seeding.order_rng``). With the global batch ``G = batch_size * world_size``, global
-  batch b is the order's records ``[b*G, (b+1)*G)`` and rank r takes the r-th slice of
-  ``batch_size`` of it. So the records of one step do not depend on the world size.
-* Training: every rank gets the same number of FULL batches, so DDP never waits on a rank
-  that ran out. ``remainder="drop"`` (default) drops the tail of the global stream
-  (``floor(n / G)`` global batches); ``remainder="pad"`` wraps around to the start of the
-  order to fill ``ceil(n / G)`` global batches.
-* Resume anywhere: a state is a position in the global stream (epoch, global batches
-  consumed, seed, n, G); it loads into any sampler with the same seed, n and G. The
-  epoch's output resolution, when the loader has one, is part of the state too.
-* Evaluation (``train=False``): every record exactly once across ranks, never a duplicate;
-  rank r gets the r-th of ``world`` contiguous slices whose sizes differ by at most one
-  record, so ranks may differ by one (partial) batch. Unshuffled unless asked.
-* Block-wise shuffle for slow storage (``block_size``): cut the records into blocks of
-  ``block_size`` neighbours, permute the blocks, then shuffle the records inside
-  consecutive windows of ``window`` records (default: ``block_size``) of that sequence.
-  Reads stay local (a window touches about ``window / block_size + 1`` blocks) while the
-  order still changes every epoch.
+It implements docs/data-contract.md: one global stream (the epoch's order from (seed, epoch); global
+batch b is the order's records ``[b*G, (b+1)*G)``, rank r taking the r-th slice), the same number of
+full batches on every rank for training (``remainder``), every record exactly once in evaluation, a
+state that is a position in the stream, and block-wise shuffle. Rule: the records of one step never
+depend on the world size.
 """
 
 from __future__ import annotations

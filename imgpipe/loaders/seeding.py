@@ -1,19 +1,10 @@
 """Derived seeds: every random stream is a pure function of the user's seed and where it is used.
 
-* ``sample_rng(seed, epoch, index)``: the augmentation stream of record ``index`` in ``epoch``.
-  It depends on nothing else (not the worker, rank, batch position or world size), so a
-  sample gets the same crop whatever the number of workers or ranks, and no two samples,
-  epochs or seeds share a stream. It is a ``SampleStream``, counter-based: word k is word
-  k mod 8 of BLAKE2b(the tuple, k // 8). A new numpy ``Generator`` per sample (SeedSequence,
-  PCG64) and its draws cost 35-45 us per image in the loader's loop, with the decoder's
-  caches around it, 3 % of a sample's time; the stream costs 7 us.
-* ``order_rng(seed, epoch)``: the epoch permutation every rank computes identically.
-* ``worker_seed(seed, epoch, rank, worker)``: the seed of the global ``random``, ``numpy``
-  and ``torch`` generators of one DataLoader worker, for user code that reaches for them.
-
-Each family mixes a distinct domain tag into what it hashes (BLAKE2b for samples,
-``numpy.random.SeedSequence`` for the others), so streams from different tuples are
-independent and the families never collide either.
+``sample_rng(seed, epoch, index)`` is record ``index``'s augmentation stream in ``epoch`` (a counter-based
+``SampleStream``: word k is word k mod 8 of BLAKE2b(the tuple, k // 8)), the same whatever the worker,
+rank, batch position or world size; ``order_rng(seed, epoch)`` is the epoch's permutation;
+``worker_seed(seed, epoch, rank, worker)`` seeds one DataLoader worker's global ``random``, ``numpy`` and
+``torch``. Each family mixes a domain tag of its own into what it hashes, so no two share a stream.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The torch loader's timing hook, for tools that attribute a batch's time to its stages (``imgpipe bench``).
 
-``make_torch_loader(..., stage_timer=StageTimer())`` times every batch it builds: the worker
-that built it measures its record reads and the rest of its work (decode, crop, flip, writing
-into the batch) and sends both back with the batch's reply; the main process adds its own
-time on the batch (copying it out of the ring and normalizing it on the CPU; pinning it and
-queueing its copy on a GPU) and hands the three to :meth:`StageTimer.record`, in the order the
-batches are built. From a URL the worker adds what its store client did meanwhile: the requests
-it made, the bytes they brought and the seconds they took. The loader runs exactly as without
-the hook; only these clocks are added.
+With ``stage_timer=StageTimer()`` the worker that builds a batch measures its record reads and the rest
+of its work (decode, crop, flip, writing into the batch), and from a URL its store requests, bytes and
+seconds; the main process adds its own time on the batch (copy out of the ring and normalization on the
+CPU; pinning and queueing the copy on a GPU) and hands them to :meth:`StageTimer.record`, in the order
+the batches are built. The loader runs exactly as without the hook.
 """
 
 from __future__ import annotations

@@ -1,42 +1,11 @@
 """The torch loader: a DataLoader over a ShardSet whose workers build whole batches, as yielded.
 
-Per epoch the ``EpochSampler`` gives this rank's batches; each request sent to a worker is a
-``BatchRequest`` (epoch, record indices, ring slot, output size), and one worker reads, decodes and
-augments the whole batch into one NCHW tensor (one IPC round trip per batch). The size travels
-with each request, so ``set_resolution`` needs no new workers unless it outgrows the ring. From a
-URL the worker fetches the batch's records in one batched request, and the records of the next
-batch it will build meanwhile (``ShardSet.fetch``). With
-persistent workers (the default) that tensor is a slot of a ``BatchRing``, shared memory
-allocated once, and the worker returns only the slot's number and the labels; the caller
-gets a view of the slot, no copy, and the slot is reused once the caller drops it. Every random
-choice for record i in epoch e comes from ``seeding.sample_rng(seed, e, i)``, so batches are
-identical whatever the number of workers. Each worker also seeds ``random``, numpy and
-torch from (seed, epoch, rank, worker) whenever the epoch of its requests changes, so user
-code that calls the global generators gets distinct streams per worker, rank and epoch,
-with persistent workers too (torch itself only seeds them once, from the main process's
-torch seed, which DDP scripts set identically on every rank).
-
-Decoding and resampling one record: ``imgpipe.loaders.pixels`` (crop box from the JPEG
-header, reduced DCT decoding when the box shrinks 2x or more, torch's vectorized resize).
-
-Corrupt records: ``on_corrupt="raise"`` stops with the shard, record and source path;
-``"skip"`` replaces the sample by the next decodable sample of the same batch (and its
-label), so every rank's batch count and batch size stay unchanged; ``loader.skipped``
-counts the replaced samples. A batch with no decodable sample at all still raises.
-
-On the CPU the workers build the batch as yielded: uint8, or float32 normalized as
-``x * (1/std) + (-mean/std)`` one image at a time as it is decoded (in-place passes while the
-image is in cache), in the layout asked; the main process does no per-pixel work.
-On CUDA workers build uint8 batches (a quarter of float32's bytes) channels_last, the
-resampler's own layout, so each image is one memcpy; batches are copied into pinned memory,
-then to the GPU on a side stream one batch ahead, then converted to float, normalized and
-laid out as asked on the GPU.
-
-Memory: workers build each batch directly in shared memory (``share_memory_()``: no heap
-chunk, and no copy into shared memory at send time), and both sides drop the dead entries
-of torch's ``reductions.shared_cache`` before every batch, so neither side's heap grows by a
-batch per batch (docs/measurements.md says why). A ring slot is not a new storage, so only
-the small labels tensor travels that way with the ring.
+A ``BatchRequest`` (epoch, record indices, ring slot, output size) hands one worker a whole batch to
+read, decode (``pixels``), augment and, on the CPU, normalize into a ``BatchRing`` slot (persistent
+workers), which the caller gets without a copy; on CUDA uint8 batches are copied one batch ahead and
+normalized on the GPU. Rule: every random choice for record i of epoch e comes from
+``seeding.sample_rng(seed, e, i)``, so batches are the same at any worker count. Both sides prune
+torch's ``reductions.shared_cache`` before every batch (docs/measurements.md says why).
 """
 
 from __future__ import annotations
@@ -573,7 +542,7 @@ def make_torch_loader(
     stage_timer: StageTimer | None = None,
     cache_dir: PathLike | None = None,
 ) -> TorchLoader:
-    """A rank-aware, seeded loader of ``(images, labels)`` over packed shards (see the module docstring).
+    """A rank-aware, seeded loader of ``(images, labels)`` over packed shards (docs/api.md).
 
     ``path``: a packed folder, bare .rec files (path, list or glob) or a ShardSet.
     ``image_size``: the output size, until ``loader.set_resolution(px)`` changes it for the next
@@ -590,7 +559,7 @@ def make_torch_loader(
     ``persistent_workers`` (default True) keeps the workers from epoch to epoch and lets them
     build batches in a ring of ``workers * prefetch_factor + 2`` batches in shared memory,
     allocated once (``ConfigError`` when /dev/shm has less room free); a batch is a view of its
-    slot, which is reused once the caller holds nothing on it (``imgpipe.loaders.ring`` says what
+    slot, which is reused once the caller holds nothing on it (docs/api.md says what
     holds a slot; clone a batch before sending it to another process). ``pin_memory`` (default:
     on CUDA) stages batches in pinned memory for the copy to the GPU; on the CPU it applies only
     without the ring (``persistent_workers=False`` or ``workers=0``): ring slots are not pinned,

@@ -1,12 +1,10 @@
 """Resume a pack killed at any moment: which records are written, in a checkpoint beside the journal.
 
-Every ``every_s`` seconds (``--checkpoint-every``; 0: whenever results arrive) the parent fsyncs
-the slot files and the side file, then writes ``.imgpipe-pack/checkpoint-node<rank>.npz``
-atomically: per written record its shard, position, action, framed length, crc32, side-file
-offset and source bytes, and how much of the side file is valid. A rerun of the same plan keeps
-those records and reads only the others (a stream only up to its last record not written).
-Nothing in the file is trusted: a record outside its shard or its slot, or a slot file laid out
-again, drops what it says.
+Every ``every_s`` seconds (``--checkpoint-every``; 0: whenever results arrive) the parent fsyncs the slot
+files and the side file, then writes ``.imgpipe-pack/checkpoint-node<rank>.npz`` atomically: per record
+written its shard, position, action, framed length, crc32, side-file offset and source bytes, and how
+much of the side file is valid; a rerun of the same plan reads only the other records. Nothing in the
+file is trusted: a record outside its shard or its slot, or a slot file laid out again, drops what it says.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Read source files in a given order, with many reads in flight, as the storage they are on wants it.
 
-- A local file system (ext4, xfs, btrfs on a disk; tmpfs): one thread opens the next files (up to
-  ``ADVISED_AHEAD`` of them, ``ADVISED_BYTES`` at most) and asks the kernel to read them
-  (``posix_fadvise(WILLNEED)``) before it reads the first. The disk's queue holds that many
-  neighbours, which it merges and sorts, and no thread costs anything per file.
-- A network or FUSE file system, where an open is a round trip: ``READ_THREADS`` threads each
-  open and read a file, so that their round trips overlap.
-
-A file with no planned bytes (empty, vanished, a FIFO) is opened only at its turn, so that a FIFO
-blocks nothing but its own read.
+On a local file system one thread opens the next files (up to ``ADVISED_AHEAD``, ``ADVISED_BYTES`` at
+most) and asks the kernel to read them (``posix_fadvise(WILLNEED)``), so the disk's queue holds
+neighbours to merge; on a network or FUSE file system, where an open is a round trip, ``READ_THREADS``
+threads each open and read a file. A file with no planned bytes (empty, vanished, a FIFO) is opened
+only at its turn, so that a FIFO blocks nothing but its own read.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """The pack journal in ``DST/.imgpipe-pack/``: what a pack was asked to do and which shards are done.
 
-``plan.json`` holds the pack options and the plan fingerprint. ``{shard}.json`` is written
-atomically right after the shard's .rec and .idx have been renamed into place: it is the
-only proof that a shard is finished, so a rerun skips exactly the journaled shards and
-rewrites anything else. Each node of a multi-node pack writes only its own entries, and
-holds ``node-{rank}.lock`` (with its pid inside) while it runs, from before it touches DST
-(even to delete it for --overwrite) to the end, so that two packs never write the same shards.
-``parts.json`` records how a pack in several parts is split (``imgpipe.packing.parts``).
+``plan.json`` holds the pack options and the plan fingerprint. Rule: ``{shard}.json``, written atomically
+right after the shard's .rec and .idx were renamed into place, is the only proof that a shard is
+finished: a rerun skips exactly the journaled shards and rewrites anything else. Each node writes only
+its own entries and holds ``node-{rank}.lock`` (its pid inside) from before it touches DST (even to delete
+it for --overwrite) to the end, so two packs never write the same shards; ``parts.json`` records how a
+pack in parts is split (``packing.parts``).
 """
 
 from __future__ import annotations

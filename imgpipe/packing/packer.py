@@ -1,18 +1,11 @@
 """``imgpipe pack``: scan a source tree, plan shards, write them in parallel, resume, finalize.
 
-Flow: ``ingest.scan`` (files, or members of image-net.org's tars read in place by
-``tarsource``) -> ``plan.make_plan`` (pure function of the options) -> check DST
-against the journal (same options, or ``--overwrite``) -> free-space check and slow-disk
-warning -> worker processes read the source in storage order and put each record into its
-planned slot (``scatter``), each shard published and journaled once it is whole, the records
-written checkpointed -> when every shard of the plan is journaled, the sidecars and
-``manifest.json`` are written (atomically, last).
-
-A rerun skips journaled shards, so a pack killed at any moment and rerun with the same
-arguments ends byte-identical to an uninterrupted one. With ``num_nodes=N`` node ``i``
-writes the shards whose global index (over all splits) is ``i mod N`` (or a SLURM array task
-picks its part, see ``parts``); whichever node completes the journal writes the manifest, or
-``finalize=True`` does it afterwards, and otherwise names the parts still missing.
+Flow: ``ingest.scan`` -> ``plan.make_plan`` -> DST checked against the journal (same options, or
+``--overwrite``) and for free space -> workers put each record into its planned slot (``scatter``), each
+shard journaled once whole -> the sidecars and ``manifest.json``, last. Rule: a pack killed at any moment
+and rerun with the same arguments ends byte-identical to an uninterrupted one. With ``num_nodes=N`` node
+``i`` writes the shards whose global index is ``i mod N`` (``parts``); whichever node completes the
+journal, or ``finalize=True``, writes the manifest.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """The pack plan: which source item goes into which shard, as a pure function of the options.
 
-Per split, items come in the scanner's deterministic order, are optionally permuted with
-``numpy.random.default_rng([seed, split_index])`` and cut into contiguous shards of equal
-item counts (sizes differ by at most one item). An item's *position* in the planned order
-is its record id. Nothing here depends on the number of workers or machines.
-
-Shard count: ``--shards`` ("N" for every split, or "train=1024,val=64"), else
-ceil(estimated bytes / ``--shard-size``). The estimate is the sum of the source file sizes
-plus the framing overhead: ``--shard-size`` is measured on source bytes, because output
-sizes are known only after decoding every image and the plan must come first (it is what
-makes resuming and multi-node packs possible). Shards of kept JPEGs come out at the
-requested size; re-encoding changes it: ``--resize`` makes shards smaller, repairs at
-``--quality 100`` can make them larger. A shard never holds zero items: a count
-above the number of images is cut to it, with a warning. A shard whose every item is
-skipped at pack time is not published (``published_names``).
+Per split, items come in the scanner's order, optionally permuted with
+``numpy.random.default_rng([seed, split_index])``, and are cut into contiguous shards whose item counts
+differ by at most one; an item's position in that order is its record id. The shard count is
+``--shards``, else the source bytes (plus framing) over ``--shard-size``: output sizes are known only
+after decoding, and the plan must come first, since resuming and multi-node packs rest on it. Nothing
+here depends on the number of workers or machines.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Read a pack's source in the order its storage holds it, with reads in flight.
 
-The plan's shuffled order is the order of the output, not of the reads: read in it, a spinning
-disk seeks for every file and a network file system waits a round trip for each. So the items
-of the shards to write are read by where they lie, and ``scatter`` puts each record in its slot:
-
-- files by where their data lies on the disk (``plan.source_stats``: FIEMAP's offset, else the
-  inode number), many at a time (``filereads``), so that the disk's queue holds neighbours to
-  merge and network round trips overlap;
-- archive members (image-net.org's tars, Kaggle's zip, WebDataset shards) front to back;
-- streams (``.tar.gz``, Parquet) from their start, a unit per job (they have no random access).
-
-Files and members are cut into jobs of up to ``JOB_ITEMS`` neighbours, handed out front to back:
-every worker is busy whatever the shard count, and the workers read near each other.
+The plan's shuffled order is the output's, not the reads': files are read by where their data lies
+(``plan.source_stats``: FIEMAP's offset, else the inode number; many at a time: ``filereads``), archive
+members front to back, streams (``.tar.gz``, Parquet) from their start, a unit per job. Files and
+members are cut into jobs of up to ``JOB_ITEMS`` neighbours, handed out front to back, so every worker
+is busy whatever the shard count; ``scatter`` puts each record in its slot.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The slots a pack writes records into, laid out before anything is read.
 
-The plan orders a split by the scanned tree (shuffled), so every shard takes records from all
-over the source, and no shard can be written front to back while the source is read in the
-order its storage holds it. So each shard to write gets a sparse slot file,
-``.imgpipe-pack/slots/<shard>.rec``, with one slot per record in record order, as long as the
-framed record its source bytes make when kept as they are. Workers write each record into its
-slot whatever order they read in; a record longer than its slot (a repair, a record split at
-a magic word) waits in the side file the parent writes.
+The plan's shuffled order gives every shard records from all over the source, so no shard can be
+written front to back while the source is read in storage order. Each shard to write gets a sparse slot
+file, ``.imgpipe-pack/slots/<shard>.rec``, one slot per record in record order, as long as the framed
+record its source bytes make when kept as they are; workers write each record into its slot, and a
+record longer than its slot (a repair, a record split at a magic word) waits in the parent's side file.
 """
 
 from __future__ import annotations

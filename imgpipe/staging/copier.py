@@ -1,15 +1,10 @@
 """Copy files from a source to a target, several at once, each one checked against its sha256.
 
-To a local folder a file is copied by ranges of ``PART_BYTES`` (ranged GETs from a store, or
-``pread``/``pwrite`` from a mount), ``jobs`` ranges at a time across files, into a partial
-``RangeFile`` (``rangefile``: every write's length checked, the bytes hashed from the disk in
-order as the ranges land, so the sha256 is known when the last one does). A file whose hash is
-right is synced, renamed into place and journaled. To a store a local file is uploaded whole
-(multipart, parts in parallel) and the hash of the bytes sent is compared; a file at one URL
-bound for another passes through a local scratch folder.
-
-A file whose bytes hash wrong is copied again: damage in transit differs from try to try, while
-the same wrong hash twice is what the source holds, and is named in one line.
+To a local folder a file is copied by ranges of ``PART_BYTES``, ``jobs`` ranges at a time across files,
+into a ``RangeFile`` (every write's length checked, the bytes hashed from the disk as they land), then
+synced, renamed into place and journaled; to a store a local file is uploaded whole (multipart) and the
+hash of the bytes sent compared; URL to URL passes through a local scratch folder. A wrong hash is
+copied again: damage in transit differs from try to try, and the same wrong hash twice is the source's.
 """
 
 from __future__ import annotations

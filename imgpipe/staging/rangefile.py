@@ -1,13 +1,10 @@
 """A local file filled by byte ranges: the one place where ``imgpipe stage`` and the node cache write, hash and commit a file.
 
-Ranges arrive in any order, from several threads, and from other processes (a store helper that
-writes a ranged GET in place): each write goes through ``_sys.writes.write_at``, so a write the
-disk takes only in part is an ``OSError``, never a gap. Once a range's bytes are in the file the
-caller says it ``landed``; the file is then hashed from the disk (the page cache), in file order,
-as far as its ranges have landed, so the sha256 is known when the last range lands and is that of
-what the file holds, not of what was meant to be written. ``commit`` fsyncs the file once that
-sha256 is the manifest's: only then may the caller say the file is there (a rename and a journal
-entry for ``stage``, the shard's complete byte for the cache).
+Ranges arrive in any order, from several threads and processes; each write goes through
+``_sys.writes.write_at``, so a write the disk takes only in part is an ``OSError``, never a gap. Once the
+caller says a range ``landed``, the file is hashed from the disk in file order as far as its ranges have
+landed, so the sha256 is that of what the file holds, not of what was meant to be written. Rule: only
+after ``commit`` (fsynced, that sha256 the manifest's) may the caller say the file is there.
 """
 
 from __future__ import annotations

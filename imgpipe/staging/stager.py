@@ -1,14 +1,10 @@
 """``stage(SRC, DST)``: copy a packed folder whole between two locations, every file checked, manifest last.
 
-SRC and DST are each a local (or mounted) folder or a URL (``s3://``, ``gs://``, ``az://``; SRC
-may also be ``http(s)://``). Every file the manifest names (shards, indexes, sidecars) is copied
-and its sha256 compared with the manifest's, which holds one for each; the manifest is written
-last, byte for byte SRC's: a DST without it is an incomplete copy, which the loaders and
-``imgpipe verify`` refuse.
-
-Resume: each file verified in place is journaled (``target``), so a rerun after ``kill -9``
-copies only the rest, and redoes partial files. Several stagers of one local DST, and the
-trainer's ranks waiting for their node's copy: see ``waiting``.
+SRC and DST are each a local (or mounted) folder or a URL. Every file the manifest names is copied and
+its sha256 compared with the manifest's; the manifest is written last, byte for byte SRC's, so a DST
+without it is an incomplete copy, which the loaders and ``imgpipe verify`` refuse. Each file verified in
+place is journaled (``target``), so a rerun after ``kill -9`` copies only the rest; several stagers of one
+local DST, and the trainer's ranks waiting for their node's copy: ``waiting``.
 """
 
 from __future__ import annotations

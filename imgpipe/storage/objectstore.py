@@ -1,18 +1,10 @@
 """A folder at a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``) as a ``ByteSource``, through obstore.
 
-A batch of ranges is grouped by file, and a file's into spans of at most ``MAX_REQUEST_BYTES``:
-one ``get_ranges`` per group (neighbours coalesced into one request), the groups concurrently.
-Every range is checked by its length and by the caller's check (the ShardSet's: the record's
-framing and crc32). A range that fails, and a transient store error (obstore has already retried
-5xx, ``SlowDown``, timeouts and resets itself), is fetched again after a backoff with full jitter
-until the retry time runs out (``IMGPIPE_REMOTE_TIMEOUT`` seconds, default 30); then it is an
-error naming the URL and the offset. Bytes that fail twice alike (a body as short, or as wrong)
-are what the store holds, and are not fetched again. A missing bucket, refused credentials and a
-missing file fail at once.
-
-obstore is not fork-safe (``store_client``): the process that opened the source asks a helper
-process (``store_helper``); a process forked from it, such as a loader worker, drops the parent's
-client at the fork (``_sys.forks``) and makes its own on its first read.
+A batch of ranges is grouped by file into spans of at most ``MAX_REQUEST_BYTES``, one ``get_ranges``
+per group, the groups concurrently. Every range is checked (its length, and the caller's check); one that
+fails, and a transient store error, is fetched again with backoff until ``IMGPIPE_REMOTE_TIMEOUT`` runs
+out, while bytes that fail twice alike are what the store holds (docs/remote.md, "Faults"). obstore is
+not fork-safe: requests go through ``store_client`` and its helper process (``store_helper``).
 """
 
 from __future__ import annotations

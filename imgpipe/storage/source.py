@@ -1,16 +1,10 @@
 """Where a packed folder's bytes come from: a local (or mounted) folder, or a URL.
 
-A ``ByteSource`` serves the files of one folder by name: the whole bytes of a small file
-(manifest, ``.idx``, sidecars), a file's size, a whole file copied to a local path, and a
-batch of ``(file, start, end)`` ranges at once. It knows nothing of records: which bytes a
-record is stays the ShardSet's index, how to fetch them is the source's. ``storage.opening.open_source``
-picks the source for a location: ``storage.local.LocalSource`` (pread, files opened lazily in each
-process) or ``storage.objectstore.ObjectStoreSource`` (concurrent range GETs, retried, checked);
-``imgpipe.cache.source.CacheSource`` puts a node-local cache folder in front of a URL.
-
-Range reads take an optional ``check(k, bytes) -> reason | None``: a range whose bytes fail it
-is an error item of the result, never raised, so one bad record does not fail its batch; a
-remote source fetches it again first.
+A ``ByteSource`` serves the files of one folder by name (whole small files, sizes, a file copied to a
+local path, batches of ``(file, start, end)`` ranges) and knows nothing of records: which bytes a record
+is stays the ShardSet's index. ``storage.opening.open_source`` picks ``local.LocalSource`` or
+``objectstore.ObjectStoreSource``; ``imgpipe.cache.source.CacheSource`` puts a node cache in front of a
+URL. A range that fails the caller's ``check(k, bytes)`` is an error item of the result, never raised.
 """
 
 from __future__ import annotations

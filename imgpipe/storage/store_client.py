@@ -1,16 +1,10 @@
 """obstore calls for one process: a store per URL, concurrency across files, errors as values.
 
-obstore (Rust ``object_store``: S3, GCS, Azure, HTTP) keeps one tokio runtime per process, and
-a process forked after it has made a request hangs on its next one (tokio cannot be forked).
-So a ``DirectClient`` runs only in a process whose parent never used obstore itself (a loader
-worker forked from a process that let a helper do its requests, see ``store_helper``), and
-``direct_allowed`` says whether this process is one.
-
-Every method takes a time limit and returns a ``StoreError`` instead of raising, so a batch can
-keep the ranges that arrived and retry the rest. obstore itself retries 5xx, ``SlowDown``,
-timeouts and dropped connections with backoff and jitter within that limit. Local files a method
-reads or writes (``download``, ``download_range``, ``put_file``) are opened by the process that
-runs obstore, so their bytes never cross the helper's socket.
+obstore keeps one tokio runtime per process, and a process forked after it made a request hangs on its
+next one. So a ``DirectClient`` runs only in a process whose parent never used obstore itself
+(``direct_allowed``); the others ask ``store_helper``. Every method takes a time limit and returns a
+``StoreError`` instead of raising, so a batch keeps the ranges that arrived and retries the rest; local
+files a method reads or writes are opened by the process that runs obstore.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """A helper process that makes a process's obstore requests for it, so the process stays forkable.
 
-obstore cannot run in a process forked after it has made a request (see ``store_client``). A
-process that opens a URL (the one that then forks the loader workers, or that may) therefore
-never calls obstore itself: it starts this helper, a fresh interpreter (never a fork), and asks
-it over a socket. The helper runs a ``DirectClient``: requests are served concurrently, answered
-by number, and the helper exits when the socket closes or its parent dies. It also runs the
-background jobs a caller starts by name (``start("module:function", ...)``: a node cache's fill).
-
-    python -m imgpipe.storage.store_helper FD PARENT_PID BUDGET_S
+A process that opens a URL never calls obstore itself (``store_client`` says why): it starts this helper,
+a fresh interpreter (never a fork), and asks it over a socket. The helper runs a ``DirectClient``,
+serves requests concurrently, answered by number, runs the background jobs a caller starts by name
+(``start("module:function", ...)``: a node cache's fill), and exits when the socket closes or its parent
+dies. Started as ``python -m imgpipe.storage.store_helper FD PARENT_PID BUDGET_S``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """The synthetic tree as people download ImageNet today: the same images, in each publisher's layout.
 
-From a tree written by ``synth.make_synthetic`` (``train/<wnid>/<wnid>_<k>.JPEG``, flat ``val/``
-and ``LOC_val_solution.csv``) this writes into ``out``:
-
-- ``split-tar``: image-net.org's files (``synthtars``) with the train tar cut into four nearly
-  equal parts, ``ILSVRC2012_img_train.tar.001`` .. ``.004``, that cut through members;
-- ``hf-tar``: ``data/train_images_{0..4}.tar.gz`` and ``data/val_images.tar.gz``, members named
-  ``<name>_<wnid>.JPEG`` as Hugging Face's loading script expects;
-- ``hf-parquet``: ``data/train-0000k-of-00002.parquet`` and ``data/validation-00000-of-00001.parquet``,
-  rows of ``image`` {``bytes``, ``path``} and ``label`` (sorted-wnid index), pyarrow's defaults
-  (snappy, dictionary pages) and 100-row row groups as ``datasets`` writes them (fewer for tiny files);
-- ``wds``: ``imagenet1k-train-{0000..0003}.tar`` and ``imagenet1k-validation-{00..01}.tar``,
-  samples ``<key>.jpg``, ``<key>.cls`` and ``<key>.json`` ({"filename", "label"}) as timm's copies hold;
-- ``kaggle-zip``: ``imagenet-object-localization-challenge.zip`` with Kaggle's folders, the val
-  CSV and ``LOC_synset_mapping.txt``, members deflated.
-
-Files and samples are spread over the archives in a shuffled order, as the published copies
-are; every byte depends only on the tree and the seed (fixed times, gzip without a name or time).
+From a tree written by ``synth.make_synthetic`` this writes ``split-tar``, ``hf-tar``, ``hf-parquet``,
+``wds`` or ``kaggle-zip`` into ``out``, with the file names, member names and settings each publisher
+uses (docs/cli.md, ``imgpipe synth``). Files and samples are spread over the archives in a shuffled
+order, as the published copies are; every byte depends only on the tree and the seed (fixed times, gzip
+without a name or time).
 """
 
 from __future__ import annotations

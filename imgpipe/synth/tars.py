@@ -1,15 +1,10 @@
 """The synthetic tree as image-net.org ships ImageNet: two tars and the devkit.
 
-From a tree written by ``synth.make_synthetic`` this writes, into ``out``:
-
-- ``ILSVRC2012_img_train.tar``: one ``<wnid>.tar`` per class, each holding that class's files;
-- ``ILSVRC2012_img_val.tar``: the flat val images;
-- ``ILSVRC2012_devkit_t12.tar.gz``: ``data/meta.mat`` (the real devkit's ``synsets`` struct
-  array: the leaves numbered in a shuffled, not sorted-wnid, order, then a few parent synsets
-  with ``num_children > 0``) and ``data/ILSVRC2012_validation_ground_truth.txt``.
-
-Members are stored in a shuffled order, as a real crawl would, so readers must sort; the
-bytes depend only on the tree and the seed (fixed mtimes and owners, gzip without a time).
+From a tree written by ``synth.make_synthetic`` this writes ``ILSVRC2012_img_train.tar`` (a ``<wnid>.tar``
+per class), ``ILSVRC2012_img_val.tar`` and ``ILSVRC2012_devkit_t12.tar.gz``, whose ``meta.mat`` numbers
+the leaves in a shuffled, not sorted-wnid, order, then a few parent synsets, as the real devkit does.
+Members are stored in a shuffled order, as a real crawl would, so readers must sort; the bytes depend
+only on the tree and the seed (fixed mtimes and owners, gzip without a time).
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """A deterministic, ImageNet-shaped synthetic dataset: the embedded default for demos and tests.
 
-Layout written to ``out``::
-
-    out/train/<wnid>/<wnid>_<k>.JPEG
-    out/val/ILSVRC2012_val_<k:08d>.JPEG      flat, k from 1
-    out/LOC_val_solution.csv                  Kaggle format: ImageId,PredictionString
-    out/.imgpipe-synth.json                   the arguments and summary, written last
-
-or the same images in another ``layout``: image-net.org's ``ILSVRC2012_img_train.tar``,
-``ILSVRC2012_img_val.tar`` and ``ILSVRC2012_devkit_t12.tar.gz`` (``tarballs``, or ``tars=True``;
-see ``synthtars``), or as Hugging Face, timm and Kaggle publish it (see ``synthlayouts``).
-
-Each image is drawn from its own generator seeded by (seed, split, class, k), so the bytes
-depend only on the arguments, never on the order or the number of workers. Pictures look
-like photos to a JPEG codec (gradients, soft texture, blobs, grain; about 70 KB at
-300-500 px and quality 90, plus a ~3% tail of 2-4.8x larger images, 1000-2400 px at the
-defaults, for a mean near 95 KB) and carry the class in
-a dominant hue pair and a stripe frequency and orientation, so a small CNN learns them
-quickly even from small random crops. ``quirks=True`` adds the files a real crawl
-contains (see ``QUIRKS``) to train.
+It writes ``train/<wnid>/<wnid>_<k>.JPEG``, a flat ``val/`` with ``LOC_val_solution.csv`` and, last,
+``.imgpipe-synth.json``, or the same images in a download ``layout`` (``synth.tars``, ``synth.layouts``).
+Each image comes from its own generator seeded by (seed, split, class, k), so the bytes depend only on
+the arguments. Pictures look like photos to a JPEG codec (about 70 KB at 300-500 px and quality 90, and
+a ~3% tail of 2-4.8x larger ones, 1000-2400 px: a mean near 95 KB at the defaults) and carry the class
+in a hue pair and a stripe pattern a small CNN learns quickly; ``quirks=True`` adds a crawl's odd files.
 """
 
 from __future__ import annotations
@@ -109,7 +96,7 @@ def make_synthetic(
     """Write the synthetic tree into ``out`` (new or empty); rerunning with the same arguments is a no-op.
 
     ``layout`` other than ``tree`` writes the same images as a publisher ships them instead,
-    and no folders (``synthlayouts.LAYOUTS``); ``tars=True`` is ``layout="tarballs"``:
+    and no folders (``synth.layouts.LAYOUTS``); ``tars=True`` is ``layout="tarballs"``:
     image-net.org's train and val tars and the devkit. ``source``, a tree this function wrote
     with the same arguments, is what such a layout is written from instead of a new tree.
     """

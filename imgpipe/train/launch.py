@@ -1,15 +1,10 @@
 """Run a per-rank function however the user started imgpipe: alone, under torchrun or SLURM, or as N local ranks.
 
-``launch(fn, arg, gpus=..., nproc=...)`` decides:
-
-- under torchrun or SLURM (their variables are set): run ``fn`` in this process as that rank;
-- ``gpus=N`` (N > 1), or ``gpus=0, nproc=N`` (N > 1): start N ranks here through torch's elastic
-  agent (:mod:`imgpipe.train.local_ranks`), which names a rank that fails, dies or hangs in one line;
-- otherwise: one process and no process group, which is what running the script from an IDE or a
-  debugger gives. A launcher environment set by half (RANK without WORLD_SIZE: torch's
-  ``KeyError: 'RANK'``) is one line saying how to start.
-
-``fn(ctx, arg)`` receives a :class:`~imgpipe.train.rank.RankContext`.
+``launch(fn, arg, gpus=..., nproc=...)`` runs ``fn(ctx, arg)`` (ctx a :class:`~imgpipe.train.rank.RankContext`)
+in this process as its rank under torchrun or SLURM; for ``gpus=N``, or ``gpus=0, nproc=N`` (N > 1),
+starts N ranks here (:mod:`imgpipe.train.local_ranks`); otherwise runs one process and no process group,
+as from an IDE or a debugger. A launcher environment set by half (RANK without WORLD_SIZE) is one line
+saying how to start.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """N ranks on this machine (``--gpus N``, ``--nproc N``), started and watched by torch's elastic agent.
 
-torch.distributed.elastic's ``LocalElasticAgent``, the agent inside torchrun, starts the ranks
-(spawn), gives them RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT through a c10d rendezvous on a
-port the OS picks, stops the others when one fails (SIGTERM, SIGKILL 30 s later) and returns every
-rank's result. What it does not do is kept here:
-
-- one line naming the cause: the rank that died (its exit code or signal) or failed (its own
-  one-line error), not a healthy rank that saw its peer vanish (elastic names whichever exit it
-  noticed first); and a hang: ranks that time out in a collective report it and linger a moment so
-  that all of them do, and the hung ranks are those that never reported;
-- every rank dies with the launcher, so a kill -9 of it leaves no rank holding a GPU (elastic's
-  parent-death signal is SIGINT, which a training rank takes as a request to stop);
-- a Ctrl-C while the ranks' interpreters start is no traceback: they start with SIGINT ignored;
-- SIGTERM or Ctrl-C to the launcher asks every rank to checkpoint and stop (SIGTERM to each, a
-  second signal kills them), and ``Stopped`` is raised for it, not a rank failure;
-- CPU ranks share the cores (:func:`cpu_threads`), as torchrun's OMP_NUM_THREADS=1 does;
-- a finished rank skips the interpreter's teardown, where torch's and gloo's threads can abort a
-  rank that has delivered its result ("terminate called without an active exception").
+torchrun's ``LocalElasticAgent`` starts the ranks (spawn), gives them their c10d rendezvous and stops
+the others when one fails. Kept here is what it lacks (docs/training.md): one line naming the rank
+that died, failed or hung, not a peer that saw it vanish; ranks that die with the launcher; SIGTERM or
+Ctrl-C as checkpoint-and-stop (``Stopped``), and no traceback while the ranks start; CPU ranks sharing
+the cores (:func:`cpu_threads`); a finished rank that skips the interpreter's teardown (``_exit_now``).
 """
 
 from __future__ import annotations
@@ -313,7 +301,8 @@ def _stop_children() -> None:
 
 
 def _exit_now(code: int) -> None:
-    """``os._exit``, the logs and the output flushed: no interpreter teardown (see the module docstring)."""
+    """``os._exit``, the logs and the output flushed: no interpreter teardown, where torch's and gloo's threads can
+    abort a rank that has delivered its result ("terminate called without an active exception")."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

@@ -1,16 +1,10 @@
 """Where one rank's time goes, and how the ranks compare.
 
-Typical use in a loop (the bench reuses the same pieces)::
-
-    timer = StepTimer(device)
-    for images, labels in timer.iterate(loader):        # time blocked in next(loader) = data wait
-        with timer.compute(images=images.shape[0]):     # forward+backward+step (on CUDA: timed by events)
-            ...
-    summaries = gather_summaries(timer.summary(rank))   # every rank's RankSummary, on every rank
-    print(format_rank_table(summaries))
-
-``imbalance`` is slowest/fastest images/s: 1.0 is perfectly balanced, 0.5 means the slowest
-rank runs at half the speed of the fastest (and DDP makes everyone wait for it).
+``StepTimer`` times a loop's data wait (``iterate``: blocked in ``next(loader)``) and its compute
+(``compute``; on CUDA by events); ``gather_summaries`` gives every rank's ``RankSummary`` on every rank
+and ``format_rank_table`` prints them; the bench reuses the same pieces. ``imbalance`` is slowest/fastest
+images/s: 1.0 is balanced, 0.5 means the slowest rank runs at half the fastest's speed (and DDP makes
+every rank wait for it).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """``train.mixup_alpha`` / ``train.cutmix_alpha``: mixup and cutmix drawn per sample from (seed, epoch, record).
 
-Each sample is mixed with its partner: its neighbour in the epoch's global batch (positions
-2k and 2k + 1 pair up). The epoch's order is a permutation from (seed, epoch), so the partner
-of record i in epoch e is a function of (seed, e, i); with an even per-rank batch, every rank's
-slice of a global batch holds whole pairs, so the partner is in the same rank's batch whatever
-the world size. Everything else a sample draws, from its own stream
-(``SampleStream(MIX_DOMAIN, seed, epoch, record)``, apart from the crop's): mixup or cutmix (when
-both are on: one or the other with probability 1/2, as timm switches), lambda ~ Beta(alpha,
-alpha), and the cutmix box (timm's ``rand_bbox``: sides sqrt(1 - lambda) of the image's,
-centred anywhere, clipped). A sample's target is lambda of its own label and 1 - lambda of
-its partner's, lambda being the share of its own pixels for cutmix, so the target sums to one.
-The draws cost about 10 us per sample, in the training process, only when mixing is on.
+Each sample is mixed with its neighbour in the epoch's global order (positions 2k and 2k + 1): a
+function of (seed, e, i), in the same rank's batch whatever the world size when the per-rank batch is
+even (docs/data-contract.md). The mode, lambda ~ Beta(alpha, alpha) and the cutmix box (timm's
+``rand_bbox``) come from the sample's own ``SampleStream(MIX_DOMAIN, ...)``; the target is lambda of its
+own label and 1 - lambda of its partner's, lambda being its own share of the pixels for cutmix.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """``train.amp``, ``train.channels_last`` and ``train.compile`` set to ``auto``: what a run uses on its device.
 
-On a CUDA GPU with native bf16 (compute capability 8.0 and later) auto is bf16 autocast and
-channels_last, the usual recipe behind NVIDIA's ResNet-50 numbers (about twice fp32 NCHW), and
-torch.compile; elsewhere (the CPU, older GPUs) it is no autocast, NCHW and no compile (on the
-CPU compiling a ResNet takes minutes of a short run). amp and channels_last default to auto,
-compile to false. Explicit values are kept. A resolved ``train.amp`` gives the forward pass its
-autocast dtype and the step its gradient scaler (enabled for fp16 only).
+On a CUDA GPU with native bf16 (compute capability 8.0 and later) auto is bf16 autocast, channels_last
+(the usual recipe behind NVIDIA's ResNet-50 numbers) and torch.compile; elsewhere it is no autocast,
+NCHW and no compile (on the CPU compiling a ResNet takes minutes of a short run). amp and
+channels_last default to auto, compile to false; explicit values are kept. A resolved ``train.amp``
+gives the forward pass its autocast dtype and the step its gradient scaler (enabled for fp16 only).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """``data.resolution``: the training image size of each epoch (progressive resizing).
 
-Two forms, checked into a :class:`ResolutionSchedule`:
-
-* a ramp ``{start_px, end_px, start_ramp, end_ramp}`` (epochs), as FFCV's ``get_resolution``:
-  ``start_px`` up to epoch ``start_ramp``, ``end_px`` from epoch ``end_ramp`` on, and in
-  between the linear interpolation rounded to a multiple of 32 px;
-* a list of sizes, one per epoch; the epochs after the list keep its last size.
-
-Absent (None), every epoch trains at ``data.image_size``.
+Two forms, checked into a :class:`ResolutionSchedule`: a ramp ``{start_px, end_px, start_ramp, end_ramp}``
+(epochs), as FFCV's ``get_resolution`` (``start_px`` up to epoch ``start_ramp``, ``end_px`` from epoch
+``end_ramp`` on, in between the linear interpolation rounded to a multiple of 32 px), or a list of sizes,
+one per epoch (the epochs after the list keep its last size). Absent (None), every epoch trains at
+``data.image_size``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Resume on any rank count, with another batch size or grad_accum where the data stream allows it.
 
-The loaders' global stream (``imgpipe.loaders.sampler``) is one order of the records per
-(seed, epoch), cut into global batches of G records; the order does not depend on G. So a
-checkpoint's position, "r records of epoch e consumed", is a position in the stream of any G:
-r / G global batches. The checkpoint keeps its G (each rank reads G / ranks) unless the config
-asks for another batch than the checkpoint's run was given; an optimizer step covers
-``grad_accum`` global batches. A new G or grad_accum applies where r is a whole number of the new
-optimizer steps (always at an epoch end), and is refused in one line elsewhere. The run's step
-counter is rewritten in the new steps (epoch x steps per epoch + steps done in the epoch), so the
-LR schedule, which is a function of the step and the steps per epoch, stays where the epoch is.
+The loaders' global stream is one order of the records per (seed, epoch), whatever the global batch G,
+so "r records of epoch e consumed" is a position in the stream of any G. The checkpoint's G is kept
+unless the config asks for another batch; a new G or grad_accum applies where r is a whole number of
+the new optimizer steps (always at an epoch end) and is refused in one line elsewhere. The step counter
+is rewritten in the new steps, so the LR schedule stays where the epoch is.
 """
 
 from __future__ import annotations
