@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 import pytest
-from _cli import assert_one_line_error
+from _cli import assert_one_line_error, slow_pack_command
 
 from imgpipe.format.manifest import load_manifest
 from imgpipe.ingest.classnames import ilsvrc2012_wnids, names_for_indices
@@ -171,24 +171,6 @@ def checkpointed(dst: Path) -> int:
     return sum(names[k] not in journaled for k in shards)
 
 
-def pack_command(src: Path, dst: Path, program: tuple[str, ...] = ("-m", "imgpipe"), *options: str) -> list[str]:
-    return [
-        sys.executable,
-        *program,
-        "pack",
-        str(src),
-        str(dst),
-        "--shards",
-        "8",
-        "--resize",
-        "64",
-        "--workers",
-        "2",
-        "--no-progress",
-        *options,
-    ]
-
-
 STEP_S = 0.002
 
 
@@ -227,20 +209,21 @@ def test_kill_then_resume_is_byte_identical(layout: str, slow_datasets: Path, tm
     last such record."""
     env = {**os.environ, "STREAM_SPY_LOG": str(tmp_path / "reads.jsonl")}
     every = ("--checkpoint-every", "0")
-    subprocess.run(pack_command(slow_datasets / "tree", tmp_path / "reference"), check=True, capture_output=True, timeout=240)
+    subprocess.run(slow_pack_command(slow_datasets / "tree", tmp_path / "reference"), check=True, capture_output=True, timeout=240)
     dst = tmp_path / "out"
     journaled = lambda: len(list((dst / JOURNAL_DIR).glob("*-of-*.json")))  # noqa: E731
     shards = len([name for name in shard_files(tmp_path / "reference") if name.endswith(".rec")])
     for _ in range(5):  # a kill that lands once every shard is journaled (a loaded machine let the pack run on) leaves nothing to resume
         shutil.rmtree(dst, ignore_errors=True)
-        kill_once_durable(pack_command(slow_datasets / layout, dst, ("-m", "imgpipe"), *every), lambda: checkpointed(dst) > 0, env)
+        kill_once_durable(slow_pack_command(slow_datasets / layout, dst, ("-m", "imgpipe"), *every), lambda: checkpointed(dst) > 0, env)
         if journaled() < shards:
             break
     assert journaled() < shards, "every kill landed after the last shard was journaled"
     assert not (dst / "manifest.json").exists()
     done_shards = journaled()
     spy = (str(Path(__file__).parent / "_stream_spy.py"),) if layout == "hf-tar" else ("-m", "imgpipe")
-    result = subprocess.run(pack_command(slow_datasets / layout, dst, spy, *every), capture_output=True, text=True, timeout=240, env=env)
+    command = slow_pack_command(slow_datasets / layout, dst, spy, *every)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stderr
     assert shard_files(dst) == shard_files(tmp_path / "reference")
     assert not [p for p in dst.rglob("*") if p.name.endswith(".tmp")]

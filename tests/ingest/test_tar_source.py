@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _cli import assert_one_line_error
+from _cli import assert_one_line_error, slow_pack_command
 from _fs import as_plain_user
 
 from imgpipe.cli.data import node_identity
@@ -236,41 +236,22 @@ def test_broken_download_keeps_finished_shards_and_resumes_after_redownload(twin
     assert single.manifest is not None
 
 
-def pack_command(src: Path, dst: Path) -> list[str]:
-    """Resizing makes each shard take a while, so that the kill lands in the middle of the work."""
-    return [
-        sys.executable,
-        "-m",
-        "imgpipe",
-        "pack",
-        str(src),
-        str(dst),
-        "--shards",
-        "8",
-        "--resize",
-        "64",
-        "--workers",
-        "2",
-        "--no-progress",
-    ]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_kill_then_resume_from_tars_is_byte_identical(tmp_path: Path) -> None:
     options = dict(classes=4, per_class=25, val_per_class=4, seed=2, quirks=True, min_side=120, max_side=200, progress=False)
     make_synthetic(tmp_path / "tars", tars=True, **options)
     reference = tmp_path / "reference"
-    subprocess.run(pack_command(tmp_path / "tars", reference), check=True, capture_output=True, timeout=120)
+    subprocess.run(slow_pack_command(tmp_path / "tars", reference), check=True, capture_output=True, timeout=120)
     dst = tmp_path / "out"
-    process = subprocess.Popen(pack_command(tmp_path / "tars", dst), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(slow_pack_command(tmp_path / "tars", dst), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while not list((dst / JOURNAL_DIR).glob("*-of-*.json")) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert list((dst / JOURNAL_DIR).glob("*-of-*.json")) and not (dst / "manifest.json").exists()
-    result = subprocess.run(pack_command(tmp_path / "tars", dst), capture_output=True, text=True, timeout=120)
+    result = subprocess.run(slow_pack_command(tmp_path / "tars", dst), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert output_files(dst) == output_files(reference)
     assert not [p for p in dst.rglob("*") if p.name.endswith(".tmp")]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _cli import slow_pack_command
 from _fs import tmpfs
 from _recordio_helpers import read_indexed
 from PIL import Image
@@ -179,25 +180,6 @@ def test_rerun_with_other_options_is_refused_unless_overwrite(synth_tree: Path, 
         pack(synth_tree, foreign, workers=1, progress=False)
 
 
-def pack_command(src: Path, dst: Path) -> list[str]:
-    """Resizing makes each shard take a while, so that kills land in the middle of the work."""
-    return [
-        sys.executable,
-        "-m",
-        "imgpipe",
-        "pack",
-        str(src),
-        str(dst),
-        "--shards",
-        "8",
-        "--resize",
-        "64",
-        "--workers",
-        "2",
-        "--no-progress",
-    ]
-
-
 def inode_and_mtime(dst: Path, names: list[str]) -> dict[str, tuple[int, int]]:
     return {n: ((dst / n).stat().st_ino, (dst / n).stat().st_mtime_ns) for n in names}
 
@@ -213,12 +195,12 @@ def kill_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def resume_reference(kill_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
     dst = tmp_path_factory.mktemp("resume") / "reference"
     started = time.monotonic()
-    subprocess.run(pack_command(kill_tree, dst), check=True, capture_output=True)
+    subprocess.run(slow_pack_command(kill_tree, dst), check=True, capture_output=True)
     return dst, time.monotonic() - started
 
 
 def rerun_and_compare(src: Path, dst: Path, reference: Path) -> None:
-    result = subprocess.run(pack_command(src, dst), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(slow_pack_command(src, dst), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert output_files(dst) == output_files(reference)
     assert not [p for p in dst.rglob("*") if p.name.endswith(".tmp")]
@@ -229,7 +211,7 @@ def rerun_and_compare(src: Path, dst: Path, reference: Path) -> None:
 def test_kill_after_first_shard_then_resume_is_byte_identical(kill_tree: Path, tmp_path: Path, resume_reference) -> None:
     reference, _ = resume_reference
     dst = tmp_path / "out"
-    process = subprocess.Popen(pack_command(kill_tree, dst), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(slow_pack_command(kill_tree, dst), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     journal = dst / JOURNAL_DIR
     deadline = time.monotonic() + 60
     while not [p for p in journal.glob("*-of-*.json")] and process.poll() is None and time.monotonic() < deadline:
@@ -250,12 +232,12 @@ def test_kill_at_random_moments_then_resume_is_byte_identical(kill_tree: Path, t
     rng = random.Random(1234)
     for attempt in range(3):
         dst = tmp_path / f"out{attempt}"
-        process = subprocess.Popen(pack_command(kill_tree, dst), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(slow_pack_command(kill_tree, dst), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(rng.uniform(0.3, 1.0) * duration)
         process.send_signal(signal.SIGKILL)
         process.wait()
         if dst.exists():  # a second kill in the middle of the resumed run
-            second = subprocess.Popen(pack_command(kill_tree, dst), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            second = subprocess.Popen(slow_pack_command(kill_tree, dst), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(rng.uniform(0.5, 0.9) * duration)
             second.send_signal(signal.SIGKILL)
             second.wait()
