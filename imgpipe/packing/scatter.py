@@ -219,7 +219,16 @@ class Scatter:
                 raise PackError(f"{missing} record(s) were read but their results never arrived; rerun to resume") from None
 
     def _record(self, written: Written) -> None:
-        """Take a worker's results; a record longer than its slot goes to the side file."""
+        """Take a worker's results; a record longer than its slot goes to the side file.
+
+        A failure here is DST's (the side file, a checkpoint, a journal entry), named as such even
+        when the reading runs in this process and its job is the one on the stack."""
+        try:
+            self._take(written)
+        except OSError as e:
+            raise write_failure(self.dst, "writing shards", e) from e
+
+    def _take(self, written: Written) -> None:
         r = self.results
         g = np.array(written.items, np.int64)
         new = ~r.done[g]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import random
@@ -22,6 +23,7 @@ from PIL import Image
 from imgpipe._sys.diskinfo import check_free_space, device_for_path, format_bytes, warn_if_slow
 from imgpipe.errors import DatasetError, PackError
 from imgpipe.format.manifest import load_manifest
+from imgpipe.packing.checkpoint import Checkpoints
 from imgpipe.packing.journal import JOURNAL_DIR
 from imgpipe.packing.packer import pack
 from imgpipe.packing.plan import RECORD_OVERHEAD, parse_shard_counts, parse_size
@@ -314,6 +316,21 @@ def test_device_for_path_reads_mounts(tmp_path: Path) -> None:
     assert device_for_path("/home/me", mounts_file=str(mounts)).mountpoint == "/"
     real = device_for_path(data)  # nearest existing parent, on this machine's real mounts
     assert real.mountpoint and str(tmp_path).startswith(real.mountpoint)
+
+
+@pytest.mark.timeout(60)
+def test_a_full_disk_at_a_checkpoint_of_an_inline_pack_names_dst_not_the_read(
+    synth_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one worker the reading runs in the parent, under the job's name; a checkpoint's ENOSPC is DST's."""
+
+    def disk_full(self: Checkpoints, finished: np.ndarray) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+
+    monkeypatch.setattr(Checkpoints, "save", disk_full)
+    with pytest.raises(PackError, match=r"^DST .*: writing shards failed: No space left on device \(ENOSPC\)") as raised:
+        pack(synth_tree, tmp_path / "out", shards=2, workers=1, checkpoint_s=0, progress=False)
+    assert "reading" not in str(raised.value) and "rerun the same command to resume" in str(raised.value)
 
 
 @pytest.mark.timeout(60)
