@@ -177,7 +177,7 @@ class Filler:
         while not self._stop.is_set():
             s = next((s for s in order if split.claim(s)), None)
             if s is None:
-                if split.all_complete():
+                if split.all_settled():
                     return
                 time.sleep(IDLE_S)  # the rest is claimed by other processes of the node: they finish it, or die and free it
                 continue

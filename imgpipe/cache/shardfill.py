@@ -1,11 +1,11 @@
 """Bring one shard of a cache whole: a few large streamed range GETs into its ``RangeFile``, each record checked as it lands.
 
-The shard is written, hashed from the disk and committed through staging's ``RangeFile``, as ``imgpipe
-stage`` copies a file. What the cache adds is per-record presence (the first epoch reads records while
-their shards arrive): the missing bytes come in streamed spans of at most ``SPAN_BYTES`` (runs merged
-across present records spanning less than ``GAP_BYTES``), and each record a chunk completes is checked
-and marked present once written whole. One process of the node fills a shard at a time, holding its
-lockable byte of ``{split}.claims``.
+The shard is written and committed through staging's ``RangeFile``, as ``imgpipe stage`` copies a file,
+and checked from the disk before it is complete: every record's framing and crc32 where the records
+tile the file (a pass of crc32 costs a tenth of a sha256's CPU), else its sha256. The cache adds
+per-record presence (the first epoch reads records while their shards arrive): the missing bytes come
+in streamed spans of at most ``SPAN_BYTES``, each record a chunk completes checked and marked present
+once written whole. One process of the node fills a shard at a time, holding its byte of ``{split}.claims``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from imgpipe._sys.checksum import crc32
 from imgpipe._sys.forks import reset_after_fork
 from imgpipe.cache.nodecache import NodeCache
 from imgpipe.errors import RemoteError
@@ -85,6 +86,23 @@ def fetch_spans(
     return cut, keep
 
 
+def tiles(offsets: np.ndarray, ends: np.ndarray, size: int) -> bool:
+    """True when a shard's records (in file order) cover its ``size`` bytes end to end, so that checking
+    every record checks every byte of the file."""
+    return len(offsets) > 0 and int(offsets[0]) == 0 and int(ends[-1]) == size and bool(np.all(ends[:-1] == offsets[1:]))
+
+
+def failing_on_disk(fd: int, name: str, offsets: np.ndarray, ends: np.ndarray, crcs: np.ndarray) -> dict[int, int]:
+    """The records of an open shard file whose bytes, read back from the disk, fail their framing or crc32:
+    record number (in the shard) -> crc32 of the bytes found."""
+    failing = {}
+    for r, (start, end) in enumerate(zip(offsets.tolist(), ends.tolist())):
+        data = os.pread(fd, end - start, start)
+        if len(data) != end - start or record_problem(memoryview(data), ByteRange(name, start, end), int(crcs[r])) is not None:
+            failing[r] = crc32(data)
+    return failing
+
+
 class SplitFill:
     """The shards of one split of a cache, as the processes that fill them see them: every record's
     byte range and crc32, the node's shared maps, and this process's claims. Pickles without its
@@ -101,6 +119,7 @@ class SplitFill:
         self.present, self.complete, self.eta = cache.present(name), cache.completed(name), cache.fill_eta(name)
         self._claims_fd: int | None = None
         self._claimed: set[int] = set()
+        self.given_up: set[int] = set()  # shards this process found damaged or failing: not claimed again, their records read alone
         self._lock = threading.Lock()
         reset_after_fork(self, SplitFill._drop_claims)
 
@@ -110,12 +129,16 @@ class SplitFill:
     def all_complete(self) -> bool:
         return bool(self.complete.array.all())
 
+    def all_settled(self) -> bool:
+        """Every shard is complete, or given up by this process."""
+        return all(self.complete.array[s] or s in self.given_up for s in range(len(self.rec_names)))
+
     # ------------------------------------------------------------------ claims
 
     def claim(self, s: int) -> bool:
-        """Claim shard ``s`` for this process and thread; False when it is complete or filled elsewhere."""
+        """Claim shard ``s`` for this process and thread; False when it is complete, given up, or filled elsewhere."""
         with self._lock:
-            if s in self._claimed or self.complete.array[s]:
+            if s in self._claimed or s in self.given_up or self.complete.array[s]:
                 return False
             fd = self._claims()
             try:
@@ -165,30 +188,57 @@ class SplitFill:
         records = self.records(s)
         offsets, ends = self.offsets[records.start : records.stop], self.ends[records.start : records.stop]
         present = self.present.array[records.start : records.stop]
-        wrong: set[str] = set()  # the sha256 of each whole fetch that hashed wrong
-        for attempt in range(ATTEMPTS):
-            if attempt or self.crcs is None:  # without crc32s no record is checked alone; after a wrong hash all is fetched again
-                present[:] = 0
-            with RangeFile(self.cache.shard_path(self.rec_names[s]), self.sizes[s], keep=True) as file:
-                spans, kept = fetch_spans(offsets, ends, present != 0, self.sizes[s])
-                for start, end in kept:
-                    file.landed(start, end)
-                for start, end in spans:
-                    if stop is not None and stop.is_set():
+
+        def bring(file: RangeFile) -> bool:
+            """Fetch what is not present into ``file``; False if told to stop."""
+            spans, kept = fetch_spans(offsets, ends, present != 0, self.sizes[s])
+            for start, end in kept:
+                file.landed(start, end)
+            for start, end in spans:
+                if stop is not None and stop.is_set():
+                    return False
+                self._fetch(file, s, start, end, client, url, budget_s, progress)
+            return True
+
+        path, size = self.cache.shard_path(self.rec_names[s]), self.sizes[s]
+        if self.crcs is not None and tiles(offsets, ends, size):
+            crcs, wrong = self.crcs[records.start : records.stop], {}  # record -> crc32 of the wrong bytes the last check found
+            for _ in range(ATTEMPTS):
+                with RangeFile(path, size, keep=True, hashing=False) as file:
+                    if not bring(file):
                         return
-                    self._fetch(file, s, start, end, client, url, budget_s, progress)
-                if file.commit(self.sha256[s]):  # hashed from the disk, then fsynced: only now is it complete
-                    self.complete.array[s] = 1
-                    return
-                if attempt and file.done and file.sha256() in wrong:  # the same wrong bytes twice: what the store holds
-                    logger.warning(
-                        "%s: %s differs from the manifest's sha256 twice alike: the stored shard is damaged; its records are read "
-                        "from the URL, each checked; run 'imgpipe verify %s'", self.cache.folder, self.rec_names[s], url,
-                    )  # fmt: skip
-                    return
-                if attempt and file.done:
-                    wrong.add(file.sha256())
+                    failing = failing_on_disk(file.fd, self.rec_names[s], offsets, ends, crcs)
+                    if not failing and file.commit(None):  # every record checked from the disk, then fsynced: only now complete
+                        self.complete.array[s] = 1
+                        return
+                present[list(failing)] = 0  # fetched again, alone
+                if any(wrong.get(r) == crc for r, crc in failing.items()):
+                    return self._warn_damaged(s, url, "records of it fail their crc32 twice alike")
+                wrong = failing
+        else:
+            hashes: set[str] = set()  # the sha256 of each whole fetch that hashed wrong
+            for attempt in range(ATTEMPTS):
+                if attempt or self.crcs is None:  # without crc32s no record is checked alone; after a wrong hash all is fetched again
+                    present[:] = 0
+                with RangeFile(path, size, keep=True) as file:
+                    if not bring(file):
+                        return
+                    if file.commit(self.sha256[s]):  # hashed from the disk, then fsynced: only now is it complete
+                        self.complete.array[s] = 1
+                        return
+                    if attempt and file.done and file.sha256() in hashes:  # the same wrong bytes twice: what the store holds
+                        return self._warn_damaged(s, url, "it differs from the manifest's sha256 twice alike")
+                    if attempt and file.done:
+                        hashes.add(file.sha256())
+        self.given_up.add(s)
         logger.warning("%s: %s keeps failing its checks; its records are read from the URL", self.cache.folder, self.rec_names[s])
+
+    def _warn_damaged(self, s: int, url: str, how: str) -> None:
+        self.given_up.add(s)
+        logger.warning(
+            "%s: %s: %s: the stored shard is damaged; its records are read from the URL, each checked; run 'imgpipe verify %s'",
+            self.cache.folder, self.rec_names[s], how, url,
+        )  # fmt: skip
 
     def _fetch(self, file: RangeFile, s: int, start: int, end: int, client: Any, url: str, budget_s: float, progress: Any) -> None:
         """Stream bytes ``[start, end)`` of shard ``s`` into its file, retrying within the retry time."""

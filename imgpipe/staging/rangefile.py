@@ -4,7 +4,8 @@ Ranges arrive in any order, from several threads and processes; each write goes 
 ``_sys.writes.write_at``, so a write the disk takes only in part is an ``OSError``, never a gap. Once the
 caller says a range ``landed``, the file is hashed from the disk in file order as far as its ranges have
 landed, so the sha256 is that of what the file holds, not of what was meant to be written. Rule: only
-after ``commit`` (fsynced, that sha256 the manifest's) may the caller say the file is there.
+after ``commit`` (fsynced, that sha256 the manifest's, or checked from the disk by the caller) may the
+caller say the file is there.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from imgpipe._sys.writes import write_at
 class RangeFile:
     """The file ``path`` of ``size`` bytes, being filled. ``keep``: its bytes stay (a cache shard filled
     again, where present records are kept), else it starts empty. ``writeback``: start writing each
-    hashed range to the disk at once (a copy read later, so its pages need not wait in the page cache)."""
+    hashed range to the disk at once (a copy read later, so its pages need not wait in the page cache).
+    ``hashing=False``: only which bytes landed is kept (the caller checks the file from the disk itself)."""
 
-    def __init__(self, path: str | os.PathLike, size: int, *, keep: bool = False, writeback: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, size: int, *, keep: bool = False, writeback: bool = False, hashing: bool = True) -> None:
         self.path = Path(path)
         self.size = size
         self.writeback = writeback and hasattr(os, "posix_fadvise")
@@ -37,7 +39,7 @@ class RangeFile:
             raise
         self.hashed = 0  # bytes [0, hashed) are hashed
         self.short = False  # the file ended before ``size`` while it was hashed (it changed under us)
-        self._digest: Any = hashlib.sha256()
+        self._digest: Any = hashlib.sha256() if hashing else None
         self._pending: list[tuple[int, int]] = []  # ranges landed and not hashed yet
         self._hashing = False
         self._finished = False
@@ -70,7 +72,7 @@ class RangeFile:
                     return finished
                 start = self.hashed
             try:
-                reached = hash_range(self.fd, start, upto, self._digest)
+                reached = hash_range(self.fd, start, upto, self._digest) if self._digest is not None else upto
             except BaseException:
                 with self._lock:
                     self._hashing = False
@@ -83,13 +85,13 @@ class RangeFile:
 
     @property
     def done(self) -> bool:
-        """True once every byte has landed and was hashed."""
+        """True once every byte has landed (and was hashed)."""
         with self._lock:
             return self._finished
 
     def sha256(self) -> str:
-        """The hex sha256 of the file's bytes as they were hashed (all of them once ``done``)."""
-        return self._digest.hexdigest()
+        """The hex sha256 of the file's bytes as they were hashed (all of them once ``done``); "" when not hashing."""
+        return self._digest.hexdigest() if self._digest is not None else ""
 
     def commit(self, sha256: str | None) -> bool:
         """Fsync the file if all of it landed and it hashes to ``sha256`` (None: its sha256 is unknown, the

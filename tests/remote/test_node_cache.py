@@ -307,6 +307,58 @@ def test_a_cached_record_that_fails_its_check_is_fetched_again_and_rewritten(
     assert (cache / local.rec_names[shard]).read_bytes()[start:end] == (packed_dir / local.rec_names[shard]).read_bytes()[start:end]
 
 
+@pytest.mark.timeout(240)
+def test_a_shard_is_checked_from_the_disk_record_by_record_and_only_a_wrong_record_is_fetched_again(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path
+) -> None:
+    """Before a shard is complete every record is read back from the disk and checked (framing, crc32): a
+    record whose bytes went wrong behind its presence byte is found there, and it alone is fetched again."""
+    cache = tmp_path / "cache"
+    open_shards(remote_packed, cache_dir=cache)
+    _wait_complete(cache)
+    _lose_record(cache, packed_dir, 7)
+    shard, start, end = open_shards(packed_dir).location(7)
+    name = open_shards(packed_dir).rec_names[shard]
+    before = {path: list(sizes) for path, sizes in fault_proxy.counts.bodies.items()}
+    open_shards(remote_packed, cache_dir=cache)  # its background fill finds the shard not complete
+    _wait_complete(cache)
+    assert (cache / name).read_bytes() == (packed_dir / name).read_bytes()
+    fetched = [
+        size for path, sizes in fault_proxy.counts.bodies.items() if path.endswith(name) for size in sizes[len(before.get(path, [])) :]
+    ]
+    assert fetched == [end - start]  # record 7, not the shard again
+    _verify(cache)
+
+
+@pytest.mark.timeout(240)
+def test_a_record_damaged_in_the_store_leaves_its_shard_not_complete_with_one_warning(
+    s3_env: S3Server, packed_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The stored shard differs from what the pack wrote in one record's payload: it fails its crc32 in
+    both fetches alike, so the shard is never marked complete and the fill (in the store helper) says the
+    store is damaged."""
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for path in packed_dir.iterdir():
+        if path.is_file():
+            (damaged / path.name).write_bytes(path.read_bytes())
+    shard, start, end = open_shards(packed_dir).location(7)
+    name = open_shards(packed_dir).rec_names[shard]
+    data = bytearray((damaged / name).read_bytes())
+    data[end - 8] ^= 0xFF  # inside the JPEG's bytes: the framing holds, the crc32 does not
+    (damaged / name).write_bytes(bytes(data))
+    url = s3_env.upload(damaged, BUCKET, "damaged")
+    cache = tmp_path / "cache"
+    open_shards(url, cache_dir=cache)
+    seen: list[str] = []
+    _wait_for("the stored shard is damaged", seen, capfd)
+    warned = "".join(seen)
+    assert f"{name}: records of it fail their crc32 twice alike: the stored shard is damaged" in warned and "imgpipe verify" in warned
+    assert warned.count("the stored shard is damaged") == 1
+    complete = np.fromfile(cache / STATE_DIR / "train.complete", np.uint8)
+    assert complete[shard] == 0 and not (cache / "manifest.json").exists()
+
+
 @pytest.mark.timeout(120)
 def test_a_new_boot_forgets_the_presence_of_shards_not_complete(
     s3_env: S3Server, remote_packed: str, packed_dir: Path, tmp_path: Path
