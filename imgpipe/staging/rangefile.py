@@ -1,9 +1,10 @@
-"""A local file filled by byte ranges: the one place where ``imgpipe stage`` and the node cache write, hash and commit a file.
+"""A local file filled by byte ranges: the one place where ``imgpipe stage`` and the node cache write and commit a file.
 
 Ranges arrive in any order, from several threads and processes; each write goes through
 ``_sys.writes.write_at``, so a write the disk takes only in part is an ``OSError``, never a gap. Once the
 caller says a range ``landed``, the file is hashed from the disk in file order as far as its ranges have
-landed, so the sha256 is that of what the file holds, not of what was meant to be written. Rule: only
+landed (unless the caller checks it otherwise: a cache shard's records, by crc32), so the sha256 is that
+of what the file holds, not of what was meant to be written. Rule: only
 after ``commit`` (fsynced, that sha256 the manifest's, or checked from the disk by the caller) may the
 caller say the file is there.
 """
