@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from imgpipe._sys.atomic import atomic_write_bytes
+from imgpipe._sys.jsonfile import parse_json
 from imgpipe.errors import DatasetError
 from imgpipe.format.layout import MANIFEST_NAME
 from imgpipe.format.unfinished import JOURNAL_DIR, PLAN_NAME, incomplete_folder  # noqa: F401  (imgpipe.packing.journal imports the names from here)
@@ -217,10 +218,7 @@ def fetch_manifest(source: ByteSource) -> tuple[bytes, Manifest]:
 
 def parse_manifest(text: bytes, where: object) -> Manifest:
     """A manifest from its bytes; ``where`` names it in errors."""
-    try:
-        data = json.loads(text.decode("utf-8"))
-    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, a number of 4,300+ digits, arrays nested thousands deep
-        raise DatasetError(f"{where}: manifest is not valid JSON ({e}); rerun 'imgpipe pack' to rewrite it") from None
+    data = parse_json(text, where, "manifest", "rerun 'imgpipe pack' to rewrite it", DatasetError)
     return Manifest.from_dict(data, where)
 
 

@@ -46,7 +46,7 @@ from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped,
 from imgpipe.image import codec, shrink
 from imgpipe.ingest.scan import scan
 from imgpipe.packing.checkpoint import CHECKPOINT_S
-from imgpipe.packing.journal import JOURNAL_DIR, Journal, ShardResult
+from imgpipe.packing.journal import JOURNAL_DIR, Journal, ShardResult, StoredPlan
 from imgpipe.packing.parts import ArrayTask, Parts, choose_part, missing_parts_advice
 from imgpipe.packing.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size, published_names
 from imgpipe.packing.scatter import Scatter
@@ -329,7 +329,7 @@ def _check_journal(journal: Journal, plan: PackPlan, num_nodes: int) -> PackRepo
     stored = journal.read_plan()
     if stored is None and (journal.dst / MANIFEST_NAME).exists():
         manifest = load_manifest(journal.dst)
-        stored = {"options": manifest.options, "fingerprint": manifest.fingerprint or plan.fingerprint}
+        stored = StoredPlan(manifest.options, manifest.fingerprint or plan.fingerprint, len(plan.shards))
         source = f" (from its {MANIFEST_NAME}; the journal {JOURNAL_DIR}/ is gone)"
     elif stored is None:
         leftovers = [p.name for p in journal.dst.iterdir() if _is_pack_output(p.name) and p.name != JOURNAL_DIR]
@@ -341,11 +341,10 @@ def _check_journal(journal: Journal, plan: PackPlan, num_nodes: int) -> PackRepo
         return None
     else:
         manifest, source = None, ""
-    if stored.get("options") != plan.options:
-        old = stored.get("options") or {}
-        diffs = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in plan.options.items() if old.get(k) != v]
+    if stored.options != plan.options:
+        diffs = [f"{k} {stored.options.get(k)!r} -> {v!r}" for k, v in plan.options.items() if stored.options.get(k) != v]
         raise PackError(f"DST {journal.dst} was packed with different options ({'; '.join(diffs)}){source}: {restart}")
-    if stored.get("fingerprint") != plan.fingerprint:
+    if stored.fingerprint != plan.fingerprint:
         raise PackError(
             f"DST {journal.dst} was packed from a different source tree (files added, removed or changed size since){source}: {restart}"
         )
@@ -511,6 +510,10 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
             entry = journal.read_entry(spec.name)
             if entry is None:
                 raise PackError(f"{journal.entry_path(spec.name)}: journal entry vanished while finalizing; rerun the pack")
+            misfit = _misfit(entry, spec)
+            if misfit is not None:
+                where = journal.entry_path(spec.name)
+                raise PackError(f"{where}: journal entry unlike its shard ({misfit}); delete it to rewrite that shard")
             final = published.get(spec.name)
             _publish(dst, spec, final)
             skipped += [Skipped(name, split.paths[pos], reason) for pos, reason in entry.skipped]
@@ -570,6 +573,18 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
     report.skipped = skipped
     report.actions = dict(sorted(actions.items()))
     report.repairs = dict(sorted(repairs.items()))
+
+
+def _misfit(entry: ShardResult, spec: ShardSpec) -> str | None:
+    """Why a well-formed journal entry cannot be the planned shard ``spec``'s, or None."""
+    skipped = [pos for pos, _ in entry.skipped]
+    if entry.name != spec.name:
+        return f"it names {entry.name}"
+    if entry.records + len(skipped) != spec.items:
+        return f"{entry.records} records and {len(skipped)} skipped, the plan has {spec.items} items"
+    if len(set(skipped)) != len(skipped) or not all(spec.start <= pos < spec.stop for pos in skipped):
+        return f"its skipped positions are not {len(skipped)} of {spec.start}..{spec.stop - 1}"
+    return None
 
 
 def _read_published_index(idx: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from imgpipe._sys.jsonfile import as_dataclass
 from imgpipe.errors import PackError
 
 
@@ -87,12 +88,11 @@ class Parts:
         return (json.dumps(fields, sort_keys=True) + "\n").encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "Parts":
-        fields = json.loads(data)
-        first_id = None if fields["first_id"] is None else int(fields["first_id"])
-        parts = cls(int(fields["count"]), first_id, int(fields["step"]), int(fields["nodes"]))
+    def from_value(cls, value: object) -> "Parts":
+        """The split ``to_json`` wrote, from its decoded JSON; a ValueError for anything else."""
+        parts = as_dataclass(cls, value)
         if parts.count < 1 or parts.step < 1 or parts.nodes < 1:
-            raise ValueError(f"not a split of a pack: {fields}")
+            raise ValueError(f"count {parts.count}, step {parts.step} and nodes {parts.nodes} must be 1 or more")
         return parts
 
 

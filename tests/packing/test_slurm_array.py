@@ -16,7 +16,7 @@ from PIL import Image
 
 from imgpipe.cli.data import node_identity
 from imgpipe.errors import PackError
-from imgpipe.packing.journal import JOURNAL_DIR, PARTS_NAME
+from imgpipe.packing.journal import JOURNAL_DIR, Journal
 from imgpipe.packing.packer import pack
 from imgpipe.packing.parts import ArrayTask, Parts, choose_part
 
@@ -60,7 +60,7 @@ def test_the_options_win_over_an_array_and_the_array_over_the_batch_steps_one_no
 def test_a_run_that_splits_the_pack_another_way_is_refused(synth_tree: Path, tmp_path: Path) -> None:
     dst = tmp_path / "out"
     pack(synth_tree, dst, shards=6, workers=1, progress=False, array_task=ArrayTask(0, 0, 1, 3))
-    assert Parts.from_json((dst / JOURNAL_DIR / PARTS_NAME).read_bytes()) == Parts(3, 0, 1, 1)
+    assert Journal(dst).read_parts() == Parts(3, 0, 1, 1)
     for nodes, rank in ((2, 1), (1, 0)):  # either would write shards that tasks 1 and 2 write
         with pytest.raises(PackError, match=r"is being packed in 3 parts \(by SLURM array tasks\), this run would split it in"):
             pack(synth_tree, dst, shards=6, workers=1, progress=False, num_nodes=nodes, node_rank=rank)

@@ -377,6 +377,24 @@ def test_a_new_boot_forgets_the_presence_of_shards_not_complete(
     assert present.tolist() == [1 if records(i)[0] == 0 else 0 for i in range(48)]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("hostile", [b"[" * 100_000 + b"]" * 100_000, b'{"manifest_sha256": Infinity}', b"\xff", b"[]"])
+def test_a_cache_state_file_nobody_wrote_starts_the_cache_afresh(
+    s3_env: S3Server, remote_packed: str, tmp_path: Path, hostile: bytes
+) -> None:
+    from imgpipe.cache.checkout import attach
+    from imgpipe.cache.nodecache import SOURCE_NAME, cached_version
+    from imgpipe.format.manifest import fetch_manifest
+    from imgpipe.storage.opening import open_source
+
+    source, folder = open_source(remote_packed), tmp_path / "cache"
+    open_cache(folder, source, *fetch_manifest(source))
+    (folder / STATE_DIR / SOURCE_NAME).write_bytes(hostile)
+    assert cached_version(folder) is None and attach(folder) is None
+    cache = open_cache(folder, source, *fetch_manifest(source))
+    assert cached_version(folder) == cache.version and attach(folder) is not None
+
+
 # ---------------------------------------------------------------------------- versions, space, mistakes
 
 
