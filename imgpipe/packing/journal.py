@@ -20,7 +20,7 @@ from typing import Any
 
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe._sys.jsonfile import as_dataclass, read_json
-from imgpipe._sys.pidlock import describe_holder, holder_alive, lock_holder, try_lock
+from imgpipe._sys.pidlock import describe_holder, holder_alive, is_held, lock_holder, try_lock
 from imgpipe.errors import PackError
 from imgpipe.format.manifest import JOURNAL_DIR, PLAN_NAME
 from imgpipe.packing.parts import Parts
@@ -146,6 +146,11 @@ class Journal:
                         os.close(fd)
                         raise
         return fd
+
+    def writer(self, node_rank: int) -> str | None:
+        """Who writes node ``node_rank``'s part now (``pid 123``, ``pid 123 on node7``), or None when no process holds its lock."""
+        path = self.folder / f"node-{node_rank}.lock"
+        return describe_holder(lock_holder(path)) if is_held(path) else None
 
     def _acquire(self, path: Path, wait_s: float) -> int:
         deadline = time.monotonic() + wait_s
