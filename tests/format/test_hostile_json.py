@@ -75,3 +75,49 @@ def test_the_cli_says_one_line_for_a_manifest_nested_100000_deep(packed_dir: Pat
         assert result.returncode == 1 and "Traceback" not in result.stderr
         why = "unreadable manifest (not valid JSON: nested too deep); rerun 'imgpipe pack' to rewrite it"
         assert result.stderr.strip() == f"imgpipe: error: {dst / 'manifest.json'}: {why}"
+
+
+def edited(packed_dir: Path, tmp_path: Path, edit) -> Path:
+    dst = tmp_path / "out"
+    shutil.copytree(packed_dir, dst)
+    text = (dst / "manifest.json").read_text()
+    (dst / "manifest.json").write_text(edit(text, json.loads(text)))
+    return dst
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("records", ["-1", "Infinity", "1e400", "4.8e1", '"48"', "47", "49"])
+def test_a_splits_record_count_unlike_its_shards_is_refused_by_verify_and_opening(packed_dir: Path, tmp_path: Path, records: str) -> None:
+    dst = edited(packed_dir, tmp_path, lambda text, m: text.replace('"records": 48,', f'"records": {records},', 1))
+    assert f'"records": {records},' in (dst / "manifest.json").read_text()
+    for call in (lambda: verify(dst, workers=1, progress=False), lambda: open_shards(dst, "train"), lambda: describe(dst)):
+        refused = rf"^{dst / 'manifest.json'}: .*(split train has records|not valid JSON).*; rerun 'imgpipe pack'"
+        with pytest.raises(DatasetError, match=refused):
+            call()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["in its split", "in another split", "as an index"])
+def test_a_manifest_listing_a_shard_twice_is_refused_when_opened(packed_dir: Path, tmp_path: Path, where: str) -> None:
+    """Opening it served a wrong record, then failed; now every reader refuses it, as verify did."""
+
+    def twice(text: str, manifest: dict) -> str:
+        train, val = manifest["splits"]["train"], manifest["splits"]["val"]
+        if where == "in its split":
+            train["shards"][1] = dict(train["shards"][0])
+        elif where == "in another split":
+            val["shards"][0] = dict(train["shards"][0])
+        else:
+            train["shards"][1]["index"] = train["shards"][0]["index"]
+        for split in (train, val):
+            split["records"], split["bytes"] = (sum(s[key] for s in split["shards"]) for key in ("records", "bytes"))
+        return json.dumps(manifest)
+
+    dst = edited(packed_dir, tmp_path, twice)
+    name = json.loads((dst / "manifest.json").read_text())["splits"]["train"]["shards"][0]["index" if where == "as an index" else "name"]
+    for split in ("train", "val"):
+        with pytest.raises(DatasetError, match=rf"^{dst / 'manifest.json'}: {name} is listed twice; rerun 'imgpipe pack'"):
+            open_shards(dst, split)
+    result = subprocess.run([sys.executable, "-m", "imgpipe", "verify", str(dst)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and result.stderr.strip() == f"imgpipe: error: {dst / 'manifest.json'}: {name} is listed twice; " \
+        "rerun 'imgpipe pack' to rewrite the manifest"  # fmt: skip
