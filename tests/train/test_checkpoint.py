@@ -47,3 +47,21 @@ def test_checkpoint_with_arbitrary_objects_is_refused(tmp_path: Path) -> None:
     torch.save({"format_version": 1, "payload": Sneaky()}, tmp_path / "checkpoint.pt")
     with pytest.raises(ConfigError, match="not a readable imgpipe checkpoint"):
         load_checkpoint(tmp_path / "checkpoint.pt")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("world_size", 0), ("world_size", -2), ("world_size", 2.0), ("world_size", "2"), ("world_size", True), ("global_batch", 0),
+     ("global_batch", 1e30), ("step", -1), ("epoch", -3)],
+)  # fmt: skip
+def test_a_checkpoint_whose_counts_are_not_counts_is_one_line(tmp_path: Path, name: str, value: object) -> None:
+    """A world_size of 0 was a ZeroDivisionError when the run resumed; every count resuming divides or steps by is checked on load."""
+    state = {"model": {}, "epoch": 1, "epoch_step": 0, "step": 10, "world_size": 2, "global_batch": 8}
+    path = save_checkpoint(tmp_path / "checkpoint.pt", {**state, name: value})
+    with pytest.raises(ConfigError) as info:
+        load_checkpoint(path)
+    assert str(info.value) == (
+        f"{path}: the checkpoint's {name} is {value!r}, not a count of {0 if name in ('epoch', 'step') else 1} or more: it is damaged "
+        "or not written by imgpipe train; restore it from a copy, or move it away and train without --resume"
+    )
+    assert load_checkpoint(save_checkpoint(tmp_path / "good.pt", state))["world_size"] == 2
