@@ -86,11 +86,14 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise ConfigError(f"{path}: not an imgpipe checkpoint of format {FORMAT_VERSION}")
     for name, least in COUNTS.items():  # resuming divides by them and counts steps with them
-        value = state.get(name, least)
+        if name == "global_batch" and name not in state:  # not stored before resume-anywhere
+            continue
+        value = state.get(name)
         if type(value) is not int or value < least:
+            what = f"{name} is {value!r}, not a count of {least} or more" if name in state else f"lacks its {name}"
             raise ConfigError(
-                f"{path}: the checkpoint's {name} is {value!r}, not a count of {least} or more: it is damaged or not written by "
-                "imgpipe train; restore it from a copy, or move it away and train without --resume"
+                f"{path}: the checkpoint {what}: it is damaged or not written by imgpipe train; "
+                "restore it from a copy, or move it away and train without --resume"
             )
     return state
 
