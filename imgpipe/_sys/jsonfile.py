@@ -21,10 +21,10 @@ from typing import Any, Callable, TypeVar
 T = TypeVar("T")
 
 
-def loads(data: bytes | str) -> Any:
+def loads(data: bytes | bytearray | memoryview | str) -> Any:
     """The value of JSON text ``data``; a ValueError with a short reason for anything else (never another exception)."""
     try:
-        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray, memoryview)) else data
+        text = data if isinstance(data, str) else bytes(data).decode("utf-8")
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except UnicodeDecodeError as e:
         raise ValueError(f"not UTF-8 text: byte 0x{e.object[e.start]:02x} at {e.start}") from None
@@ -37,7 +37,12 @@ def loads(data: bytes | str) -> Any:
 
 
 def parse_json(
-    data: bytes | str, where: object, what: str, fix: str, error: Callable[[str], Exception], into: Callable[[Any], T] | None = None
+    data: bytes | bytearray | memoryview | str,
+    where: object,
+    what: str,
+    fix: str,
+    error: Callable[[str], Exception],
+    into: Callable[[Any], T] | None = None,
 ) -> T:
     """``into(loads(data))`` (``into`` raises ValueError for a value of the wrong shape); else one ``error``:
     ``{where}: unreadable {what} ({why}); {fix}``."""
