@@ -4,7 +4,9 @@ The kernel drops an ``flock`` when every descriptor of it closes, so a holder ki
 ``kill -9`` frees the lock by itself (unless a child it forked still holds the descriptor:
 the callers decide how long to wait for that). ``try_lock`` writes the holder's pid and host
 inside, so that a process that finds the lock taken can say who holds it and whether that
-process still runs.
+process still runs. Not the ``filelock`` library: its lock is exclusive only (the node cache's
+leases are shared), and its at-fork hook closes the lock in every forked child, so a killed pack's
+workers would leave DST unlocked while they may still write there.
 """
 
 from __future__ import annotations

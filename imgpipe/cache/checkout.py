@@ -20,6 +20,7 @@ import numpy as np
 
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe._sys.diskinfo import format_bytes, free_bytes
+from imgpipe._sys.jsonfile import loads
 from imgpipe._sys.oserrors import describe
 from imgpipe._sys.pidlock import lock_file, locked
 from imgpipe.cache.nodecache import SOURCE_NAME, STATE_DIR, NodeCache, cached_version, writable_again
@@ -66,9 +67,11 @@ def attach(folder: str | os.PathLike) -> NodeCache | None:
     """The cache a process of this node opened in ``folder`` (for its background filler), or None if it is gone."""
     state = Path(folder) / STATE_DIR
     try:
-        source = json.loads((state / SOURCE_NAME).read_bytes())
+        source = loads((state / SOURCE_NAME).read_bytes())
         manifest_bytes = (state / MANIFEST_NAME).read_bytes()
     except (OSError, ValueError):
+        return None
+    if not isinstance(source, dict):
         return None
     cache = NodeCache(Path(folder), str(source.get("url", "")), manifest_bytes, parse_manifest(manifest_bytes, state / MANIFEST_NAME))
     return cache if cache.version == source.get("manifest_sha256") else None

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import logging
 import os
 from pathlib import Path
 
 import numpy as np
 
+from imgpipe._sys.jsonfile import loads
 from imgpipe._sys.oserrors import NO_SPACE, describe
 from imgpipe.cache.shared import SharedArray
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, SplitInfo
@@ -101,8 +101,8 @@ class NodeCache:
 def cached_version(folder: Path) -> str | None:
     """The version (manifest sha256) the cache folder holds, or None."""
     try:
-        return str(json.loads((folder / STATE_DIR / SOURCE_NAME).read_bytes())["manifest_sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return str(loads((folder / STATE_DIR / SOURCE_NAME).read_bytes())["manifest_sha256"])
+    except (OSError, ValueError, KeyError, TypeError):  # no version, or a state file damaged: the cache starts afresh
         return None
 
 

@@ -1,8 +1,8 @@
 """Bring one shard of a cache whole: a few large streamed range GETs into its ``RangeFile``, each record checked as it lands.
 
 The shard is written and committed through staging's ``RangeFile``, as ``imgpipe stage`` copies a file,
-and checked from the disk before it is complete: every record's framing and crc32 where the records
-tile the file (a pass of crc32 costs a tenth of a sha256's CPU), else its sha256. The cache adds
+and checked from the disk before it is complete: every record's framing, crc32 and zero padding where
+the records tile the file (a pass of crc32 costs a tenth of a sha256's CPU), else its sha256. The cache adds
 per-record presence (the first epoch reads records while their shards arrive): the missing bytes come
 in streamed spans of at most ``SPAN_BYTES``, each record a chunk completes checked and marked present
 once written whole. One process of the node fills a shard at a time, holding its byte of ``{split}.claims``.
@@ -24,6 +24,7 @@ from imgpipe._sys.checksum import crc32
 from imgpipe._sys.forks import reset_after_fork
 from imgpipe.cache.nodecache import NodeCache
 from imgpipe.errors import RemoteError
+from imgpipe.format.recordio import slack_problem
 from imgpipe.format.shardset import record_problem
 from imgpipe.staging.rangefile import RangeFile
 from imgpipe.storage.source import ByteRange
@@ -93,12 +94,17 @@ def tiles(offsets: np.ndarray, ends: np.ndarray, size: int) -> bool:
 
 
 def failing_on_disk(fd: int, name: str, offsets: np.ndarray, ends: np.ndarray, crcs: np.ndarray) -> dict[int, int]:
-    """The records of an open shard file whose bytes, read back from the disk, fail their framing or crc32:
-    record number (in the shard) -> crc32 of the bytes found."""
+    """The records of an open shard file whose bytes, read back from the disk, fail their framing, crc32 or
+    padding (zeros, up to the next record): record number (in the shard) -> crc32 of the bytes found. Where the
+    records tile the file, every byte of it is checked so."""
     failing = {}
     for r, (start, end) in enumerate(zip(offsets.tolist(), ends.tolist())):
         data = os.pread(fd, end - start, start)
-        if len(data) != end - start or record_problem(memoryview(data), ByteRange(name, start, end), int(crcs[r])) is not None:
+        if (
+            len(data) != end - start
+            or record_problem(memoryview(data), ByteRange(name, start, end), int(crcs[r])) is not None
+            or slack_problem(data) is not None
+        ):
             failing[r] = crc32(data)
     return failing
 
@@ -213,7 +219,7 @@ class SplitFill:
                         return
                 present[list(failing)] = 0  # fetched again, alone
                 if any(wrong.get(r) == crc for r, crc in failing.items()):
-                    return self._warn_damaged(s, url, "records of it fail their crc32 twice alike")
+                    return self._warn_damaged(s, url, "records of it fail their checks twice alike")
                 wrong = failing
         else:
             hashes: set[str] = set()  # the sha256 of each whole fetch that hashed wrong

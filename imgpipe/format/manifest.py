@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from imgpipe._sys.atomic import atomic_write_bytes
+from imgpipe._sys.jsonfile import parse_json
 from imgpipe.errors import DatasetError
 from imgpipe.format.layout import MANIFEST_NAME
 from imgpipe.format.unfinished import JOURNAL_DIR, PLAN_NAME, incomplete_folder  # noqa: F401  (imgpipe.packing.journal imports the names from here)
@@ -137,18 +138,25 @@ class Manifest:
             _check_field_types(item, where)
         if not all(isinstance(c, str) for c in manifest.classes):
             raise DatasetError(f"{where}: malformed manifest (classes must be names, got {manifest.classes[:3]!r}...)")
+        listed: set[str] = set()
         for name, split in manifest.splits.items():
             check_plain_name(name, where)
-            check_plain_name(split.sources, where)
-            check_plain_name(split.labels, where)
-            for sidecar in (split.checksums, split.index_sidecar):
-                if sidecar:
-                    check_plain_name(sidecar, where)
+            files = [split.sources, split.labels, *(f for f in (split.checksums, split.index_sidecar) if f)]
+            for file in [*files, *(f for shard in split.shards for f in (shard.name, shard.index))]:
+                check_plain_name(file, where)
+                if file in listed:
+                    raise DatasetError(f"{where}: {file} is listed twice; rerun 'imgpipe pack' to rewrite the manifest")
+                listed.add(file)
             for shard in split.shards:
-                check_plain_name(shard.name, where)
-                check_plain_name(shard.index, where)
                 if shard.records < 0 or shard.bytes < 0:
                     raise DatasetError(f"{where}: shard {shard.name} has a negative count")
+            for total in ("records", "bytes"):  # written beside the shards for readers; they must agree
+                stored = data["splits"][name].get(total, getattr(split, total))
+                if type(stored) is not int or stored != getattr(split, total):
+                    raise DatasetError(
+                        f"{where}: split {name} has {total} {stored!r}, its shards {getattr(split, total)}; "
+                        "rerun 'imgpipe pack' to rewrite the manifest"
+                    )
         return manifest
 
 
@@ -217,10 +225,7 @@ def fetch_manifest(source: ByteSource) -> tuple[bytes, Manifest]:
 
 def parse_manifest(text: bytes, where: object) -> Manifest:
     """A manifest from its bytes; ``where`` names it in errors."""
-    try:
-        data = json.loads(text.decode("utf-8"))
-    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, a number of 4,300+ digits, arrays nested thousands deep
-        raise DatasetError(f"{where}: manifest is not valid JSON ({e}); rerun 'imgpipe pack' to rewrite it") from None
+    data = parse_json(text, where, "manifest", "rerun 'imgpipe pack' to rewrite it", DatasetError)
     return Manifest.from_dict(data, where)
 
 

@@ -209,6 +209,24 @@ def read_record_at(f: BinaryIO | int, offset: int, end: int, path: object) -> tu
     return _read_frames(lambda p, n: os.pread(fd, n, p), offset, end, path)
 
 
+def slack_problem(buf: bytes | memoryview) -> str | None:
+    """Why the bytes of ``buf``, one record that ``parse_record`` read whole, are not all dmlc would write for it:
+    a frame's padding that is not zero, or bytes after the record; else None. The record itself is not read."""
+    view = memoryview(buf).cast("B")
+    pos = 0
+    while pos + FRAME_HEADER.size <= len(view):
+        lrec = FRAME_HEADER.unpack_from(view, pos)[1]
+        body_end = pos + FRAME_HEADER.size + (lrec & LENGTH_MASK)
+        pos = body_end + _pad(lrec & LENGTH_MASK)
+        if pos > len(view):
+            break
+        if any(view[body_end:pos]):
+            return f"the padding after byte {body_end} of the record is not zero"
+        if lrec >> LENGTH_BITS in (CFLAG_WHOLE, CFLAG_LAST):
+            return f"{len(view) - pos} bytes after the record" if pos != len(view) else None
+    return "not one whole record"
+
+
 def iter_frames(path: str | os.PathLike) -> Iterator[tuple[int, bytes]]:
     """Yield (offset, record) for every record of a .rec file, scanning from the start."""
     path = Path(path)

@@ -9,10 +9,10 @@ writers take these names from here; their files inside are theirs.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+from imgpipe._sys.jsonfile import loads
 from imgpipe.format.layout import MANIFEST_NAME, SHARD_FILE
 
 JOURNAL_DIR = ".imgpipe-pack"
@@ -34,13 +34,19 @@ def unfinished_pack(folder: str | os.PathLike) -> str | None:
         return None
     done = sum(1 for p in journal.iterdir() if (m := SHARD_FILE.match(p.name)) and m["ext"] == "json")
     try:
-        total = json.loads((journal / PLAN_NAME).read_text(encoding="utf-8")).get("shards")
-    except (OSError, ValueError, AttributeError):
-        total = None
+        plan = loads((journal / PLAN_NAME).read_bytes())
+    except OSError:
         if not done:  # only the lock of a pack that stopped before planning (e.g. refused this DST)
             return None
+        plan = None
+    except ValueError as e:
+        return (
+            f"{folder}: incomplete pack, no {MANIFEST_NAME}, and its journal {JOURNAL_DIR}/{PLAN_NAME} is unreadable ({e}); "
+            "rerun 'imgpipe pack' with --overwrite (with --num-nodes: empty DST, then start every node) to start again"
+        )
+    total = plan.get("shards") if isinstance(plan, dict) else None
     rerun = "rerun the same 'imgpipe pack' (with --num-nodes: every --node-rank, then --finalize)"
-    if not isinstance(total, int):
+    if type(total) is not int:
         state = f"{done} shard(s) finished, the planned count is unknown"
     elif done < total:
         state = f"{total - done} of {total} shards missing"

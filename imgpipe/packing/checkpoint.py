@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from imgpipe._sys.atomic import atomic_write_bytes
+from imgpipe._sys.jsonfile import loads
 from imgpipe.packing.slots import ACTIONS, ItemResults, SideFile, SlotLayout
 
 logger = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class Checkpoints:
         taken = np.zeros(0, np.int64)
         try:
             with np.load(self.path, allow_pickle=False) as data:
-                meta = json.loads(data["meta"].tobytes())
+                meta = loads(data["meta"].tobytes())
                 arrays = {name: data[name] for name in ARRAYS}
             if meta.get("fingerprint") == self.fingerprint:
                 taken = self._take(meta, arrays, fresh)

@@ -10,6 +10,7 @@ pack in parts is split (``packing.parts``).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -18,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from imgpipe._sys.atomic import atomic_write_bytes
-from imgpipe._sys.pidlock import describe_holder, holder_alive, lock_holder, try_lock
+from imgpipe._sys.jsonfile import as_dataclass, read_json
+from imgpipe._sys.pidlock import describe_holder, holder_alive, is_held, lock_holder, try_lock
 from imgpipe.errors import PackError
 from imgpipe.format.manifest import JOURNAL_DIR, PLAN_NAME
 from imgpipe.packing.parts import Parts
@@ -43,10 +45,23 @@ class ShardResult:
     source_bytes: int = 0
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ShardResult":
-        result = cls(**data)
-        result.skipped = [(int(pos), str(reason)) for pos, reason in result.skipped]
+    def from_value(cls, value: object) -> "ShardResult":
+        """The result ``Journal.write_entry`` wrote, from its decoded JSON; a ValueError for anything else."""
+        result = as_dataclass(cls, value)
+        counts = (result.records, result.bytes, result.index_bytes, result.source_bytes)
+        if min(counts) < 0 or len(result.crc32) != result.records or not all(0 <= crc < 2**32 for crc in result.crc32):
+            raise ValueError(f"counts {counts} and {len(result.crc32)} crc32s do not describe a shard")
+        result.skipped = [(pos, reason) for pos, reason in result.skipped]
         return result
+
+
+@dataclass
+class StoredPlan:
+    """``plan.json``: the pack options, the plan fingerprint and the planned shard count."""
+
+    options: dict[str, Any]
+    fingerprint: str
+    shards: int | None = None  # None in the journals of packs started before it was recorded
 
 
 class Journal:
@@ -56,16 +71,13 @@ class Journal:
         self.dst = Path(dst)
         self.folder = self.dst / JOURNAL_DIR
 
-    def read_plan(self) -> dict[str, Any] | None:
+    def read_plan(self) -> StoredPlan | None:
+        """What ``write_plan`` recorded, or None before the first plan."""
+        fix = "pass --overwrite (or, with --num-nodes, empty DST) to start again"
         try:
-            return json.loads((self.folder / PLAN_NAME).read_text(encoding="utf-8"))
-        except FileNotFoundError:
+            return read_json(self.folder / PLAN_NAME, "pack journal", fix, PackError, into=functools.partial(as_dataclass, StoredPlan))
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        except (OSError, ValueError) as e:
-            raise PackError(
-                f"{self.folder / PLAN_NAME}: unreadable pack journal ({e}); "
-                "pass --overwrite (or, with --num-nodes, empty DST) to start again"
-            ) from None
 
     def write_plan(self, options: dict[str, Any], fingerprint: str, shards: int) -> None:
         """Record the options, the plan fingerprint and the planned shard count (for 'incomplete pack' messages)."""
@@ -75,13 +87,11 @@ class Journal:
 
     def read_parts(self) -> Parts | None:
         """How the first run in several parts split this pack, or None."""
-        path = self.folder / PARTS_NAME
+        fix = "delete it once no node of this pack runs, then rerun"
         try:
-            return Parts.from_json(path.read_bytes())
+            return read_json(self.folder / PARTS_NAME, "pack journal", fix, PackError, into=Parts.from_value)
         except (FileNotFoundError, NotADirectoryError):  # not started, or DST is a file (pack says so)
             return None
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise PackError(f"{path}: unreadable pack journal ({e}); delete it once no node of this pack runs, then rerun") from None
 
     def record_parts(self, parts: Parts) -> None:
         """Record a split in several parts unless one is recorded; refuse another split (its runs would write the same shards)."""
@@ -102,13 +112,11 @@ class Journal:
 
     def read_entry(self, shard_name: str) -> ShardResult | None:
         """The journaled result of a shard, or None if it is not finished."""
+        fix = "delete it to rewrite that shard"
         try:
-            data = json.loads(self.entry_path(shard_name).read_text(encoding="utf-8"))
-            return ShardResult.from_dict(data)
-        except FileNotFoundError:
+            return read_json(self.entry_path(shard_name), "journal entry", fix, PackError, into=ShardResult.from_value)
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        except (OSError, ValueError, TypeError) as e:
-            raise PackError(f"{self.entry_path(shard_name)}: unreadable journal entry ({e}); delete it to rewrite that shard") from None
 
     def write_entry(self, result: ShardResult) -> None:
         data = json.dumps(vars(result), separators=(",", ":"), sort_keys=True) + "\n"  # asdict's deep copy costs more
@@ -138,6 +146,11 @@ class Journal:
                         os.close(fd)
                         raise
         return fd
+
+    def writer(self, node_rank: int) -> str | None:
+        """Who writes node ``node_rank``'s part now (``pid 123``, ``pid 123 on node7``), or None when no process holds its lock."""
+        path = self.folder / f"node-{node_rank}.lock"
+        return describe_holder(lock_holder(path)) if is_held(path) else None
 
     def _acquire(self, path: Path, wait_s: float) -> int:
         deadline = time.monotonic() + wait_s

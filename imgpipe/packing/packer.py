@@ -15,6 +15,7 @@ import os
 import shutil
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -23,6 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from imgpipe._sys.atomic import fsync_dir
+from imgpipe._sys.checksum import sha256_file
 from imgpipe._sys.diskinfo import check_free_space, warn_if_slow
 from imgpipe._sys.distenv import available_cpus
 from imgpipe._sys.oserrors import describe, write_probe
@@ -46,8 +48,8 @@ from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped,
 from imgpipe.image import codec, shrink
 from imgpipe.ingest.scan import scan
 from imgpipe.packing.checkpoint import CHECKPOINT_S
-from imgpipe.packing.journal import JOURNAL_DIR, Journal, ShardResult
-from imgpipe.packing.parts import ArrayTask, Parts, choose_part, missing_parts_advice
+from imgpipe.packing.journal import JOURNAL_DIR, Journal, ShardResult, StoredPlan
+from imgpipe.packing.parts import ArrayTask, Parts, choose_part, missing_parts_advice, rerun_parts_advice
 from imgpipe.packing.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size, published_names
 from imgpipe.packing.scatter import Scatter
 from imgpipe.packing.slots import tmp_names
@@ -179,7 +181,8 @@ def pack(
             published = _published(plan, journal)
             todo = [s for s in mine if not _finished(journal, dst_path, s, published)]
             report.shards_reused = len(mine) - len(todo)
-            if todo:
+
+            def write(todo: list[ShardSpec]) -> None:
                 needed = sum(int(plan.splits[s.split].sizes[s.start : s.stop].sum()) for s in todo)
                 check_free_space(dst_path, needed, what=f"{len(todo)} shard(s) to write")
                 warn_if_slow(dst_path)
@@ -187,12 +190,25 @@ def pack(
                 _write_shards(
                     plan, todo, src_path, dst_path, resize, quality, workers, progress, report, node_rank, checkpoint_s=checkpoint_s
                 )
-            report.seconds = time.monotonic() - started
+
+            if todo:
+                write(todo)
             pending = [s.name for s in plan.shards if journal.read_entry(s.name) is None]
-            report.shards_pending = pending
             if pending and (finalize or num_nodes == 1):
-                advice = _missing(plan, journal, split)
+                advice = _missing(plan, journal, split, node_rank)
                 raise PackError(f"{dst_path}: {len(pending)} shard(s) are not written yet (e.g. {pending[0]}); {advice}")
+            if not pending:  # the manifest is next: first every shard another run wrote must still be what it journaled
+                changed = _changed_shards(plan, journal, dst_path, published, written={s.name for s in todo})
+                again = [(spec, why) for spec, why in changed if spec in mine]
+                for spec, why in again:
+                    logger.warning("%s: %s; writing it again", spec.name, why)
+                if again:
+                    write([spec for spec, _ in again])
+                    report.shards_reused -= len(again)
+                if len(again) < len(changed):
+                    raise PackError(_changed_advice(plan, journal, split, [(spec, why) for spec, why in changed if spec not in mine]))
+            report.seconds = time.monotonic() - started
+            report.shards_pending = pending
             if not pending:
                 if num_nodes > 1:  # every shard is journaled; what is left is a killed node's atomic-write temp file
                     _remove_stale_tmp(dst_path, plan.shards, everything=False, older_than_s=STALE_TMP_S)
@@ -329,7 +345,7 @@ def _check_journal(journal: Journal, plan: PackPlan, num_nodes: int) -> PackRepo
     stored = journal.read_plan()
     if stored is None and (journal.dst / MANIFEST_NAME).exists():
         manifest = load_manifest(journal.dst)
-        stored = {"options": manifest.options, "fingerprint": manifest.fingerprint or plan.fingerprint}
+        stored = StoredPlan(manifest.options, manifest.fingerprint or plan.fingerprint, len(plan.shards))
         source = f" (from its {MANIFEST_NAME}; the journal {JOURNAL_DIR}/ is gone)"
     elif stored is None:
         leftovers = [p.name for p in journal.dst.iterdir() if _is_pack_output(p.name) and p.name != JOURNAL_DIR]
@@ -341,11 +357,10 @@ def _check_journal(journal: Journal, plan: PackPlan, num_nodes: int) -> PackRepo
         return None
     else:
         manifest, source = None, ""
-    if stored.get("options") != plan.options:
-        old = stored.get("options") or {}
-        diffs = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in plan.options.items() if old.get(k) != v]
+    if stored.options != plan.options:
+        diffs = [f"{k} {stored.options.get(k)!r} -> {v!r}" for k, v in plan.options.items() if stored.options.get(k) != v]
         raise PackError(f"DST {journal.dst} was packed with different options ({'; '.join(diffs)}){source}: {restart}")
-    if stored.get("fingerprint") != plan.fingerprint:
+    if stored.fingerprint != plan.fingerprint:
         raise PackError(
             f"DST {journal.dst} was packed from a different source tree (files added, removed or changed size since){source}: {restart}"
         )
@@ -366,13 +381,67 @@ def _check_journal(journal: Journal, plan: PackPlan, num_nodes: int) -> PackRepo
     )
 
 
-def _missing(plan: PackPlan, journal: Journal, split: Parts) -> str:
-    """What to run for the shards not yet journaled: the parts they belong to, by the recorded split."""
+def _missing(plan: PackPlan, journal: Journal, split: Parts, node_rank: int) -> str:
+    """What to do about the shards not yet journaled: wait for the parts still being written (their
+    node's lock is held, by another process than this one), run the others, by the recorded split."""
     split = journal.read_parts() or split
     if split.count == 1:
         return "rerun the same command to write them"
     missing = sorted({k % split.count for k, spec in enumerate(plan.shards) if journal.read_entry(spec.name) is None})
-    return missing_parts_advice(split, missing)
+    writers = {part: writer for part in missing if part != node_rank and (writer := journal.writer(part)) is not None}
+    running = "; ".join(f"part {part} of {split.count} is still being written ({writer})" for part, writer in writers.items())
+    absent = [part for part in missing if part not in writers]
+    wait = f"wait for {'it' if len(writers) == 1 else 'them'} to finish"
+    if not absent:
+        return f"{running}; {wait}, then --finalize"
+    return (f"{running}, {wait}; " if running else "") + missing_parts_advice(split, absent)
+
+
+def _changed_shards(
+    plan: PackPlan, journal: Journal, dst: Path, published: dict[str, str], written: set[str]
+) -> list[tuple[ShardSpec, str]]:
+    """The journaled shards, other than those this run ``written``, whose .rec or .idx no longer has its journaled
+    size and sha256, and why; their journal entries are removed, so the part that writes each writes it again."""
+
+    def check(spec: ShardSpec) -> str | None:
+        entry = journal.read_entry(spec.name)
+        if entry is None or entry.records == 0:
+            return None
+        names = list(dict.fromkeys([published.get(spec.name, spec.name), spec.name]))
+        name = next((n for n in names if (dst / f"{n}.rec").exists()), names[0])
+        files = ((f"{name}.rec", entry.bytes, entry.sha256), (f"{name}.idx", entry.index_bytes, entry.index_sha256))
+        for path, size, sha in ((dst / file, size, sha) for file, size, sha in files):
+            try:
+                found = path.stat().st_size
+                if found != size:
+                    return f"{path.name} is {found} bytes, the journal says {size}"
+                if sha256_file(path) != sha:
+                    return f"{path.name}'s sha256 differs from the journal's"
+            except FileNotFoundError:
+                return f"{path.name} is missing"
+        return None
+
+    others = [spec for spec in plan.shards if spec.name not in written]
+    if others:
+        logger.info("checking %d shard(s) written by other runs against the journal (size, sha256)", len(others))
+    with ThreadPoolExecutor(max(1, min(len(others), available_cpus()))) as threads:  # sha256 releases the GIL
+        changed = [(spec, why) for spec, why in zip(others, threads.map(check, others)) if why is not None]
+    for spec, _ in changed:
+        journal.entry_path(spec.name).unlink(missing_ok=True)
+    return changed
+
+
+def _changed_advice(plan: PackPlan, journal: Journal, split: Parts, changed: list[tuple[ShardSpec, str]]) -> str:
+    """One line: the first shard that changed since its part wrote it, and the part(s) to run again."""
+    split = journal.read_parts() or split
+    spec, why = changed[0]
+    index = {s.name: k for k, s in enumerate(plan.shards)}
+    parts = sorted({index[s.name] % split.count for s, _ in changed})
+    what = f"shard {spec.name} changed since it was written ({why}; {len(changed)} shard(s) in all); no {MANIFEST_NAME} was written"
+    if split.count == 1:
+        return f"{journal.dst}: {what}; rerun the same command without --finalize to write it again"
+    names = ", ".join(map(str, parts))
+    return f"{journal.dst}: {what}; part(s) {names} of {split.count} must write it again: {rerun_parts_advice(split, parts)}"
 
 
 def _is_pack_output(name: str) -> bool:
@@ -511,6 +580,10 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
             entry = journal.read_entry(spec.name)
             if entry is None:
                 raise PackError(f"{journal.entry_path(spec.name)}: journal entry vanished while finalizing; rerun the pack")
+            misfit = _misfit(entry, spec)
+            if misfit is not None:
+                where = journal.entry_path(spec.name)
+                raise PackError(f"{where}: journal entry unlike its shard ({misfit}); delete it to rewrite that shard")
             final = published.get(spec.name)
             _publish(dst, spec, final)
             skipped += [Skipped(name, split.paths[pos], reason) for pos, reason in entry.skipped]
@@ -570,6 +643,18 @@ def _finalize(plan: PackPlan, journal: Journal, src: Path, dst: Path, report: Pa
     report.skipped = skipped
     report.actions = dict(sorted(actions.items()))
     report.repairs = dict(sorted(repairs.items()))
+
+
+def _misfit(entry: ShardResult, spec: ShardSpec) -> str | None:
+    """Why a well-formed journal entry cannot be the planned shard ``spec``'s, or None."""
+    skipped = [pos for pos, _ in entry.skipped]
+    if entry.name != spec.name:
+        return f"it names {entry.name}"
+    if entry.records + len(skipped) != spec.items:
+        return f"{entry.records} records and {len(skipped)} skipped, the plan has {spec.items} items"
+    if len(set(skipped)) != len(skipped) or not all(spec.start <= pos < spec.stop for pos in skipped):
+        return f"its skipped positions are not {len(skipped)} of {spec.start}..{spec.stop - 1}"
+    return None
 
 
 def _read_published_index(idx: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from imgpipe._sys.jsonfile import as_dataclass
 from imgpipe.errors import PackError
 
 
@@ -34,7 +35,9 @@ class ArrayTask:
             return None
         task_id = _int(environ, "SLURM_ARRAY_TASK_ID", 0)
         first_id = _int(environ, "SLURM_ARRAY_TASK_MIN", task_id)
-        step = max(1, _int(environ, "SLURM_ARRAY_TASK_STEP", 1))
+        step = _int(environ, "SLURM_ARRAY_TASK_STEP", 1)
+        if step < 1:
+            raise PackError(f"SLURM_ARRAY_TASK_STEP={step} is not an array's step (1 or more); give --num-nodes and --node-rank")
         last_id = _int(environ, "SLURM_ARRAY_TASK_MAX", task_id)
         count = _int(environ, "SLURM_ARRAY_TASK_COUNT", (last_id - first_id) // step + 1)
         nodes = _int(environ, "SLURM_NNODES", 1)
@@ -87,12 +90,11 @@ class Parts:
         return (json.dumps(fields, sort_keys=True) + "\n").encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "Parts":
-        fields = json.loads(data)
-        first_id = None if fields["first_id"] is None else int(fields["first_id"])
-        parts = cls(int(fields["count"]), first_id, int(fields["step"]), int(fields["nodes"]))
+    def from_value(cls, value: object) -> "Parts":
+        """The split ``to_json`` wrote, from its decoded JSON; a ValueError for anything else."""
+        parts = as_dataclass(cls, value)
         if parts.count < 1 or parts.step < 1 or parts.nodes < 1:
-            raise ValueError(f"not a split of a pack: {fields}")
+            raise ValueError(f"count {parts.count}, step {parts.step} and nodes {parts.nodes} must be 1 or more")
         return parts
 
 
@@ -110,15 +112,19 @@ def choose_part(num_nodes: int, node_rank: int, task: ArrayTask | None, recorded
 
 def missing_parts_advice(split: Parts, missing: list[int]) -> str:
     """Which parts are missing, and the commands that write them."""
-    names = ", ".join(map(str, missing))
-    ranks = " then ".join(f"--node-rank {part}" for part in missing[:3]) + (" ..." if len(missing) > 3 else "")
+    return f"part(s) {', '.join(map(str, missing))} of {split.count} are missing; {rerun_parts_advice(split, missing)}"
+
+
+def rerun_parts_advice(split: Parts, parts: list[int]) -> str:
+    """The commands that write ``parts``, then finalize."""
+    ranks = " then ".join(f"--node-rank {part}" for part in parts[:3]) + (" ..." if len(parts) > 3 else "")
     again = f"the same imgpipe pack command with --num-nodes {split.count} and {ranks}"
     if split.first_id is not None:
-        tasks = split.task_ids(missing)
+        tasks = split.task_ids(parts)
         again = f"resubmit array task(s) {tasks} (sbatch --array={tasks} YOUR_PACK_SCRIPT) or run {again}"
     else:
         again = f"run {again}"
-    return f"part(s) {names} of {split.count} are missing; {again}, then --finalize"
+    return f"{again}, then --finalize"
 
 
 def _int(environ: Mapping[str, str], name: str, default: int) -> int:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from imgpipe._sys.atomic import atomic_write_bytes
+from imgpipe._sys.jsonfile import loads
 from imgpipe._sys.pidlock import describe_holder, holder_alive, is_held, lock_holder, try_lock
 from imgpipe._sys.procs import process_start_time
 from imgpipe.errors import DatasetError
@@ -105,9 +106,9 @@ class _Progress:
 def _read_failure(target: LocalTarget, since: float) -> str | None:
     """The error a stage of this launch recorded (written after ``since``), if any."""
     try:
-        record = json.loads(target.failure_path.read_text(encoding="utf-8"))
+        record = loads(target.failure_path.read_bytes())
         return str(record["error"]) if float(record["time"]) >= since else None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, OverflowError):  # OverflowError: a time of 400 digits
         return None
 
 

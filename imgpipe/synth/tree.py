@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -24,6 +24,7 @@ import numpy as np
 from PIL import Image
 
 from imgpipe._sys.atomic import atomic_write_bytes
+from imgpipe._sys.jsonfile import as_dataclass, read_json
 from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import DatasetError
 
@@ -183,12 +184,20 @@ def _make_layout(out: Path, args: dict, layout: str, workers: int, progress: boo
 def _source_tree(source: Path, args: dict) -> SynthSummary:
     """The summary of ``source``, a tree synth wrote with ``args``; a DatasetError says what else it is."""
     try:
-        data = json.loads((source / MARKER).read_text())
-    except (OSError, ValueError):
-        raise DatasetError(f"{source}: not a tree imgpipe synth wrote (no readable {MARKER}); give one, or drop --from") from None
-    if data.get("args") != args:
-        raise DatasetError(f"{source}: imgpipe synth wrote it with other arguments ({data.get('args')}); give those, or drop --from")
-    return SynthSummary(root=str(source), **data["summary"])
+        fix = "give a tree imgpipe synth wrote, or drop --from"
+        written, summary = read_json(source / MARKER, "synth marker", fix, DatasetError, _marker)
+    except (FileNotFoundError, NotADirectoryError):
+        raise DatasetError(f"{source}: not a tree imgpipe synth wrote (no {MARKER}); give one, or drop --from") from None
+    if written != args:
+        raise DatasetError(f"{source}: imgpipe synth wrote it with other arguments ({written}); give those, or drop --from")
+    return replace(summary, root=str(source))
+
+
+def _marker(value: object) -> tuple[dict, SynthSummary]:
+    """The arguments and the summary a ``MARKER`` records (its decoded JSON); a ValueError for anything else."""
+    if not isinstance(value, dict) or not isinstance(value.get("args"), dict) or not isinstance(value.get("summary"), dict):
+        raise ValueError("not an object of args and summary")
+    return value["args"], as_dataclass(SynthSummary, {**value["summary"], "root": ""})
 
 
 def make_wnids(count: int, seed: int) -> list[str]:
@@ -205,15 +214,10 @@ def _existing_summary(out: Path, args: dict) -> SynthSummary | None:
         raise DatasetError(f"{out}: exists and is not a folder; choose another output folder")
     marker = out / MARKER
     if marker.is_file():
-        try:
-            data = json.loads(marker.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise DatasetError(f"{marker}: unreadable; delete {out} and rerun synth") from None
-        if data.get("args") == args:
-            return SynthSummary(root=str(out), **data["summary"])
-        raise DatasetError(
-            f"{out}: holds a synthetic dataset made with other arguments ({data.get('args')}); delete it or choose another folder"
-        )
+        written, summary = read_json(marker, "synth marker", f"delete {out} and rerun synth", DatasetError, _marker)
+        if written == args:
+            return replace(summary, root=str(out))
+        raise DatasetError(f"{out}: holds a synthetic dataset made with other arguments ({written}); delete it or choose another folder")
     if any(out.iterdir()):
         raise DatasetError(f"{out}: folder is not empty (or an earlier synth was interrupted); delete it or choose another folder")
     return None

@@ -27,6 +27,7 @@ from imgpipe.errors import ConfigError, TrainError
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+COUNTS = {"world_size": 1, "global_batch": 1, "epoch": 0, "epoch_step": 0, "step": 0}  # the least each may be
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
@@ -84,6 +85,16 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         ) from None
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise ConfigError(f"{path}: not an imgpipe checkpoint of format {FORMAT_VERSION}")
+    for name, least in COUNTS.items():  # resuming divides by them and counts steps with them
+        if name == "global_batch" and name not in state:  # not stored before resume-anywhere
+            continue
+        value = state.get(name)
+        if type(value) is not int or value < least:
+            what = f"{name} is {value!r}, not a count of {least} or more" if name in state else f"lacks its {name}"
+            raise ConfigError(
+                f"{path}: the checkpoint {what}: it is damaged or not written by imgpipe train; "
+                "restore it from a copy, or move it away and train without --resume"
+            )
     return state
 
 

@@ -134,3 +134,45 @@ def test_another_nodes_plan_half_written_is_not_an_unknown_pack(synth_tree: Path
     (dst / JOURNAL_DIR / ".plan.json.x1y2.tmp").write_text("{")  # node 0 is writing plan.json (atomic write) right now
     first = pack(synth_tree, dst, shards=2, num_nodes=2, node_rank=1, workers=1, progress=False)
     assert first.shards_written == 2
+
+
+HOLD_AND_FORK = """
+import os, sys
+from pathlib import Path
+from imgpipe.packing.journal import Journal
+fd = Journal(Path(sys.argv[1])).lock(0)
+child = os.fork()  # as pack forks its workers
+if child == 0:
+    sys.stdin.readline()
+    os._exit(0)
+print(child, flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_packs_forked_workers_keep_dst_locked_until_they_exit(tmp_path: Path) -> None:
+    """The lock is an flock on a descriptor the workers inherit: a pack killed with kill -9 leaves no gap in which a
+    second pack could start while its workers may still write DST (the reason pidlock is not filelock, whose fork
+    hook closes the lock's descriptor in every child)."""
+    from imgpipe._sys.pidlock import is_held
+    from imgpipe.packing.journal import Journal
+
+    dst = tmp_path / "dst"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_FORK, str(dst)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    lock = dst / JOURNAL_DIR / "node-0.lock"
+    try:
+        assert holder.stdout is not None and int(holder.stdout.readline()) > 0
+        holder.kill()
+        holder.wait(timeout=30)
+        assert is_held(lock)  # the worker holds it still
+        with pytest.raises(PackError, match=rf"another imgpipe pack is writing {dst} \(pid {holder.pid}\)"):
+            Journal(dst).lock(0, wait_s=0.2)
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()  # the worker reads EOF and exits
+    deadline = time.monotonic() + 30
+    while is_held(lock):
+        assert time.monotonic() < deadline, "the worker did not let go"
+        time.sleep(0.02)
+    os.close(Journal(dst).lock(0, wait_s=0))

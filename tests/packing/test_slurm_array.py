@@ -16,7 +16,8 @@ from PIL import Image
 
 from imgpipe.cli.data import node_identity
 from imgpipe.errors import PackError
-from imgpipe.packing.journal import JOURNAL_DIR, PARTS_NAME
+from imgpipe.format.verify import verify
+from imgpipe.packing.journal import JOURNAL_DIR, Journal
 from imgpipe.packing.packer import pack
 from imgpipe.packing.parts import ArrayTask, Parts, choose_part
 
@@ -60,7 +61,7 @@ def test_the_options_win_over_an_array_and_the_array_over_the_batch_steps_one_no
 def test_a_run_that_splits_the_pack_another_way_is_refused(synth_tree: Path, tmp_path: Path) -> None:
     dst = tmp_path / "out"
     pack(synth_tree, dst, shards=6, workers=1, progress=False, array_task=ArrayTask(0, 0, 1, 3))
-    assert Parts.from_json((dst / JOURNAL_DIR / PARTS_NAME).read_bytes()) == Parts(3, 0, 1, 1)
+    assert Journal(dst).read_parts() == Parts(3, 0, 1, 1)
     for nodes, rank in ((2, 1), (1, 0)):  # either would write shards that tasks 1 and 2 write
         with pytest.raises(PackError, match=r"is being packed in 3 parts \(by SLURM array tasks\), this run would split it in"):
             pack(synth_tree, dst, shards=6, workers=1, progress=False, num_nodes=nodes, node_rank=rank)
@@ -162,3 +163,131 @@ def test_array_tasks_one_killed_and_rerun_alone_then_finalize_equal_one_machine(
     output = {p.name: p.read_bytes() for p in sorted(dst.iterdir()) if p.is_file()}
     assert output == {p.name: p.read_bytes() for p in sorted(single.iterdir()) if p.is_file()}
     assert "last.jpg" in (dst / "manifest.json").read_text()  # the FIFO's bytes were skipped, alike in both packs
+
+
+@pytest.mark.parametrize("step", ["0", "-2"])
+def test_an_array_step_below_one_is_one_line(step: str) -> None:
+    with pytest.raises(PackError, match=rf"SLURM_ARRAY_TASK_STEP={step} is not an array's step \(1 or more\); give --num-nodes"):
+        node_identity(None, None, array_env(2, 0, 4) | {"SLURM_ARRAY_TASK_STEP": step})
+
+
+def pack_task(src: Path, dst: Path, task: int, **options: object):
+    """Task ``task`` of ``sbatch --array=0-2``, in this process."""
+    return pack(src, dst, shards=3, workers=1, progress=False, array_task=ArrayTask(task, 0, 1, 3), **options)
+
+
+def finalize(src: Path, dst: Path):
+    return pack(src, dst, shards=3, workers=1, progress=False, finalize=True)
+
+
+@pytest.fixture(scope="module")
+def single(synth_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """The files of the same pack on one machine."""
+    dst = tmp_path_factory.mktemp("single") / "out"
+    pack(synth_tree, dst, shards=3, workers=1, progress=False)
+    return {p.name: p.read_bytes() for p in dst.iterdir() if p.is_file()}
+
+
+def outputs(dst: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in dst.iterdir() if p.is_file()}
+
+
+@pytest.mark.timeout(120)
+def test_the_last_part_refuses_a_manifest_over_a_shard_cut_since_and_names_the_part(
+    synth_tree: Path, tmp_path: Path, single: dict[str, bytes]
+) -> None:
+    """Tasks 0 and 1 finish; one of task 0's shards is cut to 100 bytes. Task 2 writes its own shards, then
+    refuses the manifest in one line naming the shard and the task to rerun; so does --finalize. Once task 0
+    runs again, the pack ends byte-identical to one machine's."""
+    dst = tmp_path / "out"
+    for task in (0, 1):
+        pack_task(synth_tree, dst, task)
+    cut = dst / "train-00000-of-00003.rec"  # shard 0 of 0..5: part 0
+    cut.write_bytes(cut.read_bytes()[:100])
+    with pytest.raises(PackError) as info:
+        pack_task(synth_tree, dst, 2)
+    assert str(info.value) == (
+        f"{dst}: shard train-00000-of-00003 changed since it was written (train-00000-of-00003.rec is 100 bytes, the journal says "
+        f"{len(single[cut.name])}; 1 shard(s) in all); no manifest.json was written; part(s) 0 of 3 must write it again: "
+        "resubmit array task(s) 0 (sbatch --array=0 YOUR_PACK_SCRIPT) or run the same imgpipe pack command with --num-nodes 3 "
+        "and --node-rank 0, then --finalize"
+    )
+    assert not (dst / "manifest.json").exists() and not verify(dst, workers=1, progress=False).ok
+    with pytest.raises(PackError, match=r"part\(s\) 0 of 3 are missing; resubmit array task\(s\) 0 "):
+        finalize(synth_tree, dst)
+    assert not (dst / "manifest.json").exists()
+    rerun = pack_task(synth_tree, dst, 0)
+    assert rerun.shards_written == 1 and rerun.manifest is not None
+    assert outputs(dst) == single
+
+
+@pytest.mark.timeout(120)
+def test_finalize_refuses_a_manifest_over_a_shard_changed_in_place_and_the_part_that_owns_it_rewrites_it(
+    synth_tree: Path, tmp_path: Path, single: dict[str, bytes]
+) -> None:
+    """Every part is written but the manifest is not (the last task was killed as it finalized), and one byte
+    of a shard changed, its size the same: --finalize refuses naming it; the part that owns it writes it again."""
+    dst = tmp_path / "out"
+    for task in (0, 1, 2):
+        pack_task(synth_tree, dst, task)
+    (dst / "manifest.json").unlink()
+    changed = dst / "val-00001-of-00003.rec"  # shard 4 of 0..5: part 1
+    data = bytearray(changed.read_bytes())
+    data[-10] ^= 1
+    changed.write_bytes(bytes(data))
+    refused = r"shard val-00001-of-00003 changed since it was written \(val-00001-of-00003.rec's sha256 differs from the journal's; "
+    with pytest.raises(PackError, match=refused + r"1 shard\(s\) in all\); no manifest.json was written; part\(s\) 1 of 3 must write"):
+        finalize(synth_tree, dst)
+    assert not (dst / "manifest.json").exists()
+    report = pack_task(synth_tree, dst, 1)  # the owner: a shard of its own is written again, then the manifest
+    assert report.shards_written == 1 and report.manifest is not None
+    assert outputs(dst) == single
+
+
+@pytest.mark.timeout(120)
+def test_a_part_rewrites_its_own_changed_shard_before_the_manifest(
+    synth_tree: Path, tmp_path: Path, single: dict[str, bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    dst = tmp_path / "out"
+    for task in (0, 1, 2):
+        pack_task(synth_tree, dst, task)
+    (dst / "manifest.json").unlink()  # task 2 was killed as it finalized
+    changed = dst / "train-00002-of-00003.rec"  # shard 2: part 2's own
+    data = bytearray(changed.read_bytes())
+    data[-10] ^= 1
+    changed.write_bytes(bytes(data))
+    report = pack_task(synth_tree, dst, 2)
+    assert report.manifest is not None and (report.shards_written, report.shards_reused) == (1, 1)
+    assert "train-00002-of-00003: train-00002-of-00003.rec's sha256 differs from the journal's; writing it again" in caplog.text
+    assert outputs(dst) == single
+
+
+HOLD_PART = """
+import sys
+from pathlib import Path
+from imgpipe.packing.journal import Journal
+fd = Journal(Path(sys.argv[1])).lock(int(sys.argv[2]))
+print("holding", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_finalize_while_a_part_is_being_written_says_so_with_its_pid(synth_tree: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "out"
+    for task in (0, 1):
+        pack_task(synth_tree, dst, task)
+    writer = subprocess.Popen([sys.executable, "-c", HOLD_PART, str(dst), "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:  # task 2 runs: it holds its part's lock
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "holding"
+        with pytest.raises(PackError) as info:
+            finalize(synth_tree, dst)
+        assert str(info.value) == (
+            f"{dst}: 2 shard(s) are not written yet (e.g. train-00002-of-00003); part 2 of 3 is still being written "
+            f"(pid {writer.pid}); wait for it to finish, then --finalize"
+        )
+    finally:
+        writer.kill()
+        writer.wait(timeout=30)
+    with pytest.raises(PackError, match=r"part\(s\) 2 of 3 are missing; resubmit array task\(s\) 2"):
+        finalize(synth_tree, dst)

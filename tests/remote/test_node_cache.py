@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -353,10 +354,79 @@ def test_a_record_damaged_in_the_store_leaves_its_shard_not_complete_with_one_wa
     seen: list[str] = []
     _wait_for("the stored shard is damaged", seen, capfd)
     warned = "".join(seen)
-    assert f"{name}: records of it fail their crc32 twice alike: the stored shard is damaged" in warned and "imgpipe verify" in warned
+    assert f"{name}: records of it fail their checks twice alike: the stored shard is damaged" in warned and "imgpipe verify" in warned
     assert warned.count("the stored shard is damaged") == 1
     complete = np.fromfile(cache / STATE_DIR / "train.complete", np.uint8)
     assert complete[shard] == 0 and not (cache / "manifest.json").exists()
+
+
+def _padding_byte(packed: Path, i: int) -> tuple[int, int, str, int]:
+    """(record, shard number, shard name, file offset) of a padding byte of train record ``i`` or the first record after
+    it that has one: bytes between a record's payload and the next record, outside every record's crc32."""
+    from imgpipe.format.recordio import FRAME_HEADER, LENGTH_MASK
+
+    shards = open_shards(packed)
+    for k in range(i, len(shards)):
+        shard, start, end = shards.location(k)
+        with open(packed / shards.rec_names[shard], "rb") as f:
+            f.seek(start)
+            length = FRAME_HEADER.unpack(f.read(FRAME_HEADER.size))[1] & LENGTH_MASK
+        if start + FRAME_HEADER.size + length < end:
+            return k, shard, shards.rec_names[shard], end - 1
+    raise AssertionError("no record with padding")
+
+
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0x5A]))
+
+
+@pytest.mark.timeout(240)
+def test_a_shard_damaged_in_the_store_only_in_its_padding_is_never_complete_with_one_warning(
+    s3_env: S3Server, packed_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The stored shard differs from the manifest in a byte between two records: every record's crc32 holds,
+    the padding (zeros as dmlc writes it) does not, in both fetches alike. The shard is never marked complete,
+    no manifest is written over it (verify would fail it on its sha256), and the fill says the store is damaged."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(packed_dir, damaged, ignore=shutil.ignore_patterns(".*"))
+    _, shard, name, offset = _padding_byte(packed_dir, 3)
+    _flip(damaged / name, offset)
+    url = s3_env.upload(damaged, BUCKET, "padding")
+    cache = tmp_path / "cache"
+    open_shards(url, cache_dir=cache)
+    seen: list[str] = []
+    _wait_for("the stored shard is damaged", seen, capfd)
+    warned = "".join(seen)
+    assert f"{name}: records of it fail their checks twice alike: the stored shard is damaged" in warned
+    assert warned.count("the stored shard is damaged") == 1
+    deadline = time.monotonic() + FILL_S
+    while not all(np.fromfile(cache / STATE_DIR / f"{split}.complete", np.uint8).sum() == n for split, n in (("train", 1), ("val", 1))):
+        assert time.monotonic() < deadline, "the other shards did not complete"
+        time.sleep(0.05)
+    assert np.fromfile(cache / STATE_DIR / "train.complete", np.uint8)[shard] == 0 and not (cache / "manifest.json").exists()
+
+
+@pytest.mark.timeout(240)
+def test_a_cached_shard_wrong_only_in_its_padding_is_fetched_again_and_the_cache_verifies(
+    fault_proxy: FaultProxy, remote_packed: str, packed_dir: Path, tmp_path: Path
+) -> None:
+    """A power loss left a byte between two records wrong on the node's disk (every record's crc32 holds): the
+    fill finds it before it marks the shard complete, fetches that record again, and the cache verifies."""
+    cache = tmp_path / "cache"
+    open_shards(remote_packed, cache_dir=cache)
+    _wait_complete(cache)
+    record, _, name, offset = _padding_byte(packed_dir, 7)
+    _lose_record(cache, packed_dir, record)  # its shard not complete, every record's presence kept
+    (cache / name).write_bytes((packed_dir / name).read_bytes())
+    _flip(cache / name, offset)
+    open_shards(remote_packed, cache_dir=cache)
+    _wait_complete(cache)
+    assert (cache / name).read_bytes() == (packed_dir / name).read_bytes()
+    _verify(cache)
 
 
 @pytest.mark.timeout(120)
@@ -375,6 +445,24 @@ def test_a_new_boot_forgets_the_presence_of_shards_not_complete(
     open_cache(tmp_path / "cache", source, *fetch_manifest(source))
     records = open_shards(packed_dir).location
     assert present.tolist() == [1 if records(i)[0] == 0 else 0 for i in range(48)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("hostile", [b"[" * 100_000 + b"]" * 100_000, b'{"manifest_sha256": Infinity}', b"\xff", b"[]"])
+def test_a_cache_state_file_nobody_wrote_starts_the_cache_afresh(
+    s3_env: S3Server, remote_packed: str, tmp_path: Path, hostile: bytes
+) -> None:
+    from imgpipe.cache.checkout import attach
+    from imgpipe.cache.nodecache import SOURCE_NAME, cached_version
+    from imgpipe.format.manifest import fetch_manifest
+    from imgpipe.storage.opening import open_source
+
+    source, folder = open_source(remote_packed), tmp_path / "cache"
+    open_cache(folder, source, *fetch_manifest(source))
+    (folder / STATE_DIR / SOURCE_NAME).write_bytes(hostile)
+    assert cached_version(folder) is None and attach(folder) is None
+    cache = open_cache(folder, source, *fetch_manifest(source))
+    assert cached_version(folder) == cache.version and attach(folder) is not None
 
 
 # ---------------------------------------------------------------------------- versions, space, mistakes

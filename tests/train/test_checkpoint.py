@@ -18,7 +18,8 @@ def test_checkpoint_round_trip_with_weights_only_and_rng(tmp_path: Path) -> None
     np.random.seed(2)
     torch.manual_seed(3)
     model = torch.nn.Linear(3, 2)
-    state = {"model": model.state_dict(), "epoch": 2, "loader": {"epoch": 2, "batches": 5}, "rng": [rng_state(torch.device("cpu"))]}
+    state = {"model": model.state_dict(), "epoch": 2, "epoch_step": 5, "step": 25, "world_size": 1, "loader": {"epoch": 2, "batches": 5}}
+    state["rng"] = [rng_state(torch.device("cpu"))]
     path = save_checkpoint(tmp_path / "checkpoint.pt", state)
     expected = (random.random(), np.random.rand(), torch.rand(1))
     loaded = load_checkpoint(path)  # torch.load(weights_only=True) inside
@@ -47,3 +48,26 @@ def test_checkpoint_with_arbitrary_objects_is_refused(tmp_path: Path) -> None:
     torch.save({"format_version": 1, "payload": Sneaky()}, tmp_path / "checkpoint.pt")
     with pytest.raises(ConfigError, match="not a readable imgpipe checkpoint"):
         load_checkpoint(tmp_path / "checkpoint.pt")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("world_size", 0), ("world_size", -2), ("world_size", 2.0), ("world_size", "2"), ("world_size", True), ("global_batch", 0),
+     ("global_batch", 1e30), ("step", -1), ("epoch", -3)],
+)  # fmt: skip
+def test_a_checkpoint_whose_counts_are_not_counts_is_one_line(tmp_path: Path, name: str, value: object) -> None:
+    """A world_size of 0 was a ZeroDivisionError when the run resumed; every count resuming divides or steps by is checked on load."""
+    state = {"model": {}, "epoch": 1, "epoch_step": 0, "step": 10, "world_size": 2, "global_batch": 8}
+    path = save_checkpoint(tmp_path / "checkpoint.pt", {**state, name: value})
+    with pytest.raises(ConfigError) as info:
+        load_checkpoint(path)
+    assert str(info.value) == (
+        f"{path}: the checkpoint {name} is {value!r}, not a count of {0 if name in ('epoch', 'step') else 1} or more: it is damaged "
+        "or not written by imgpipe train; restore it from a copy, or move it away and train without --resume"
+    )
+    assert load_checkpoint(save_checkpoint(tmp_path / "good.pt", state))["world_size"] == 2
+    older = {key: value for key, value in state.items() if key != "global_batch"}  # written before resume-anywhere: loads
+    assert "global_batch" not in load_checkpoint(save_checkpoint(tmp_path / "older.pt", older))
+    without = {key: value for key, value in state.items() if key != "world_size"}
+    with pytest.raises(ConfigError, match="the checkpoint lacks its world_size: it is damaged or not written by imgpipe train"):
+        load_checkpoint(save_checkpoint(tmp_path / "without.pt", without))

@@ -1,0 +1,123 @@
+"""The JSON files imgpipe reads back besides the pack journal (tests/packing/test_hostile_journal.py): the
+manifest, a synthetic tree's marker, a stage's failure record. Hostile bytes are one error naming the file
+and the fix, or, where the file is only a hint, ignored; never a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from imgpipe.errors import DatasetError
+from imgpipe.format.info import describe
+from imgpipe.format.shardset import open_shards
+from imgpipe.format.verify import verify
+from imgpipe.staging.target import LocalTarget
+from imgpipe.staging.waiting import _read_failure
+from imgpipe.synth.tree import make_synthetic
+
+HOSTILE = {
+    "nested 100,000 deep": b"[" * 100_000 + b"]" * 100_000,
+    "Infinity": b'{"args": Infinity, "summary": {}, "time": Infinity, "error": "x"}',
+    "1e400": b'{"args": {}, "summary": {}, "time": 1e400, "error": "x"}',
+    "a time of 400 digits": b'{"time": 1' + b"0" * 400 + b', "error": "x"}',
+    "not UTF-8": b'\xff{"time": 1}',
+    "truncated": b'{"args": {"cla',
+    "a list": b"[1, 2]",
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", list(HOSTILE))
+def test_a_hostile_manifest_is_one_line_in_verify_info_and_opening(packed_dir: Path, tmp_path: Path, how: str) -> None:
+    dst = tmp_path / "out"
+    shutil.copytree(packed_dir, dst)
+    (dst / "manifest.json").write_bytes(HOSTILE[how])
+    for call in (lambda: verify(dst, workers=1, progress=False), lambda: describe(dst), lambda: open_shards(dst)):
+        with pytest.raises(DatasetError, match=rf"^{dst / 'manifest.json'}: (unreadable manifest|not an imgpipe manifest)") as info:
+            call()
+        assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("how", list(HOSTILE))
+def test_a_hostile_synth_marker_is_one_line(tmp_path: Path, how: str) -> None:
+    small = dict(classes=2, per_class=1, val_per_class=1, min_side=32, max_side=40, progress=False)
+    out = tmp_path / "synth"
+    make_synthetic(out, **small)
+    marker = out / ".imgpipe-synth.json"
+    marker.write_bytes(HOSTILE[how])
+    with pytest.raises(DatasetError, match=rf"^{marker}: unreadable synth marker \(.*\); delete {out} and rerun synth$"):
+        make_synthetic(out, **small)
+
+
+@pytest.mark.parametrize("how", list(HOSTILE))
+def test_a_hostile_stage_failure_record_is_no_failure(tmp_path: Path, how: str) -> None:
+    """Processes waiting for the node's stage read why it failed from this record; bytes that are not one are no failure."""
+    target = LocalTarget(tmp_path / "dst")
+    target.journal.mkdir(parents=True)
+    target.failure_path.write_bytes(HOSTILE[how])
+    assert _read_failure(target, 0.0) is None
+    target.failure_path.write_text(json.dumps({"time": 5.0, "error": "disk full"}))
+    assert _read_failure(target, 0.0) == "disk full"
+
+
+@pytest.mark.timeout(60)
+def test_the_cli_says_one_line_for_a_manifest_nested_100000_deep(packed_dir: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "out"
+    shutil.copytree(packed_dir, dst)
+    (dst / "manifest.json").write_bytes(HOSTILE["nested 100,000 deep"])
+    for command in ("verify", "info"):
+        result = subprocess.run([sys.executable, "-m", "imgpipe", command, str(dst)], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        why = "unreadable manifest (not valid JSON: nested too deep); rerun 'imgpipe pack' to rewrite it"
+        assert result.stderr.strip() == f"imgpipe: error: {dst / 'manifest.json'}: {why}"
+
+
+def edited(packed_dir: Path, tmp_path: Path, edit) -> Path:
+    dst = tmp_path / "out"
+    shutil.copytree(packed_dir, dst)
+    text = (dst / "manifest.json").read_text()
+    (dst / "manifest.json").write_text(edit(text, json.loads(text)))
+    return dst
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("records", ["-1", "Infinity", "1e400", "4.8e1", '"48"', "47", "49"])
+def test_a_splits_record_count_unlike_its_shards_is_refused_by_verify_and_opening(packed_dir: Path, tmp_path: Path, records: str) -> None:
+    dst = edited(packed_dir, tmp_path, lambda text, m: text.replace('"records": 48,', f'"records": {records},', 1))
+    assert f'"records": {records},' in (dst / "manifest.json").read_text()
+    for call in (lambda: verify(dst, workers=1, progress=False), lambda: open_shards(dst, "train"), lambda: describe(dst)):
+        refused = rf"^{dst / 'manifest.json'}: .*(split train has records|not valid JSON).*; rerun 'imgpipe pack'"
+        with pytest.raises(DatasetError, match=refused):
+            call()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["in its split", "in another split", "as an index"])
+def test_a_manifest_listing_a_shard_twice_is_refused_when_opened(packed_dir: Path, tmp_path: Path, where: str) -> None:
+    """Opening it served a wrong record, then failed; now every reader refuses it, as verify did."""
+
+    def twice(text: str, manifest: dict) -> str:
+        train, val = manifest["splits"]["train"], manifest["splits"]["val"]
+        if where == "in its split":
+            train["shards"][1] = dict(train["shards"][0])
+        elif where == "in another split":
+            val["shards"][0] = dict(train["shards"][0])
+        else:
+            train["shards"][1]["index"] = train["shards"][0]["index"]
+        for split in (train, val):
+            split["records"], split["bytes"] = (sum(s[key] for s in split["shards"]) for key in ("records", "bytes"))
+        return json.dumps(manifest)
+
+    dst = edited(packed_dir, tmp_path, twice)
+    name = json.loads((dst / "manifest.json").read_text())["splits"]["train"]["shards"][0]["index" if where == "as an index" else "name"]
+    for split in ("train", "val"):
+        with pytest.raises(DatasetError, match=rf"^{dst / 'manifest.json'}: {name} is listed twice; rerun 'imgpipe pack'"):
+            open_shards(dst, split)
+    result = subprocess.run([sys.executable, "-m", "imgpipe", "verify", str(dst)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and result.stderr.strip() == f"imgpipe: error: {dst / 'manifest.json'}: {name} is listed twice; " \
+        "rerun 'imgpipe pack' to rewrite the manifest"  # fmt: skip
