@@ -30,12 +30,11 @@ def claim_output_dir(config: TrainConfig, *, is_main: bool) -> Path:
     """Create ``output.dir``; unless the run resumes, refuse one that holds a checkpoint, or (``is_main``) clear it for a fresh start."""
     folder = make_output_dir(config)
     checkpoint = checkpoint_path(folder)
-    resuming = config.output.resume == "yes" or (config.output.resume == "auto" and checkpoint.exists())
-    if resuming:
+    if config.output.resumes(checkpoint.exists()):
         return folder
     if checkpoint.exists() and not config.output.overwrite:
         raise ConfigError(
-            f"output.dir {folder} already holds a run ({CHECKPOINT_NAME}); continue it with --resume (output.resume: yes), "
+            f"output.dir {folder} already holds a run ({CHECKPOINT_NAME}); continue it with --resume (output.resume: true), "
             "start it again with --overwrite (output.overwrite: true; deletes its checkpoint, metrics and TensorBoard events), "
             "or choose another output.dir"
         )
