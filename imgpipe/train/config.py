@@ -23,7 +23,6 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from imgpipe._sys.atomic import atomic_write_bytes
-from imgpipe._sys.oserrors import describe, write_probe
 from imgpipe._sys.validate import MAX_SEED
 from imgpipe.errors import ConfigError
 from imgpipe.storage.source import is_url
@@ -402,21 +401,6 @@ def _suggest(name: str, valid: Any, prefix: str = "") -> str:
     if close:
         return f"; did you mean '{prefix}{close[0]}'?"
     return f"; valid: {', '.join(prefix + v for v in valid)}"
-
-
-def make_output_dir(config: TrainConfig) -> Path:
-    """Create ``output.dir`` now, so that a path that cannot be a folder fails before any data is opened."""
-    folder = Path(config.output.dir)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise ConfigError(f"output.dir {folder}: is a file, not a folder; choose another output.dir") from None
-    except OSError as e:
-        raise ConfigError(f"output.dir {folder}: cannot create it ({e.strerror}); choose another output.dir") from None
-    refused = write_probe(folder)
-    if refused is not None:
-        raise ConfigError(f"output.dir {folder}: cannot write there: {describe(refused, writing=True)}; or choose another output.dir")
-    return folder
 
 
 def save_config(config: TrainConfig, folder: str | os.PathLike) -> Path:

@@ -14,8 +14,9 @@ import shutil
 from pathlib import Path
 
 from imgpipe._sys.atomic import atomic_write_bytes
+from imgpipe._sys.oserrors import describe, write_probe
 from imgpipe.errors import ConfigError
-from imgpipe.train.config import TrainConfig, make_output_dir
+from imgpipe.train.config import TrainConfig
 
 CHECKPOINT_NAME = "checkpoint.pt"
 METRICS_NAME = "metrics.jsonl"
@@ -24,6 +25,21 @@ TENSORBOARD_DIR = "tensorboard"
 
 def checkpoint_path(folder: str | os.PathLike) -> Path:
     return Path(folder) / CHECKPOINT_NAME
+
+
+def make_output_dir(config: TrainConfig) -> Path:
+    """Create ``output.dir`` now, so that a path that cannot be a folder fails before any data is opened."""
+    folder = Path(config.output.dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"output.dir {folder}: is a file, not a folder; choose another output.dir") from None
+    except OSError as e:
+        raise ConfigError(f"output.dir {folder}: cannot create it ({e.strerror}); choose another output.dir") from None
+    refused = write_probe(folder)
+    if refused is not None:
+        raise ConfigError(f"output.dir {folder}: cannot write there: {describe(refused, writing=True)}; or choose another output.dir")
+    return folder
 
 
 def claim_output_dir(config: TrainConfig, *, is_main: bool) -> Path:
