@@ -216,7 +216,7 @@ import sys
 from pathlib import Path
 from imgpipe.errors import ImgpipeError
 from imgpipe.train import _train_rank, load_config
-from imgpipe.train.config import make_output_dir
+from imgpipe.train.rundir import make_output_dir
 from imgpipe.train.local_ranks import start_local_ranks  # --gpus N starts N > 1 ranks this way; one GPU here, so one rank
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from imgpipe.cli import cli
     "--gpus", type=int, default=None, help="GPUs to use: N>1 starts N ranks here; 0 = CPU only. Default: all of CUDA if present, one rank."
 )
 @click.option("--nproc", type=int, default=None, help="CPU ranks to start here (with --gpus 0).")
-@click.option("--resume", is_flag=True, help="Continue from <output.dir>/checkpoint.pt (same as --set output.resume=yes).")
+@click.option("--resume", is_flag=True, help="Continue from <output.dir>/checkpoint.pt (same as --set output.resume=true).")
 @click.option(
     "--overwrite",
     is_flag=True,
@@ -54,7 +54,7 @@ def train_command(
 
         click.echo("\n".join(describe_recipes()))
         return
-    items = list(overrides) + (["output.resume=yes"] if resume else []) + (["output.overwrite=true"] if overwrite else [])
+    items = list(overrides) + (["output.resume=true"] if resume else []) + (["output.overwrite=true"] if overwrite else [])
     config = load_config(config_path, items, recipe=recipe)
     if print_config:
         click.echo(config.to_yaml(), nl=False)

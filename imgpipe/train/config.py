@@ -1,84 +1,131 @@
-"""The training configuration: YAML (``yaml.safe_load``) -> typed dataclasses, ``--set`` overrides, checks.
+"""The training configuration: YAML (``yaml.safe_load``) -> pydantic models, ``--set`` overrides, one-line errors.
 
-Sections: ``data``, ``model``, ``optim``, ``train``, ``output``. An unknown section or key is a
-ConfigError naming it (with the closest valid key); a value of the wrong type names the key and
-the type it needs. ``default_yaml()`` is what ``imgpipe train --print-config`` prints.
+Sections: ``data``, ``model``, ``optim``, ``train``, ``output``. Types, choices and ranges are the
+fields' (strict types, ``extra="forbid"``); what spans keys is a model validator. A mistake is one
+ConfigError naming the key, where its value came from and what it must be (the closest valid key for
+an unknown one). ``default_yaml()`` is what ``imgpipe train --print-config`` prints.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import math
+import logging
 import os
 import types
 import typing
-from dataclasses import asdict, dataclass, field, fields
+import warnings
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 
 from imgpipe._sys.atomic import atomic_write_bytes
-from imgpipe._sys.oserrors import describe, write_probe
 from imgpipe._sys.validate import MAX_SEED
 from imgpipe.errors import ConfigError
 from imgpipe.storage.source import is_url
 from imgpipe.train.resolution import parse_resolution
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_WARMUP_EPOCHS = 5.0  # before cosine and step (Goyal et al.'s gradual warm-up)
+Auto = bool | Literal["auto"]  # true, false, or decided on the device (see precision.py) or by the checkpoint's presence
+Text = typing.Annotated[str, Field(strict=False)]  # a path or name; a number such as `--set output.dir=1` is its text
+LEGACY_RESUME = {"yes": True, "no": False}  # output.resume's strings in configs and checkpoints written before it was a boolean
 
 
-@dataclass
-class DataConfig:
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, coerce_numbers_to_str=True)
+
+
+def _refuse(key: str, detail: str) -> PydanticCustomError:
+    """A check over several keys failed: ``detail`` is the message, ``key`` the one to blame."""
+    return PydanticCustomError("imgpipe_config", "{detail}", {"key": key, "detail": detail})
+
+
+class DataConfig(_Section):
     """Where the packed dataset is and how to load it."""
 
-    path: str = ""  # a packed folder, or its URL
-    stage: str = ""  # a node-local folder: path is copied there once per node (imgpipe stage) and read from there
-    cache: str = ""  # with a URL in data.path: a node-local folder that keeps what is read and ends as the packed folder
-    backend: str = "torch"  # torch | dali | synthetic (in-memory batches: the compute ceiling)
-    workers: int | None = None  # None: the loader's default, the CPUs per local rank (at most 8)
-    prefetch_factor: int = 2  # torch backend: batches queued per worker; from a URL it fetches all but one ahead
-    image_size: int = 224  # the training size when data.resolution is absent
+    path: Text = ""  # a packed folder, or its URL
+    stage: Text = ""  # a node-local folder: path is copied there once per node (imgpipe stage) and read from there
+    cache: Text = ""  # with a URL in data.path: a node-local folder that keeps what is read and ends as the packed folder
+    backend: Literal["torch", "dali", "synthetic"] = "torch"  # synthetic: in-memory batches, the compute ceiling
+    workers: int | None = Field(None, ge=0)  # None: the loader's default, the CPUs per local rank (at most 8)
+    prefetch_factor: int = Field(2, gt=0)  # torch backend: batches queued per worker; from a URL it fetches all but one ahead
+    image_size: int = Field(224, gt=0)  # the training size when data.resolution is absent
     # progressive resizing: {start_px, end_px, start_ramp, end_ramp} (epochs; the sizes inside the ramp
     # rounded to a multiple of 32, as FFCV's), or one size per epoch (the last holds after the list)
     resolution: Any = None
-    val_image_size: int | None = None  # the validation size (FixRes: above the training size); null: data.image_size
-    val_crop_ratio: float = 0.875  # the validation center crop's share of the shorter side (224/256)
+    val_image_size: int | None = Field(None, gt=0)  # the validation size (FixRes: above the training size); null: data.image_size
+    val_crop_ratio: float = Field(0.875, gt=0, le=1, description="such as 224/256 = 0.875")  # the center crop's share of the shorter side
     val_flip_tta: bool = False  # validate on the mean logits of each image and its mirror
-    train_split: str = "train"
-    val_split: str = "val"
+    train_split: Text = "train"
+    val_split: Text = "val"
 
     @property
     def location(self) -> str:
         """Where the loaders read: the staged copy when there is one, else ``path``."""
         return self.stage or self.path
 
+    @field_validator("resolution")
+    @classmethod
+    def _resolution(cls, value: Any) -> Any:
+        try:
+            parse_resolution(value, 1)
+        except ConfigError as e:
+            raise _refuse("data.resolution", str(e)) from None
+        return value
 
-@dataclass
-class ModelConfig:
+    @model_validator(mode="after")
+    def _where(self) -> DataConfig:
+        if self.cache and self.path and not is_url(self.path):
+            raise _refuse(
+                "data.cache",
+                f"data.cache keeps a dataset read from a URL on this node; data.path {self.path} is read where it is: unset data.cache",
+            )
+        if self.cache and self.stage:
+            raise _refuse(
+                "data.cache",
+                "data.cache and data.stage both set: stage copies the whole dataset before training, "
+                "the cache fills as it trains; give one",
+            )
+        if not self.stage:
+            return self
+        if is_url(self.stage):
+            raise _refuse(
+                "data.stage", f"data.stage must be a folder on each node's disk, not a URL ({self.stage}); the URL goes in data.path"
+            )
+        if not self.path:
+            raise _refuse("data.stage", "data.stage needs data.path, the dataset to copy there")
+        if os.path.abspath(self.stage) == (self.path if is_url(self.path) else os.path.abspath(self.path)):
+            raise _refuse("data.stage", "data.stage is data.path itself; give another folder, or leave data.stage empty to read data.path")
+        return self
+
+
+class ModelConfig(_Section):
     """Any torchvision classification model, or timm's as ``timm:NAME``; num_classes comes from the manifest unless set."""
 
-    name: str = "resnet50"
-    num_classes: int | None = None
+    name: Text = "resnet50"
+    num_classes: int | None = Field(None, ge=2)
     blurpool: bool = False  # an anti-aliasing blur before every strided convolution, as FFCV's BlurPoolConv2d
 
 
-@dataclass
-class OptimConfig:
+class OptimConfig(_Section):
     """SGD; lr = base_lr * global_batch / 256; BatchNorm and bias parameters decay by bn_weight_decay."""
 
-    base_lr: float = 0.1
-    momentum: float = 0.9
+    base_lr: float = Field(0.1, ge=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
     nesterov: bool = True
-    weight_decay: float = 1e-4
-    bn_weight_decay: float = 0.0  # of BatchNorm weights and biases and of biases (parameters of one dimension)
-    warmup_epochs: float | None = None  # null: 5 before cosine or step; none before linear_ramp, whose ramp is its warm-up
-    schedule: str = "cosine"  # cosine | step | linear_ramp (FFCV's cyclic: up from 0 to the peak, then down to 0)
-    lr_peak_epoch: float = 2.0  # linear_ramp: the epoch of the peak
-    step_epochs: list[int] = field(default_factory=lambda: [30, 60, 80])
-    step_gamma: float = 0.1
-    label_smoothing: float = 0.1
+    weight_decay: float = Field(1e-4, ge=0)
+    bn_weight_decay: float = Field(0.0, ge=0)  # of BatchNorm weights and biases and of biases (parameters of one dimension)
+    warmup_epochs: float | None = Field(None, ge=0)  # null: 5 before cosine or step; none before linear_ramp, whose ramp is its warm-up
+    schedule: Literal["cosine", "step", "linear_ramp"] = "cosine"  # linear_ramp: FFCV's cyclic, from 0 up to the peak, then down to 0
+    lr_peak_epoch: float = Field(2.0, ge=0)  # linear_ramp: the epoch of the peak
+    step_epochs: list[int] = Field(default_factory=lambda: [30, 60, 80])
+    step_gamma: float = Field(0.1, ge=0)
+    label_smoothing: float = Field(0.1, ge=0, lt=1)
 
     @property
     def warmup(self) -> float:
@@ -87,68 +134,111 @@ class OptimConfig:
             return self.warmup_epochs
         return 0.0 if self.schedule == "linear_ramp" else DEFAULT_WARMUP_EPOCHS
 
-
-@dataclass
-class TrainSection:
-    """How to run: epochs, per-process batch size, precision, distributed options."""
-
-    epochs: int = 90
-    batch_size: int = 64  # per process
-    global_batch_size: int | None = None  # records per step over all ranks; when set, batch_size = this / ranks
-    max_steps: int | None = None  # stop after this many optimizer steps (smoke runs)
-    grad_accum: int = 1
-    amp: str = "auto"  # auto | none | bf16 | fp16; auto: bf16 on a CUDA GPU with native bf16, else none
-    channels_last: bool | str = "auto"  # true | false | auto: true on a CUDA GPU with native bf16
-    sync_bn: bool = False
-    find_unused_parameters: bool = False
-    seed: int = 0
-    deterministic: bool = False
-    timeout_s: float = 1800.0  # process-group timeout
-    log_every: int = 50
-    validate: bool = True
-    compile: bool | str = False  # torch.compile: true | false | auto (true on a CUDA GPU with native bf16); off as in timm, FFCV, Composer
-    ema: bool = False  # keep an exponential moving average of the weights; validate and report it too
-    ema_decay: float = 0.9998  # per optimizer step
-    mixup_alpha: float = 0.0  # > 0: mix each image with its neighbour in the global batch, lambda ~ Beta(alpha, alpha)
-    cutmix_alpha: float = 0.0  # > 0: paste a box of the neighbour instead (with mixup too: either, per sample)
-    target_top1: float | None = None  # stop once the validated top-1 (of the weights or their EMA) reaches it
+    @model_validator(mode="after")
+    def _no_second_warmup(self) -> OptimConfig:
+        if self.schedule == "linear_ramp" and self.warmup_epochs:
+            raise _refuse(
+                "optim.warmup_epochs",
+                f"optim.warmup_epochs {self.warmup_epochs:g} with optim.schedule linear_ramp, which ramps up to optim.lr_peak_epoch "
+                "by itself: unset optim.warmup_epochs, or choose schedule cosine or step",
+            )
+        return self
 
 
-@dataclass
-class OutputConfig:
+with warnings.catch_warnings():  # the key train.validate shadows BaseModel's deprecated classmethod validate(), never called here
+    warnings.filterwarnings("ignore", message='Field name "validate"', category=UserWarning)
+
+    class TrainSection(_Section):
+        """How to run: epochs, per-process batch size, precision, distributed options."""
+
+        epochs: int = Field(90, gt=0)
+        batch_size: int = Field(64, gt=0)  # per process
+        global_batch_size: int | None = Field(None, gt=0)  # records per step over all ranks; when set, batch_size = this / ranks
+        max_steps: int | None = Field(None, gt=0)  # stop after this many optimizer steps (smoke runs)
+        grad_accum: int = Field(1, gt=0)
+        amp: Literal["auto", "none", "bf16", "fp16"] = "auto"  # auto: bf16 on a CUDA GPU with native bf16, else none
+        channels_last: Auto = "auto"  # auto: true on a CUDA GPU with native bf16
+        sync_bn: bool = False
+        find_unused_parameters: bool = False
+        seed: int = Field(0, ge=0, le=MAX_SEED)
+        deterministic: bool = False
+        timeout_s: float = Field(1800.0, gt=0)  # process-group timeout
+        log_every: int = Field(50, gt=0)
+        validate: bool = True
+        compile: Auto = False  # torch.compile; auto: true on a CUDA GPU with native bf16; off as in timm, FFCV, Composer
+        ema: bool = False  # keep an exponential moving average of the weights; validate and report it too
+        ema_decay: float = Field(0.9998, gt=0, lt=1, description="such as 0.9998")  # per optimizer step
+        mixup_alpha: float = Field(0.0, ge=0)  # > 0: mix each image with its neighbour in the global batch, lambda ~ Beta(alpha, alpha)
+        cutmix_alpha: float = Field(0.0, ge=0)  # > 0: paste a box of the neighbour instead (with mixup too: either, per sample)
+        # stop once the validated top-1 (of the weights or their EMA) reaches it
+        target_top1: float | None = Field(None, gt=0, le=1, description="a top-1 accuracy such as 0.738")
+
+        @model_validator(mode="after")
+        def _target_needs_validation(self) -> TrainSection:
+            if self.target_top1 is not None and not self.validate:
+                raise _refuse(
+                    "train.target_top1",
+                    "train.target_top1 is checked against the validation: set train.validate: true, or target_top1: null",
+                )
+            return self
+
+
+class OutputConfig(_Section):
     """Where the run writes config.yaml, metrics.jsonl, TensorBoard events and checkpoints."""
 
-    dir: str = "runs/imgpipe"
-    checkpoint_every_steps: int = 0  # 0 = only at epoch ends (see checkpoint_every_epochs)
-    checkpoint_every_epochs: int = 1
-    resume: str = "no"  # no | auto (resume when a checkpoint exists) | yes (must exist)
-    overwrite: bool = False  # start afresh in a dir that holds a checkpoint (no: refused, so that a rerun never destroys a run)
+    dir: Text = "runs/imgpipe"
+    checkpoint_every_steps: int = Field(0, ge=0)  # 0 = only at epoch ends (see checkpoint_every_epochs)
+    checkpoint_every_epochs: int = Field(1, ge=0)
+    resume: Auto = False  # true: the checkpoint must exist; auto: resume when one exists
+    overwrite: bool = False  # start afresh in a dir that holds a checkpoint (false: refused, so that a rerun never destroys a run)
     tensorboard: bool = True
 
+    def resumes(self, checkpoint_exists: bool) -> bool:
+        """Whether the run continues from ``<dir>/checkpoint.pt``."""
+        return self.resume is True or (self.resume == "auto" and checkpoint_exists)
 
-@dataclass
-class TrainConfig:
+    @field_validator("resume", mode="before")
+    @classmethod
+    def _legacy_resume(cls, value: Any) -> Any:
+        return LEGACY_RESUME.get(value, value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _resume_or_overwrite(self) -> OutputConfig:
+        if self.overwrite and self.resume is not False:
+            raise _refuse(
+                "output.overwrite",
+                f"output.overwrite starts the run afresh but output.resume is {_scalar(self.resume)}: "
+                "give --resume to continue the run in output.dir, or --overwrite to start it again, not both",
+            )
+        return self
+
+
+class TrainConfig(BaseModel):
     """The whole configuration of one training run."""
 
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainSection = field(default_factory=TrainSection)
-    output: OutputConfig = field(default_factory=OutputConfig)
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    train: TrainSection = Field(default_factory=TrainSection)
+    output: OutputConfig = Field(default_factory=OutputConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.model_dump()
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
 
-
-CHOICES = {
-    "data.backend": ("torch", "dali", "synthetic"),
-    "optim.schedule": ("cosine", "step", "linear_ramp"),
-    "train.amp": ("auto", "none", "bf16", "fp16"),
-    "output.resume": ("no", "auto", "yes"),
-}
+    @model_validator(mode="after")
+    def _peak_before_the_end(self) -> TrainConfig:
+        optim = self.optim
+        if optim.schedule == "linear_ramp" and optim.lr_peak_epoch >= self.train.epochs:
+            raise _refuse(
+                "optim.lr_peak_epoch",
+                f"optim.lr_peak_epoch {optim.lr_peak_epoch:g} must come before the last epoch (train.epochs {self.train.epochs})",
+            )
+        return self
 
 
 def default_yaml() -> str:
@@ -179,7 +269,14 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
                 origins = {dotted: item for dotted, item in origins.items() if dotted.split(".")[0] != section}
     where = str(path) if path else f"recipe {recipe}" if recipe else "<defaults>"
     origins.update({apply_override(raw, item): f"--set {item}" for item in overrides})
-    return from_dict(raw, where, origins)
+    config = from_dict(raw, where, origins)
+    output = raw.get("output")
+    old = output.get("resume") if isinstance(output, dict) else None
+    if isinstance(old, str) and old in LEGACY_RESUME:
+        word = _scalar(LEGACY_RESUME[old])
+        origin = _origin("output.resume", where, origins)
+        logger.warning("%s: output.resume %r is read as %s; write %s (the strings 'yes' and 'no' are deprecated)", origin, old, word, word)
+    return config
 
 
 def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
@@ -217,184 +314,93 @@ def apply_override(raw: dict[str, Any], item: str) -> str:
 
 
 def from_dict(raw: Mapping[str, Any], where: str = "<config>", origins: Mapping[str, str] | None = None) -> TrainConfig:
-    """Build a TrainConfig from plain data, naming any unknown or mistyped key.
+    """Validate plain data (a null section is an empty one) into a TrainConfig, or one ConfigError.
 
-    ``origins`` maps ``section.key`` to the ``--set`` item that gave it: an error about that key
-    names the item rather than the file ``where``.
+    ``origins`` maps ``section.key`` to where its value came from (a ``--set`` item, a recipe):
+    an error about that key names it rather than ``where``. A YAML key that is no string (``1:``) is
+    named as its text.
     """
-    blame = _Blame(where, origins or {})
-    config = TrainConfig()
-    sections = {f.name: f for f in fields(TrainConfig)}
-    for section, values in raw.items():
-        if section not in sections:
-            raise ConfigError(f"{blame(str(section))}: unknown section {section!r}{_suggest(str(section), sections)}")
-        if values is None:
-            continue
-        if not isinstance(values, dict):
-            raise ConfigError(f"{blame(str(section))}: section {section!r} must be a mapping of keys")
-        target = getattr(config, section)
-        hints = typing.get_type_hints(type(target))
-        for key, value in values.items():
-            if key not in hints:
-                raise ConfigError(
-                    f"{blame(f'{section}.{key}')}: unknown key '{section}.{key}'{_suggest(str(key), list(hints), prefix=f'{section}.')}"
-                )
-            setattr(target, key, _coerce(value, hints[key], f"{section}.{key}", blame(f"{section}.{key}")))
-    validate(config, where, origins)
-    return config
-
-
-class _Blame:
-    """Where a key's value came from: its ``--set`` item, else the config file."""
-
-    def __init__(self, where: str, origins: Mapping[str, str]) -> None:
-        self.where, self.origins = where, origins
-
-    def __call__(self, key: str) -> str:
-        if key in self.origins:
-            return self.origins[key]
-        return next((item for dotted, item in self.origins.items() if dotted.split(".")[0] == key), self.where)
-
-
-def validate(config: TrainConfig, where: str = "<config>", origins: Mapping[str, str] | None = None) -> None:
-    """Check choices and ranges; every message names the key, and the ``--set`` item that gave it (see from_dict)."""
-    blame = _Blame(where, origins or {})
-    for dotted, allowed in CHOICES.items():
-        section, key = dotted.split(".")
-        value = getattr(getattr(config, section), key)
-        if value not in allowed:
-            raise ConfigError(f"{blame(dotted)}: {dotted} must be one of {', '.join(allowed)}, got {value!r}")
-    for key in ("channels_last", "compile"):
-        value = getattr(config.train, key)
-        if value not in (True, False, "auto"):
-            raise ConfigError(f"{blame(f'train.{key}')}: train.{key} must be true, false or auto, got {value!r}")
-    positive = {
-        "data.image_size": config.data.image_size,
-        "data.prefetch_factor": config.data.prefetch_factor,
-        "train.epochs": config.train.epochs,
-        "train.batch_size": config.train.batch_size,
-        "train.grad_accum": config.train.grad_accum,
-        "train.timeout_s": config.train.timeout_s,
-        "train.log_every": config.train.log_every,
+    sections = {
+        str(section): {str(key): value for key, value in values.items()} if isinstance(values, dict) else values
+        for section, values in raw.items()
+        if values is not None
     }
-    for key, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"{blame(key)}: {key} must be > 0, got {value}")
-    for key, value in {
-        "data.workers": config.data.workers,
-        "optim.base_lr": config.optim.base_lr,
-        "optim.momentum": config.optim.momentum,
-        "optim.weight_decay": config.optim.weight_decay,
-        "optim.bn_weight_decay": config.optim.bn_weight_decay,
-        "optim.lr_peak_epoch": config.optim.lr_peak_epoch,
-        "train.mixup_alpha": config.train.mixup_alpha,
-        "train.cutmix_alpha": config.train.cutmix_alpha,
-        "optim.step_gamma": config.optim.step_gamma,
-        "optim.warmup_epochs": config.optim.warmup_epochs,
-        "output.checkpoint_every_steps": config.output.checkpoint_every_steps,
-        "output.checkpoint_every_epochs": config.output.checkpoint_every_epochs,
-    }.items():
-        if value is not None and value < 0:
-            raise ConfigError(f"{blame(key)}: {key} must be >= 0, got {value}")
-    if config.train.global_batch_size is not None and config.train.global_batch_size <= 0:
-        raise ConfigError(
-            f"{blame('train.global_batch_size')}: train.global_batch_size must be > 0 or null, got {config.train.global_batch_size}"
-        )
-    if config.train.max_steps is not None and config.train.max_steps <= 0:
-        raise ConfigError(f"{blame('train.max_steps')}: train.max_steps must be > 0 or null, got {config.train.max_steps}")
-    if config.optim.momentum >= 1.0:
-        raise ConfigError(f"{blame('optim.momentum')}: optim.momentum must be in [0, 1), got {config.optim.momentum}")
-    if not 0.0 <= config.optim.label_smoothing < 1.0:
-        raise ConfigError(f"{blame('optim.label_smoothing')}: optim.label_smoothing must be in [0, 1), got {config.optim.label_smoothing}")
-    if config.output.overwrite and config.output.resume != "no":
-        raise ConfigError(
-            f"{blame('output.overwrite')}: output.overwrite starts the run afresh but output.resume is {config.output.resume!r}: "
-            "give --resume to continue the run in output.dir, or --overwrite to start it again, not both"
-        )
-    if not 0 <= config.train.seed <= MAX_SEED:
-        raise ConfigError(f"{blame('train.seed')}: train.seed must be from 0 to {MAX_SEED}, got {config.train.seed}")
-    if config.data.cache and config.data.path and not is_url(config.data.path):
-        raise ConfigError(
-            f"{blame('data.cache')}: data.cache keeps a dataset read from a URL on this node; "
-            f"data.path {config.data.path} is read where it is: "
-            "unset data.cache"
-        )
-    if config.data.cache and config.data.stage:
-        raise ConfigError(
-            f"{blame('data.cache')}: data.cache and data.stage both set: stage copies the whole dataset "
-            "before training, the cache fills as it trains; give one"
-        )
-    if config.data.stage:
-        if is_url(config.data.stage):
-            raise ConfigError(
-                f"{blame('data.stage')}: data.stage must be a folder on each node's disk, not a URL "
-                f"({config.data.stage}); the URL goes in data.path"
-            )
-        if not config.data.path:
-            raise ConfigError(f"{blame('data.stage')}: data.stage needs data.path, the dataset to copy there")
-        if os.path.abspath(config.data.stage) == (config.data.path if is_url(config.data.path) else os.path.abspath(config.data.path)):
-            raise ConfigError(
-                f"{blame('data.stage')}: data.stage is data.path itself; give another folder, or leave data.stage empty to read data.path"
-            )
-    if config.model.num_classes is not None and config.model.num_classes < 2:
-        raise ConfigError(f"{blame('model.num_classes')}: model.num_classes must be >= 2 or null (taken from the manifest)")
-    _validate_time_to_accuracy(config, blame)
-
-
-def _validate_time_to_accuracy(config: TrainConfig, blame: _Blame) -> None:
-    """The progressive-resizing, evaluation and recipe keys (issue 21's), each refused in one line."""
     try:
-        parse_resolution(config.data.resolution, config.data.image_size)
-    except ConfigError as e:
-        raise ConfigError(f"{blame('data.resolution')}: {e}") from None
-    if config.data.val_image_size is not None and config.data.val_image_size <= 0:
-        raise ConfigError(
-            f"{blame('data.val_image_size')}: data.val_image_size must be > 0 or null (data.image_size), got {config.data.val_image_size}"
-        )
-    if not 0.0 < config.data.val_crop_ratio <= 1.0:
-        raise ConfigError(
-            f"{blame('data.val_crop_ratio')}: data.val_crop_ratio must be in (0, 1], such as "
-            f"224/256 = 0.875, got {config.data.val_crop_ratio}"
-        )
-    optim = config.optim
-    if optim.schedule == "linear_ramp":
-        if optim.warmup_epochs:
-            raise ConfigError(
-                f"{blame('optim.warmup_epochs')}: optim.warmup_epochs {optim.warmup_epochs:g} with optim.schedule linear_ramp, which ramps "
-                "up to optim.lr_peak_epoch by itself: unset optim.warmup_epochs, or choose schedule cosine or step"
-            )
-        if optim.lr_peak_epoch >= config.train.epochs:
-            raise ConfigError(
-                f"{blame('optim.lr_peak_epoch')}: optim.lr_peak_epoch {optim.lr_peak_epoch:g} must come before the last epoch "
-                f"(train.epochs {config.train.epochs})"
-            )
-    if not 0.0 < config.train.ema_decay < 1.0:
-        raise ConfigError(f"{blame('train.ema_decay')}: train.ema_decay must be in (0, 1), such as 0.9998, got {config.train.ema_decay}")
-    target = config.train.target_top1
-    if target is not None and not 0.0 < target <= 1.0:
-        raise ConfigError(
-            f"{blame('train.target_top1')}: train.target_top1 must be a top-1 accuracy in (0, 1], such as 0.738, or null, got {target}"
-        )
-    if target is not None and not config.train.validate:
-        raise ConfigError(
-            f"{blame('train.target_top1')}: train.target_top1 is checked against the validation: "
-            "set train.validate: true, or target_top1: null"
-        )
+        return TrainConfig.model_validate(sections)
+    except ValidationError as e:
+        raise _config_error(e.errors()[0], sections, lambda key: _origin(key, where, origins or {})) from None
 
 
-def make_output_dir(config: TrainConfig) -> Path:
-    """Create ``output.dir`` now, so that a path that cannot be a folder fails before any data is opened."""
-    folder = Path(config.output.dir)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise ConfigError(f"output.dir {folder}: is a file, not a folder; choose another output.dir") from None
-    except OSError as e:
-        raise ConfigError(f"output.dir {folder}: cannot create it ({e.strerror}); choose another output.dir") from None
-    refused = write_probe(folder)
-    if refused is not None:
-        raise ConfigError(f"output.dir {folder}: cannot write there: {describe(refused, writing=True)}; or choose another output.dir")
-    return folder
+def _origin(key: str, where: str, origins: Mapping[str, str]) -> str:
+    """Where ``key`` (``section.key``, or a section) got its value: its origin, one of its section's, else ``where``."""
+    if key in origins:
+        return origins[key]
+    return next((item for dotted, item in origins.items() if dotted.split(".")[0] == key), where)
+
+
+def _config_error(error: Mapping[str, Any], raw: Mapping[str, Any], origin: Callable[[str], str]) -> ConfigError:
+    """One line for pydantic's first error: the origin, the dotted key, and what its value must be."""
+    if error["type"] == "imgpipe_config":
+        return ConfigError(f"{origin(error['ctx']['key'])}: {error['ctx']['detail']}")
+    section, *rest = (str(part) for part in error["loc"])
+    if not rest:
+        if error["type"] == "extra_forbidden":
+            return ConfigError(f"{origin(section)}: unknown section {section!r}{_suggest(section, TrainConfig.model_fields)}")
+        return ConfigError(f"{origin(section)}: section {section!r} must be a mapping of keys")
+    key = f"{section}.{rest[0]}"
+    fields = TrainConfig.model_fields[section].annotation.model_fields
+    if error["type"] == "extra_forbidden":
+        return ConfigError(f"{origin(key)}: unknown key '{key}'{_suggest(rest[0], fields, prefix=f'{section}.')}")
+    value = raw[section].get(rest[0], error["input"])
+    return ConfigError(f"{origin(key)}: {key} must be {_needs(fields[rest[0]], error['type'])}, got {value!r}")
+
+
+def _needs(field: FieldInfo, error_type: str) -> str:
+    """What a field takes, in words: its range when the value broke it, else its type."""
+    if error_type == "finite_number":
+        return "a finite number"
+    words = _type_words(field.annotation)
+    if error_type in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        words = [_range(field)] + (["null"] if "null" in words else [])
+    needs = words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+    return f"{needs} ({field.description})" if field.description else needs
+
+
+def _type_words(annotation: Any) -> list[str]:
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return [str(choice) for choice in typing.get_args(annotation)]
+    if origin in (typing.Union, types.UnionType):
+        return [word for arm in typing.get_args(annotation) for word in _type_words(arm)]
+    if origin is list:
+        return ["a list of integers"]
+    return {bool: ["true", "false"], int: ["an integer"], float: ["a number"], str: ["a string"], type(None): ["null"]}[annotation]
+
+
+def _range(field: FieldInfo) -> str:
+    """A field's bounds: ``> 0``, ``in [0, 1)``, or ``from 0 to N`` for a closed range of integers."""
+    bounds = {name: getattr(item, name) for item in field.metadata for name in ("gt", "ge", "lt", "le") if hasattr(item, name)}
+    low = ("(", bounds["gt"]) if "gt" in bounds else ("[", bounds["ge"]) if "ge" in bounds else None
+    high = (")", bounds["lt"]) if "lt" in bounds else ("]", bounds["le"]) if "le" in bounds else None
+    if low and high:
+        if (low[0], high[0]) == ("[", "]") and "an integer" in _type_words(field.annotation):
+            return f"from {low[1]} to {high[1]}"
+        return f"in {low[0]}{low[1]}, {high[1]}{high[0]}"
+    if low:
+        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
+    return f"{'<' if high[0] == ')' else '<='} {high[1]}"
+
+
+def _scalar(value: Any) -> str:
+    """A config value as YAML writes it: true, false, auto."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _suggest(name: str, valid: Any, prefix: str = "") -> str:
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    if close:
+        return f"; did you mean '{prefix}{close[0]}'?"
+    return f"; valid: {', '.join(prefix + v for v in valid)}"
 
 
 def save_config(config: TrainConfig, folder: str | os.PathLike) -> Path:
@@ -405,53 +411,6 @@ def save_config(config: TrainConfig, folder: str | os.PathLike) -> Path:
     """
     path = Path(folder) / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    saved = dataclasses.replace(config, output=dataclasses.replace(config.output, overwrite=False))
+    saved = config.model_copy(update={"output": config.output.model_copy(update={"overwrite": False})})
     atomic_write_bytes(path, saved.to_yaml().encode("utf-8"))
     return path
-
-
-def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
-    if hint is Any:  # checked by validate(), which knows the forms it takes
-        return value
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType) and type(None) in args:
-        if value is None:
-            return None
-        (hint,) = [a for a in args if a is not type(None)]
-        origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):  # e.g. bool | str: true, false or a word such as auto
-        if any(isinstance(value, arm) and not (arm in (int, float) and isinstance(value, bool)) for arm in args):
-            return value
-        raise ConfigError(f"{where}: {key} must be {' or '.join(a.__name__ for a in args)}, got {value!r}")
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}: {key} must be a list, got {value!r}")
-        return [_coerce(v, args[0], key, where) for v in value]
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):  # YAML's .inf and .nan
-                raise ConfigError(f"{where}: {key} must be a finite number, got {value!r}")
-            return float(value)
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, bool) and key == "output.resume":  # YAML reads `resume: yes` as True
-            return "yes" if value else "no"
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-    type_name = getattr(hint, "__name__", str(hint))
-    raise ConfigError(f"{where}: {key} must be {type_name}, got {value!r}")
-
-
-def _suggest(name: str, valid: Any, prefix: str = "") -> str:
-    close = difflib.get_close_matches(name, list(valid), n=1)
-    if close:
-        return f"; did you mean '{prefix}{close[0]}'?"
-    return f"; valid: {', '.join(prefix + v for v in valid)}"

@@ -9,8 +9,6 @@ gives the forward pass its autocast dtype and the step its gradient scaler (enab
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from imgpipe.train.config import TrainConfig
@@ -27,7 +25,7 @@ def resolve_auto(config: TrainConfig, device: torch.device) -> TrainConfig:
     amp = ("bf16" if fast else "none") if train.amp == "auto" else train.amp
     channels_last = fast if train.channels_last == "auto" else train.channels_last
     compile_ = fast if train.compile == "auto" else train.compile
-    return replace(config, train=replace(train, amp=amp, channels_last=channels_last, compile=compile_))
+    return config.model_copy(update={"train": train.model_copy(update={"amp": amp, "channels_last": channels_last, "compile": compile_})})
 
 
 def describe(config: TrainConfig) -> str:

@@ -9,7 +9,6 @@ is rewritten in the new steps, so the LR schedule stays where the epoch is.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +30,9 @@ class Position:
 
 
 def checkpoint_to_resume(config: TrainConfig) -> dict[str, Any] | None:
-    """The checkpoint ``output.resume`` asks for (``no``: None; ``auto``: None when there is none yet)."""
+    """The checkpoint ``output.resume`` asks for (false: None; auto: None when there is none yet)."""
     path = checkpoint_path(config.output.dir)
-    if config.output.resume == "no" or (config.output.resume == "auto" and not path.exists()):
+    if not config.output.resumes(path.exists()):
         return None
     return ckpt.load_checkpoint(path)
 
@@ -69,9 +68,8 @@ def resolve_batch(config: TrainConfig, world_size: int, saved: dict[str, Any] | 
             f"{where} global batch {global_batch} does not split over {world_size} ranks; run on a rank count that divides it "
             f"(per-rank batch {batch_splits(global_batch)})"
         )
-    return dataclasses.replace(
-        config, train=dataclasses.replace(config.train, batch_size=global_batch // world_size, global_batch_size=global_batch)
-    )
+    train = config.train.model_copy(update={"batch_size": global_batch // world_size, "global_batch_size": global_batch})
+    return config.model_copy(update={"train": train})
 
 
 def _requested_global_batch(config: TrainConfig, world_size: int, saved: dict[str, Any]) -> int | None:

@@ -14,8 +14,9 @@ import shutil
 from pathlib import Path
 
 from imgpipe._sys.atomic import atomic_write_bytes
+from imgpipe._sys.oserrors import describe, write_probe
 from imgpipe.errors import ConfigError
-from imgpipe.train.config import TrainConfig, make_output_dir
+from imgpipe.train.config import TrainConfig
 
 CHECKPOINT_NAME = "checkpoint.pt"
 METRICS_NAME = "metrics.jsonl"
@@ -26,16 +27,30 @@ def checkpoint_path(folder: str | os.PathLike) -> Path:
     return Path(folder) / CHECKPOINT_NAME
 
 
+def make_output_dir(config: TrainConfig) -> Path:
+    """Create ``output.dir`` now, so that a path that cannot be a folder fails before any data is opened."""
+    folder = Path(config.output.dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"output.dir {folder}: is a file, not a folder; choose another output.dir") from None
+    except OSError as e:
+        raise ConfigError(f"output.dir {folder}: cannot create it ({e.strerror}); choose another output.dir") from None
+    refused = write_probe(folder)
+    if refused is not None:
+        raise ConfigError(f"output.dir {folder}: cannot write there: {describe(refused, writing=True)}; or choose another output.dir")
+    return folder
+
+
 def claim_output_dir(config: TrainConfig, *, is_main: bool) -> Path:
     """Create ``output.dir``; unless the run resumes, refuse one that holds a checkpoint, or (``is_main``) clear it for a fresh start."""
     folder = make_output_dir(config)
     checkpoint = checkpoint_path(folder)
-    resuming = config.output.resume == "yes" or (config.output.resume == "auto" and checkpoint.exists())
-    if resuming:
+    if config.output.resumes(checkpoint.exists()):
         return folder
     if checkpoint.exists() and not config.output.overwrite:
         raise ConfigError(
-            f"output.dir {folder} already holds a run ({CHECKPOINT_NAME}); continue it with --resume (output.resume: yes), "
+            f"output.dir {folder} already holds a run ({CHECKPOINT_NAME}); continue it with --resume (output.resume: true), "
             "start it again with --overwrite (output.overwrite: true; deletes its checkpoint, metrics and TensorBoard events), "
             "or choose another output.dir"
         )

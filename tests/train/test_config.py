@@ -1,4 +1,4 @@
-"""Training config: YAML -> dataclasses, --set overrides, one-line errors naming the key, schedule and param groups."""
+"""Training config: YAML -> pydantic models, --set overrides, one-line errors naming the key, schedule and param groups."""
 
 from __future__ import annotations
 
@@ -29,16 +29,47 @@ def test_defaults_round_trip_through_yaml() -> None:
 def test_file_then_overrides(tmp_path: Path) -> None:
     path = write(tmp_path, "data: {path: /d, backend: dali}\ntrain: {batch_size: 32, max_steps: 10}\noptim:\n  schedule: step\n")
     config = load_config(
-        path, ["train.max_steps=null", "optim.step_epochs=[1, 2]", "optim.base_lr=1", "train.amp=bf16", "output.resume=yes"]
+        path, ["train.max_steps=null", "optim.step_epochs=[1, 2]", "optim.base_lr=1", "train.amp=bf16", "output.resume=true"]
     )
     assert config.data.path == "/d" and config.data.backend == "dali"
     assert config.train.batch_size == 32 and config.train.max_steps is None and config.train.amp == "bf16"
     assert config.optim.step_epochs == [1, 2] and config.optim.base_lr == 1.0 and isinstance(config.optim.base_lr, float)
-    assert config.optim.schedule == "step" and config.output.resume == "yes"
+    assert config.optim.schedule == "step" and config.output.resume is True
+    assert load_config(None, ["output.dir=2024", "data.train_split=12"]).output.dir == "2024"  # a number where a name goes: its text
 
 
-def test_yaml_yes_for_resume_means_yes(tmp_path: Path) -> None:
-    assert load_config(write(tmp_path, "output: {resume: yes}\n")).output.resume == "yes"
+@pytest.mark.parametrize(
+    ("text", "resume", "resumes"),
+    [
+        ("", False, (False, False)),
+        ("output: {resume: yes}\n", True, (True, True)),  # YAML 1.1 reads yes as true
+        ("output: {resume: true}\n", True, (True, True)),
+        ("output: {resume: auto}\n", "auto", (False, True)),
+        ("output: {resume: false}\n", False, (False, False)),
+    ],
+)
+def test_output_resume_is_a_boolean_or_auto(tmp_path: Path, text: str, resume: object, resumes: tuple[bool, bool]) -> None:
+    output = load_config(write(tmp_path, text)).output
+    assert output.resume is resume or output.resume == resume
+    assert (output.resumes(checkpoint_exists=False), output.resumes(checkpoint_exists=True)) == resumes
+
+
+@pytest.mark.parametrize(("word", "value"), [("yes", True), ("no", False)])
+def test_the_old_resume_strings_still_load_with_a_warning_naming_the_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, word: str, value: bool
+) -> None:
+    """Configs saved before output.resume was a boolean hold the quoted strings 'yes' and 'no'."""
+    path = write(tmp_path, f"output: {{resume: '{word}'}}\n")
+    with caplog.at_level("WARNING", logger="imgpipe.train.config"):
+        assert load_config(path).output.resume is value
+    written = str(value).lower()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: output.resume '{word}' is read as {written}; write {written} (the strings 'yes' and 'no' are deprecated)"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="imgpipe.train.config"):
+        assert load_config(path, ["output.resume=true"]).output.resume is True  # --resume over an old file: nothing old is read
+    assert caplog.records == []
 
 
 @pytest.mark.parametrize(
@@ -46,41 +77,65 @@ def test_yaml_yes_for_resume_means_yes(tmp_path: Path) -> None:
     [
         ("train: {batchsize: 3}\n", [], "unknown key 'train.batchsize'; did you mean 'train.batch_size'?"),
         ("trian: {epochs: 3}\n", [], "unknown section 'trian'; did you mean 'train'?"),
-        ("", ["optim.lr=0.1"], "unknown key 'optim.lr'"),
-        ("", ["train.epochs=many"], "train.epochs must be int, got 'many'"),
-        ("", ["train.channels_last=1"], "train.channels_last must be bool or str, got 1"),
+        ("optim: {base_rl: 0.1}\n", [], "unknown key 'optim.base_rl'; did you mean 'optim.base_lr'?"),
+        ("", ["train.epochs=many"], "train.epochs must be an integer, got 'many'"),
+        ("", ["train.epochs=3.0"], "train.epochs must be an integer, got 3.0"),
+        ("", ["train.epochs=true"], "train.epochs must be an integer, got True"),
+        ("", ["train.channels_last=1"], "train.channels_last must be true, false or auto, got 1"),
         ("", ["train.channels_last=maybe"], "train.channels_last must be true, false or auto, got 'maybe'"),
-        ("", ["train.amp=fp8"], "train.amp must be one of auto, none, bf16, fp16, got 'fp8'"),
-        ("", ["data.backend=jax"], "data.backend must be one of torch, dali, synthetic"),
-        ("", ["train.batch_size=0"], "train.batch_size must be > 0"),
-        ("", ["data.prefetch_factor=0"], "data.prefetch_factor must be > 0"),
-        ("", ["optim.label_smoothing=1.5"], "optim.label_smoothing must be in [0, 1)"),
-        ("", ["optim.momentum=-0.9"], "optim.momentum must be >= 0, got -0.9"),
-        ("", ["optim.momentum=7"], "optim.momentum must be in [0, 1), got 7.0"),
+        ("", ["output.resume=maybe"], "output.resume must be true, false or auto, got 'maybe'"),
+        ("", ["output.resume='true'"], "output.resume must be true, false or auto, got 'true'"),
+        ("", ["train.amp=fp8"], "train.amp must be auto, none, bf16 or fp16, got 'fp8'"),
+        ("", ["data.backend=jax"], "data.backend must be torch, dali or synthetic, got 'jax'"),
+        ("", ["train.batch_size=0"], "train.batch_size must be > 0, got 0"),
+        ("", ["train.max_steps=0"], "train.max_steps must be > 0 or null, got 0"),
+        ("", ["data.prefetch_factor=0"], "data.prefetch_factor must be > 0, got 0"),
+        ("", ["data.workers=-1"], "data.workers must be >= 0 or null, got -1"),
+        ("", ["optim.label_smoothing=1.5"], "optim.label_smoothing must be in [0, 1), got 1.5"),
+        ("", ["optim.momentum=-0.9"], "optim.momentum must be in [0, 1), got -0.9"),
+        ("", ["optim.momentum=7"], "optim.momentum must be in [0, 1), got 7"),
+        ("", ["optim.step_epochs=[30, sixty]"], "optim.step_epochs must be a list of integers, got [30, 'sixty']"),
+        ("", ["model.num_classes=1"], "model.num_classes must be >= 2 or null, got 1"),
         ("optim: {base_lr: .inf}\n", [], "optim.base_lr must be a finite number, got inf"),
         ("optim: {weight_decay: .nan}\n", [], "optim.weight_decay must be a finite number, got nan"),
         ("", ["optim.base_lr=-.inf"], "optim.base_lr must be a finite number, got -inf"),
-        ("", ["batch_size=3"], "expected section.key=value"),
-        ("- 1\n- 2\n", [], "the top level must be a mapping"),
-        ("train: [1\n", [], "not valid YAML"),
-        ("train: 3\n", [], "section 'train' must be a mapping"),
+        ("train: 3\n", [], "section 'train' must be a mapping of keys"),
+        ("1: {epochs: 3}\n", [], "unknown section '1'; valid: data, model, optim, train, output"),
+        ("model: {1: resnet18}\n", [], "unknown key 'model.1'; valid: model.name, model.num_classes, model.blurpool"),
     ],
 )
-def test_mistakes_are_one_line_config_errors(tmp_path: Path, text: str, overrides: list[str], message: str) -> None:
+def test_mistakes_are_one_line_naming_where_the_key_and_what_it_needs(
+    tmp_path: Path, text: str, overrides: list[str], message: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path, overrides)
+    assert str(error.value) == f"{f'--set {overrides[-1]}' if overrides else path}: {message}"
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "message"),
+    [
+        ("", ["batch_size=3"], "--set 'batch_size=3': expected section.key=value"),
+        ("- 1\n- 2\n", [], "cfg.yaml: the top level must be a mapping"),
+        ("train: [1\n", [], "cfg.yaml: not valid YAML"),
+    ],
+)
+def test_a_file_or_set_item_that_is_no_config_is_one_line(tmp_path: Path, text: str, overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as error:
         load_config(write(tmp_path, text), overrides)
-    assert message in str(error.value)
-    assert "\n" not in str(error.value)
+    assert message in str(error.value) and "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("train.batch_size=abc", "--set train.batch_size=abc: train.batch_size must be int, got 'abc'"),
-        ("train.batch_size=0", "--set train.batch_size=0: train.batch_size must be > 0"),
-        ("train.amp=fp8", "--set train.amp=fp8: train.amp must be one of"),
-        ("trian.epochs=3", "--set trian.epochs=3: unknown section 'trian'"),
-        ("optim.lr=0.1", "--set optim.lr=0.1: unknown key 'optim.lr'"),
+        ("train.batch_size=abc", "--set train.batch_size=abc: train.batch_size must be an integer, got 'abc'"),
+        ("train.batch_size=0", "--set train.batch_size=0: train.batch_size must be > 0, got 0"),
+        ("train.amp=fp8", "--set train.amp=fp8: train.amp must be auto, none, bf16 or fp16, got 'fp8'"),
+        ("trian.epochs=3", "--set trian.epochs=3: unknown section 'trian'; did you mean 'train'?"),
+        ("optim.lr=0.1", "--set optim.lr=0.1: unknown key 'optim.lr'; valid: optim.base_lr,"),
+        ("optim.base_rl=0.1", "--set optim.base_rl=0.1: unknown key 'optim.base_rl'; did you mean 'optim.base_lr'?"),
     ],
 )
 def test_a_bad_set_value_blames_the_set_item_not_the_file(tmp_path: Path, override: str, message: str) -> None:
@@ -90,7 +145,16 @@ def test_a_bad_set_value_blames_the_set_item_not_the_file(tmp_path: Path, overri
     assert str(error.value).startswith(message)
     with pytest.raises(ConfigError) as error:  # a bad value in the file still names the file
         load_config(write(tmp_path, "train: {batch_size: abc}\n"), ["train.epochs=3"])
-    assert str(error.value).startswith(f"{config}: train.batch_size must be int")
+    assert str(error.value) == f"{config}: train.batch_size must be an integer, got 'abc'"
+
+
+def test_a_bad_recipe_value_blames_the_recipe_and_a_bad_file_value_over_it_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as error:  # the recipe's lr_peak_epoch 2 after 2 epochs from the file
+        load_config(write(tmp_path, "train: {epochs: 2}\n"), recipe="rn18-16ep")
+    assert str(error.value) == "recipe rn18-16ep: optim.lr_peak_epoch 2 must come before the last epoch (train.epochs 2)"
+    with pytest.raises(ConfigError) as error:
+        load_config(write(tmp_path, "model: {blurpool: 1}\n"), recipe="rn18-16ep")
+    assert str(error.value) == f"{tmp_path / 'cfg.yaml'}: model.blurpool must be true or false, got 1"
 
 
 def test_a_config_file_not_in_utf8_is_one_line(tmp_path: Path) -> None:
@@ -132,7 +196,21 @@ def test_cli_print_config_and_one_line_error(tmp_path: Path) -> None:
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
-    assert done.stderr.strip() == "imgpipe: error: --set train.batch_size=abc: train.batch_size must be int, got 'abc'"
+    assert done.stderr.strip() == "imgpipe: error: --set train.batch_size=abc: train.batch_size must be an integer, got 'abc'"
+
+
+def test_print_config_is_yaml_that_loads_back_to_the_same_config(tmp_path: Path) -> None:
+    items = ["train.epochs=4", "train.compile=auto", "data.path=/data", "data.resolution=[96, 128]"]
+    sets = [arg for item in items for arg in ("--set", item)]
+    cmd = [sys.executable, "-m", "imgpipe", "train", "--recipe", "rn18-16ep", *sets, "--resume", "--print-config"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    printed = write(tmp_path, done.stdout)
+    assert load_config(printed) == load_config(None, [*items, "output.resume=true"], recipe="rn18-16ep")
+    assert "  resume: true\n" in done.stdout and "  compile: auto\n" in done.stdout  # booleans and words, not quoted strings
+    cmd = [sys.executable, "-m", "imgpipe", "train", "--config", str(printed), "--print-config"]
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and again.stdout == done.stdout
 
 
 def test_warmup_then_cosine_to_zero() -> None:
@@ -243,18 +321,18 @@ def test_a_resolution_ramp_rounds_to_32_px_inside_as_ffcv_does() -> None:
         ("data.resolution={start_px: 160, end_px: 192, start_ramp: 4, end_ramp: 3}", "start_ramp 4 must not come after end_ramp 3"),
         ("data.resolution={start_px: 160.5, end_px: 192, start_ramp: 1, end_ramp: 3}", "data.resolution.start_px must be a size in pixels"),
         ("data.resolution=[160, -1]", "data.resolution as a list must hold sizes in pixels"),
-        ("data.val_image_size=0", "data.val_image_size must be > 0 or null"),
-        ("data.val_crop_ratio=1.2", "data.val_crop_ratio must be in (0, 1]"),
-        ("data.val_flip_tta=maybe", "data.val_flip_tta must be bool"),
-        ("optim.bn_weight_decay=-1", "optim.bn_weight_decay must be >= 0"),
-        ("optim.lr_peak_epoch=-2", "optim.lr_peak_epoch must be >= 0"),
-        ("model.blurpool=1", "model.blurpool must be bool"),
-        ("train.ema=yes please", "train.ema must be bool"),
-        ("train.ema_decay=1.0", "train.ema_decay must be in (0, 1)"),
-        ("train.mixup_alpha=-0.2", "train.mixup_alpha must be >= 0"),
-        ("train.cutmix_alpha=lots", "train.cutmix_alpha must be float"),
-        ("train.compile=sometimes", "train.compile must be true, false or auto"),
-        ("train.target_top1=73.8", "train.target_top1 must be a top-1 accuracy in (0, 1]"),
+        ("data.val_image_size=0", "data.val_image_size must be > 0 or null, got 0"),
+        ("data.val_crop_ratio=1.2", "data.val_crop_ratio must be in (0, 1] (such as 224/256 = 0.875), got 1.2"),
+        ("data.val_flip_tta=maybe", "data.val_flip_tta must be true or false, got 'maybe'"),
+        ("optim.bn_weight_decay=-1", "optim.bn_weight_decay must be >= 0, got -1"),
+        ("optim.lr_peak_epoch=-2", "optim.lr_peak_epoch must be >= 0, got -2"),
+        ("model.blurpool=1", "model.blurpool must be true or false, got 1"),
+        ("train.ema=yes please", "train.ema must be true or false, got 'yes please'"),
+        ("train.ema_decay=1.0", "train.ema_decay must be in (0, 1) (such as 0.9998), got 1.0"),
+        ("train.mixup_alpha=-0.2", "train.mixup_alpha must be >= 0, got -0.2"),
+        ("train.cutmix_alpha=lots", "train.cutmix_alpha must be a number, got 'lots'"),
+        ("train.compile=sometimes", "train.compile must be true, false or auto, got 'sometimes'"),
+        ("train.target_top1=73.8", "train.target_top1 must be in (0, 1] or null (a top-1 accuracy such as 0.738), got 73.8"),
     ],
 )
 def test_the_time_to_accuracy_keys_refuse_bad_values_in_one_line(override: str, message: str) -> None:

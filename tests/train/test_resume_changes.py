@@ -114,3 +114,28 @@ def test_resumed_where_the_new_steps_already_end_the_epoch_it_reads_nothing_more
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "at epoch 0, step 2" in resumed.stderr and "done: 2 epoch(s), 4 steps" in resumed.stdout
     assert [(e["epoch"], e["train_samples"]) for e in epochs_of(tmp_path / "run")] == [(0, 0), (1, 4 * 32)]
+
+
+@pytest.mark.timeout(300)
+def test_a_run_saved_before_resume_was_a_boolean_resumes_from_its_config_yaml(packed: Path, tmp_path: Path) -> None:
+    """Before, config.yaml and the checkpoint's config held output.resume as the strings 'yes'/'no' (saved quoted by YAML)."""
+    import yaml
+
+    config = write_config(tmp_path, packed, epochs=1, validate=False)
+    first = imgpipe_train(config, *SYNTHETIC, "--set", "train.max_steps=3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = tmp_path / "run"
+    old = yaml.safe_load((run / "config.yaml").read_text())
+    old["output"]["resume"] = "yes"  # as a run started with --resume saved it
+    (run / "config.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
+    assert "resume: 'yes'" in (run / "config.yaml").read_text()
+    checkpoint = saved(run)
+    checkpoint["config"]["output"]["resume"] = "yes"
+    torch.save(checkpoint, run / "checkpoint.pt")
+
+    resumed = imgpipe_train(run / "config.yaml", *SYNTHETIC, "--set", "train.max_steps=5")  # no --resume: the file's 'yes' resumes
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{run / 'config.yaml'}: output.resume 'yes' is read as true; write true" in resumed.stderr
+    (line,) = [line for line in resumed.stderr.splitlines() if "resumed at epoch 0" in line]
+    assert line.endswith("per-rank batch 16; from the config: train.max_steps 3 -> 5"), line  # nothing else reads as changed
+    assert sorted(step_records(run)) == [1, 2, 3, 4, 5]
