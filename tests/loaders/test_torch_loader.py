@@ -29,7 +29,7 @@ from imgpipe.format.shardset import open_shards  # noqa: E402
 from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry  # noqa: E402
 from imgpipe.loaders.pixels import decode_sample  # noqa: E402
 from imgpipe.loaders.seeding import sample_rng  # noqa: E402
-from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
+from imgpipe.loaders.torch import BatchRequest, BuiltBatch, make_torch_loader  # noqa: E402
 
 SIZE = 32
 
@@ -438,6 +438,18 @@ def test_skip_replaces_and_counts_without_changing_batches(corrupt: Path) -> Non
                 slot = batch.tolist().index(5)
                 donors = [s for s in range(4) if s != slot and np.array_equal(x[s], x[slot])]
                 assert donors and y[slot] == y[donors[0]]
+
+
+def test_a_batch_is_a_named_result_whose_error_is_a_typed_value(corrupt: Path) -> None:
+    """What a worker hands back: fields by name, the failure as an exception to raise, no length that counts records."""
+    loader = make_torch_loader(corrupt, batch_size=4, image_size=SIZE, workers=0, rank=0, world_size=1, normalize=False)
+    good = loader.dataset[BatchRequest(0, np.arange(0, 4))]
+    assert isinstance(good, BuiltBatch) and good.error is None and good.times is None and len(good.skipped) == 0
+    assert good.images.shape == (4, 3, SIZE, SIZE) and good.labels.tolist() == open_shards(corrupt, "train").labels[:4].tolist()
+    bad = loader.dataset[BatchRequest(0, np.arange(4, 8))]  # record 5 does not decode
+    assert isinstance(bad.error, DatasetError) and "record 5 " in str(bad.error)
+    with pytest.raises(TypeError):
+        len(loader.dataset)  # its items are batches, which the requests of a pass define
 
 
 # ------------------------------------------------------------------------------------------- memory
