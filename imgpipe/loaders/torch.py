@@ -19,28 +19,27 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
 from torch.multiprocessing import reductions
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from imgpipe._sys.distenv import DistEnv
 from imgpipe._sys.procs import die_with_parent
 from imgpipe._sys.torch_private import shutdown_persistent_workers
-from imgpipe.errors import DatasetError, ImgpipeError, RemoteError
+from imgpipe.errors import DatasetError, RecordIOError, RemoteError
 from imgpipe.format.shardset import PathLike, Records, ShardSet
 from imgpipe.loaders import seeding
 from imgpipe.loaders.base import SampledLoader
 from imgpipe.loaders.common import RankStream, default_workers, open_rank_stream
 from imgpipe.loaders.geometry import EVAL_CROP_FRACTION, IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry, sample_crop
 from imgpipe.loaders.options import CURRENT_DEVICE, DEFAULT_PREFETCH_FACTOR, TorchLoaderOptions
-from imgpipe.loaders.pixels import decode_sample, load_decoders
+from imgpipe.loaders.pixels import UndecodableImage, decode_sample, load_decoders
 from imgpipe.loaders.ring import BatchRing
 from imgpipe.loaders.stage_timer import BatchTimes, StageTimer, active_timer, request_delta
 
 logger = logging.getLogger(__name__)
 
 SampleTransform = Callable[[torch.Tensor], torch.Tensor]
-_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError, ImgpipeError)
+UNREADABLE_RECORD = (UndecodableImage, RecordIOError, RemoteError)  # a record on_corrupt="skip" replaces: its bytes, nothing else
 
 # Workers are forked where fork exists: the dataset holds only numpy arrays and opens files
 # lazily, so fork is safe, and a rank started with spawn (imgpipe train --gpus N) would otherwise
@@ -174,7 +173,7 @@ class BatchDataset(Dataset):
         for slot, index in enumerate(indices.tolist()):
             try:
                 sample = self._decode(geometry, epoch, index, records, slot)
-            except _DECODE_ERRORS as e:
+            except UNREADABLE_RECORD as e:
                 if self.options.on_corrupt == "raise":
                     return BuiltBatch(sent, labels, np.zeros(0, np.int64), self._unreadable(e, index))
                 bad.append(slot)
@@ -200,11 +199,11 @@ class BatchDataset(Dataset):
         """The one-line error for record ``index`` that did not read or decode (``on_corrupt="raise"``)."""
         if isinstance(error, RemoteError):
             return DatasetError(f"{error}; on_corrupt='skip' replaces such a record")
-        reason = "not a decodable image" if isinstance(error, UnidentifiedImageError) else str(error)
-        return DatasetError(f"cannot decode {self.shards.describe(index)}: {reason}; run 'imgpipe verify' or use on_corrupt='skip'")
+        return DatasetError(f"cannot decode {self.shards.describe(index)}: {error}; run 'imgpipe verify' or use on_corrupt='skip'")
 
     def _decode(self, geometry: TrainGeometry | EvalGeometry, epoch: int, index: int, records: Records, slot: int) -> torch.Tensor:
-        """Record ``index`` of ``epoch`` (``records``' ``slot``-th) cropped, resized and flipped: a uint8 CHW tensor (maybe a view)."""
+        """Record ``index`` of ``epoch`` (``records``' ``slot``-th) cropped, resized and flipped: a uint8 CHW tensor (maybe a view);
+        one of ``UNREADABLE_RECORD`` when its bytes do not read or decode."""
         _, payload = self._read(records, slot)
         seed = self.options.seed
         crop_for: Callable[[int, int], Crop] = lambda w, h: sample_crop(geometry, w, h, seed=seed, epoch=epoch, index=index)  # noqa: E731
