@@ -1,6 +1,6 @@
 """The bench's loaders: ``make_torch_loader`` / ``make_dali_loader`` as the trainer builds them, timed.
 
-The torch loader gets a :class:`~imgpipe.loaders.stage_timer.StageTimer`, its hook for per-stage
+The torch loader is made inside :func:`~imgpipe.loaders.stage_timer.timing`, its hook for per-stage
 times; everything else (workers, shared-memory ring, pinning, the copy one batch ahead on a side
 stream, normalization on the device) is the loader users run. The stages (read, decode, collate, h2d,
 compute, sync) and ``wait``, the data-wait the GPU sees, are defined in docs/bench-json.md.
@@ -8,9 +8,10 @@ compute, sync) and ``wait``, the data-wait the GPU sees, are defined in docs/ben
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any, Iterator
 
-from imgpipe.loaders.stage_timer import StageTimer
+from imgpipe.loaders.stage_timer import StageTimer, timing
 
 if TYPE_CHECKING:
     from imgpipe.train.config import TrainConfig
@@ -26,9 +27,8 @@ def make_loader(backend: str, train: TrainConfig, ctx: Any, timer: StageTimer | 
     if backend == "torch":
         from imgpipe.loaders.torch import make_torch_loader
 
-        return make_torch_loader(
-            path, split, batch_size=batch_size, train=True, stage_timer=timer, prefetch_factor=train.data.prefetch_factor, **kwargs
-        )
+        with timing(timer) if timer is not None else contextlib.nullcontext():
+            return make_torch_loader(path, split, batch_size=batch_size, train=True, prefetch_factor=train.data.prefetch_factor, **kwargs)
     from imgpipe.loaders.dali import make_dali_loader
 
     kwargs["workers"] = max(1, kwargs["workers"])  # DALI needs a thread (the bench always gives a count)

@@ -17,7 +17,8 @@ from imgpipe._sys.atomic import atomic_write, atomic_write_bytes
 from imgpipe.bench.runner import BenchResult, RunResult
 from imgpipe.bench.stats import STAGES, RankStats
 from imgpipe.bench.system import describe_disk
-from imgpipe.bench.verdict import Verdict, plural
+from imgpipe.bench.verdict import Verdict
+from imgpipe.bench.wording import plural
 from imgpipe.errors import ConfigError
 
 SCHEMA_VERSION = 1

@@ -9,7 +9,8 @@ import torch
 
 from imgpipe._sys.distenv import DistEnv
 from imgpipe.errors import ConfigError
-from imgpipe.loaders.common import FULL_BATCH_FIX, check_int, no_full_batch
+from imgpipe.loaders.common import FULL_BATCH_FIX, no_full_batch
+from imgpipe.loaders.options import check_int
 
 if TYPE_CHECKING:
     from imgpipe.format.shardset import ShardSet

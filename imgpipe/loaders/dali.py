@@ -11,6 +11,7 @@ pipeline is built once and reused from epoch to epoch (rebuilt after an epoch le
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -21,10 +22,10 @@ from imgpipe._sys.distenv import DistEnv
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.format.shardset import ShardSet
 from imgpipe.loaders.base import SampledLoader
-from imgpipe.loaders.common import CURRENT_DEVICE, ON_CORRUPT, check_choice, check_int, check_loader_args, default_workers, open_rank_stream
+from imgpipe.loaders.common import RankStream, default_workers, open_rank_stream
 from imgpipe.loaders.dali_feed import FEED_NAMES, UNDECODABLE_FIX, DaliFeed
 from imgpipe.loaders.geometry import EVAL_CROP_FRACTION
-from imgpipe.loaders.sampler import EpochSampler
+from imgpipe.loaders.options import CURRENT_DEVICE, DEFAULT_PREFETCH_FACTOR, LoaderOptions, check_int
 
 INSTALL_HINT = "pip install 'imgpipe[dali]'"
 _DECODING_OPERATORS = ("decoders", "ImageSlice")  # in DALI's message when a record did not decode
@@ -60,24 +61,30 @@ class _Spec:
     device_id: int | None
     normalize: bool
     channels_last: bool
-    prefetch: int
+    prefetch_factor: int
 
 
 class DaliLoader(SampledLoader):
     """Iterable of ``(images, labels)`` batches for this rank; each ``iter()`` is the next epoch."""
 
-    def __init__(
-        self, spec: _Spec, shards: ShardSet, sampler: EpochSampler, feed: DaliFeed, *, env: DistEnv, follow_world: bool, workers: int | None
-    ) -> None:
-        super().__init__(sampler, env, follow_world=follow_world)
-        self._workers = workers  # None: default_workers() for this rank's node
-        self._spec = spec
-        self.shards = shards
-        self._feed = feed
+    def __init__(self, options: LoaderOptions, stream: RankStream) -> None:
+        super().__init__(stream.sampler, stream.env, follow_world=options.rank is None)
+        self.options = options
+        self.shards = stream.shards
+        self.device = options.device
+        self._spec = _Spec(
+            batch_size=options.batch_size,
+            image_size=options.image_size,
+            workers=dali_threads(options.workers, stream.env),
+            device_id=self.device.index if self.device.type == "cuda" else None,
+            normalize=options.normalize,
+            channels_last=options.channels_last,
+            prefetch_factor=options.prefetch_factor,
+        )
+        self._feed = DaliFeed(stream.shards, stream.geometry, options.seed)
         self._pipe: Any = None
         self._reusable = False  # the pipeline handed over every batch of its last epoch
         self.skipped = 0  # DALI never replaces a record: a corrupt one stops the epoch with a DatasetError
-        self.device = torch.device("cpu") if spec.device_id is None else torch.device("cuda", spec.device_id)
 
     def _shut_down(self) -> None:
         """Drop the DALI pipeline (its threads end with it) and stop the feed's read-ahead thread."""
@@ -85,7 +92,7 @@ class DaliLoader(SampledLoader):
         self._feed.close()
 
     def _moved(self, env: DistEnv) -> None:
-        spec = replace(self._spec, workers=dali_threads(self._workers, env))
+        spec = replace(self._spec, workers=dali_threads(self.options.workers, env))
         if spec != self._spec:
             self._spec, self._pipe = spec, None
 
@@ -180,7 +187,9 @@ def _build_pipeline(spec: _Spec, feed: DaliFeed) -> Any:
     from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD
 
     geometry = dali_geometry(spec.image_size, train=True)
-    pipe = dali.Pipeline(batch_size=spec.batch_size, num_threads=spec.workers, device_id=spec.device_id, prefetch_queue_depth=spec.prefetch)
+    pipe = dali.Pipeline(
+        batch_size=spec.batch_size, num_threads=spec.workers, device_id=spec.device_id, prefetch_queue_depth=spec.prefetch_factor
+    )
     with pipe:
         jpegs, anchor, shape, roi_start, roi_end, mirror, size = fn.external_source(source=feed, num_outputs=len(FEED_NAMES), batch=True)
         images = fn.decoders.image_slice(
@@ -261,9 +270,10 @@ def make_dali_loader(
     shuffle: bool | None = None,
     block_shuffle: int | None = None,
     shuffle_window: int | None = None,
-    prefetch: int = 2,
+    prefetch_factor: int = DEFAULT_PREFETCH_FACTOR,
     on_corrupt: str = "raise",
     cache_dir: str | os.PathLike | None = None,
+    prefetch: int | None = None,
 ) -> DaliLoader:
     """A DALI loader over a packed folder (or bare .rec/.idx files) with the torch loader's records, crops and state.
 
@@ -273,46 +283,25 @@ def make_dali_loader(
     int64. ``loader.set_resolution(px)`` changes the output size from the next ``iter()`` on, as the
     torch loader's; ``crop_ratio`` (eval): the center crop's share of the shorter side (224/256).
     ``workers`` is DALI's CPU thread count. ``remainder``, ``shuffle``, ``block_shuffle``,
-    ``shuffle_window``: as the torch loader's. ``prefetch``: DALI's queue depth. ``on_corrupt``:
-    only "raise" (a record DALI cannot decode stops the epoch with its shard, record and
-    source); "skip" is the torch loader's. ``cache_dir``: as the torch loader's.
+    ``shuffle_window``: as the torch loader's. ``prefetch_factor``: the batches DALI prepares ahead
+    (its queue depth); ``prefetch`` is its deprecated name. ``on_corrupt``: only "raise" (a record
+    DALI cannot decode stops the epoch with its shard, record and source); "skip" is the torch
+    loader's. ``cache_dir``: as the torch loader's.
     """
     _import_dali()
-    args = check_loader_args(
-        split=split,
-        batch_size=batch_size,
-        train=train,
-        image_size=image_size,
-        workers=workers,
-        seed=seed,
-        rank=rank,
-        world_size=world_size,
-        device=device,
-        normalize=normalize,
-        channels_last=channels_last,
-        crop_ratio=crop_ratio,
-    )
-    prefetch = check_int("prefetch", prefetch, minimum=1)
-    if check_choice("on_corrupt", on_corrupt, ON_CORRUPT) == "skip":
+    arguments = {name: value for name, value in locals().items() if name not in ("path", "prefetch")}
+    if prefetch is not None:
+        if prefetch_factor != DEFAULT_PREFETCH_FACTOR:
+            raise ConfigError("prefetch is the deprecated name of prefetch_factor: give prefetch_factor alone")
+        warnings.warn("make_dali_loader's prefetch is deprecated: call it prefetch_factor, as the torch loader does", DeprecationWarning, 2)
+        arguments["prefetch_factor"] = check_int("prefetch", prefetch, minimum=1)
+    options = LoaderOptions(**arguments)
+    if options.on_corrupt == "skip":
         raise ConfigError(
             "on_corrupt='skip' needs the torch loader: DALI decodes whole batches, so the DALI loader can only raise "
             "on a corrupt record (on_corrupt='raise')"
         )
-    env, shards, sampler, geometry = open_rank_stream(
-        path, args, remainder=remainder, shuffle=shuffle, block_shuffle=block_shuffle, shuffle_window=shuffle_window, cache_dir=cache_dir
-    )
-    spec = _Spec(
-        batch_size=args.batch_size,
-        image_size=args.image_size,
-        workers=dali_threads(args.workers, env),
-        device_id=args.device.index if args.device.type == "cuda" else None,
-        normalize=args.normalize,
-        channels_last=args.channels_last,
-        prefetch=prefetch,
-    )
-    return DaliLoader(
-        spec, shards, sampler, DaliFeed(shards, geometry, args.seed), env=env, follow_world=args.rank is None, workers=args.workers
-    )
+    return DaliLoader(options, open_rank_stream(path, options))
 
 
 def dali_threads(workers: int | None, env: DistEnv) -> int:

@@ -5,28 +5,47 @@ any decoder allocates the image. A JPEG is decoded by imgpipe's region decoder (
 only the box, with a whole decode's pixels), else whole by torchvision, reduced in the DCT domain when
 the box shrinks ``DRAFT_MIN_REDUCTION`` times or more, and resampled as torchvision's transforms do.
 Anything else, and any JPEG the fast decoders reject, goes to Pillow, so a corrupt record fails with
-Pillow's reason, the one ``imgpipe verify`` and pack print.
+Pillow's reason, the one ``imgpipe verify`` and pack print. Rule: only a decoder's failure on the
+record's bytes becomes ``UndecodableImage``; an error of the crop or resize code stays what it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import math
 import warnings
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
+from imgpipe.errors import DatasetError
 from imgpipe.image.jpeg import jpeg_size
 from imgpipe.loaders.geometry import Crop
 
 REGION_DECODER_HEADERS = "apt install libjpeg-turbo8-dev, dnf install libjpeg-turbo-devel or conda install libjpeg-turbo"
 DRAFT_MIN_REDUCTION = 2  # decode reduced when the box shrinks by at least this factor
 WHOLE_RESIZE_MAX_AREA = 16  # a fractional box resampled by resizing the whole image: at most this many box areas
+DECODER_ERRORS = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)  # what Pillow raises on bad bytes
+
+
+class UndecodableImage(DatasetError):
+    """A record's bytes that do not decode to an image; the message is the decoder's reason."""
+
+
+@contextlib.contextmanager
+def decoding() -> Iterator[None]:
+    """Around a decoder's work on a record's bytes (and nothing else): its failure becomes ``UndecodableImage``."""
+    try:
+        yield
+    except UnidentifiedImageError as e:
+        raise UndecodableImage("not a decodable image") from e
+    except DECODER_ERRORS as e:
+        raise UndecodableImage(str(e)) from e
 
 
 def load_decoders() -> None:
@@ -69,7 +88,8 @@ def torchvision_jpeg_decoder() -> Callable[[torch.Tensor], torch.Tensor] | None:
 
 
 def decode_sample(payload: bytes | memoryview, crop_for: Callable[[int, int], Crop], size: int) -> torch.Tensor:
-    """Decode one image into a ``size`` x ``size`` uint8 CHW tensor along the box ``crop_for(w, h)`` picks."""
+    """Decode one image into a ``size`` x ``size`` uint8 CHW tensor along the box ``crop_for(w, h)`` picks;
+    ``UndecodableImage`` when the bytes do not decode."""
     stored = jpeg_size(payload)
     if stored is None:
         return pillow_sample(payload, crop_for, size)
@@ -86,10 +106,7 @@ def fast_jpeg_sample(payload: bytes | memoryview, crop: Crop, stored: tuple[int,
     None where the JPEG is rejected, or where only Pillow's ``draft`` reduces it in the DCT domain."""
     decode = region_decoder()
     if decode is not None:
-        try:
-            return region_sample(decode, payload, crop, stored, size)
-        except ValueError:  # libjpeg's error or warning
-            return None
+        return region_sample(decode, payload, crop, stored, size)
     decoder = torchvision_jpeg_decoder()
     if decoder is None or reduces_in_dct(crop, size):
         return None
@@ -99,23 +116,38 @@ def fast_jpeg_sample(payload: bytes | memoryview, crop: Crop, stored: tuple[int,
 
 def region_sample(
     decode: Callable[..., bytearray], payload: bytes | memoryview, crop: Crop, stored: tuple[int, int], size: int
-) -> torch.Tensor:
+) -> torch.Tensor | None:
     """The box, unflipped, from the region decoder: just the box (train), the whole image (eval),
-    or the box reduced in the DCT domain (a box that shrinks ``DRAFT_MIN_REDUCTION`` or more)."""
+    or the box reduced in the DCT domain (a box that shrinks ``DRAFT_MIN_REDUCTION`` or more);
+    None where libjpeg rejects the JPEG."""
     if reduces_in_dct(crop, size):
         return reduced_region_sample(decode, payload, crop, stored, size)
     if is_integral(crop.box):
         left, top, width, height = (int(v) for v in crop[:4])
-        return resize(hwc_tensor(decode(payload, left, top, width, height, 1), height, width), size, size)
+        pixels = region_pixels(decode, payload, left, top, width, height, 1)
+        return None if pixels is None else resize(hwc_tensor(pixels, height, width), size, size)
     width, height = stored
-    return resample(hwc_tensor(decode(payload, 0, 0, width, height, 1), height, width), crop.box, size)
+    pixels = region_pixels(decode, payload, 0, 0, width, height, 1)
+    return None if pixels is None else resample(hwc_tensor(pixels, height, width), crop.box, size)
+
+
+def region_pixels(
+    decode: Callable[..., bytearray], payload: bytes | memoryview, left: int, top: int, width: int, height: int, reduction: int
+) -> bytearray | None:
+    """The region decoder's RGB rows of a region; None where libjpeg rejects the JPEG (an error or a
+    warning: Pillow then decodes it, or says why not)."""
+    try:
+        return decode(payload, left, top, width, height, reduction)
+    except ValueError:
+        return None
 
 
 def reduced_region_sample(
     decode: Callable[..., bytearray], payload: bytes | memoryview, crop: Crop, stored: tuple[int, int], size: int
-) -> torch.Tensor:
+) -> torch.Tensor | None:
     """The box decoded at the reduction Pillow's ``draft`` picks, with a margin as wide as the resize
-    filter reaches, then Pillow's sub-pixel box resize: what ``pillow_sample`` computes, from a region."""
+    filter reaches, then Pillow's sub-pixel box resize: what ``pillow_sample`` computes, from a region;
+    None where libjpeg rejects the JPEG."""
     reduction = draft_reduction(stored, crop, size)
     width, height = (-(-side // reduction) for side in stored)
     sx, sy = width / stored[0], height / stored[1]
@@ -123,7 +155,10 @@ def reduced_region_sample(
     margin = math.ceil(max(1.0, (right - left) / size, (bottom - top) / size)) + 1
     x0, y0 = max(0, math.floor(left) - margin), max(0, math.floor(top) - margin)
     x1, y1 = min(width, math.ceil(right) + margin), min(height, math.ceil(bottom) + margin)
-    region = Image.frombuffer("RGB", (x1 - x0, y1 - y0), decode(payload, x0, y0, x1 - x0, y1 - y0, reduction), "raw", "RGB", 0, 1)
+    pixels = region_pixels(decode, payload, x0, y0, x1 - x0, y1 - y0, reduction)
+    if pixels is None:
+        return None
+    region = Image.frombuffer("RGB", (x1 - x0, y1 - y0), pixels, "raw", "RGB", 0, 1)
     return chw_tensor(region.resize((size, size), Image.Resampling.BILINEAR, box=(left - x0, top - y0, right - x0, bottom - y0)))
 
 
@@ -173,7 +208,7 @@ def check_pixel_count(width: int, height: int) -> None:
     """Refuse a header whose pixel count is over Pillow's decompression-bomb limit, before allocating."""
     limit = Image.MAX_IMAGE_PIXELS
     if limit is not None and width * height > 2 * limit:
-        raise Image.DecompressionBombError(
+        raise UndecodableImage(
             f"image of {width}x{height} pixels exceeds the limit of {2 * limit} (PIL.Image.MAX_IMAGE_PIXELS x 2); "
             "it may be a decompression bomb"
         )
@@ -194,16 +229,21 @@ def pillow_sample(payload: bytes | memoryview, crop_for: Callable[[int, int], Cr
     ``DRAFT_MIN_REDUCTION`` or more, then Pillow's own resize of the (sub-pixel) box."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        image = Image.open(io.BytesIO(payload))
+        with decoding():
+            image = Image.open(io.BytesIO(payload))
         stored = jpeg_size(payload) or image.size
         crop = crop_for(*stored)
         box = crop.box
-        if image.format == "JPEG" and reduces_in_dct(crop, size):
-            image.draft("RGB", draft_request(stored, crop, size))
+        draft = draft_request(stored, crop, size) if image.format == "JPEG" and reduces_in_dct(crop, size) else None
+        with decoding():
+            if draft is not None:
+                image.draft("RGB", draft)
+            image.load()
+            if image.mode != "RGB":
+                image = image.convert("RGB")
+        if draft is not None:
             sx, sy = image.size[0] / stored[0], image.size[1] / stored[1]
             box = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
-        if image.mode != "RGB":
-            image = image.convert("RGB")
         out = image.resize((size, size), Image.Resampling.BILINEAR, box=box)
     if crop.flip:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)

@@ -1,17 +1,20 @@
 """The torch loader's timing hook, for tools that attribute a batch's time to its stages (``imgpipe bench``).
 
-With ``stage_timer=StageTimer()`` the worker that builds a batch measures its record reads and the rest
-of its work (decode, crop, flip, writing into the batch), and from a URL its store requests, bytes and
-seconds; the main process adds its own time on the batch (copy out of the ring and normalization on the
-CPU; pinning and queueing the copy on a GPU) and hands them to :meth:`StageTimer.record`, in the order
-the batches are built. The loader runs exactly as without the hook.
+A torch loader made by ``make_torch_loader`` inside ``with timing(StageTimer()):`` is timed: the worker
+that builds a batch measures its record reads and the rest of its work (decode, crop, flip, writing into
+the batch), and from a URL its store requests, bytes and seconds; the main process adds its own time on
+the batch (copy out of the ring and normalization on the CPU; pinning and queueing the copy on a GPU) and
+hands them to :meth:`StageTimer.record`, in the order the batches are built. The loader runs exactly as
+without the hook, and no public argument names it.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 
 @dataclass
@@ -61,3 +64,21 @@ class StageTimer:
     def take(self) -> BatchTimes:
         """The oldest batch's times not taken yet; zeros when the loader has reported none."""
         return self._times.popleft() if self._times else BatchTimes()
+
+
+_ACTIVE: contextvars.ContextVar[StageTimer | None] = contextvars.ContextVar("imgpipe_stage_timer", default=None)
+
+
+@contextlib.contextmanager
+def timing(timer: StageTimer) -> Iterator[StageTimer]:
+    """Torch loaders made inside this block report each batch's stage times to ``timer``, for their whole life."""
+    token = _ACTIVE.set(timer)
+    try:
+        yield timer
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active_timer() -> StageTimer | None:
+    """The timer of the innermost ``timing`` block around this call, if any (what a new torch loader reports to)."""
+    return _ACTIVE.get()

@@ -19,45 +19,32 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
 from torch.multiprocessing import reductions
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from imgpipe._sys.distenv import DistEnv
 from imgpipe._sys.procs import die_with_parent
 from imgpipe._sys.torch_private import shutdown_persistent_workers
-from imgpipe.errors import ConfigError, DatasetError, ImgpipeError, RemoteError
+from imgpipe.errors import DatasetError, RecordIOError, RemoteError
 from imgpipe.format.shardset import PathLike, Records, ShardSet
 from imgpipe.loaders import seeding
 from imgpipe.loaders.base import SampledLoader
-from imgpipe.loaders.common import (
-    CURRENT_DEVICE,
-    ON_CORRUPT,
-    check_bool,
-    check_choice,
-    check_int,
-    check_loader_args,
-    check_optional_bool,
-    check_optional_int,
-    default_workers,
-    open_rank_stream,
-)
+from imgpipe.loaders.common import RankStream, default_workers, open_rank_stream
 from imgpipe.loaders.geometry import EVAL_CROP_FRACTION, IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry, sample_crop
-from imgpipe.loaders.pixels import decode_sample, load_decoders
+from imgpipe.loaders.options import CURRENT_DEVICE, DEFAULT_PREFETCH_FACTOR, TorchLoaderOptions
+from imgpipe.loaders.pixels import UndecodableImage, decode_sample, load_decoders
 from imgpipe.loaders.ring import BatchRing
-from imgpipe.loaders.sampler import EpochSampler
-from imgpipe.loaders.stage_timer import BatchTimes, StageTimer, request_delta
+from imgpipe.loaders.stage_timer import BatchTimes, StageTimer, active_timer, request_delta
 
 logger = logging.getLogger(__name__)
 
 SampleTransform = Callable[[torch.Tensor], torch.Tensor]
-_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError, ImgpipeError)
+UNREADABLE_RECORD = (UndecodableImage, RecordIOError, RemoteError)  # a record on_corrupt="skip" replaces: its bytes, nothing else
 
 # Workers are forked where fork exists: the dataset holds only numpy arrays and opens files
 # lazily, so fork is safe, and a rank started with spawn (imgpipe train --gpus N) would otherwise
 # spawn its workers too and pay seconds of imports per worker and epoch start.
 WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-DEFAULT_PREFETCH_FACTOR = 2  # batches requested ahead per worker; from a URL, all but one are fetched meanwhile
 PIN_MEMORY_IGNORED = (
     "pin_memory=True has no effect on this CPU loader: with persistent workers its batches are views of shared-memory "
     "slots, which are not pinned; pin a batch yourself (batch.pin_memory() copies it), set persistent_workers=False "
@@ -102,42 +89,47 @@ class BatchRequest(NamedTuple):
     size: int | None = None
 
 
-class BatchDataset(Dataset):
-    """Map-style dataset whose items are whole batches.
+class BuiltBatch(NamedTuple):
+    """What a worker hands back for one ``BatchRequest`` (a NamedTuple, so the DataLoader pins its tensors).
 
-    ``dataset[request]`` (a ``BatchRequest`` or an ``(epoch, indices)`` pair) returns
-    ``(images, labels int64, skipped record indices, error message or None, BatchTimes or None)``
-    (the times only with a ``stage_timer``); errors travel
-    as data so the main process raises them as one-line ``DatasetError``s instead of torch's
-    multi-line worker traceback. ``images`` is the request's ring slot number when it names
-    one (the batch is in ``ring``), else a uint8 NCHW tensor, allocated in shared memory in a
-    worker, ready to send. Holds only the ShardSet (numpy arrays), the ring and a few scalars:
+    ``images``: the ring slot number when the request named one (the batch is in the ring), else a
+    uint8 (or normalized float32) NCHW tensor, in shared memory when built in a worker. ``skipped``: the
+    record indices replaced (``on_corrupt="skip"``). ``error``: why the batch could not be built, raised
+    by the main process as one line (a worker's own exception would arrive as torch's traceback).
+    ``times``: the batch's stage times, for a stage timer.
+    """
+
+    images: torch.Tensor | int
+    labels: torch.Tensor
+    skipped: np.ndarray
+    error: DatasetError | None = None
+    times: BatchTimes | None = None
+
+
+class BatchDataset(Dataset):
+    """Map-style dataset whose items are whole batches: ``dataset[request]`` (a ``BatchRequest`` or an
+    ``(epoch, indices)`` pair) is a ``BuiltBatch``. It has no length: the requests of a pass say which
+    batches there are. Holds only the ShardSet (numpy arrays), the options, the ring and a few scalars:
     nothing grows per record.
     """
 
     def __init__(
         self,
         shards: ShardSet,
-        *,
         geometry: TrainGeometry | EvalGeometry,
-        seed: int,
+        options: TorchLoaderOptions,
+        *,
         rank: int,
-        on_corrupt: str = "raise",
-        sample_transform: SampleTransform | None = None,
-        channels_last: bool = False,
-        normalize: bool = False,
         stage_timer: StageTimer | None = None,
     ) -> None:
-        if on_corrupt not in ON_CORRUPT:
-            raise ConfigError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
         self.shards = shards
         self.geometry = geometry
-        self.seed = seed
+        self.options = options
         self.rank = rank
-        self.on_corrupt = on_corrupt
-        self.sample_transform = sample_transform
-        self.channels_last = channels_last
-        self.normalize = normalize
+        # a GPU gets uint8 HWC batches (a quarter of the bytes, one memcpy per image) and normalizes them itself
+        on_gpu = options.device.type == "cuda"
+        self.channels_last = options.channels_last or on_gpu
+        self.normalize = options.normalize and not on_gpu
         self.ring: BatchRing | None = None  # the loader's, set up with its workers
         self.loader_pid: int | None = None  # the process that starts the workers, their parent (None: a forkserver's)
         self.stage_timer = stage_timer
@@ -148,14 +140,9 @@ class BatchDataset(Dataset):
         # worker it would cost ~170 MB of private memory and a second of the first epoch
         load_decoders()
 
-    def __len__(self) -> int:
-        return len(self.shards)
-
-    def __getitem__(
-        self, request: BatchRequest | tuple[int, np.ndarray]
-    ) -> tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None, BatchTimes | None]:
+    def __getitem__(self, request: BatchRequest | tuple[int, np.ndarray]) -> BuiltBatch:
         if self.stage_timer is None:
-            return (*self._build(request), None)
+            return self._build(request)
         self._read_s = 0.0
         source = self.shards.byte_source
         requested = source.request_stats()
@@ -163,9 +150,9 @@ class BatchDataset(Dataset):
         built = self._build(request)
         elapsed = time.perf_counter() - start
         store = request_delta(requested, source.request_stats())
-        return (*built, BatchTimes(read=self._read_s, decode=elapsed - self._read_s, **store))
+        return built._replace(times=BatchTimes(read=self._read_s, decode=elapsed - self._read_s, **store))
 
-    def _build(self, request: BatchRequest | tuple[int, np.ndarray]) -> tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None]:
+    def _build(self, request: BatchRequest | tuple[int, np.ndarray]) -> BuiltBatch:
         epoch, indices, ring_slot, ahead, size = BatchRequest(*request)
         geometry = self.geometry if size is None else self.geometry.at(size)
         size = geometry.image_size
@@ -186,43 +173,40 @@ class BatchDataset(Dataset):
         for slot, index in enumerate(indices.tolist()):
             try:
                 sample = self._decode(geometry, epoch, index, records, slot)
-            except _DECODE_ERRORS as e:
-                reason = "not a decodable image" if isinstance(e, UnidentifiedImageError) else str(e)
-                message = str(e) if isinstance(e, RemoteError) else f"cannot decode {self.shards.describe(index)}: {reason}"
-                if self.on_corrupt == "raise":
-                    fix = (
-                        "on_corrupt='skip' replaces such a record"
-                        if isinstance(e, RemoteError)
-                        else "run 'imgpipe verify' or use on_corrupt='skip'"
-                    )
-                    return sent, labels, np.zeros(0, np.int64), f"{message}; {fix}"
+            except UNREADABLE_RECORD as e:
+                if self.options.on_corrupt == "raise":
+                    return BuiltBatch(sent, labels, np.zeros(0, np.int64), self._unreadable(e, index))
                 bad.append(slot)
                 continue
             labels[slot] = int(self.shards.labels[index])
             # outside the try: an error of the user's transform is theirs, never a corrupt record to skip
             sample, wrong = self._transform(sample, index)
             if wrong is not None:
-                return sent, labels, np.zeros(0, np.int64), wrong
+                return BuiltBatch(sent, labels, np.zeros(0, np.int64), wrong)
             self._store(images[slot], sample)
         if bad:
             good = sorted(set(range(len(indices))) - set(bad))
             if not good:
-                return (
-                    sent,
-                    labels,
-                    indices[bad],
-                    f"no decodable record in a batch of {len(indices)} starting at {self.shards.describe(int(indices[0]))}",
-                )
+                none = DatasetError(f"no decodable record in a batch of {len(indices)} starting at {self.shards.describe(int(indices[0]))}")
+                return BuiltBatch(sent, labels, indices[bad], none)
             for slot in bad:
                 donor = next((s for s in good if s > slot), good[0])
                 images[slot] = images[donor]
                 labels[slot] = labels[donor]
-        return sent, labels, indices[bad].astype(np.int64), None
+        return BuiltBatch(sent, labels, indices[bad].astype(np.int64))
+
+    def _unreadable(self, error: Exception, index: int) -> DatasetError:
+        """The one-line error for record ``index`` that did not read or decode (``on_corrupt="raise"``)."""
+        if isinstance(error, RemoteError):
+            return DatasetError(f"{error}; on_corrupt='skip' replaces such a record")
+        return DatasetError(f"cannot decode {self.shards.describe(index)}: {error}; run 'imgpipe verify' or use on_corrupt='skip'")
 
     def _decode(self, geometry: TrainGeometry | EvalGeometry, epoch: int, index: int, records: Records, slot: int) -> torch.Tensor:
-        """Record ``index`` of ``epoch`` (``records``' ``slot``-th) cropped, resized and flipped: a uint8 CHW tensor (maybe a view)."""
+        """Record ``index`` of ``epoch`` (``records``' ``slot``-th) cropped, resized and flipped: a uint8 CHW tensor (maybe a view);
+        one of ``UNREADABLE_RECORD`` when its bytes do not read or decode."""
         _, payload = self._read(records, slot)
-        crop_for: Callable[[int, int], Crop] = lambda w, h: sample_crop(geometry, w, h, seed=self.seed, epoch=epoch, index=index)  # noqa: E731
+        seed = self.options.seed
+        crop_for: Callable[[int, int], Crop] = lambda w, h: sample_crop(geometry, w, h, seed=seed, epoch=epoch, index=index)  # noqa: E731
         return decode_sample(payload, crop_for, geometry.image_size)
 
     def _store(self, out: torch.Tensor, sample: torch.Tensor) -> None:
@@ -251,20 +235,23 @@ class BatchDataset(Dataset):
         finally:
             self._read_s += time.perf_counter() - start
 
-    def _transform(self, sample: torch.Tensor, index: int) -> tuple[torch.Tensor, str | None]:
+    def _transform(self, sample: torch.Tensor, index: int) -> tuple[torch.Tensor, DatasetError | None]:
         """``sample_transform`` applied to a copy of ``sample`` the transform may change in place:
-        (the result, None), or (sample, the error message) if it returned something else than such a sample."""
-        if self.sample_transform is None:
+        (the result, None), or (sample, the error) if it returned something else than such a sample."""
+        transform = self.options.sample_transform
+        if transform is None:
             return sample, None
         own = sample.clone()
-        result = self.sample_transform(own)
+        result = transform(own)
         if result is own:
             return own, None
         if not isinstance(result, torch.Tensor) or result.shape != own.shape or result.dtype != torch.uint8:
             got = f"{result.dtype} {tuple(result.shape)}" if isinstance(result, torch.Tensor) else type(result).__name__
             return (
                 sample,
-                f"sample_transform must return a uint8 tensor of shape {tuple(own.shape)}, got {got} for {self.shards.describe(index)}",
+                DatasetError(
+                    f"sample_transform must return a uint8 tensor of shape {tuple(own.shape)}, got {got} for {self.shards.describe(index)}"
+                ),
             )
         return result, None
 
@@ -278,7 +265,7 @@ class BatchDataset(Dataset):
         if info is None:
             return False
         if self._seeded != (epoch, info.id):
-            seeding.seed_worker_globals(self.seed, epoch, self.rank, info.id)
+            seeding.seed_worker_globals(self.options.seed, epoch, self.rank, info.id)
             self._seeded = (epoch, info.id)
         return True
 
@@ -334,70 +321,48 @@ def collate_whole_batch(batch: Any) -> Any:
 class TorchLoader(SampledLoader):
     """Iterable of ``(images, labels)`` batches for this rank; each ``iter()`` is the next epoch."""
 
-    def __init__(
-        self,
-        shards: ShardSet,
-        *,
-        sampler: EpochSampler,
-        env: DistEnv,
-        follow_world: bool,
-        dataset: BatchDataset,
-        workers: int | None,
-        device: torch.device,
-        normalize: bool,
-        channels_last: bool,
-        persistent_workers: bool,
-        prefetch_factor: int,
-        pin_memory: bool,
-        multiprocessing_context: str | None,
-        ring_size: int,
-        stage_timer: StageTimer | None = None,
-    ) -> None:
-        super().__init__(sampler, env, follow_world=follow_world)
-        self.shards = shards
-        self.dataset = dataset
-        self.device = device
-        self.normalize = normalize
-        self.channels_last = channels_last
+    def __init__(self, options: TorchLoaderOptions, stream: RankStream) -> None:
+        super().__init__(stream.sampler, stream.env, follow_world=options.rank is None)
+        self.options = options
+        self.shards = stream.shards
+        self.device = options.device
         self.skipped = 0
-        self._workers = workers  # None: default_workers() for this rank's node
-        self._persistent_workers = persistent_workers
-        self._prefetch_factor = prefetch_factor
-        self._pin_memory = pin_memory
-        self._multiprocessing_context = multiprocessing_context
-        self._stage_timer = stage_timer
-        self._ring_size = ring_size  # the largest resolution the ring's slots hold
+        self._stage_timer = active_timer()  # the bench's hook: None for everyone else
+        self.dataset = BatchDataset(stream.shards, stream.geometry, options, rank=stream.env.rank, stage_timer=self._stage_timer)
+        self._ring_size = options.ring_size  # the largest resolution the ring's slots hold
         self._set_up_workers()
-        self._scale, self._bias = normalization(device)
+        self._scale, self._bias = normalization(self.device)
 
     def _worker_count(self) -> int:
-        return default_workers(self.env.local_world_size) if self._workers is None else self._workers
+        workers = self.options.workers
+        return default_workers(self.env.local_world_size) if workers is None else workers
 
     def _set_up_workers(self) -> None:
         """The DataLoader for this rank's worker count, and with persistent workers the ring they build batches in."""
         self._ring = self.dataset.ring = None  # the old ring's memory goes before the new one is allocated
-        workers, dataset = self._worker_count(), self.dataset
-        if workers > 0 and self._persistent_workers:
+        workers, dataset, options = self._worker_count(), self.dataset, self.options
+        parallel = workers > 0
+        if parallel and options.persistent_workers:
             self._ring = dataset.ring = BatchRing.for_dataloader(
                 workers,
-                self._prefetch_factor,
+                options.prefetch_factor,
                 batch_size=self.sampler.batch_size,
                 image_size=self._ring_size,
                 memory_format=dataset.memory_format,
                 dtype=torch.float32 if dataset.normalize else torch.uint8,
             )
         remote = self.shards.byte_source.remote  # a worker fetches the records of the batches queued to it after the one it builds
-        self._requests = RingRequests(self._ring, max(1, workers) if remote else None, depth=max(1, self._prefetch_factor - 1))
-        self._loader = DataLoader(
+        self._requests = RingRequests(self._ring, max(1, workers) if remote else None, depth=max(1, options.prefetch_factor - 1))
+        self._loader = DataLoader(  # the options a DataLoader takes only with workers go to it only then
             dataset,
             sampler=self._requests,
             batch_size=None,
             collate_fn=collate_whole_batch,
             num_workers=workers,
-            persistent_workers=self._persistent_workers and workers > 0,
-            prefetch_factor=self._prefetch_factor if workers > 0 else None,
-            pin_memory=self._pin_memory and self._ring is None,  # a ring slot is copied into pinned memory by upload()
-            multiprocessing_context=(self._multiprocessing_context or WORKER_START) if workers > 0 else None,
+            persistent_workers=options.persistent_workers and parallel,
+            prefetch_factor=options.prefetch_factor if parallel else None,
+            pin_memory=options.pin_memory and self._ring is None,  # a ring slot is copied into pinned memory by upload()
+            multiprocessing_context=(options.multiprocessing_context or WORKER_START) if parallel else None,
             worker_init_fn=die_with_the_loader,
         )
 
@@ -418,30 +383,27 @@ class TorchLoader(SampledLoader):
         self._requests.start_pass(epoch, batches, size)
         context = self._loader.multiprocessing_context
         self.dataset.loader_pid = None if context is None or context.get_start_method() == "forkserver" else os.getpid()
-        results = iter(self._loader)
+        built_batches: Iterator[BuiltBatch] = iter(self._loader)
         if self.device.type == "cuda":
-            yield from self._cuda_batches(results)
+            yield from self._cuda_batches(built_batches)
         else:
-            for result in results:  # on the CPU the workers built the batch as yielded
+            for built in built_batches:  # on the CPU the workers built the batch as yielded
                 start = time.perf_counter()
-                images, labels, _ = self._receive(result)
-                self._record_times(result, start)
+                images, labels, _ = self._receive(built)
+                self._record_times(built, start)
                 self.sampler.mark_consumed()
                 yield images, labels
 
-    def _receive(
-        self, result: tuple[torch.Tensor | int, torch.Tensor, np.ndarray, str | None, BatchTimes | None]
-    ) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """A worker's result as (images, labels, whether the images are a ring slot's view); raises its error."""
+    def _receive(self, built: BuiltBatch) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """A worker's batch as (images, labels, whether the images are a ring slot's view); raises its error."""
         release_dead_shared_storages()
-        images, labels, skipped, error, _times = result
-        if error is not None:
-            raise DatasetError(error)
-        if len(skipped):
-            self.skipped += len(skipped)
-            for index in skipped.tolist():
+        if built.error is not None:
+            raise built.error
+        if len(built.skipped):
+            self.skipped += len(built.skipped)
+            for index in built.skipped.tolist():
                 logger.warning("skipped corrupt %s (replaced by another sample of its batch)", self.shards.describe(index))
-        return batch_images(self._ring, images, len(labels), self._requests.size), labels, isinstance(images, int)
+        return batch_images(self._ring, built.images, len(built.labels), self._requests.size), built.labels, isinstance(built.images, int)
 
     def _fit_ring(self, size: int | None) -> None:
         """Give the workers a ring whose slots hold ``size``: the workers stop (forked workers keep the
@@ -455,21 +417,21 @@ class TorchLoader(SampledLoader):
         del self._loader, self._requests  # and the ring they hold: its memory goes before the new ring is allocated
         self._set_up_workers()
 
-    def _record_times(self, result: tuple[Any, ...], start: float) -> None:
+    def _record_times(self, built: BuiltBatch, start: float) -> None:
         """Report a batch's stage times: its worker's, and this process's since ``start``."""
-        if self._stage_timer is not None:
-            self._stage_timer.record(dataclasses.replace(result[-1], collate=time.perf_counter() - start))
+        if self._stage_timer is not None and built.times is not None:
+            self._stage_timer.record(dataclasses.replace(built.times, collate=time.perf_counter() - start))
 
     def _finish_on_gpu(self, images: torch.Tensor) -> torch.Tensor:
         """A uint8 batch on the GPU as yielded: float32 normalized, or uint8, in the layout asked
         (workers build channels_last (HWC) batches for a GPU: one memcpy per image)."""
-        layout = torch.channels_last if self.channels_last else torch.contiguous_format
-        if not self.normalize:
+        layout = torch.channels_last if self.options.channels_last else torch.contiguous_format
+        if not self.options.normalize:
             return images.contiguous(memory_format=layout)
         out = torch.empty(images.shape, dtype=torch.float32, device=images.device, memory_format=layout)
         return out.copy_(images).mul_(self._scale).add_(self._bias)  # the copy converts dtype and layout in one pass
 
-    def _cuda_batches(self, results: Iterator[Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _cuda_batches(self, built_batches: Iterator[BuiltBatch]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Copy one batch ahead on a side stream; convert and normalize there; hand over safely.
 
         Each upload ends with an event, and the consumer's stream waits on that event only: a
@@ -477,24 +439,24 @@ class TorchLoader(SampledLoader):
         """
         stream = torch.cuda.Stream(device=self.device)
 
-        def upload(result: Any) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.cuda.Event]:
+        def upload(built: BuiltBatch) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.cuda.Event]:
             start = time.perf_counter()
-            images, labels, in_ring = self._receive(result)
-            if in_ring and self._pin_memory:
+            images, labels, in_ring = self._receive(built)
+            if in_ring and self.options.pin_memory:
                 images = images.pin_memory()  # copies the slot out
             with torch.cuda.stream(stream):
                 # from a slot in pageable memory, a blocking copy: the slot is free once it returns
-                images = images.to(self.device, non_blocking=self._pin_memory or not in_ring)
+                images = images.to(self.device, non_blocking=self.options.pin_memory or not in_ring)
                 labels = labels.to(self.device, non_blocking=True)
                 batch = self._finish_on_gpu(images), labels
                 uploaded = torch.cuda.Event()
                 uploaded.record(stream)
-            self._record_times(result, start)
+            self._record_times(built, start)
             return batch, uploaded
 
         pending = None
-        for result in results:
-            ready = upload(result)
+        for built in built_batches:
+            ready = upload(built)
             if pending is not None:
                 yield self._handover(*pending)
             pending = ready
@@ -539,7 +501,6 @@ def make_torch_loader(
     prefetch_factor: int = DEFAULT_PREFETCH_FACTOR,
     pin_memory: bool | None = None,
     multiprocessing_context: str | None = None,
-    stage_timer: StageTimer | None = None,
     cache_dir: PathLike | None = None,
 ) -> TorchLoader:
     """A rank-aware, seeded loader of ``(images, labels)`` over packed shards (docs/api.md).
@@ -563,72 +524,16 @@ def make_torch_loader(
     holds a slot; clone a batch before sending it to another process). ``pin_memory`` (default:
     on CUDA) stages batches in pinned memory for the copy to the GPU; on the CPU it applies only
     without the ring (``persistent_workers=False`` or ``workers=0``): ring slots are not pinned,
-    and one warning says so.
-    ``stage_timer``: for tools (``imgpipe bench``): a :class:`StageTimer` that gets every
-    batch's read, decode and collate seconds (see :mod:`imgpipe.loaders.stage_timer`).
+    and one warning says so. ``persistent_workers``, ``prefetch_factor``, ``pin_memory`` and
+    ``multiprocessing_context`` (default: fork where there is fork) go to the DataLoader (with
+    ``workers=0`` it has no workers, so only ``pin_memory`` applies).
     ``cache_dir``: with a URL, a node-local folder that keeps what is read (and fetches the rest
     in the background) and becomes the dataset's packed folder; see docs/remote.md. From a URL a
     worker fetches the records of the ``prefetch_factor - 1`` batches queued to it after the one it
     builds (at least 1) while it decodes.
     ``loader.close()`` stops persistent workers.
     """
-    args = check_loader_args(
-        split=split,
-        batch_size=batch_size,
-        train=train,
-        image_size=image_size,
-        workers=workers,
-        seed=seed,
-        rank=rank,
-        world_size=world_size,
-        device=device,
-        normalize=normalize,
-        channels_last=channels_last,
-        crop_ratio=crop_ratio,
-    )
-    max_image_size = check_optional_int("max_image_size", max_image_size, minimum=1)
-    check_choice("on_corrupt", on_corrupt, ON_CORRUPT)
-    if sample_transform is not None and not callable(sample_transform):
-        raise ConfigError(f"sample_transform must be a callable on a uint8 CHW tensor or None, got {sample_transform!r}")
-    persistent_workers = check_bool("persistent_workers", persistent_workers)
-    prefetch_factor = check_int("prefetch_factor", prefetch_factor, minimum=1)
-    pin_memory = check_optional_bool("pin_memory", pin_memory)
-    if multiprocessing_context is not None:
-        check_choice("multiprocessing_context", multiprocessing_context, multiprocessing.get_all_start_methods())
-    device = args.device
-    if pin_memory and device.type == "cpu" and persistent_workers and args.workers != 0:
+    options = TorchLoaderOptions(**{name: value for name, value in locals().items() if name != "path"})
+    if options.pin_memory and options.device.type == "cpu" and options.persistent_workers and options.workers != 0:
         logger.warning(PIN_MEMORY_IGNORED)
-    env, shards, sampler, geometry = open_rank_stream(
-        path, args, remainder=remainder, shuffle=shuffle, block_shuffle=block_shuffle, shuffle_window=shuffle_window, cache_dir=cache_dir
-    )
-    layout = (
-        torch.channels_last if args.channels_last or device.type == "cuda" else torch.contiguous_format
-    )  # HWC slots: one memcpy per image
-    dataset = BatchDataset(
-        shards,
-        geometry=geometry,
-        seed=args.seed,
-        rank=env.rank,
-        on_corrupt=on_corrupt,
-        sample_transform=sample_transform,
-        channels_last=layout == torch.channels_last,
-        normalize=args.normalize and device.type == "cpu",  # a GPU gets uint8, a quarter of the bytes, and normalizes
-        stage_timer=stage_timer,
-    )
-    return TorchLoader(
-        shards,
-        sampler=sampler,
-        env=env,
-        follow_world=args.rank is None,
-        dataset=dataset,
-        workers=args.workers,
-        device=device,
-        normalize=args.normalize,
-        channels_last=args.channels_last,
-        persistent_workers=persistent_workers,
-        prefetch_factor=prefetch_factor,
-        pin_memory=device.type == "cuda" if pin_memory is None else pin_memory,
-        multiprocessing_context=multiprocessing_context,
-        ring_size=max(args.image_size, max_image_size or 0),
-        stage_timer=stage_timer,
-    )
+    return TorchLoader(options, open_rank_stream(path, options))

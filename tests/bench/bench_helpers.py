@@ -207,6 +207,8 @@ SCHEMA: dict[str, Any] = {
         "straggler": (int, type(None)),
         "cause": (str, type(None)),
         "notes": [str],
+        "evidence": dict,  # its keys depend on the bound (docs/bench-json.md)
+        "actions": [dict],
     },
 }
 

@@ -13,7 +13,7 @@ from _tiny_shards import make_tiny_pack  # noqa: E402
 
 from imgpipe.bench.config import BenchConfig  # noqa: E402
 from imgpipe.bench.probes import endless, make_loader  # noqa: E402
-from imgpipe.loaders.stage_timer import BatchTimes, StageTimer  # noqa: E402
+from imgpipe.loaders.stage_timer import BatchTimes, StageTimer, active_timer, timing  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
 from imgpipe.train.launch import launch  # noqa: E402
 from imgpipe.train.rank import RankContext  # noqa: E402
@@ -67,8 +67,21 @@ def test_slow_reads_are_timed_as_reads(tmp_path: Path) -> None:
     """A slower read (the bench tests' slow-disk hook slows it so) lands in the read stage of the batch, in a worker process."""
     data = make_tiny_pack(tmp_path / "tiny", records=8, shards=1, classes=2, min_side=32, max_side=48)
     timer = SlowReads(delay_s=0.02)
-    loader = make_torch_loader(data, "train", batch_size=4, image_size=16, rank=0, world_size=1, workers=1, stage_timer=timer)
+    with timing(timer):
+        loader = make_torch_loader(data, "train", batch_size=4, image_size=16, rank=0, world_size=1, workers=1)
     batches = list(loader)
     loader.close()
     times = [timer.take() for _ in batches]
     assert len(times) == 2 and all(t.read >= 4 * 0.02 for t in times)
+
+
+def test_the_timer_hooks_in_only_around_the_factory_call(tmp_path: Path) -> None:
+    """A loader made inside ``timing`` reports to its timer for its whole life; one made after the block, to none."""
+    data = make_tiny_pack(tmp_path / "tiny", records=8, shards=1, classes=2, min_side=32, max_side=48)
+    timer = StageTimer()
+    with timing(timer):
+        timed = make_torch_loader(data, "train", batch_size=4, image_size=16, rank=0, world_size=1, workers=0)
+    assert active_timer() is None
+    plain = make_torch_loader(data, "train", batch_size=4, image_size=16, rank=0, world_size=1, workers=0)
+    assert len(list(plain)) == 2 and timer.take() == BatchTimes()
+    assert len(list(timed)) == 2 and timer.take().decode > 0 and timer.take().decode > 0

@@ -31,6 +31,10 @@ def test_json_document_matches_the_documented_schema(tmp_path: Path) -> None:
     check(document, SCHEMA)
     assert document["schema_version"] == SCHEMA_VERSION == 1
     assert document["verdict"]["bound"] == "straggler" and document["verdict"]["straggler"] == 1
+    evidence = document["verdict"]["evidence"]  # the data the message says
+    assert (evidence["rank"], evidence["stage"], evidence["stage_ms"], evidence["iowait_pct"]) == (1, "read", 90.0, None)
+    assert set(evidence["loader_ms"]) == {"read", "decode", "consume"}
+    assert document["verdict"]["actions"] == [{"action": "pack_to_ssd", "data": "/data/imagenet"}]
     assert document["best"]["torch"]["workers"] == 2
     assert len(document["runs"][1]["ranks"][0]["timeline"]) == 10
     assert document["runs"][0]["system"] is None and document["data"]["disk"]["rotational"] is True
@@ -56,6 +60,8 @@ def test_schema_is_documented() -> None:
         "straggler",
         "store_io",
         "latency_ms",
+        "evidence",
+        "actions",
     ):
         assert f"`{key}`" in doc, key
 

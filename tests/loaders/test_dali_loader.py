@@ -101,7 +101,7 @@ def test_output_contract_normalized_uint8_and_channels_last(indexed: Path) -> No
 def test_batches_kept_by_the_caller_are_never_overwritten(indexed: Path, normalize: bool) -> None:
     """Batches are shared with DALI without a copy: every one kept must still hold its pixels after
     later batches, the next epoch and ``close()`` (DALI must not reuse a buffer the caller holds)."""
-    dl = loader(indexed, batch_size=2, normalize=normalize, prefetch=1, shuffle=False, train=False)
+    dl = loader(indexed, batch_size=2, normalize=normalize, prefetch_factor=1, shuffle=False, train=False)
     kept = [(images, images.clone()) for epoch in range(2) for images, _ in dl]
     assert len(kept) == 2 * (RECORDS // 2 + 1)
     dl.close()
@@ -340,9 +340,9 @@ def test_raw_readers_mxnet_reads_every_record_through_the_cumulative_index(index
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("prefetch", [1, 2, 3])
+@pytest.mark.parametrize("prefetch_factor", [1, 2, 3])
 def test_the_pipeline_is_built_once_when_each_epoch_stops_after_its_last_batch(
-    indexed: Path, prefetch: int, monkeypatch: pytest.MonkeyPatch
+    indexed: Path, prefetch_factor: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Driven as ``imgpipe train`` drives it (leave the loop right after batch len(loader)), the loader
     reuses its pipeline every epoch; an epoch left before its last batch costs one new pipeline."""
@@ -351,8 +351,8 @@ def test_the_pipeline_is_built_once_when_each_epoch_stops_after_its_last_batch(
     builds = []
     real_build = dali._build_pipeline
     monkeypatch.setattr(dali, "_build_pipeline", lambda *args: builds.append(1) or real_build(*args))
-    dl = loader(indexed, batch_size=4, prefetch=prefetch, seed=5)
-    reference = loader(indexed, batch_size=4, prefetch=prefetch, seed=5)
+    dl = loader(indexed, batch_size=4, prefetch_factor=prefetch_factor, seed=5)
+    reference = loader(indexed, batch_size=4, prefetch_factor=prefetch_factor, seed=5)
     for epoch in range(4):
         want = epoch_labels(reference)
         got = []

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from imgpipe.loaders.common import CURRENT_DEVICE, default_device, resolve_device
+from imgpipe.loaders.options import CURRENT_DEVICE, default_device, resolve_device
 from tests._tiny_shards import make_tiny_pack
 
 

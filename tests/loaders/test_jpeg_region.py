@@ -183,6 +183,6 @@ def test_a_record_damaged_only_below_its_crop_decodes_as_the_intact_one() -> Non
     damaged = intact[: int(len(intact) * 0.6)]  # the scan stops a little past the middle rows
     top = Crop(16, 8, 96, 64)
     assert torch.equal(pixels.decode_sample(damaged, lambda w, h: top, 32), pixels.decode_sample(intact, lambda w, h: top, 32))
-    with pytest.raises(OSError, match="truncated"):
+    with pytest.raises(pixels.UndecodableImage, match="truncated"):
         pixels.decode_sample(damaged, lambda w, h: Crop(16, 200, 96, 50), 32)
     assert decode_failure(damaged) == "truncated JPEG" and decode_failure(intact) is None

@@ -5,8 +5,12 @@ Real shards, the real factories (DALI's CPU build); nothing is iterated, the che
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import inspect
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from _tiny_shards import make_tiny_pack  # noqa: E402
 
 from imgpipe.errors import ConfigError  # noqa: E402
+from imgpipe.loaders.options import LoaderOptions, TorchLoaderOptions  # noqa: E402
 
 SHARED = [  # (argument, bad value, what the message must say)
     ("batch_size", 8.5, "batch_size must be an integer >= 1, got 8.5"),
@@ -48,14 +53,16 @@ SHARED = [  # (argument, bad value, what the message must say)
     ("block_shuffle", 0, "block_shuffle must be >= 1"),
     ("block_shuffle", 4.0, "block_shuffle must be an integer >= 1 or None"),
     ("shuffle_window", 8, "shuffle_window only applies with block_shuffle"),
+    ("prefetch_factor", 0, "prefetch_factor must be >= 1"),
+    ("prefetch_factor", 1.5, "prefetch_factor must be an integer"),
+    ("cache_dir", 3, "cache_dir must be a local folder (a str or path) or None"),
 ]
 TORCH_ONLY = [
     ("sample_transform", "flip", "sample_transform must be a callable"),
     ("persistent_workers", "no", "persistent_workers must be True or False"),
-    ("prefetch_factor", 0, "prefetch_factor must be >= 1"),
-    ("prefetch_factor", 1.5, "prefetch_factor must be an integer"),
     ("pin_memory", "auto", "pin_memory must be True, False or None"),
     ("multiprocessing_context", "thread", "multiprocessing_context must be one of"),
+    ("max_image_size", 0, "max_image_size must be >= 1"),
 ]
 DALI_ONLY = [
     ("prefetch", 0, "prefetch must be >= 1, got 0"),
@@ -95,10 +102,37 @@ def test_a_bad_argument_is_one_config_error_naming_it(
     tiny: Path, backend: str, argument: str, value: object, message: str, request: pytest.FixtureRequest
 ) -> None:
     kwargs = {"batch_size": 4, "image_size": 32, "workers": 0, "rank": 0, "world_size": 1, argument: value}
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(ConfigError) as info, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # prefetch, DALI's old name of prefetch_factor
         factory(backend, request)(tiny, **kwargs)
     assert message in str(info.value) and "\n" not in str(info.value)
     assert argument in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("factory_name", "options"),
+    [("imgpipe.loaders.torch.make_torch_loader", TorchLoaderOptions), ("imgpipe.loaders.dali.make_dali_loader", LoaderOptions)],
+)
+def test_each_factory_argument_is_an_option_with_the_same_default(factory_name: str, options: type) -> None:
+    """The factories' documented keyword arguments are the options type's fields, defaults included: declared once, checked once."""
+    module, _, name = factory_name.rpartition(".")
+    parameters = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    fields = {f.name: "required" if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(options)}
+    own = {p.name: "required" if p.default is p.empty else p.default for p in parameters.values() if p.name not in ("path", "prefetch")}
+    assert own == fields
+    assert "stage_timer" not in parameters  # the bench's timer hooks in through stage_timer.timing
+
+
+@pytest.mark.dali
+def test_dalis_prefetch_is_a_deprecated_name_of_prefetch_factor(tiny: Path, request: pytest.FixtureRequest) -> None:
+    make = factory("dali", request)
+    kwargs = {"batch_size": 4, "image_size": 32, "workers": 1, "rank": 0, "world_size": 1, "device": None}
+    with pytest.warns(DeprecationWarning, match="prefetch is deprecated: call it prefetch_factor"):
+        old = make(tiny, prefetch=3, **kwargs)
+    assert old._spec == make(tiny, prefetch_factor=3, **kwargs)._spec and old._spec.prefetch_factor == 3
+    with pytest.raises(ConfigError, match="give prefetch_factor alone"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        make(tiny, prefetch=3, prefetch_factor=4, **kwargs)
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])

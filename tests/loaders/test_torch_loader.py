@@ -6,6 +6,8 @@ import io
 import logging
 import os
 import queue
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,9 +29,9 @@ from train.proctree import descendants, wait_gone  # noqa: E402
 from imgpipe.errors import DatasetError  # noqa: E402
 from imgpipe.format.shardset import open_shards  # noqa: E402
 from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry  # noqa: E402
-from imgpipe.loaders.pixels import decode_sample  # noqa: E402
+from imgpipe.loaders.pixels import UndecodableImage, decode_sample  # noqa: E402
 from imgpipe.loaders.seeding import sample_rng  # noqa: E402
-from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
+from imgpipe.loaders.torch import BatchRequest, BuiltBatch, make_torch_loader  # noqa: E402
 
 SIZE = 32
 
@@ -205,7 +207,7 @@ def test_a_header_over_the_bomb_limit_is_refused_before_decoding(monkeypatch: py
 
     payload = tiny_jpeg(np.random.default_rng(0), 400, 300)
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 400 * 300 // 2 - 1)
-    with pytest.raises(Image.DecompressionBombError, match="400x300"):
+    with pytest.raises(UndecodableImage, match="400x300"):
         decode_sample(payload, lambda w, h: Crop(0.0, 0.0, float(w), float(h)), SIZE)
 
 
@@ -214,7 +216,7 @@ def test_a_truncated_jpeg_fails_with_pillows_reason() -> None:
     from _tiny_shards import tiny_jpeg
 
     payload = tiny_jpeg(np.random.default_rng(0), 400, 300)
-    with pytest.raises(OSError, match="truncated"):
+    with pytest.raises(UndecodableImage, match="truncated"):
         decode_sample(payload[: len(payload) // 2], lambda w, h: Crop(0.0, 0.0, float(w), float(h)), SIZE)
 
 
@@ -438,6 +440,67 @@ def test_skip_replaces_and_counts_without_changing_batches(corrupt: Path) -> Non
                 slot = batch.tolist().index(5)
                 donors = [s for s in range(4) if s != slot and np.array_equal(x[s], x[slot])]
                 assert donors and y[slot] == y[donors[0]]
+
+
+def test_a_batch_is_a_named_result_whose_error_is_a_typed_value(corrupt: Path) -> None:
+    """What a worker hands back: fields by name, the failure as an exception to raise, no length that counts records."""
+    loader = make_torch_loader(corrupt, batch_size=4, image_size=SIZE, workers=0, rank=0, world_size=1, normalize=False)
+    good = loader.dataset[BatchRequest(0, np.arange(0, 4))]
+    assert isinstance(good, BuiltBatch) and good.error is None and good.times is None and len(good.skipped) == 0
+    assert good.images.shape == (4, 3, SIZE, SIZE) and good.labels.tolist() == open_shards(corrupt, "train").labels[:4].tolist()
+    bad = loader.dataset[BatchRequest(0, np.arange(4, 8))]  # record 5 does not decode
+    assert isinstance(bad.error, DatasetError) and "record 5 " in str(bad.error)
+    with pytest.raises(TypeError):
+        len(loader.dataset)  # its items are batches, which the requests of a pass define
+
+
+def test_a_record_whose_framing_is_broken_is_skipped_or_named(tiny: Path, tmp_path: Path) -> None:
+    """A RecordIO framing error of one record (its magic overwritten on disk) is that record's failure, like an undecodable image."""
+    folder = tmp_path / "framing"
+    shutil.copytree(tiny, folder)
+    shards = open_shards(folder, "train")
+    shard, start, _ = shards.location(3)
+    with open(shards.rec_paths[shard], "r+b") as rec:
+        rec.seek(start)
+        rec.write(b"\0\0\0\0")
+    with pytest.raises(DatasetError, match=r"^cannot decode train-\d{5}-of-\d{5}\.rec record 3 .*bad magic 0x00000000"):
+        _run(_uint8(folder, shuffle=False))
+    loader = _uint8(folder, shuffle=False, on_corrupt="skip")
+    assert len(_run(loader)) == len(loader) and loader.skipped == 1
+
+
+def _crop_bug(*args: object, **kwargs: object) -> Crop:
+    raise ValueError("a bug in imgpipe's crop")
+
+
+def _box_outside(geometry: object, width: int, height: int, **kwargs: object) -> Crop:
+    return Crop(float(width), 0.0, float(width), float(height))  # a box right of the image: what a wrong crop could compute
+
+
+def _resize_bug(*args: object) -> torch.Tensor:
+    raise DatasetError("a bug in imgpipe's resize")
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize(
+    ("module", "name", "bug", "raised", "message"),
+    [
+        ("imgpipe.loaders.torch", "sample_crop", _crop_bug, ValueError, "a bug in imgpipe's crop"),
+        ("imgpipe.loaders.torch", "sample_crop", _box_outside, ValueError, "box can't exceed original image size"),
+        ("imgpipe.loaders.pixels", "resize", _resize_bug, DatasetError, "a bug in imgpipe's resize"),
+    ],
+    ids=["crop-raises", "crop-box-outside", "resize-raises"],
+)
+def test_skip_never_hides_an_error_of_imgpipes_own_crop_or_resize(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch, workers: int, module: str, name: str, bug: object, raised: type, message: str
+) -> None:
+    """on_corrupt='skip' replaces a record whose bytes do not decode; a bug in imgpipe's geometry reaches the caller as it is."""
+    monkeypatch.setattr(f"{module}.{name}", bug)
+    loader = _uint8(tiny, workers=workers, on_corrupt="skip")
+    with pytest.raises(raised, match=re.escape(message)):
+        _run(loader)
+    loader.close()
+    assert loader.skipped == 0
 
 
 # ------------------------------------------------------------------------------------------- memory

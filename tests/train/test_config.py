@@ -369,7 +369,7 @@ def test_data_prefetch_factor_reaches_the_trainers_and_the_benchs_torch_loaders(
     data = build_data(config, ctx)
     bench = make_loader("torch", config, ctx, None)
     try:
-        assert data.train._prefetch_factor == data.val._prefetch_factor == bench._prefetch_factor == 3
+        assert data.train.options.prefetch_factor == data.val.options.prefetch_factor == bench.options.prefetch_factor == 3
     finally:
         for loader in (data.train, data.val, bench):
             loader.close()

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from imgpipe._sys.distenv import DistEnv
-from imgpipe.loaders.common import check_loader_args, open_for_rank
+from imgpipe.loaders.common import open_for_rank
+from imgpipe.loaders.options import LoaderOptions
 
 # what srun exports to task 5 of a 2-node job with 4 tasks per node; no LOCAL_WORLD_SIZE
 SLURM_2_NODES = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4(x2)", "SLURM_NNODES": "2"}
@@ -30,18 +31,6 @@ def test_the_loader_of_a_slurm_rank_sees_its_node(packed: Path, monkeypatch: pyt
     for name, value in SLURM_2_NODES.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    args = check_loader_args(
-        split="train",
-        batch_size=4,
-        train=True,
-        image_size=32,
-        workers=None,
-        seed=0,
-        rank=5,
-        world_size=8,
-        device=None,
-        normalize=True,
-        channels_last=False,
-    )
-    env, _ = open_for_rank(packed, args)
+    options = LoaderOptions(batch_size=4, image_size=32, rank=5, world_size=8, device=None)
+    env, _ = open_for_rank(packed, options)
     assert (env.rank, env.world_size, env.local_world_size) == (5, 8, 4)
