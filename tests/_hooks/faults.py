@@ -12,11 +12,15 @@ A process started with :func:`hook_env`'s environment has this folder on its PYT
   models that differ between ranks); ``short-val`` leaves out its last validation batch.
 - ``IMGPIPE_BENCH_READ_DELAY_MS_RANK<r>=MS`` makes rank ``r``'s timed loader workers sleep MS ms
   on each record they read, as a slow disk would.
+- ``IMGPIPE_PACK_GATE=FIFO`` with ``IMGPIPE_PACK_GATED=NAME`` makes a pack, once it has read the source
+  file called NAME, wait until the test opens FIFO for writing and closes it (``wait_at_gate``), as a
+  read stuck on a slow mount would; pack reads only regular files, so a FIFO in SRC cannot do this.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import importlib.abc
 import importlib.machinery
 import os
@@ -27,6 +31,7 @@ from typing import Any, Callable, Iterator
 
 TRAIN_FAULT_ENV = "IMGPIPE_TRAIN_FAULT_RANK{rank}"
 READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
+PACK_GATE_ENV, PACK_GATED_ENV = "IMGPIPE_PACK_GATE", "IMGPIPE_PACK_GATED"
 KINDS = ("hang", "oom", "illegal-address", "unused-parameter", "short-val")
 ILLEGAL_ADDRESS_TEXT = "CUDA error: an illegal memory access was encountered"
 HERE = Path(__file__).resolve().parent
@@ -40,11 +45,36 @@ def hook_env(env: dict[str, str], **hooks: str) -> dict[str, str]:
 
 def install() -> None:
     """Patch imgpipe's modules as they are imported, when this process's environment asks for a hook."""
-    prefixes = (TRAIN_FAULT_ENV.split("{")[0], READ_DELAY_ENV.split("{")[0])
+    prefixes = (TRAIN_FAULT_ENV.split("{")[0], READ_DELAY_ENV.split("{")[0], PACK_GATE_ENV)
     if any(name.startswith(prefixes) for name in os.environ):
         patches = {"imgpipe.train.models": _patch_models, "imgpipe.train.data": _patch_data}
         patches["imgpipe.loaders.stage_timer"] = _patch_stage_timer
+        patches["imgpipe.packing.filereads"] = _patch_filereads
         sys.meta_path.insert(0, _AfterImport(patches))
+
+
+def gate_env(env: dict[str, str], gate: Path, name: str) -> dict[str, str]:
+    """``env`` for a pack that stops after reading the source file ``name`` until ``wait_at_gate(gate)`` lets it go on;
+    ``gate`` is made here, a FIFO outside SRC."""
+    os.mkfifo(gate)
+    return hook_env(env, **{PACK_GATE_ENV: str(gate), PACK_GATED_ENV: name})
+
+
+def wait_at_gate(gate: Path, timeout: float = 60.0, process: Any = None) -> int:
+    """Wait until a pack waits at ``gate`` (it has it open for reading); an fd whose close lets it go on.
+    ``process`` (a Popen) that ends first fails the wait."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return os.open(gate, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO until a reader has the FIFO open
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                raise
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"the pack ended (exit {process.returncode}) before it reached {gate}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no pack reached {gate} within {timeout} s")
+        time.sleep(0.01)
 
 
 def fault(rank: int) -> str | None:
@@ -151,6 +181,22 @@ def _patch_data(data: Any) -> None:
         return built
 
     data.build_data = build_short_data
+
+
+def _patch_filereads(filereads: Any) -> None:
+    gate, name = os.environ.get(PACK_GATE_ENV), os.environ.get(PACK_GATED_ENV)
+    if not gate or not name:
+        return
+    read = filereads.FileReads.read
+
+    def gated_read(self: Any) -> Iterator[Any]:
+        for path, data in zip(self.paths, read(self)):
+            if path.rsplit("/", 1)[-1] == name:
+                with open(gate, "rb") as fifo:  # opens once the test opens it for writing, reads to its close
+                    fifo.read()
+            yield data
+
+    filereads.FileReads.read = gated_read
 
 
 def _patch_stage_timer(stage_timer: Any) -> None:
