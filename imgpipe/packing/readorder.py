@@ -48,9 +48,10 @@ class UnitReads:
 
     unit: StreamUnit
     ordinals: np.ndarray
+    sizes: np.ndarray  # of each, as listed
 
     def read(self) -> Iterator[bytes | str]:
-        for j, (ordinal, data) in enumerate(self.unit.read(self.ordinals)):
+        for j, (ordinal, data) in enumerate(self.unit.read(self.ordinals, self.sizes)):
             if ordinal != self.ordinals[j]:  # pragma: no cover - readers yield what was asked, in order
                 raise PackError(f"{self.unit}: expected member {self.ordinals[j]}, got {ordinal}")
             yield data
@@ -136,7 +137,7 @@ class ReadOrder:
         if kind == STREAMS:
             ordinals, firsts = np.unique(self.key[group], return_index=True)
             unit = self.units[int(self.unit[first])]
-            reads: FileReads | MemberReads | UnitReads = UnitReads(unit, ordinals)
+            reads: FileReads | MemberReads | UnitReads = UnitReads(unit, ordinals, layout.sizes[group[firsts]])
             starts, what = np.append(firsts, len(group)), str(unit)
         elif kind == MEMBERS:
             reads, what = MemberReads(self._spans(group), self._paths(group)), str(self.archives[int(self.unit[first])])

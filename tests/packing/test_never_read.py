@@ -7,6 +7,7 @@ read of ``/dev/zero`` or of 3 GiB fails them rather than the machine, and a FIFO
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import resource
@@ -21,8 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import load_manifest
 from imgpipe.format.verify import verify
+from imgpipe.ingest.streams import StreamUnit
 from imgpipe.packing.filereads import FileReads
 from imgpipe.packing.packer import pack
 from imgpipe.synth.tree import make_synthetic
@@ -192,3 +195,18 @@ def test_a_file_that_changed_since_the_plan_is_read_no_further_than_the_plan_say
         NOT_REGULAR.format("a character device"),
         "unreadable (No such file or directory)",
     ]
+
+
+def test_a_tar_gz_member_that_changed_since_it_was_listed_is_one_line_before_its_read(tmp_path: Path) -> None:
+    """A ``.tar.gz`` is read from its start: its member's header, not the listing, says how many bytes follow. One
+    that differs from the listing stops the pack before its bytes are read."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo("a_n01440764.JPEG")
+        info.size = 1000
+        archive.addfile(info, io.BytesIO(b"x" * 1000))
+    path = tmp_path / "train_images_0.tar.gz"
+    path.write_bytes(gzip.compress(buffer.getvalue(), mtime=0))
+    assert list(StreamUnit(path).read(np.array([0]), np.array([1000]))) == [(0, b"x" * 1000)]
+    with pytest.raises(DatasetError, match=r"member a_n01440764.JPEG is 1,000 bytes, 10 when it was listed; it changed since"):
+        next(StreamUnit(path).read(np.array([0]), np.array([10])))
