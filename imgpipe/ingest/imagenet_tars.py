@@ -185,6 +185,8 @@ def _classify(paths: list[Path]) -> TarFiles:
 
 def _holds_tars(archive: ArchiveFile) -> bool:
     """True when the first file member of the tar is itself a .tar (a train tar)."""
+    if archive.size() == 0:
+        raise DatasetError(f"{archive}: an empty file (0 bytes), not a tar; download it again")
     try:
         with OpenArchive(archive) as source, open_tarfile(Window(source, 0, source.size)) as tar:  # type: ignore[arg-type]
             for member in tar:
@@ -356,6 +358,8 @@ def list_tar(source: OpenArchive, start: int, size: int, where: str, download: s
     corrupt, and saying to download ``download`` (the file holding it) again. Plain headers are
     walked by ``tarwalk``; a tar with any other kind is read by ``tarfile`` instead.
     """
+    if size == 0:
+        raise DatasetError(f"{where}: an empty file (0 bytes), not a tar; download {_holding(source, download, start)} again and rerun")
     try:
         return _listed(walk_file(Window(source, start, size), plain=True), source, start, size, where, download)
     except Unsupported:

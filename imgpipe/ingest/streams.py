@@ -124,6 +124,8 @@ def list_tar_gz(path: Path) -> list[TarEntry]:
     Reads to the end of the gzip stream, so a truncated download or a bad crc32 is a
     DatasetError naming the archive and the last member read.
     """
+    if path.stat().st_size == 0:
+        raise DatasetError(f"{path}: an empty file (0 bytes), not a .tar.gz; download it again and rerun")
     try:
         return _list_tar_gz(path, plain=True)
     except tarwalk.Unsupported:  # a header tarwalk leaves to tarfile: list it again, all of it by tarfile
