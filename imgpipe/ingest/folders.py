@@ -110,19 +110,20 @@ def _detect_layout(root: Path) -> tuple[str, dict[str, Path]]:
         if not found:
             raise DatasetError(f"{kaggle}: no train/ or val/ inside; extract them there from the Kaggle download")
         return "kaggle", _with_class_folders(found, "train")
-    if (root / IN21K_P["train"]).is_dir() or (root / IN21K_P["val"]).is_dir():
-        found = {split: root / name for split, name in IN21K_P.items() if (root / name).is_dir()}
-        if (root / IN21K_P_SMALL).is_dir():
-            logger.info("%s: not read (the classes ImageNet-21K-P leaves out)", root / IN21K_P_SMALL)
-        return "imagenet21k-p", _with_class_folders(found, IN21K_P["train"])
+    if (root / IN21K_P["train"]).is_dir():
+        return "imagenet21k-p", _in21k_p(root)
+    if (root / "train").is_dir():
+        found = {s: root / s for s in ("train", "val") if (root / s).is_dir()}
+        return "imagenet", _with_class_folders(found, "train")
+    if (root / IN21K_P["val"]).is_dir():  # the train folder not extracted yet: val alone
+        return "imagenet21k-p", _alone(root, IN21K_P["val"], _in21k_p(root))
     if (root / IN21K_P_SMALL).is_dir():
         raise DatasetError(
             f"{root / IN21K_P_SMALL}: the classes ImageNet-21K-P leaves out, never packed; {IN21K_P['train']}/ and "
             f"{IN21K_P['val']}/ are missing beside it: extract them there"
         )
-    if (root / "train").is_dir() or (root / "val").is_dir():
-        found = {s: root / s for s in ("train", "val") if (root / s).is_dir()}
-        return "imagenet", _with_class_folders(found, "train")
+    if (root / "val").is_dir():
+        return "imagenet", _alone(root, "val", {"val": root / "val"})
     names = _subdirs(root)
     layout_folder = next((name for name in names if name in NEVER_CLASSES), None)
     if layout_folder is not None:
@@ -130,6 +131,24 @@ def _detect_layout(root: Path) -> tuple[str, dict[str, Path]]:
     if names:
         return "class-folders", {"train": root}
     raise DatasetError(f"{root}: no class folders found; accepted layouts: {ACCEPTED_LAYOUTS}")
+
+
+def _in21k_p(root: Path) -> dict[str, Path]:
+    found = {split: root / name for split, name in IN21K_P.items() if (root / name).is_dir()}
+    if (root / IN21K_P_SMALL).is_dir():
+        logger.info("%s: not read (the classes ImageNet-21K-P leaves out)", root / IN21K_P_SMALL)
+    return _with_class_folders(found, IN21K_P["train"])
+
+
+def _alone(root: Path, val: str, found: dict[str, Path]) -> dict[str, Path]:
+    """``found``, a val split without its train split, once no folder beside it could be a class of a train split."""
+    beside = [name for name in _subdirs(root) if name != val and name not in (*IN21K_P.values(), IN21K_P_SMALL, "test")]
+    if beside:
+        raise DatasetError(
+            f"{root}: {val}/ beside {beside[0]}/ but no train folder; to pack class folders, move them into a train/ folder "
+            f"beside {val}/, or move {val}/ out of SRC"
+        )
+    return found
 
 
 def _with_class_folders(found: dict[str, Path], train_name: str) -> dict[str, Path]:

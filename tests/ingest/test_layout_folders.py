@@ -115,11 +115,13 @@ def only(*folders: str) -> Callable[[Path], None]:
         (only("Annotations/CLS-LOC", "ImageSets/CLS-LOC"), "Annotations: not a class folder: part of the Kaggle download; give the "
          "folder that holds ILSVRC/ as SRC"),
         (only("test"), "test: not a class folder: ImageNet's test images, which carry no labels"),
+        (only("val/n01440764", "cat", "dog"), "val/ beside cat/ but no train folder; to pack class folders, move them into a train/"),
+        (only("imagenet21k_val/n01440764", "n01443537"), "imagenet21k_val/ beside n01443537/ but no train folder"),
         (lambda src: (src / "val").mkdir() or (src / "val" / "ILSVRC2012_val_00000001.JPEG").write_bytes(b"x"),
          "val: flat val folder but no LOC_val_solution.csv beside it or at"),
     ],
     ids=["imagenet21k_small_classes", "imagenet21k_resized", "ILSVRC-without-Data", "CLS-LOC-with-test-only", "ILSVRC-given-as-SRC",
-         "test", "flat-val-without-csv"],
+         "test", "val-beside-class-folders", "imagenet21k_val-beside-a-class-folder", "flat-val-without-csv"],
 )  # fmt: skip
 def test_a_layout_missing_its_split_folders_is_one_line_saying_what_is_missing(
     build: Callable[[Path], None], message: str, tmp_path: Path
