@@ -10,17 +10,16 @@ A process started with :func:`hook_env`'s environment has this folder on its PYT
   CUDA raises it), ``illegal-address`` (the error CUDA gives for an illegal memory access);
   ``unused-parameter`` gives it a parameter no forward pass uses (set it on every rank: DDP refuses
   models that differ between ranks); ``short-val`` leaves out its last validation batch.
+- ``IMGPIPE_PACK_GATE=FIFO`` with ``IMGPIPE_PACK_GATED=NAME`` (``gate_env``) makes a pack, once it has
+  read the source file NAME, wait until the test lets it go on (``wait_at_gate``), as a read stuck on a
+  slow mount would; pack reads only regular files, so a FIFO in SRC can no longer do this.
 - ``IMGPIPE_BENCH_READ_DELAY_MS_RANK<r>=MS`` makes rank ``r``'s timed loader workers sleep MS ms
   on each record they read, as a slow disk would.
-- ``IMGPIPE_PACK_GATE=FIFO`` with ``IMGPIPE_PACK_GATED=NAME`` makes a pack, once it has read the source
-  file called NAME, wait until the test opens FIFO for writing and closes it (``wait_at_gate``), as a
-  read stuck on a slow mount would; pack reads only regular files, so a FIFO in SRC cannot do this.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import errno
 import importlib.abc
 import importlib.machinery
 import os
@@ -31,7 +30,6 @@ from typing import Any, Callable, Iterator
 
 TRAIN_FAULT_ENV = "IMGPIPE_TRAIN_FAULT_RANK{rank}"
 READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
-PACK_GATE_ENV, PACK_GATED_ENV = "IMGPIPE_PACK_GATE", "IMGPIPE_PACK_GATED"
 KINDS = ("hang", "oom", "illegal-address", "unused-parameter", "short-val")
 ILLEGAL_ADDRESS_TEXT = "CUDA error: an illegal memory access was encountered"
 HERE = Path(__file__).resolve().parent
@@ -45,12 +43,16 @@ def hook_env(env: dict[str, str], **hooks: str) -> dict[str, str]:
 
 def install() -> None:
     """Patch imgpipe's modules as they are imported, when this process's environment asks for a hook."""
-    prefixes = (TRAIN_FAULT_ENV.split("{")[0], READ_DELAY_ENV.split("{")[0], PACK_GATE_ENV)
+    prefixes = (TRAIN_FAULT_ENV.split("{")[0], READ_DELAY_ENV.split("{")[0])
     if any(name.startswith(prefixes) for name in os.environ):
         patches = {"imgpipe.train.models": _patch_models, "imgpipe.train.data": _patch_data}
         patches["imgpipe.loaders.stage_timer"] = _patch_stage_timer
-        patches["imgpipe.packing.filereads"] = _patch_filereads
         sys.meta_path.insert(0, _AfterImport(patches))
+    if os.environ.get(PACK_GATE_ENV):
+        sys.meta_path.insert(0, _AfterImport({"imgpipe.packing.filereads": _patch_filereads}))
+
+
+PACK_GATE_ENV, PACK_GATED_ENV = "IMGPIPE_PACK_GATE", "IMGPIPE_PACK_GATED"
 
 
 def gate_env(env: dict[str, str], gate: Path, name: str) -> dict[str, str]:
@@ -63,6 +65,8 @@ def gate_env(env: dict[str, str], gate: Path, name: str) -> dict[str, str]:
 def wait_at_gate(gate: Path, timeout: float = 60.0, process: Any = None) -> int:
     """Wait until a pack waits at ``gate`` (it has it open for reading); an fd whose close lets it go on.
     ``process`` (a Popen) that ends first fails the wait."""
+    import errno
+
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -75,6 +79,20 @@ def wait_at_gate(gate: Path, timeout: float = 60.0, process: Any = None) -> int:
         if time.monotonic() > deadline:
             raise AssertionError(f"no pack reached {gate} within {timeout} s")
         time.sleep(0.01)
+
+
+def _patch_filereads(filereads: Any) -> None:
+    gate, name = os.environ[PACK_GATE_ENV], os.environ.get(PACK_GATED_ENV)
+    read = filereads.FileReads.read
+
+    def gated_read(self: Any) -> Iterator[Any]:
+        for path, data in zip(self.paths, read(self)):
+            if path.rsplit("/", 1)[-1] == name:
+                with open(gate, "rb") as fifo:  # opens once the test opens it for writing, reads to its close
+                    fifo.read()
+            yield data
+
+    filereads.FileReads.read = gated_read
 
 
 def fault(rank: int) -> str | None:
@@ -181,22 +199,6 @@ def _patch_data(data: Any) -> None:
         return built
 
     data.build_data = build_short_data
-
-
-def _patch_filereads(filereads: Any) -> None:
-    gate, name = os.environ.get(PACK_GATE_ENV), os.environ.get(PACK_GATED_ENV)
-    if not gate or not name:
-        return
-    read = filereads.FileReads.read
-
-    def gated_read(self: Any) -> Iterator[Any]:
-        for path, data in zip(self.paths, read(self)):
-            if path.rsplit("/", 1)[-1] == name:
-                with open(gate, "rb") as fifo:  # opens once the test opens it for writing, reads to its close
-                    fifo.read()
-            yield data
-
-    filereads.FileReads.read = gated_read
 
 
 def _patch_stage_timer(stage_timer: Any) -> None:
