@@ -44,7 +44,6 @@ from imgpipe.format.layout import (
 )
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped, SplitInfo, load_manifest, write_manifest
 from imgpipe.image import codec, shrink
-from imgpipe.ingest.folders import warn_left_out
 from imgpipe.ingest.scan import scan
 from imgpipe.packing.checkpoint import CHECKPOINT_S
 from imgpipe.packing.journal import JOURNAL_DIR, Journal, ShardResult
@@ -311,10 +310,8 @@ def _plan(
     plan = make_plan(
         tree.root, tree.classes, items, options=options, shard_size=shard_size, shard_counts=counts, shuffle=shuffle, seed=seed, spans=spans
     )
-    unread = plan.rejected
+    unread = plan.rejected  # left out by the plan, after those the scan left out
     plan.rejected = {name: s.rejected + unread.get(name, []) for name, s in tree.splits.items() if s.rejected or unread.get(name)}
-    for path, reason in (item for rejected in unread.values() for item in rejected):
-        warn_left_out(tree.root, path, reason)
     plan.layout = tree.layout
     return plan, tree.root
 

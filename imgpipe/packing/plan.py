@@ -28,6 +28,7 @@ from imgpipe.errors import PackError
 from imgpipe.format.layout import shard_stem
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, MAX_RECORD_BYTES
 from imgpipe.ingest.filekinds import mode_reason
+from imgpipe.ingest.folders import warn_left_out
 from imgpipe.packing.filereads import opens_are_round_trips
 
 if TYPE_CHECKING:
@@ -228,6 +229,8 @@ def make_plan(
         unread.update((k, too_large(int(sizes[k]))) for k in np.flatnonzero(sizes + IR_SIZE >= MAX_RECORD_BYTES).tolist())
         if unread:
             rejected[name] = [(paths[k], unread[k]) for k in sorted(unread)]
+            for path, reason in rejected[name]:
+                warn_left_out(root, path, reason)
             keep = np.setdiff1d(np.arange(len(paths)), np.fromiter(unread, np.int64))
             paths, labels, sizes = [paths[k] for k in keep.tolist()], labels[keep], sizes[keep]
             places = places[keep] if places is not None else None
