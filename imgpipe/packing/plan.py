@@ -243,7 +243,7 @@ def make_plan(
             count = shard_counts[name]
         else:
             count = max(1, math.ceil(estimated / shard_size))
-        if count > len(paths):
+        if 0 < len(paths) < count:
             asked = f"--shards {count}" if shard_counts is not None else f"--shard-size {shard_size:,} B ({count} shards)"
             logger.warning("split %s: %s but only %d image(s): writing %d shard(s) of one image", name, asked, len(paths), len(paths))
         count = max(1, min(count, len(paths)))

@@ -210,3 +210,14 @@ def test_a_tar_gz_member_that_changed_since_it_was_listed_is_one_line_before_its
     assert list(StreamUnit(path).read(np.array([0]), np.array([1000]))) == [(0, b"x" * 1000)]
     with pytest.raises(DatasetError, match=r"member a_n01440764.JPEG is 1,000 bytes, 10 when it was listed; it changed since"):
         next(StreamUnit(path).read(np.array([0]), np.array([10])))
+
+
+def test_a_source_of_nothing_but_files_that_are_not_regular_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "src" / "A").mkdir(parents=True)
+    (tmp_path / "src" / "A" / "zero.JPEG").symlink_to("/dev/zero")
+    result = bounded_pack(tmp_path / "src", tmp_path / "out")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("imgpipe: error:")]
+    first = f"train: A/zero.JPEG: {NOT_REGULAR.format('a character device')}"
+    assert errors == [f"imgpipe: error: every source image was skipped (first: {first}); nothing to pack"]
+    assert "but only 0 image(s)" not in result.stderr
