@@ -1,8 +1,8 @@
 """What a path is stored on: block device, mount point, filesystem, rotational or network.
 
-Reads ``/proc/mounts`` and ``/sys/block/*/queue/rotational`` (Linux); elsewhere the fields
-it cannot know are None / False. Used by ``imgpipe pack`` (free space, SSD advice) and by
-``imgpipe bench`` (is the data on slow storage?).
+The mounts come from ``psutil.disk_partitions(all=True)``, rotational from
+``/sys/block/*/queue/rotational`` (Linux; elsewhere None). Used by ``imgpipe pack`` (free space, SSD
+advice, how to read the source) and by ``imgpipe bench`` (is the data on slow storage?).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple, Sequence
 
 from imgpipe.errors import ImgpipeError, PackError
 
@@ -67,17 +68,22 @@ class DiskInfo:
         return bool(self.rotational) or self.network
 
 
-def _unescape_mount_field(field: str) -> str:
-    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+class Mount(NamedTuple):
+    """One mounted file system, as ``psutil.disk_partitions`` gives it."""
+
+    device: str
+    mountpoint: str
+    fstype: str
 
 
-def _read_mounts(mounts_file: str) -> list[tuple[str, str, str]]:
+def mounts() -> list[Mount]:
+    """Every mount of this machine, pseudo file systems included (``all=True``: tmpfs, NFS, FUSE); [] where none can be read."""
+    import psutil
+
     try:
-        with open(mounts_file, encoding="utf-8", errors="replace") as f:
-            rows = [line.split() for line in f]
+        return [Mount(p.device, p.mountpoint, p.fstype) for p in psutil.disk_partitions(all=True)]
     except OSError:
         return []
-    return [(_unescape_mount_field(r[0]), _unescape_mount_field(r[1]), r[2]) for r in rows if len(r) >= 3]
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -109,14 +115,17 @@ def _rotational(device: str, sys_block: Path) -> bool | None:
     return None
 
 
-def device_for_path(path: str | os.PathLike, *, mounts_file: str = "/proc/mounts", sys_block: str | os.PathLike = "/sys/block") -> DiskInfo:
-    """Find the mount holding ``path`` (which need not exist yet) and describe its device."""
+def device_for_path(
+    path: str | os.PathLike, *, mounted: Sequence[Mount] | None = None, sys_block: str | os.PathLike = "/sys/block"
+) -> DiskInfo:
+    """Find the mount holding ``path`` (which need not exist yet) among ``mounted`` (this machine's ``mounts()``
+    when None) and describe its device."""
     target = os.path.realpath(os.path.abspath(path))  # non-strict: a path that does not exist yet is fine
-    best: tuple[str, str, str] | None = None
-    for device, mountpoint, fstype in _read_mounts(mounts_file):
+    best: Mount | None = None
+    for device, mountpoint, fstype in mounts() if mounted is None else mounted:
         inside = target == mountpoint or target.startswith(mountpoint.rstrip("/") + "/")
         if inside and (best is None or len(mountpoint) >= len(best[1])):
-            best = (device, mountpoint, fstype)
+            best = Mount(device, mountpoint, fstype)
     if best is None:
         return DiskInfo(device="", mountpoint="/", fstype="", rotational=None, network=False)
     device, mountpoint, fstype = best
@@ -150,10 +159,10 @@ def check_free_space(path: str | os.PathLike, needed: int, *, what: str = "the o
 
 
 def warn_if_slow(
-    path: str | os.PathLike, *, role: str = "DST", mounts_file: str = "/proc/mounts", sys_block: str | os.PathLike = "/sys/block"
+    path: str | os.PathLike, *, role: str = "DST", mounted: Sequence[Mount] | None = None, sys_block: str | os.PathLike = "/sys/block"
 ) -> DiskInfo:
     """Log a warning with SSD advice when ``path`` is on a rotational disk or a network filesystem."""
-    info = device_for_path(path, mounts_file=mounts_file, sys_block=sys_block)
+    info = device_for_path(path, mounted=mounted, sys_block=sys_block)
     if info.network:
         logger.warning(
             "%s %s is on a network filesystem (%s at %s): reads and writes will be slow; use a local SSD if you can",

@@ -37,10 +37,18 @@ NOT_UTF8_REASON = "file or folder name is not valid UTF-8 (the manifest and the 
 KAGGLE_DATA = ("ILSVRC", "Data", "CLS-LOC")
 IN21K_P = {"train": "imagenet21k_train", "val": "imagenet21k_val"}  # ImageNet-21K-P's split folders
 IN21K_P_SMALL = "imagenet21k_small_classes"  # beside them: the classes ImageNet-21K-P leaves out
+IN21K_P_DOWNLOAD = "imagenet21k_resized"  # the folder image-net.org's ImageNet-21K-P download holds them in
+NEVER_CLASSES = {  # folder names of the layouts above, never a class: what each is, and what to do
+    "test": "ImageNet's test images, which carry no labels; give the folder that holds train/ or val/",
+    IN21K_P_DOWNLOAD: f"the folder ImageNet-21K-P's download unpacks to; give it as SRC (it holds {IN21K_P['train']}/)",
+    KAGGLE_DATA[0]: f"the Kaggle download without {'/'.join(KAGGLE_DATA[1:])}/ inside; extract its train/ and val/ there",
+    **{name: f"part of the Kaggle download; give the folder that holds {KAGGLE_DATA[0]}/ as SRC"
+       for name in (*KAGGLE_DATA[1:], "Annotations", "ImageSets")},
+}  # fmt: skip
 ACCEPTED_LAYOUTS = (
-    "SRC/train/<wnid>/* with optional SRC/val/ (class folders, or flat with LOC_val_solution.csv); "
+    "SRC/train/<wnid>/* and/or SRC/val/ (class folders, or flat with LOC_val_solution.csv); "
     "the Kaggle download SRC/ILSVRC/Data/CLS-LOC/{train,val} with SRC/LOC_val_solution.csv; "
-    "ImageNet-21K-P's SRC/imagenet21k_train/<wnid>/* with optional SRC/imagenet21k_val/<wnid>/*; "
+    "ImageNet-21K-P's SRC/imagenet21k_train/<wnid>/* and/or SRC/imagenet21k_val/<wnid>/*; "
     "or SRC/<class>/* class folders"
 )
 
@@ -94,29 +102,61 @@ def scan_folders(src: str | os.PathLike, splits: Sequence[str] | None = None) ->
 
 
 def _detect_layout(root: Path) -> tuple[str, dict[str, Path]]:
-    """The layout name and the folder of each split it has."""
-    kaggle = root.joinpath(*KAGGLE_DATA)
-    if kaggle.is_dir():
+    """The layout name and the folder of each split it has. A folder name that belongs to a layout is never a class:
+    a layout with a split missing is packed with the splits it has, or is one line saying what is missing."""
+    kaggle = next((root.joinpath(*KAGGLE_DATA[k:]) for k in range(3) if root.joinpath(*KAGGLE_DATA[k:]).is_dir()), None)
+    if kaggle is not None:  # SRC holds ILSVRC/, or is ILSVRC/ or ILSVRC/Data/
         found = {s: kaggle / s for s in ("train", "val") if (kaggle / s).is_dir()}
-        if found:
-            return "kaggle", found
+        if not found:
+            raise DatasetError(f"{kaggle}: no train/ or val/ inside; extract them there from the Kaggle download")
+        return "kaggle", _with_class_folders(found, "train")
     if (root / IN21K_P["train"]).is_dir():
-        found = {split: root / name for split, name in IN21K_P.items() if (root / name).is_dir()}
-        if not _subdirs(found["train"]):
-            raise DatasetError(f"{found['train']}: no class folders inside; expected {IN21K_P['train']}/<wnid>/<image>")
-        if (root / IN21K_P_SMALL).is_dir():
-            logger.info("%s: not read (the classes ImageNet-21K-P leaves out)", root / IN21K_P_SMALL)
-        return "imagenet21k-p", found
+        return "imagenet21k-p", _in21k_p(root)
     if (root / "train").is_dir():
-        found = {"train": root / "train"}
-        if (root / "val").is_dir():
-            found["val"] = root / "val"
-        if not _subdirs(found["train"]):
-            raise DatasetError(f"{root / 'train'}: no class folders inside; expected train/<wnid>/<image> (accepted: {ACCEPTED_LAYOUTS})")
-        return "imagenet", found
-    if _subdirs(root):
+        found = {s: root / s for s in ("train", "val") if (root / s).is_dir()}
+        return "imagenet", _with_class_folders(found, "train")
+    if (root / IN21K_P["val"]).is_dir():  # the train folder not extracted yet: val alone
+        return "imagenet21k-p", _alone(root, IN21K_P["val"], _in21k_p(root))
+    if (root / IN21K_P_SMALL).is_dir():
+        raise DatasetError(
+            f"{root / IN21K_P_SMALL}: the classes ImageNet-21K-P leaves out, never packed; {IN21K_P['train']}/ and "
+            f"{IN21K_P['val']}/ are missing beside it: extract them there"
+        )
+    if (root / "val").is_dir():
+        return "imagenet", _alone(root, "val", {"val": root / "val"})
+    names = _subdirs(root)
+    layout_folder = next((name for name in names if name in NEVER_CLASSES), None)
+    if layout_folder is not None:
+        raise DatasetError(f"{root / layout_folder}: not a class folder: {NEVER_CLASSES[layout_folder]}")
+    if names:
         return "class-folders", {"train": root}
     raise DatasetError(f"{root}: no class folders found; accepted layouts: {ACCEPTED_LAYOUTS}")
+
+
+def _in21k_p(root: Path) -> dict[str, Path]:
+    found = {split: root / name for split, name in IN21K_P.items() if (root / name).is_dir()}
+    if (root / IN21K_P_SMALL).is_dir():
+        logger.info("%s: not read (the classes ImageNet-21K-P leaves out)", root / IN21K_P_SMALL)
+    return _with_class_folders(found, IN21K_P["train"])
+
+
+def _alone(root: Path, val: str, found: dict[str, Path]) -> dict[str, Path]:
+    """``found``, a val split without its train split, once no folder beside it could be a class of a train split."""
+    beside = [name for name in _subdirs(root) if name != val and name not in (*IN21K_P.values(), IN21K_P_SMALL, "test")]
+    if beside:
+        raise DatasetError(
+            f"{root}: {val}/ beside {beside[0]}/ but no train folder; to pack class folders, move them into a train/ folder "
+            f"beside {val}/, or move {val}/ out of SRC"
+        )
+    return found
+
+
+def _with_class_folders(found: dict[str, Path], train_name: str) -> dict[str, Path]:
+    """``found``, once its train folder (named ``train_name``) holds class folders; a val folder may be flat."""
+    train = found.get("train")
+    if train is not None and not _subdirs(train):
+        raise DatasetError(f"{train}: no class folders inside; expected {train_name}/<wnid>/<image> (accepted: {ACCEPTED_LAYOUTS})")
+    return found
 
 
 def _subdirs(folder: Path) -> list[str]:
@@ -283,14 +323,15 @@ def _scan_class_folders(root: Path, folder: Path, index: dict[str, int], split: 
 
 def _find_val_csv(root: Path, val: Path) -> Path:
     folders = [val.parent, root, val]
-    if root.parts[-3:] == KAGGLE_DATA:  # SRC is ILSVRC/Data/CLS-LOC inside a Kaggle download
-        folders.append(root.parents[2])
+    if val.parent.parts[-3:] == KAGGLE_DATA:  # inside a Kaggle download: its CSV lies beside ILSVRC/
+        folders.append(val.parent.parents[2])
     for candidate in (folder / VAL_CSV for folder in folders):
         if candidate.is_file():
             return candidate
+    instead = ", or pack only train (--splits train)" if (val.parent / "train").is_dir() else ""
     raise DatasetError(
-        f"{val}: flat val folder but no {VAL_CSV} beside it or at {root}; "
-        "put the Kaggle LOC_val_solution.csv there, sort val into class folders, or pack only train (--splits train)"
+        f"{val}: flat val folder but no {VAL_CSV} beside it or at {root}; put the Kaggle {VAL_CSV} there or sort val into class "
+        f"folders{instead}"
     )
 
 

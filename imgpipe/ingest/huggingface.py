@@ -28,6 +28,7 @@ from imgpipe._sys.threads import DaemonPool
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.ingest.classnames import names_for_indices
+from imgpipe.ingest.filekinds import tar_reason
 from imgpipe.ingest.folders import NEWLINE_REASON, SourceTree, SplitItems, match_archive_name, warn_left_out
 from imgpipe.ingest.imagenet_tars import ESCAPE_REASON
 from imgpipe.ingest.parquet import (
@@ -52,7 +53,7 @@ TAR_GZ_NAME = re.compile(r"(?P<split>train|val|test)_images(?:_\d+)?\.tar\.gz")
 SPLITS = {"train": "train", "validation": "val", "val": "val"}
 HF_NAME = re.compile(r"^(?P<name>.+)_(?P<wnid>n\d{8})\.JPEG$")
 HIDDEN = (".", "__")  # iter_archive skips members whose base name starts so
-LISTING_VERSION = 2  # of the cached listings' content
+LISTING_VERSION = 3  # of the cached listings' content
 
 
 @dataclass(frozen=True)
@@ -111,11 +112,11 @@ def scan_hf(files: HfFiles, splits: Sequence[str] | None, workers: int | None = 
         pyarrow_parquet()  # imported once here, before the listing and pack workers fork, not once in each
     label_split = "train" if "train" in files.splits else "val"
     listed = {split: _list_split(files, split, workers, cache) for split in dict.fromkeys([label_split, *wanted])}
-    named = {split: all(HF_NAME.match(row.name.rsplit("/", 1)[-1]) for row in rows) for split, (_, rows) in listed.items()}
+    named = {split: all(HF_NAME.match(row.name.rsplit("/", 1)[-1]) for row in rows) for split, (_, rows, _) in listed.items()}
     by_wnid = named[label_split] and all(named[s] for s in wanted)
     if by_wnid:
         if files.layout == "hf-parquet":
-            _check_labels(*listed[label_split])
+            _check_labels(*listed[label_split][:2])
         classes = sorted({_wnid(row) for row in listed[label_split][1]})
         index = {wnid: k for k, wnid in enumerate(classes)}
     else:
@@ -124,8 +125,11 @@ def scan_hf(files: HfFiles, splits: Sequence[str] | None, workers: int | None = 
         index = {name: k for k, name in enumerate(classes)}
     tree = SourceTree(root=files.root, layout=files.layout, classes=classes)
     for split in wanted:
-        units, rows = listed[split]
+        units, rows, irregular = listed[split]
         tree.splits[split] = _items(files, split, units, rows, index, None if by_wnid else names)
+        for path, reason in irregular:
+            warn_left_out(files.root, path, reason)
+        tree.splits[split].rejected[:0] = irregular
         logger.info("%s: %d images in %d file(s)", split, len(tree.splits[split]), len(files.splits[split]))
     return tree
 
@@ -194,26 +198,31 @@ def _check_labels(units: list[StreamUnit], rows: list[_Row]) -> None:
 # ----------------------------------------------------------------------------- listing
 
 
-def _list_split(files: HfFiles, split: str, workers: int | None, cache: Path | None) -> tuple[list[StreamUnit], list[_Row]]:
-    """The split's units and rows in file order, listing each file once (``workers`` at a time) or taking it from ``cache``."""
+def _list_split(
+    files: HfFiles, split: str, workers: int | None, cache: Path | None
+) -> tuple[list[StreamUnit], list[_Row], list[tuple[str, str]]]:
+    """The split's units and rows in file order, and (path, reason) of the members that are not regular files; listing each
+    file once (``workers`` at a time) or taking it from ``cache``."""
     paths = files.splits[split]
     lister = _list_parquet if files.layout == "hf-parquet" else _list_tar_gz
     tasks = [(lister, path, cache) for path in paths]
     parallel = min(workers or available_cpus(), len(tasks))
     units: list[StreamUnit] = []
     rows: list[_Row] = []
+    irregular: list[tuple[str, str]] = []
     if files.layout == "hf-parquet":  # pyarrow reads without the GIL: threads, with no process to start
         listings = _in_threads(tasks, parallel)
         release_memory()  # before the pack's workers fork: one writing into the listing's freed pages would copy each
     else:  # tarfile's stream reading holds the GIL between small reads: processes
         listings = list(map_in_processes(_listed, tasks, workers=parallel))
     for path, listing in zip(paths, listings):
-        file_units, file_rows = _load_listing(path, listing)
+        file_units, file_rows, file_irregular = _load_listing(path, listing)
         for row in file_rows:
             row.unit += len(units)
         units += file_units
         rows += file_rows
-    return units, rows
+        irregular += [(f"{path.relative_to(files.root).as_posix()}/{name}", reason) for name, reason in file_irregular]
+    return units, rows, irregular
 
 
 def _in_threads(tasks: list[tuple[Any, Path, Path | None]], threads: int) -> list[bytes]:
@@ -248,52 +257,61 @@ def _listed(task: tuple[Any, Path, Path | None]) -> bytes:
     return data
 
 
-def _listing_bytes(units: list[StreamUnit], rows: list[_Row]) -> bytes:
+def _listing_bytes(units: list[StreamUnit], rows: list[_Row], irregular: list[tuple[str, str]]) -> bytes:
     buffer = io.BytesIO()
+    text = lambda parts: np.frombuffer("\0".join(parts).encode("utf-8", "surrogateescape"), np.uint8)  # noqa: E731
     np.savez(
-        buffer, names=np.frombuffer("\n".join(row.name for row in rows).encode("utf-8", "surrogateescape"), np.uint8),
+        buffer, names=text(row.name for row in rows),
         fields=np.array([(row.unit, row.ordinal, row.size, row.label) for row in rows], np.int64).reshape(-1, 4),
-        parquet=np.array([unit.parquet for unit in units], bool),
+        parquet=np.array([unit.parquet for unit in units], bool), irregular=text(part for pair in irregular for part in pair),
     )  # fmt: skip
     return buffer.getvalue()
 
 
-def _load_listing(path: Path, listing: bytes) -> tuple[list[StreamUnit], list[_Row]]:
+def _load_listing(path: Path, listing: bytes) -> tuple[list[StreamUnit], list[_Row], list[tuple[str, str]]]:
     with np.load(io.BytesIO(listing), allow_pickle=False) as data:
-        text = data["names"].tobytes().decode("utf-8", "surrogateescape")
-        names = text.split("\n") if text else []
+        names, irregular = (_split(data[key]) for key in ("names", "irregular"))
         fields = data["fields"].tolist()
         units = [StreamUnit(path, bool(parquet)) for parquet in data["parquet"]]
-    if len(names) != len(fields):
+    if len(names) != len(fields) or len(irregular) % 2:
         raise ValueError("listing cache does not match itself")
-    return units, [_Row(name, *row) for name, row in zip(names, fields)]
+    return units, [_Row(name, *row) for name, row in zip(names, fields)], list(zip(irregular[::2], irregular[1::2]))
 
 
-def _list_tar_gz(path: Path) -> tuple[list[StreamUnit], list[_Row]]:
-    """The ``.JPEG`` files the loading script reads from one ``.tar.gz``: the regular members ``iter_archive`` yields."""
+def _split(text: np.ndarray) -> list[str]:
+    """The NUL-separated strings of ``_listing_bytes`` (a name never holds a NUL)."""
+    decoded = text.tobytes().decode("utf-8", "surrogateescape")
+    return decoded.split("\0") if decoded else []
+
+
+def _list_tar_gz(path: Path) -> tuple[list[StreamUnit], list[_Row], list[tuple[str, str]]]:
+    """The ``.JPEG`` files the loading script reads from one ``.tar.gz``: the regular members ``iter_archive`` yields; and
+    (name, reason) of the ``.JPEG`` members that are not regular files (links, devices), which it skips too."""
     entries = list_tar_gz(path)
-    rows, ignored = [], 0
+    rows, irregular, ignored = [], [], 0
     for entry in entries:
-        if not entry.name.endswith(".JPEG"):
+        if not entry.name.endswith(".JPEG") or entry.type == tarfile.DIRTYPE:
             continue
-        if entry.type not in tarfile.REGULAR_TYPES or entry.name.rsplit("/", 1)[-1].startswith(HIDDEN):
+        if entry.name.rsplit("/", 1)[-1].startswith(HIDDEN):
             ignored += 1
-            continue
-        rows.append(_Row(entry.name, 0, entry.offset, entry.size))
+        elif (reason := tar_reason(entry)) is not None:
+            irregular.append((entry.name, reason))
+        else:
+            rows.append(_Row(entry.name, 0, entry.offset, entry.size))
     if ignored:
-        logger.info("%s: ignored %d .JPEG members iter_archive skips (links, names starting with . or __)", path, ignored)
-    if entries and not rows:
+        logger.info("%s: ignored %d .JPEG members iter_archive skips (names starting with . or __)", path, ignored)
+    if entries and not rows and not irregular:
         raise DatasetError(f"{path}: no .JPEG members; is this a Hugging Face imagenet-1k tarball?")
     for row in rows:
         if not HF_NAME.match(row.name.rsplit("/", 1)[-1]):
             raise DatasetError(f"{path}: member {row.name} is not named <image>_<wnid>.JPEG, so its class is unknown")
-    return [StreamUnit(path)], rows
+    return [StreamUnit(path)], rows, irregular
 
 
-def _list_parquet(path: Path) -> tuple[list[StreamUnit], list[_Row]]:
+def _list_parquet(path: Path) -> tuple[list[StreamUnit], list[_Row], list[tuple[str, str]]]:
     """Every row of one Parquet file: its path (or a name from its position), image size and label."""
     with open_parquet(path) as parquet:
-        return [StreamUnit(path, parquet=True)], _parquet_rows(path, parquet)
+        return [StreamUnit(path, parquet=True)], _parquet_rows(path, parquet), []
 
 
 def _parquet_rows(path: Path, parquet: Any) -> list[_Row]:

@@ -2,10 +2,11 @@
 
 Items are the extracted tree's, in its order and with its labels, so the shards are byte-identical to
 the tree's; each is a (byte offset, size) span of the outer tar, read with one ``pread``. The train tar
-may come in parts (``split-tar``, ``members.ArchiveFile``); members are what extraction leaves
-(``resolve_links``). Python's ``tarfile`` stops quietly at a header it cannot parse, which is how a
-truncated download looks, so the listing also requires the end-of-archive block and every member's
-data inside the file, and names the tar and the member where the damage starts.
+may come in parts (``split-tar``, ``members.ArchiveFile``). Items are its regular members, the last of a
+repeated name as extraction keeps it (``regular_members``: a link or a device is listed as skipped).
+Python's ``tarfile`` stops quietly at a header it cannot parse, which is how a truncated download
+looks, so the listing also requires the end-of-archive block and every member's data inside the file,
+and names the tar and the member where the damage starts.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.ingest.devkit import DEVKIT_NAME, META, Devkit, can_read_meta, read_devkit
+from imgpipe.ingest.filekinds import tar_reason
 from imgpipe.ingest.folders import (
     NEWLINE_REASON,
     VAL_CSV,
@@ -38,7 +40,7 @@ from imgpipe.ingest.folders import (
     read_val_csv,
     warn_left_out,
 )
-from imgpipe.ingest.members import DANGLING_LINK, OUTSIDE_LINK, SPAN, ArchiveFile, MemberSpans, OpenArchive
+from imgpipe.ingest.members import ArchiveFile, MemberSpans, OpenArchive
 from imgpipe.ingest.tarwalk import BLOCK, TarEntry, TarfileWalk, TarWalk, Unsupported, open_tarfile, walk_file
 
 logger = logging.getLogger(__name__)
@@ -47,7 +49,6 @@ TRAIN_TAR = "ILSVRC2012_img_train.tar"
 VAL_TAR = "ILSVRC2012_img_val.tar"
 ESCAPE_REASON = "member name is absolute or climbs out with '..'"
 KEEP, HIDDEN, NOT_AN_IMAGE = "keep", "hidden", "not an image"  # member_verdict's answers other than a reason to report
-MAX_LINK_HOPS = 40  # Linux's limit on symbolic links followed in one path lookup
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,6 @@ class _Listing:
     names: list[str]
     offsets: np.ndarray
     sizes: np.ndarray
-    kinds: np.ndarray
     rejected: list[tuple[str, str]] = field(default_factory=list)
     ignored: int = 0
 
@@ -185,6 +185,8 @@ def _classify(paths: list[Path]) -> TarFiles:
 
 def _holds_tars(archive: ArchiveFile) -> bool:
     """True when the first file member of the tar is itself a .tar (a train tar)."""
+    if archive.size() == 0:
+        raise DatasetError(f"{archive}: an empty file (0 bytes), not a tar; download it again")
     try:
         with OpenArchive(archive) as source, open_tarfile(Window(source, 0, source.size)) as tar:  # type: ignore[arg-type]
             for member in tar:
@@ -239,9 +241,9 @@ def _class_tars(archive: ArchiveFile) -> dict[str, tuple[int, int]]:
     found: dict[str, tuple[int, int]] = {}
     ignored = 0
     with OpenArchive(archive) as source:
-        members, _ = resolve_links(list_tar(source, 0, source.size, str(archive), archive.name))
-    for name, offset, size, _kind in members:
-        if "/" in name or not name.endswith(".tar") or name.startswith(".") or _kind != SPAN:
+        members, _ = regular_members(list_tar(source, 0, source.size, str(archive), archive.name))
+    for name, offset, size, *_ in members:
+        if "/" in name or not name.endswith(".tar") or name.startswith("."):
             ignored += 1
             continue
         found[name[: -len(".tar")]] = (offset, size)
@@ -287,10 +289,7 @@ def _scan_val(archive: ArchiveFile, tars: TarFiles, devkit: Devkit | None, index
 def _items(listings: list[_Listing], labels: list[np.ndarray], archive: ArchiveFile) -> SplitItems:
     names = [name for listing in listings for name in listing.names]
     join = lambda arrays, dtype: np.concatenate(arrays) if arrays else np.zeros(0, dtype)  # noqa: E731
-    spans = MemberSpans.of(
-        archive, join([x.offsets for x in listings], np.int64), join([x.sizes for x in listings], np.int64),
-        join([x.kinds for x in listings], np.int8),
-    )  # fmt: skip
+    spans = MemberSpans.of(archive, join([x.offsets for x in listings], np.int64), join([x.sizes for x in listings], np.int64))
     ignored = sum(listing.ignored for listing in listings)
     if ignored:
         logger.info("%s: ignored %d members without an image extension", archive, ignored)
@@ -306,117 +305,50 @@ def _list_images(archive: ArchiveFile, start: int, size: int, prefix: str, root:
     """The image members of the tar at [start, start + size) of ``archive``, as ``prefix/name``
     (``prefix`` relative to ``root``), sorted as ImageFolder sorts, as extraction would leave them."""
     with OpenArchive(archive) as source:
-        members, rejected = resolve_links(list_tar(source, start, size, str(root / prefix), archive.name))
-    found: list[tuple[str, int, int, int]] = []
+        members, irregular = regular_members(list_tar(source, start, size, str(root / prefix), archive.name))
+    found: list[tuple[str, int, int]] = []
     ignored = 0
-    rejected = [(f"{prefix}/{name}", reason) for name, reason in rejected if is_image_name(name)]
-    for name, offset, length, kind in members:
+    rejected: list[tuple[str, str]] = []
+    for name, offset, length, *_ in members:
         path = f"{prefix}/{name}"
         verdict = member_verdict(name, name)
         if verdict == KEEP:
-            found.append((path, offset, length, kind))
+            found.append((path, offset, length))
         elif verdict == NOT_AN_IMAGE:
             ignored += 1
         elif verdict != HIDDEN:
             rejected.append((path, verdict))
+    for name, reason in irregular:
+        verdict = member_verdict(name, name)
+        if verdict not in (HIDDEN, NOT_AN_IMAGE):
+            rejected.append((f"{prefix}/{name}", reason if verdict == KEEP else verdict))
     for path, reason in rejected:
         warn_left_out(prefix, path[len(prefix) + 1 :], reason)
     found.sort(key=lambda item: item[0].rpartition("/")[::2])
     return _Listing(
         [path for path, *_ in found],
-        np.array([offset for _, offset, _, _ in found], np.int64),
-        np.array([length for _, _, length, _ in found], np.int64),
-        np.array([kind for *_, kind in found], np.int8),
+        np.array([offset for _, offset, _ in found], np.int64),
+        np.array([length for *_, length in found], np.int64),
         rejected,
         ignored,
     )
 
 
-def resolve_links(entries: list[TarEntry]) -> tuple[list[tuple[str, int, int, int]], list[tuple[str, str]]]:
-    """What extracting ``entries`` in order leaves, as (name, offset, size, kind) of each file, and the members it cannot make.
-
-    As GNU tar extracts: a repeated name keeps its last member; a hard link is a new name for
-    the bytes its target had when the link was extracted (a target not extracted before it
-    fails, and is returned with the reason); a symbolic link reads as its final target after
-    extraction. A link to a member of the archive becomes that member's span; one whose
-    target is missing is ``DANGLING_LINK`` and one that leads outside the archive (absolute,
-    or climbing out with ``..``) ``OUTSIDE_LINK``: the items exist, as the extracted links
-    do, and are skipped at pack time with the reason. A link to a folder is not a file.
-    """
-    state: dict[str, tuple[int, int] | str] = {}  # name -> (offset, size) of a file, or a symlink's target
-    folders: set[str] = set()
-    failed: dict[str, str] = {}
+def regular_members(entries: list[TarEntry]) -> tuple[list[TarEntry], list[tuple[str, str]]]:
+    """The regular members of ``entries`` (the last of a repeated name, as extraction keeps it), and (name, reason)
+    of each other member that is not a folder: a link, a device or a FIFO is listed, never read (as webdataset skips it)."""
+    last: dict[str, TarEntry] = {}
     for entry in entries:
-        failed.pop(entry.name, None)
-        if entry.type in tarfile.REGULAR_TYPES:
-            state[entry.name] = (entry.offset, entry.size)
-        elif entry.type == tarfile.LNKTYPE:
-            target = state.get(_clean(entry.linkname))
-            if target is None:
-                state.pop(entry.name, None)
-                failed[entry.name] = f"hard link to {entry.linkname!r}, which is not extracted before it; extraction fails the same way"
-            else:
-                state[entry.name] = target
-        elif entry.type == tarfile.SYMTYPE:
-            state[entry.name] = entry.linkname
+        if entry.type != tarfile.DIRTYPE:
+            last[entry.name] = entry
+    members, irregular = [], []
+    for entry in last.values():
+        reason = tar_reason(entry)
+        if reason is None:
+            members.append(entry)
         else:
-            state.pop(entry.name, None)
-            if entry.type == tarfile.DIRTYPE:
-                folders.add(entry.name.rstrip("/"))
-    for name in state:
-        parents = name.split("/")[:-1]
-        folders.update("/".join(parents[:k]) for k in range(1, len(parents) + 1))
-    files = [(name, *resolved) for name, value in state.items() if (resolved := _follow(name, value, state, folders)) is not None]
-    return files, list(failed.items())
-
-
-def _follow(
-    name: str, value: tuple[int, int] | str, state: dict[str, tuple[int, int] | str], folders: set[str]
-) -> tuple[int, int, int] | None:
-    """(offset, size, kind) of what reading ``name`` gives after extraction; None when it is a folder."""
-    if not isinstance(value, str):
-        return (*value, SPAN)
-    kind, path = _locate(name.split("/")[:-1], value, state, folders, [MAX_LINK_HOPS])
-    if kind == "file":
-        return (*state[path], SPAN)  # type: ignore[misc]
-    return None if kind == "folder" else (-1, 0, OUTSIDE_LINK if kind == "outside" else DANGLING_LINK)
-
-
-def _locate(base: list[str], target: str, state: dict[str, tuple[int, int] | str], folders: set[str], budget: list[int]) -> tuple[str, str]:
-    """Where the link text ``target``, read in folder ``base``, leads once extracted: ("file" or "folder", path),
-    or ("dangling" or "outside", ""). A component at a time, as the kernel resolves it: every step but the last
-    must be a folder (or a link to one), ``..`` climbs from the real folder reached, ``budget`` caps the links followed."""
-    if target.startswith("/"):
-        return "outside", ""
-    where = list(base)
-    parts = [part for part in target.split("/") if part not in ("", ".")]
-    for k, part in enumerate(parts):
-        if part == "..":
-            if not where:
-                return "outside", ""
-            where.pop()
-            continue
-        path = "/".join([*where, part])
-        value = state.get(path)
-        if isinstance(value, str):
-            budget[0] -= 1
-            if budget[0] < 0:
-                return "dangling", ""  # a loop of links: ELOOP
-            kind, path = _locate(where, value, state, folders, budget)
-            if kind in ("dangling", "outside"):
-                return kind, ""
-        elif value is not None:
-            kind = "file"
-        elif path in folders:
-            kind = "folder"
-        else:
-            return "dangling", ""
-        if k == len(parts) - 1:
-            return kind, path
-        if kind != "folder":
-            return "dangling", ""
-        where = path.split("/") if path else []
-    return "folder", "/".join(where)
+            irregular.append((entry.name, reason))
+    return members, irregular
 
 
 def list_tar(source: OpenArchive, start: int, size: int, where: str, download: str) -> list[TarEntry]:
@@ -426,6 +358,8 @@ def list_tar(source: OpenArchive, start: int, size: int, where: str, download: s
     corrupt, and saying to download ``download`` (the file holding it) again. Plain headers are
     walked by ``tarwalk``; a tar with any other kind is read by ``tarfile`` instead.
     """
+    if size == 0:
+        raise DatasetError(f"{where}: an empty file (0 bytes), not a tar; download {_holding(source, download, start)} again and rerun")
     try:
         return _listed(walk_file(Window(source, start, size), plain=True), source, start, size, where, download)
     except Unsupported:

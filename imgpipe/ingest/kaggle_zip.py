@@ -3,16 +3,15 @@
 The zip holds the Kaggle download's ``ILSVRC/Data/CLS-LOC/{train,val}``, val labelled by
 ``LOC_val_solution.csv`` (inside the zip, or beside it). Its central directory gives every member's
 offset, sizes, method and crc32; items are the extracted tree's, in its order and with its labels, and
-a worker reads each member at its offset (stored, or inflated) and checks the crc32. Members are what
-extraction leaves (``imagenet_tars.resolve_links``); source paths start with the zip's name.
+a worker reads each member at its offset (stored, or inflated) and checks the crc32. Items are its files, the
+last of a repeated name as extraction leaves it (links and devices are listed as skipped); source paths start
+with the zip's name.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import stat
-import tarfile
 import zipfile
 from pathlib import Path
 from typing import Sequence
@@ -21,10 +20,10 @@ import numpy as np
 
 from imgpipe._sys.oserrors import advice, describe
 from imgpipe.errors import DatasetError
+from imgpipe.ingest.filekinds import zip_reason
 from imgpipe.ingest.folders import KAGGLE_DATA, VAL_CSV, SourceTree, SplitItems, label_flat_val, warn_left_out
-from imgpipe.ingest.imagenet_tars import HIDDEN, KEEP, NOT_AN_IMAGE, member_verdict, resolve_links
-from imgpipe.ingest.members import SPAN, ZIP_DEFLATED, ZIP_LOCAL_HEADER, ZIP_STORED, ArchiveFile, MemberSpans, member_reader
-from imgpipe.ingest.tarwalk import TarEntry
+from imgpipe.ingest.imagenet_tars import HIDDEN, KEEP, NOT_AN_IMAGE, member_verdict
+from imgpipe.ingest.members import ZIP_DEFLATED, ZIP_LOCAL_HEADER, ZIP_STORED, ArchiveFile, MemberSpans, member_reader
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ def scan_zip(path: Path, splits: Sequence[str] | None) -> SourceTree:
     archive = ArchiveFile.of(path)
     infos = _central_directory(path)
     prefix = _prefix(path, infos)
-    files, rejected = _extracted(path, archive, infos)
+    files, irregular = _extracted(infos)
     data = prefix + DATA
     found = {split: data + split + "/" for split in ("train", "val") if any(name.startswith(data + split + "/") for name in files)}
     wanted = list(found) if splits is None else list(dict.fromkeys(splits))
@@ -72,7 +71,7 @@ def scan_zip(path: Path, splits: Sequence[str] | None) -> SourceTree:
     tree = SourceTree(root=path.parent, layout=LAYOUT, classes=classes)
     for split in wanted:
         base = found[split]
-        names = _images(files, base, rejected, path.name)
+        names, split_rejected = _images(files, irregular, base, path.name)
         if split == "val" and not folders["val"]:
             labels = _val_labels(path, names, files, prefix, index, archive, infos)
         else:
@@ -86,7 +85,6 @@ def scan_zip(path: Path, splits: Sequence[str] | None) -> SourceTree:
             order = np.lexsort(([n.rpartition("/")[2] for n in names], [n.rpartition("/")[0] for n in names], labels))
             names, labels = [names[k] for k in order.tolist()], labels[order]
         spans = _spans(path, archive, infos, [files[name] for name in names])
-        split_rejected = [(name, reason) for name, reason in rejected if name.startswith(base)]
         for name, reason in split_rejected:
             warn_left_out(path, name, reason)
         listed = [(f"{path.name}/{name}", reason) for name, reason in split_rejected]
@@ -116,49 +114,41 @@ def _prefix(path: Path, infos: list[zipfile.ZipInfo]) -> str:
     raise DatasetError(f"{path}: no {DATA} inside; is this Kaggle's {KAGGLE_ZIP}?")
 
 
-def _extracted(path: Path, archive: ArchiveFile, infos: list[zipfile.ZipInfo]) -> tuple[dict[str, tuple[int, int]], list[tuple[str, str]]]:
-    """Name -> (index in ``infos``, kind) of every file extraction leaves (the last of a repeated name, links
-    resolved to their target's member); and the members left out."""
-    entries: list[TarEntry] = []
-    links: dict[int, zipfile.ZipInfo] = {}
+def _extracted(infos: list[zipfile.ZipInfo]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Name -> index in ``infos`` of every file extraction leaves (the last of a repeated name), and (name, reason) of
+    each member that is a link or a device: listed as skipped, never read."""
+    last: dict[str, int] = {}
     for k, info in enumerate(infos):
-        if info.is_dir():
-            entries.append(TarEntry(info.filename.rstrip("/"), k, 0, tarfile.DIRTYPE))
-        elif stat.S_ISLNK(info.external_attr >> 16):
-            links[k] = info
+        if not info.filename.endswith("/"):  # not a folder (ZipInfo.is_dir fails on an empty name)
+            last[info.filename] = k
+    files, rejected = {}, []
+    for name, k in last.items():
+        reason = zip_reason(infos[k])
+        if reason is None:
+            files[name] = k
         else:
-            entries.append(TarEntry(info.filename, k, info.file_size, tarfile.REGTYPE))
-    if links:
-        with member_reader(_spans(path, archive, infos, [(k, SPAN) for k in links])) as read:
-            for j, (k, info) in enumerate(links.items()):
-                target = read(j, f"{path.name}/{info.filename}")
-                entries.append(
-                    TarEntry(info.filename, k, 0, tarfile.SYMTYPE, target.decode("utf-8", "replace") if isinstance(target, bytes) else "")
-                )
-        entries.sort(key=lambda entry: entry.offset)
-    members, failed = resolve_links(entries)
-    return {name: (k, kind) for name, k, _size, kind in members}, failed
+            rejected.append((name, reason))
+    return files, rejected
 
 
-def _spans(path: Path, archive: ArchiveFile, infos: list[zipfile.ZipInfo], items: list[tuple[int, int]]) -> MemberSpans:
-    """The spans of ``items`` ((index in ``infos``, kind) each); a member imgpipe cannot read in place is a DatasetError."""
-    chosen = [infos[k] if kind == SPAN else None for k, kind in items]
+def _spans(path: Path, archive: ArchiveFile, infos: list[zipfile.ZipInfo], items: list[int]) -> MemberSpans:
+    """The spans of ``items`` (indices in ``infos``); a member imgpipe cannot read in place is a DatasetError."""
+    chosen = [infos[k] for k in items]
     size = archive.size()
     for info in chosen:
-        if info is not None:
-            _check_span(path, info, size)
-        if info is not None and info.flag_bits & 0x1:
+        _check_span(path, info, size)
+        if info.flag_bits & 0x1:
             raise DatasetError(f"{path}: member {info.filename} is encrypted; imgpipe reads unencrypted zips")
-        if info is not None and info.compress_type not in METHODS:
+        if info.compress_type not in METHODS:
             raise DatasetError(
                 f"{path}: member {info.filename} is compressed with zip method {info.compress_type}; "
                 "imgpipe reads stored and deflated members: re-zip it (zip -r) or extract it"
             )
-    column = lambda get, dtype: np.array([0 if i is None else get(i) for i in chosen], dtype)  # noqa: E731
-    kinds = np.array([METHODS[i.compress_type] if i is not None else kind for i, (_, kind) in zip(chosen, items)], np.int8)
+    column = lambda get, dtype: np.array([get(i) for i in chosen], dtype)  # noqa: E731
     return MemberSpans(
         (archive,), np.zeros(len(items), np.int32), column(lambda i: i.header_offset, np.int64), column(lambda i: i.file_size, np.int64),
-        kinds, column(lambda i: i.compress_size, np.int64), column(lambda i: i.CRC, np.uint32),
+        column(lambda i: METHODS[i.compress_type], np.int8), column(lambda i: i.compress_size, np.int64),
+        column(lambda i: i.CRC, np.uint32),
     )  # fmt: skip
 
 
@@ -177,20 +167,24 @@ def _check_span(path: Path, info: zipfile.ZipInfo, size: int) -> None:
         raise DatasetError(f"{corrupt}: {info.compress_size:,} deflated bytes cannot give {info.file_size:,}: corrupt; {again}")
 
 
-def _class_folders(files: dict[str, tuple[int, int]], base: str) -> list[str]:
+def _class_folders(files: dict[str, int], base: str) -> list[str]:
     """The visible class folder names under ``base`` (sorted as ImageFolder sorts them)."""
     return sorted({rest.split("/", 1)[0] for name in files if name.startswith(base) and "/" in (rest := name[len(base) :])
                    and not rest.startswith(".")})  # fmt: skip
 
 
-def _images(files: dict[str, tuple[int, int]], base: str, rejected: list[tuple[str, str]], zip_name: str) -> list[str]:
-    """The image members under ``base`` (sorted as a flat folder sorts), leaving out hidden and unlistable names."""
-    names, ignored = [], 0
-    for name in files:
+def _images(files: dict[str, int], irregular: list[tuple[str, str]], base: str, zip_name: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """The image files under ``base`` (sorted as a flat folder sorts), and (name, reason) of those left out: links and
+    devices (``irregular``) and names that cannot be stored; hidden names are left out silently."""
+    names, rejected, ignored = [], [], 0
+    reasons = dict(irregular)
+    for name in [*files, *reasons]:
         if not name.startswith(base):
             continue
         verdict = member_verdict(name, name[len(base) :])
-        if verdict == KEEP:
+        if verdict == KEEP and name in reasons:
+            rejected.append((name, reasons[name]))
+        elif verdict == KEEP:
             names.append(name)
         elif verdict == NOT_AN_IMAGE:
             ignored += 1
@@ -198,13 +192,13 @@ def _images(files: dict[str, tuple[int, int]], base: str, rejected: list[tuple[s
             rejected.append((name, verdict))
     if ignored:
         logger.info("%s/%s: ignored %d members without an image extension", zip_name, base, ignored)
-    return sorted(names, key=lambda name: name.rpartition("/")[::2])
+    return sorted(names, key=lambda name: name.rpartition("/")[::2]), rejected
 
 
 def _val_labels(
     path: Path,
     names: list[str],
-    files: dict[str, tuple[int, int]],
+    files: dict[str, int],
     prefix: str,
     index: dict[str, int],
     archive: ArchiveFile,
@@ -216,7 +210,7 @@ def _val_labels(
     if inside in files:
         with member_reader(_spans(path, archive, infos, [files[inside]])) as read:
             data = read(0, f"{path.name}/{inside}")
-        return label_flat_val(path.parent, shown, path / inside, index, data if isinstance(data, bytes) else b"")
+        return label_flat_val(path.parent, shown, path / inside, index, data)
     beside = path.parent / VAL_CSV
     if beside.is_file():
         return label_flat_val(path.parent, shown, beside, index)

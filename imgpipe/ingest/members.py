@@ -2,9 +2,8 @@
 
 An ``ArchiveFile`` is one file, or a file cut into parts (``x.tar.001``, ``.002``, ...) read as one with
 ``pread`` across part boundaries (``open_archive``). ``MemberSpans`` says, per item, which archive and
-where: a plain span (tar members, WebDataset samples), a zip member at its local header (stored or
-deflated, checked against the central directory's crc32), or no bytes at all (a link extraction would
-leave dangling or pointing out: skipped at pack time with that reason). Arrays, not objects.
+where: a plain span (tar members, WebDataset samples) or a zip member at its local header (stored or
+deflated, checked against the central directory's crc32). Arrays, not objects.
 """
 
 from __future__ import annotations
@@ -24,11 +23,7 @@ from imgpipe._sys.oserrors import describe
 from imgpipe.errors import DatasetError
 from imgpipe.ingest import fastzlib
 
-SPAN, ZIP_STORED, ZIP_DEFLATED, DANGLING_LINK, OUTSIDE_LINK = range(5)
-NO_BYTES_REASON = {
-    DANGLING_LINK: "unreadable (symbolic link to a member that is not in the archive)",
-    OUTSIDE_LINK: "symbolic link to a file outside the archive; extract it, or replace the link by the file",
-}
+SPAN, ZIP_STORED, ZIP_DEFLATED = range(3)
 ZIP_LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")  # signature ... file name length, extra field length
 ZIP_LOCAL_SIGNATURE = 0x04034B50
 MAX_OPEN_ARCHIVES = 64  # a shard of ImageNet-21k's synset tars reads from thousands of them; 1,024 files is a common ulimit
@@ -155,8 +150,8 @@ class MemberSpans:
 
 
 @contextlib.contextmanager
-def member_reader(spans: MemberSpans) -> Iterator[Callable[[int, str], bytes | str]]:
-    """``read(k, name)``: item ``k``'s bytes, or the reason it has none; archives opened on first use.
+def member_reader(spans: MemberSpans) -> Iterator[Callable[[int, str], bytes]]:
+    """``read(k, name)``: item ``k``'s bytes, never more than its span; archives opened on first use.
 
     ``name`` (the item's source path) names the member in errors: an archive that changed
     since the scan, or a zip member whose bytes do not match its crc32, stops the pack. At most
@@ -164,10 +159,8 @@ def member_reader(spans: MemberSpans) -> Iterator[Callable[[int, str], bytes | s
     """
     opened: OrderedDict[int, OpenArchive] = OrderedDict()
 
-    def read(k: int, name: str) -> bytes | str:
+    def read(k: int, name: str) -> bytes:
         kind = SPAN if spans.kinds is None else int(spans.kinds[k])
-        if kind in NO_BYTES_REASON:
-            return NO_BYTES_REASON[kind]
         index = int(spans.archive[k])
         source = opened.get(index)
         if source is None:

@@ -36,15 +36,16 @@ class StreamUnit:
     def __str__(self) -> str:
         return str(self.path)
 
-    def read(self, wanted: np.ndarray) -> Iterator[tuple[int, bytes]]:
-        """(ordinal, bytes) of each of the sorted ``wanted`` ordinals, in order."""
+    def read(self, wanted: np.ndarray, sizes: np.ndarray) -> Iterator[tuple[int, bytes]]:
+        """(ordinal, bytes) of each of the sorted ``wanted`` ordinals, in order; ``sizes``: their bytes as listed, no
+        more of which a tar member is read (a Parquet file is read a row group at a time)."""
         if len(wanted) == 0:
             return iter(())
         if self.parquet:
             from imgpipe.ingest.parquet import read_rows
 
             return read_rows(self.path, wanted)
-        return _tar_gz_members(self.path, wanted)
+        return _tar_gz_members(self.path, wanted, sizes)
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,8 @@ def list_tar_gz(path: Path) -> list[TarEntry]:
     Reads to the end of the gzip stream, so a truncated download or a bad crc32 is a
     DatasetError naming the archive and the last member read.
     """
+    if path.stat().st_size == 0:
+        raise DatasetError(f"{path}: an empty file (0 bytes), not a .tar.gz; download it again and rerun")
     try:
         return _list_tar_gz(path, plain=True)
     except tarwalk.Unsupported:  # a header tarwalk leaves to tarfile: list it again, all of it by tarfile
@@ -149,20 +152,20 @@ def _list_tar_gz(path: Path, plain: bool) -> list[TarEntry]:
     return entries
 
 
-def _tar_gz_members(path: Path, wanted: np.ndarray) -> Iterator[tuple[int, bytes]]:
+def _tar_gz_members(path: Path, wanted: np.ndarray, sizes: np.ndarray) -> Iterator[tuple[int, bytes]]:
     given = 0
     try:
-        for item in _wanted_members(path, wanted, plain=True):
+        for item in _wanted_members(path, wanted, sizes, plain=True):
             yield item
             given += 1
     except tarwalk.Unsupported:  # read again by tarfile from the first member not given yet
-        yield from _wanted_members(path, wanted[given:], plain=False)
+        yield from _wanted_members(path, wanted[given:], sizes[given:], plain=False)
 
 
-def _wanted_members(path: Path, wanted: np.ndarray, plain: bool) -> Iterator[tuple[int, bytes]]:
+def _wanted_members(path: Path, wanted: np.ndarray, sizes: np.ndarray, plain: bool) -> Iterator[tuple[int, bytes]]:
     last = "its first member"
-    targets = iter(wanted.tolist())
-    target = next(targets)
+    targets = iter(zip(wanted.tolist(), sizes.tolist()))
+    target, size = next(targets)
     ordinal = 0
     try:
         with open_tar_gz(path) as stream:
@@ -171,11 +174,16 @@ def _wanted_members(path: Path, wanted: np.ndarray, plain: bool) -> Iterator[tup
                 if member.type not in tarfile.REGULAR_TYPES:
                     continue
                 if ordinal == target:
+                    if member.size != size:
+                        raise DatasetError(
+                            f"{path}: member {member.name} is {member.size:,} bytes, {size:,} when it was listed; it changed since: "
+                            "rerun to list it again"
+                        )
                     data = walk.data(member)
                     if len(data) != member.size:
                         raise EOFError(f"member {member.name} ends early")
                     yield ordinal, data
-                    target = next(targets, None)
+                    target, size = next(targets, (None, 0))
                     if target is None:
                         return
                 last = f"member {member.name}"

@@ -72,9 +72,7 @@ def scan_synset_tars(tars: list[Path], splits: Sequence[str] | None, workers: in
     ignored = sum(listing.ignored for listing in listings)
     if ignored:
         logger.info("%s: ignored %d members without an image extension", root, ignored)
-    spans = MemberSpans.concat(
-        [MemberSpans.of(task[0], listing.offsets, listing.sizes, listing.kinds) for task, listing in zip(tasks, listings)]
-    )
+    spans = MemberSpans.concat([MemberSpans.of(task[0], listing.offsets, listing.sizes) for task, listing in zip(tasks, listings)])
     items = SplitItems(
         [name for listing in listings for name in listing.names],
         np.concatenate([np.full(len(listing.names), label, np.int32) for label, listing in enumerate(listings)]),

@@ -25,6 +25,7 @@ from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.ingest.classnames import names_for_indices
+from imgpipe.ingest.filekinds import tar_reason
 from imgpipe.ingest.folders import NEWLINE_REASON, SourceTree, SplitItems, match_archive_name, warn_left_out
 from imgpipe.ingest.imagenet_tars import ESCAPE_REASON, list_tar
 from imgpipe.ingest.members import ArchiveFile, MemberSpans, OpenArchive
@@ -66,7 +67,8 @@ class _Shard:
     samples: int = 0
     ignored: int = 0
     unlabelled: int = 0
-    links: int = 0
+    irregular: int = 0  # members that are not regular files: skipped, as webdataset skips them
+    without_image: set[str] = field(default_factory=set)  # keys whose image member is not a regular file (listed in rejected)
 
 
 def find_shards(src: str | os.PathLike | Sequence[str | os.PathLike]) -> WdsShards | None:
@@ -208,8 +210,9 @@ def _items(
             logger.info("%s: ignored %d samples without an image or label", shard_file, shard.ignored)
         if shard.unlabelled:
             logger.info("%s: left out %d samples whose %r is -1, as timm does", shard_file, shard.unlabelled, alt_label)
-        if shard.links:
-            logger.warning("%s: ignored %d link members, as webdataset does", shard_file, shard.links)
+        if shard.irregular:
+            logger.warning("%s: ignored %d members that are not regular files (links, devices), as webdataset does", shard_file,
+                           shard.irregular)  # fmt: skip
     file_names = [path.split("/", 1)[1] for path in paths]
     keys = [name.rpartition("/")[::2] for name in file_names]
     order = sorted(range(len(paths)), key=lambda k: (labels[k], keys[k]) if split == "train" else keys[k])
@@ -233,8 +236,11 @@ def list_shard(path: Path, alt_label: str = "") -> _Shard:
         sample: dict[str, tuple[str, int, int]] = {}
         key = None
         for member in members:
-            if member.type not in tarfile.REGULAR_TYPES:
-                shard.links += member.type in (tarfile.LNKTYPE, tarfile.SYMTYPE)
+            if member.type == tarfile.DIRTYPE:
+                continue
+            reason = tar_reason(member)
+            if reason is not None:
+                _skip_irregular(member.name, reason, shard)
                 continue
             name = member.name
             if ("/" not in name and name.startswith("__") and name.endswith("__")) or SKIP_META.match(name):
@@ -253,6 +259,16 @@ def list_shard(path: Path, alt_label: str = "") -> _Shard:
     return shard
 
 
+def _skip_irregular(name: str, reason: str, shard: _Shard) -> None:
+    """A member that is not a regular file is skipped, as webdataset skips it; one that would be its sample's image is listed."""
+    match = KEY.match(name)
+    if match is not None and match[2].lower() in IMAGE_SUFFIXES:
+        shard.rejected.append((name, reason))
+        shard.without_image.add(match[1])
+    else:
+        shard.irregular += 1
+
+
 def _add_sample(
     source: OpenArchive, path: Path, key: str | None, sample: dict[str, tuple[str, int, int]], shard: _Shard, alt_label: str
 ) -> None:
@@ -268,6 +284,8 @@ def _add_sample(
             )
         shard.ignored += 1
         return
+    if image is None and key in shard.without_image:
+        return  # listed as skipped
     if image is None:
         raise DatasetError(
             f"{path}: member {sample[label_suffix][0]}: sample {key!r} has a .{label_suffix} label but no .jpg, .png or .webp image"

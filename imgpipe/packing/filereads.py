@@ -3,8 +3,8 @@
 On a local file system one thread opens the next files (up to ``ADVISED_AHEAD``, ``ADVISED_BYTES`` at
 most) and asks the kernel to read them (``posix_fadvise(WILLNEED)``), so the disk's queue holds
 neighbours to merge; on a network or FUSE file system, where an open is a round trip, ``READ_THREADS``
-threads each open and read a file. A file with no planned bytes (empty, vanished, a FIFO) is opened
-only at its turn, so that a FIFO blocks nothing but its own read.
+threads each open and read a file. Only a regular file of the planned size is read, and only its planned
+bytes: anything else put there since the plan (a FIFO, a device, a file that changed) gives its reason.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import numpy as np
 
 from imgpipe._sys.diskinfo import device_for_path
 from imgpipe._sys.threads import DaemonPool
+from imgpipe.ingest.filekinds import mode_reason
 
 ADVISED_AHEAD = 64
 ADVISED_BYTES = 64 << 20
 READ_THREADS = 16
-READ_CHUNK = 1 << 20
 
 
 def opens_are_round_trips(root: Path) -> bool:
@@ -37,36 +37,57 @@ def _reason(error: OSError) -> str:
     return f"unreadable ({error.strerror or type(error).__name__})"
 
 
-def read_file(path: str) -> bytes | str:
-    """The file's bytes, or the reason it cannot be read."""
+def open_planned(path: str, size: int) -> int | str:
+    """The open regular file ``path`` of ``size`` bytes, as the plan found it; else why it is not read.
+
+    Opened without blocking (a FIFO put there since the plan opens at once) and checked with ``fstat``.
+    """
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         return _reason(e)
+    try:
+        info = os.fstat(fd)
+    except OSError as e:
+        os.close(fd)
+        return _reason(e)
+    reason = mode_reason(info.st_mode)
+    if reason is None and info.st_size != size:
+        reason = f"changed since the pack was planned ({size:,} bytes then, {info.st_size:,} now); rerun with --overwrite to pack it"
+    if reason is not None:
+        os.close(fd)
+        return reason
+    return fd
 
 
 def _read_open(fd: int, size: int) -> bytes | str:
-    """What is left to read of the open file ``fd`` (``size`` bytes planned), to its end; or why it cannot be read."""
+    """The first ``size`` bytes of the open file ``fd`` (fewer where it ends first), or why it cannot be read; closes ``fd``."""
+    chunks: list[bytes] = []
+    left = size
     try:
-        chunks = [os.read(fd, size + 1)]
-        while chunks[-1]:  # a file that grew since the scan is read to its end, as read_file reads it
-            chunks.append(os.read(fd, READ_CHUNK))
+        while left > 0 and (chunk := os.read(fd, left)):
+            chunks.append(chunk)
+            left -= len(chunk)
     except OSError as e:
         return _reason(e)
-    return chunks[0] if len(chunks) == 2 else b"".join(chunks)
+    finally:
+        os.close(fd)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _open_advised(path: str) -> int | str:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as e:
-        return _reason(e)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-    except OSError:  # a file system that takes no advice reads it when asked
-        pass
-    return fd
+def read_file(path: str, size: int) -> bytes | str:
+    """The regular file's ``size`` planned bytes, or the reason it is not read."""
+    handle = open_planned(path, size)
+    return handle if isinstance(handle, str) else _read_open(handle, size)
+
+
+def _advise(handle: int | str) -> int | str:
+    if isinstance(handle, int):
+        try:
+            os.posix_fadvise(handle, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:  # a file system that takes no advice reads it when asked
+            pass
+    return handle
 
 
 @dataclass(frozen=True)
@@ -84,44 +105,36 @@ class FileReads:
 
     def _advised(self) -> Iterator[bytes | str]:
         sizes = self.sizes.tolist()
-        window: deque[int | str | None] = deque()  # the next files' fds, or why one has none (None: opened at its turn)
+        window: deque[int | str] = deque()  # the next files' fds, or why one is not read
         ahead = bytes_ahead = 0
         try:
-            for k, path in enumerate(self.paths):
+            for k in range(len(self.paths)):
                 while ahead < len(self.paths) and (not window or (len(window) < ADVISED_AHEAD and bytes_ahead < ADVISED_BYTES)):
-                    window.append(_open_advised(self.root + self.paths[ahead]) if sizes[ahead] > 0 else None)
-                    bytes_ahead += max(sizes[ahead], 0)
+                    window.append(_advise(open_planned(self.root + self.paths[ahead], sizes[ahead])))
+                    bytes_ahead += sizes[ahead]
                     ahead += 1
                 handle = window.popleft()
-                bytes_ahead -= max(sizes[k], 0)
-                if handle is None:
-                    yield read_file(self.root + path)
-                elif isinstance(handle, str):
-                    yield handle
-                else:
-                    try:
-                        data = _read_open(handle, sizes[k])
-                    finally:
-                        os.close(handle)
-                    yield data
+                bytes_ahead -= sizes[k]
+                yield handle if isinstance(handle, str) else _read_open(handle, sizes[k])
         finally:
             for handle in window:
                 if isinstance(handle, int):
                     os.close(handle)
 
     def _by_threads(self) -> Iterator[bytes | str]:
+        sizes = self.sizes.tolist()
         if len(self.paths) == 1:
-            yield read_file(self.root + self.paths[0])
+            yield read_file(self.root + self.paths[0], sizes[0])
             return
         pool = DaemonPool(READ_THREADS, "imgpipe-pack-read")
-        queued = iter(self.paths)
-        window = deque(pool.submit(read_file, self.root + path) for path in itertools.islice(queued, READ_THREADS))
+        queued = iter(zip(self.paths, sizes))
+        window = deque(pool.submit(read_file, self.root + path, size) for path, size in itertools.islice(queued, READ_THREADS))
         try:
             while window:
                 data = window.popleft().result()
                 following = next(queued, None)
                 if following is not None:
-                    window.append(pool.submit(read_file, self.root + following))
+                    window.append(pool.submit(read_file, self.root + following[0], following[1]))
                 yield data
         finally:
             pool.close()

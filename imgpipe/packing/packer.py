@@ -326,7 +326,8 @@ def _plan(
     plan = make_plan(
         tree.root, tree.classes, items, options=options, shard_size=shard_size, shard_counts=counts, shuffle=shuffle, seed=seed, spans=spans
     )
-    plan.rejected = {name: s.rejected for name, s in tree.splits.items() if s.rejected}
+    unread = plan.rejected  # left out by the plan, after those the scan left out
+    plan.rejected = {name: s.rejected + unread.get(name, []) for name, s in tree.splits.items() if s.rejected or unread.get(name)}
     plan.layout = tree.layout
     return plan, tree.root
 

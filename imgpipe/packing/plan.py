@@ -5,7 +5,8 @@ Per split, items come in the scanner's order, optionally permuted with
 differ by at most one; an item's position in that order is its record id. The shard count is
 ``--shards``, else the source bytes (plus framing) over ``--shard-size``: output sizes are known only
 after decoding, and the plan must come first, since resuming and multi-node packs rest on it. Nothing
-here depends on the number of workers or machines.
+here depends on the number of workers or machines. An item that can never be packed (a file that is not
+a regular file, or too large for a record) is left out of the plan unread, with its reason.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import logging
 import math
 import os
 import re
-import stat as stat_module
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -26,7 +26,9 @@ import numpy as np
 from imgpipe._sys.fiemap import UNSUPPORTED, first_extent
 from imgpipe.errors import PackError
 from imgpipe.format.layout import shard_stem
-from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE
+from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, MAX_RECORD_BYTES
+from imgpipe.ingest.filekinds import mode_reason
+from imgpipe.ingest.folders import warn_left_out
 from imgpipe.packing.filereads import opens_are_round_trips
 
 if TYPE_CHECKING:
@@ -142,7 +144,7 @@ class PackPlan:
     splits: dict[str, SplitPlan]
     options: dict[str, Any]
     fingerprint: str
-    rejected: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # split -> (path, reason) left out by the scan
+    rejected: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # split -> (path, reason) left out unread
     layout: str = ""  # the source layout the scan read (source.SourceTree.layout)
 
     @property
@@ -151,8 +153,9 @@ class PackPlan:
         return [shard for split in self.splits.values() for shard in split.shards]
 
 
-def source_stats(root: Path, paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Byte size of each source file (0 where it vanished), and where it lies: the order pack reads them in.
+def source_stats(root: Path, paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
+    """Byte size of each source file (0 where it vanished), where it lies (the order pack reads them in), and
+    by index why a file that is not a regular file (a device, a FIFO) is never read.
 
     On a disk whose file system says where a file's data is (ext4, xfs, btrfs: FIEMAP), a file's
     place is that disk offset (``NOWHERE``, after all others, for one with no data there);
@@ -161,6 +164,7 @@ def source_stats(root: Path, paths: Sequence[str]) -> tuple[np.ndarray, np.ndarr
     file, and an open of each regular file with data where FIEMAP answers.
     """
     sizes, inodes, offsets = np.zeros(len(paths), np.int64), np.zeros(len(paths), np.int64), np.full(len(paths), NOWHERE, np.int64)
+    irregular: dict[int, str] = {}
     base = os.path.join(os.fspath(root), "")  # plain strings: a Path per file costs more than its stat
     placed = len(paths) > 0 and not opens_are_round_trips(root)
     for k, rel in enumerate(paths):
@@ -168,13 +172,23 @@ def source_stats(root: Path, paths: Sequence[str]) -> tuple[np.ndarray, np.ndarr
             info = os.stat(base + rel)
         except OSError:
             continue
+        reason = mode_reason(info.st_mode)
+        if reason is not None:  # never opened: opening a FIFO or a device is not without effects
+            irregular[k] = reason
+            continue
         sizes[k], inodes[k] = info.st_size, info.st_ino
-        if placed and info.st_size and stat_module.S_ISREG(info.st_mode):  # never a FIFO: opening one is not without effects
+        if placed and info.st_size:
             try:
                 offsets[k] = _first_extent_of(base + rel)
             except OSError as e:
                 placed = e.errno not in UNSUPPORTED  # this file cannot be opened (its place stays unknown), or none here can say
-    return sizes, offsets if placed else inodes
+    return sizes, offsets if placed else inodes, irregular
+
+
+def too_large(size: int) -> str:
+    """Why an item of ``size`` bytes is never read: its record would not fit RecordIO's length field."""
+    return (f"too large for a RecordIO record ({size:,} bytes; a record holds under {MAX_RECORD_BYTES >> 20} MiB with its header): "
+            "not read; shrink it")  # fmt: skip
 
 
 def _first_extent_of(path: str) -> int:
@@ -202,14 +216,25 @@ def make_plan(
     """Order, shuffle and cut every split into shards; fingerprint the result.
 
     A split in ``spans`` lies inside archives: its sizes are the members' (no stat), and its
-    spans are planned with it. The fingerprint does not depend on where the bytes lie.
+    spans are planned with it. The fingerprint does not depend on where the bytes lie. Items that can
+    never be packed are left out, each in ``PackPlan.rejected`` with its reason.
     """
     splits: dict[str, SplitPlan] = {}
+    rejected: dict[str, list[tuple[str, str]]] = {}
     digest = hashlib.sha256(json.dumps({"options": dict(options), "classes": list(classes)}, sort_keys=True).encode())
     for split_index, (name, (paths, labels)) in enumerate(split_items.items()):
         labels = np.asarray(labels, dtype=np.int32)
         split_spans = (spans or {}).get(name)
-        sizes, places = (split_spans.sizes, None) if split_spans is not None else source_stats(root, paths)
+        sizes, places, unread = (split_spans.sizes, None, {}) if split_spans is not None else source_stats(root, paths)
+        unread.update((k, too_large(int(sizes[k]))) for k in np.flatnonzero(sizes + IR_SIZE >= MAX_RECORD_BYTES).tolist())
+        if unread:
+            rejected[name] = [(paths[k], unread[k]) for k in sorted(unread)]
+            for path, reason in rejected[name]:
+                warn_left_out(root, path, reason)
+            keep = np.setdiff1d(np.arange(len(paths)), np.fromiter(unread, np.int64))
+            paths, labels, sizes = [paths[k] for k in keep.tolist()], labels[keep], sizes[keep]
+            places = places[keep] if places is not None else None
+            split_spans = split_spans.take(keep) if split_spans is not None else None
         order = np.random.default_rng([seed, split_index]).permutation(len(paths)) if shuffle else np.arange(len(paths))
         planned_paths = [paths[k] for k in order.tolist()]
         planned_labels = labels[order]
@@ -218,7 +243,7 @@ def make_plan(
             count = shard_counts[name]
         else:
             count = max(1, math.ceil(estimated / shard_size))
-        if count > len(paths):
+        if 0 < len(paths) < count:
             asked = f"--shards {count}" if shard_counts is not None else f"--shard-size {shard_size:,} B ({count} shards)"
             logger.warning("split %s: %s but only %d image(s): writing %d shard(s) of one image", name, asked, len(paths), len(paths))
         count = max(1, min(count, len(paths)))
@@ -232,7 +257,7 @@ def make_plan(
         digest.update(planned_labels.astype("<i4").tobytes())
         digest.update(sizes[order].astype("<i8").tobytes())
         digest.update(json.dumps(bounds).encode())
-    return PackPlan(list(classes), splits, dict(options), digest.hexdigest())
+    return PackPlan(list(classes), splits, dict(options), digest.hexdigest(), rejected)
 
 
 def published_names(split: SplitPlan, records: Sequence[int]) -> dict[str, str]:

@@ -3,8 +3,9 @@
 The plan's shuffled order is the output's, not the reads': files are read by where their data lies
 (``plan.source_stats``: FIEMAP's offset, else the inode number; many at a time: ``filereads``), archive
 members front to back, streams (``.tar.gz``, Parquet) from their start, a unit per job. Files and
-members are cut into jobs of up to ``JOB_ITEMS`` neighbours, handed out front to back, so every worker
-is busy whatever the shard count; ``scatter`` puts each record in its slot.
+members are cut into jobs of up to ``JOB_ITEMS`` neighbours (the members of many small archives share
+a job), handed out front to back, so every worker is busy whatever the shard count and no job is so
+small that handing it out costs more than reading it; ``scatter`` puts each record in its slot.
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ class UnitReads:
 
     unit: StreamUnit
     ordinals: np.ndarray
+    sizes: np.ndarray  # of each, as listed
 
     def read(self) -> Iterator[bytes | str]:
-        for j, (ordinal, data) in enumerate(self.unit.read(self.ordinals)):
+        for j, (ordinal, data) in enumerate(self.unit.read(self.ordinals, self.sizes)):
             if ordinal != self.ordinals[j]:  # pragma: no cover - readers yield what was asked, in order
                 raise PackError(f"{self.unit}: expected member {self.ordinals[j]}, got {ordinal}")
             yield data
@@ -112,7 +114,7 @@ class ReadOrder:
 
         Files come in bands of ``workers`` jobs that take every ``workers``-th file of the band, so
         that the workers read the same stretch of the disk together, file after file; members come
-        in runs of neighbours (an archive's readahead follows one reader).
+        in runs of neighbours (an archive's readahead follows one reader), archive after archive.
         """
         workers = max(1, workers)
         todo = todo[np.lexsort((todo, self.key[todo], self.unit[todo], self.kind[todo]))]
@@ -125,9 +127,9 @@ class ReadOrder:
             if self.kind[run[0]] == FILES:
                 bands = (run[start : start + size * workers] for start in range(0, len(run), size * workers))
                 groups += [band[w::workers] for band in bands for w in range(min(workers, len(band)))]
-            else:
-                groups += [run[start : start + size] for start in range(0, len(run), size)]
-        return groups
+        members = [run for run in others if self.kind[run[0]] == MEMBERS]
+        joined = np.concatenate(members) if members else np.zeros(0, np.int64)  # in archive order, each front to back
+        return groups + [joined[start : start + size] for start in range(0, len(joined), size)]
 
     def job(self, group: np.ndarray) -> ReadJob:
         """The job that reads ``group`` (one of ``groups``)."""
@@ -136,10 +138,12 @@ class ReadOrder:
         if kind == STREAMS:
             ordinals, firsts = np.unique(self.key[group], return_index=True)
             unit = self.units[int(self.unit[first])]
-            reads: FileReads | MemberReads | UnitReads = UnitReads(unit, ordinals)
+            reads: FileReads | MemberReads | UnitReads = UnitReads(unit, ordinals, layout.sizes[group[firsts]])
             starts, what = np.append(firsts, len(group)), str(unit)
         elif kind == MEMBERS:
             reads, what = MemberReads(self._spans(group), self._paths(group)), str(self.archives[int(self.unit[first])])
+            others = len(np.unique(self.unit[group])) - 1
+            what += f" and {others:,} more archive{'s' if others > 1 else ''}" if others else ""
         else:
             reads = FileReads(self.root, self._paths(group), layout.sizes[group], self.threads)
             what = f"{self.root}{reads.paths[0]}" + (f" and {len(group) - 1:,} more files" if len(group) > 1 else "")

@@ -10,6 +10,9 @@ A process started with :func:`hook_env`'s environment has this folder on its PYT
   CUDA raises it), ``illegal-address`` (the error CUDA gives for an illegal memory access);
   ``unused-parameter`` gives it a parameter no forward pass uses (set it on every rank: DDP refuses
   models that differ between ranks); ``short-val`` leaves out its last validation batch.
+- ``IMGPIPE_PACK_GATE=FIFO`` with ``IMGPIPE_PACK_GATED=NAME`` (``gate_env``) makes a pack, once it has
+  read the source file NAME, wait until the test lets it go on (``wait_at_gate``), as a read stuck on a
+  slow mount would; pack reads only regular files, so a FIFO in SRC can no longer do this.
 - ``IMGPIPE_BENCH_READ_DELAY_MS_RANK<r>=MS`` makes rank ``r``'s timed loader workers sleep MS ms
   on each record they read, as a slow disk would.
 """
@@ -45,6 +48,51 @@ def install() -> None:
         patches = {"imgpipe.train.models": _patch_models, "imgpipe.train.data": _patch_data}
         patches["imgpipe.loaders.stage_timer"] = _patch_stage_timer
         sys.meta_path.insert(0, _AfterImport(patches))
+    if os.environ.get(PACK_GATE_ENV):
+        sys.meta_path.insert(0, _AfterImport({"imgpipe.packing.filereads": _patch_filereads}))
+
+
+PACK_GATE_ENV, PACK_GATED_ENV = "IMGPIPE_PACK_GATE", "IMGPIPE_PACK_GATED"
+
+
+def gate_env(env: dict[str, str], gate: Path, name: str) -> dict[str, str]:
+    """``env`` for a pack that stops after reading the source file ``name`` until ``wait_at_gate(gate)`` lets it go on;
+    ``gate`` is made here, a FIFO outside SRC."""
+    os.mkfifo(gate)
+    return hook_env(env, **{PACK_GATE_ENV: str(gate), PACK_GATED_ENV: name})
+
+
+def wait_at_gate(gate: Path, timeout: float = 60.0, process: Any = None) -> int:
+    """Wait until a pack waits at ``gate`` (it has it open for reading); an fd whose close lets it go on.
+    ``process`` (a Popen) that ends first fails the wait."""
+    import errno
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return os.open(gate, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO until a reader has the FIFO open
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                raise
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"the pack ended (exit {process.returncode}) before it reached {gate}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no pack reached {gate} within {timeout} s")
+        time.sleep(0.01)
+
+
+def _patch_filereads(filereads: Any) -> None:
+    gate, name = os.environ[PACK_GATE_ENV], os.environ.get(PACK_GATED_ENV)
+    read = filereads.FileReads.read
+
+    def gated_read(self: Any) -> Iterator[Any]:
+        for path, data in zip(self.paths, read(self)):
+            if path.rsplit("/", 1)[-1] == name:
+                with open(gate, "rb") as fifo:  # opens once the test opens it for writing, reads to its close
+                    fifo.read()
+            yield data
+
+    filereads.FileReads.read = gated_read
 
 
 def fault(rank: int) -> str | None:

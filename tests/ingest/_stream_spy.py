@@ -24,8 +24,8 @@ def open_tar_gz(path: Path) -> Any:
     return opened
 
 
-def tar_gz_members(path: Path, wanted: np.ndarray) -> Iterator[tuple[int, bytes]]:
-    yield from _tar_gz_members(path, wanted)
+def tar_gz_members(path: Path, wanted: np.ndarray, sizes: np.ndarray) -> Iterator[tuple[int, bytes]]:
+    yield from _tar_gz_members(path, wanted, sizes)
     with open(os.environ["STREAM_SPY_LOG"], "a") as log:
         log.write(json.dumps({"unit": str(path), "wanted": wanted.tolist(), "position": _opened[-1].position}) + "\n")
 

@@ -7,6 +7,7 @@ time, within a memory and a time bound; what pack writes always passes its own v
 - a newline in an archive-level name (a class tar, a shard, a Parquet or ``.tar.gz`` file, a tar named one by one);
 - a zip whose central directory places a member past the end of the file, or claims more bytes than it holds;
 - the same part of a split train tar under two names, and a truncated last part.
+- an empty (0-byte) tar or ``.tar.gz``: an empty file, not a tar cut after its first member.
 """
 
 from __future__ import annotations
@@ -368,3 +369,59 @@ def test_a_webdataset_info_that_lists_a_shard_outside_src_is_one_line_and_reads_
     expected = f"{src / '_info.json'}: split 'train' lists {listed!r}, outside {src}; list the shards by their paths inside that folder"
     assert str(caught.value) == expected
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+# ----------------------------------------------------------------------------- empty files
+
+
+def empty_val_tar(src: Path) -> list[Path]:
+    (src / "ILSVRC2012_img_val.tar").write_bytes(b"")
+    (src / "LOC_val_solution.csv").write_text("ImageId,PredictionString\n")
+    return [src]
+
+
+def empty_val_tar_named(src: Path) -> list[Path]:
+    return [empty_val_tar(src)[0] / "ILSVRC2012_img_val.tar", src / "LOC_val_solution.csv"]
+
+
+def empty_class_tar(src: Path) -> list[Path]:
+    (src / "ILSVRC2012_img_train.tar").write_bytes(train_tar({f"{WNID}.tar": b""}))
+    return [src]
+
+
+def empty_synset_tar(src: Path) -> list[Path]:
+    (src / f"{WNID}.tar").write_bytes(bytes(tar_of([(f"{WNID}_1.JPEG", JPEG)])))
+    (src / "n01443537.tar").write_bytes(b"")
+    return [src]
+
+
+def empty_shard(src: Path) -> list[Path]:
+    (src / "x-train-0000.tar").write_bytes(bytes(tar_of(shard("a"))))
+    (src / "x-train-0001.tar").write_bytes(b"")
+    return [src]
+
+
+def empty_tar_gz(src: Path) -> list[Path]:
+    (src / "data").mkdir()
+    (src / "data" / "train_images_0.tar.gz").write_bytes(b"")
+    return [src]
+
+
+@pytest.mark.parametrize(
+    "make, named",
+    [
+        (empty_val_tar, "ILSVRC2012_img_val.tar: an empty file (0 bytes), not a tar; download ILSVRC2012_img_val.tar again"),
+        (empty_val_tar_named, "ILSVRC2012_img_val.tar: an empty file (0 bytes), not a tar; download it again"),
+        (empty_class_tar, f"ILSVRC2012_img_train.tar/{WNID}.tar: an empty file (0 bytes), not a tar; download ILSVRC2012_img_train.tar"),
+        (empty_synset_tar, "n01443537.tar: an empty file (0 bytes), not a tar; download n01443537.tar again"),
+        (empty_shard, "x-train-0001.tar: an empty file (0 bytes), not a tar; download x-train-0001.tar again"),
+        (empty_tar_gz, "train_images_0.tar.gz: an empty file (0 bytes), not a .tar.gz; download it again"),
+    ],
+)
+def test_an_empty_archive_is_called_an_empty_file(make, named: str, tmp_path: Path) -> None:
+    """A 0-byte tar is an empty file, not a tar cut "after its first member"."""
+    src = tmp_path / "src"
+    src.mkdir()
+    result = bounded_imgpipe("pack", *make(src), tmp_path / "out", "--workers", "1", "--no-progress")
+    assert_one_line_error(result, named)
+    assert "first member" not in result.stderr

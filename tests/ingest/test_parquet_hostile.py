@@ -260,4 +260,4 @@ def test_rows_past_the_end_of_a_file_changed_since_its_listing_are_named(tmp_pat
 
     path = write(tmp_path / "src", hf_table().slice(0, 4))
     with pytest.raises(DatasetError, match=r"has 4 rows, fewer than when it was listed; it changed since: rerun to list it again"):
-        list(StreamUnit(path, parquet=True).read(np.array([0, 11])))
+        list(StreamUnit(path, parquet=True).read(np.array([0, 11]), np.zeros(2, np.int64)))

@@ -9,7 +9,7 @@ import os
 from imgpipe.cli import main
 from imgpipe.packing import filereads
 
-_open_advised, _read_file = filereads._open_advised, filereads.read_file
+_open_planned = filereads.open_planned
 
 
 def logged(path: str) -> None:
@@ -17,15 +17,10 @@ def logged(path: str) -> None:
         log.write(f"{os.getpid()}\t{path}\n")
 
 
-def open_advised(path: str) -> int | str:
+def open_planned(path: str, size: int) -> int | str:
     logged(path)
-    return _open_advised(path)
+    return _open_planned(path, size)
 
 
-def read_file(path: str) -> bytes | str:
-    logged(path)
-    return _read_file(path)
-
-
-filereads._open_advised, filereads.read_file = open_advised, read_file  # type: ignore[assignment]
+filereads.open_planned = open_planned  # type: ignore[assignment]
 main()

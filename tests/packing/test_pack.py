@@ -20,7 +20,7 @@ from _fs import tmpfs
 from _recordio_helpers import read_indexed
 from PIL import Image
 
-from imgpipe._sys.diskinfo import check_free_space, device_for_path, format_bytes, warn_if_slow
+from imgpipe._sys.diskinfo import Mount, check_free_space, device_for_path, format_bytes, warn_if_slow
 from imgpipe.errors import DatasetError, PackError
 from imgpipe.format.manifest import load_manifest
 from imgpipe.packing.checkpoint import Checkpoints
@@ -306,16 +306,17 @@ def test_free_space_is_checked_before_writing(synth_tree: Path, tmp_path: Path) 
         assert not list((small / "out").glob("*.rec"))
 
 
-def test_device_for_path_reads_mounts(tmp_path: Path) -> None:
-    mounts = tmp_path / "mounts"
-    mounts.write_text("/dev/sda1 / ext4 rw 0 0\nserver:/export /data nfs4 rw 0 0\n/dev/nvme0n1p2 /data/local\\040ssd xfs rw 0 0\n")
-    data = tmp_path / "data"
-    assert device_for_path("/data/imagenet/x", mounts_file=str(mounts)).network is True
-    local = device_for_path("/data/local ssd/imagenet", mounts_file=str(mounts))
+def test_device_for_path_finds_the_deepest_mount_holding_the_path(tmp_path: Path) -> None:
+    mounted = [Mount("/dev/sda1", "/", "ext4"), Mount("server:/export", "/data", "nfs4"), Mount("/dev/nvme0n1p2", "/data/local ssd", "xfs")]
+    assert device_for_path("/data/imagenet/x", mounted=mounted).network is True
+    local = device_for_path("/data/local ssd/imagenet", mounted=mounted)
     assert (local.mountpoint, local.fstype, local.network) == ("/data/local ssd", "xfs", False)
-    assert device_for_path("/home/me", mounts_file=str(mounts)).mountpoint == "/"
-    real = device_for_path(data)  # nearest existing parent, on this machine's real mounts
+    assert device_for_path("/home/me", mounted=mounted).mountpoint == "/"
+    real = device_for_path(tmp_path / "data")  # nearest existing parent, on this machine's real mounts
     assert real.mountpoint and str(tmp_path).startswith(real.mountpoint)
+    with tmpfs(tmp_path / "a mount\twith spaces", "64k") as spaced:  # /proc/self/mounts escapes these as \040 and \011
+        inside = device_for_path(spaced / "imagenet" / "x")
+        assert (inside.mountpoint, inside.fstype, inside.network) == (str(spaced), "tmpfs", False)
 
 
 @pytest.mark.timeout(60)
@@ -449,13 +450,13 @@ def test_format_bytes_picks_the_unit_that_fits() -> None:
 
 def test_warn_if_slow_names_a_network_or_rotational_dst(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Through the seam device_for_path already has: a mounts table and a /sys/block of our own."""
-    mounts, sys_block = tmp_path / "mounts", tmp_path / "sys-block"
+    sys_block = tmp_path / "sys-block"
     (sys_block / "hdz" / "queue").mkdir(parents=True)
     (sys_block / "hdz" / "queue" / "rotational").write_text("1\n")
     (sys_block / "ssz" / "queue").mkdir(parents=True)
     (sys_block / "ssz" / "queue" / "rotational").write_text("0\n")
-    mounts.write_text("/dev/root / ext4 rw 0 0\nserver:/export /nfs nfs4 rw 0 0\n/dev/hdz /spin xfs rw 0 0\n/dev/ssz /fast xfs rw 0 0\n")
-    seam = dict(mounts_file=str(mounts), sys_block=sys_block)
+    mounted = [Mount("/dev/root", "/", "ext4"), Mount("server:/export", "/nfs", "nfs4"), Mount("/dev/hdz", "/spin", "xfs")]
+    seam = dict(mounted=[*mounted, Mount("/dev/ssz", "/fast", "xfs")], sys_block=sys_block)
     with caplog.at_level("WARNING", logger="imgpipe._sys.diskinfo"):
         assert warn_if_slow("/nfs/imagenet", **seam).network
         assert warn_if_slow("/spin/imagenet", **seam).rotational

@@ -6,10 +6,10 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from _hooks.faults import gate_env, wait_at_gate
 from PIL import Image
 
 from imgpipe.errors import PackError
@@ -25,31 +25,26 @@ def imgpipe(*args: object, **kwargs) -> subprocess.Popen[str]:
 
 
 @pytest.fixture
-def blocking_tree(tmp_path: Path) -> tuple[Path, Path]:
-    """A class-folder tree whose last image is a FIFO: a pack stops there until the test writes to it."""
+def blocking_tree(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A class-folder tree whose last image is not an image, and the environment of a pack that stops once it has read
+    that file, until the test lets it go on (``wait_at_gate``)."""
     src = tmp_path / "src"
     for name in ("A", "B"):
         (src / name).mkdir(parents=True)
         for k in range(3):
             Image.new("RGB", (32, 24), (k * 40, 0, 0)).save(src / name / f"{k}.jpg")
-    fifo = src / "B" / "zz.jpg"
-    os.mkfifo(fifo)
-    return src, fifo
+    (src / "B" / "zz.jpg").write_bytes(b"not a jpeg")
+    return src, gate_env(dict(os.environ), tmp_path / "gate", "zz.jpg")
 
 
 @pytest.mark.timeout(120)
 def test_a_second_pack_on_a_locked_dst_names_the_first_and_deletes_nothing(blocking_tree, tmp_path: Path) -> None:
-    src, fifo = blocking_tree
+    src, env = blocking_tree
     dst = tmp_path / "dst"
-    first = imgpipe("pack", src, dst, "--no-shuffle", "--shards", "2", "--workers", "1")
+    first = imgpipe("pack", src, dst, "--no-shuffle", "--shards", "2", "--workers", "1", env=env)
     try:
-        lock = dst / JOURNAL_DIR / "node-0.lock"
-        deadline = time.monotonic() + 60
-        while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        gate = wait_at_gate(tmp_path / "gate", process=first)  # shard 0 is done, shard 1 waits after reading zz.jpg
         waiting = [dst / JOURNAL_DIR / "train-00000-of-00002.json", dst / JOURNAL_DIR / "slots" / "train-00001-of-00002.rec"]
-        while not all(p.exists() for p in waiting) and time.monotonic() < deadline:  # shard 0 done, shard 1 waits on the FIFO
-            time.sleep(0.02)
         assert all(p.exists() for p in waiting), sorted(p.name for p in dst.rglob("*"))
         before = {p.name for p in dst.rglob("*")}
         for extra in (["--overwrite"], [], ["--seed", "5", "--overwrite"]):  # whatever its options
@@ -64,13 +59,12 @@ def test_a_second_pack_on_a_locked_dst_names_the_first_and_deletes_nothing(block
             assert f"imgpipe: error: another imgpipe pack is writing {dst} (pid {first.pid}); wait for it to finish or stop it" in err, err
             assert "Traceback" not in err and "--overwrite" not in err
         assert before <= {p.name for p in dst.rglob("*")}  # nothing of the first pack was deleted
-        with open(fifo, "wb") as f:  # let the first pack go on: the FIFO's bytes are not an image
-            f.write(b"not a jpeg")
+        os.close(gate)  # let the first pack go on
         out, err = first.communicate(timeout=60)
         assert first.returncode == 0, err
         assert "B/zz.jpg: not an image" in out
     finally:
-        if first.poll() is None:  # a failed assertion must not leave the pack waiting on its FIFO
+        if first.poll() is None:  # a failed assertion must not leave the pack waiting at its gate
             first.kill()
             first.wait()
     assert verify(dst, workers=1, progress=False).ok

@@ -6,12 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 from _cli import assert_one_line_error
+from _hooks.faults import gate_env, wait_at_gate
 from PIL import Image
 
 from imgpipe.cli.data import node_identity
@@ -70,26 +69,13 @@ def test_a_run_that_splits_the_pack_another_way_is_refused(synth_tree: Path, tmp
     assert report.shards_written == 4
 
 
-def make_tree(root: Path) -> Path:
-    """Class folders A..F of 4 images, the last image a FIFO: the pack that reads it waits for the test."""
+def make_tree(root: Path) -> None:
+    """Class folders A..F of 4 images, the last not an image (skipped): a pack run with ``gate_env`` waits after reading it."""
     for k, name in enumerate("ABCDEF"):
         (root / name).mkdir(parents=True)
         for i in range(4):
             Image.new("RGB", (40 + i, 32), (k * 40, i * 60, 90)).save(root / name / f"{i}.jpg")
-    os.mkfifo(root / "F" / "last.jpg")
-    return root / "F" / "last.jpg"
-
-
-def feed(fifo: Path) -> threading.Thread:
-    """Write the FIFO's bytes (not an image: it is skipped) once a pack opens it."""
-
-    def write() -> None:
-        with open(fifo, "wb") as f:
-            f.write(b"not a jpeg")
-
-    thread = threading.Thread(target=write, daemon=True)
-    thread.start()
-    return thread
+    (root / "F" / "last.jpg").write_bytes(b"not a jpeg")
 
 
 def run_pack(src: Path, dst: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -103,22 +89,20 @@ def shard_files(dst: Path) -> dict[str, tuple[int, int]]:
 
 @pytest.mark.timeout(240)
 def test_array_tasks_one_killed_and_rerun_alone_then_finalize_equal_one_machine(tmp_path: Path) -> None:
-    fifo = make_tree(tmp_path / "src")
+    make_tree(tmp_path / "src")
     src = tmp_path / "src"
     single = tmp_path / "single"
-    feeder = feed(fifo)
     assert run_pack(src, single).returncode == 0
-    feeder.join(10)
 
-    # sbatch --array=1-3: tasks 1..3 write parts 0..2; the FIFO is the last image, in shard 5 of 0..5: part 2, task 3
+    # sbatch --array=1-3: tasks 1..3 write parts 0..2; last.jpg is the last image, in shard 5 of 0..5: part 2, task 3
     dst = tmp_path / "multi"
     command = [sys.executable, "-m", "imgpipe", "pack", str(src), str(dst), *PACK_OPTIONS, "--no-progress"]
+    gated = gate_env(dict(os.environ), tmp_path / "gate", "last.jpg")
     tasks = {
-        task: subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **array_env(task, 1, 3)}
-        )
+        task: subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**(gated if task == 3 else os.environ), **array_env(task, 1, 3)})
         for task in (1, 2, 3)
-    }
+    }  # fmt: skip
     try:
         for task in (1, 2):
             out, err = tasks[task].communicate(timeout=120)
@@ -126,11 +110,8 @@ def test_array_tasks_one_killed_and_rerun_alone_then_finalize_equal_one_machine(
             assert f"part {task - 1} of 3, from SLURM_ARRAY_TASK_ID={task} (MIN 1, STEP 1, COUNT 3)" in err
             assert "wrote 2 shard(s)" in out
         journal = dst / JOURNAL_DIR
-        deadline = time.monotonic() + 60  # task 3 writes shard 2, then waits on the FIFO in shard 5
-        while not (journal / "train-00002-of-00006.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(0.3)
-        assert tasks[3].poll() is None
+        os.close(wait_at_gate(tmp_path / "gate", process=tasks[3]))  # task 3 wrote shard 2 and waits in shard 5
+        assert (journal / "train-00002-of-00006.json").exists() and tasks[3].poll() is None
         tasks[3].send_signal(signal.SIGKILL)
         tasks[3].wait()
     finally:
@@ -150,9 +131,7 @@ def test_array_tasks_one_killed_and_rerun_alone_then_finalize_equal_one_machine(
         "or run the same imgpipe pack command with --num-nodes 3 and --node-rank 2, then --finalize",
     )
 
-    feeder = feed(fifo)
     rerun = run_pack(src, dst, env=array_env(3, 3, 3))  # sbatch --array=3: MIN 3, COUNT 1, and still part 2 of 3
-    feeder.join(10)
     assert rerun.returncode == 0, rerun.stderr
     assert "part 2 of 3, from SLURM_ARRAY_TASK_ID=3 (MIN 3, STEP 1, COUNT 1)" in rerun.stderr
     assert "shards: 1 written, 1 already done, 6 in the plan" in rerun.stdout, rerun.stdout
@@ -162,7 +141,7 @@ def test_array_tasks_one_killed_and_rerun_alone_then_finalize_equal_one_machine(
     assert finalized.returncode == 0, finalized.stderr
     output = {p.name: p.read_bytes() for p in sorted(dst.iterdir()) if p.is_file()}
     assert output == {p.name: p.read_bytes() for p in sorted(single.iterdir()) if p.is_file()}
-    assert "last.jpg" in (dst / "manifest.json").read_text()  # the FIFO's bytes were skipped, alike in both packs
+    assert "last.jpg" in (dst / "manifest.json").read_text()  # skipped, alike in both packs
 
 
 @pytest.mark.parametrize("step", ["0", "-2"])
