@@ -45,11 +45,12 @@ demo: $(VENV)/.installed
 	$(PY) tools/demo.py
 
 # ruff first (seconds; config in pyproject.toml). IMGPIPE_STRICT_DEPS=1: a missing or broken MXNet venv or DALI
-# fails the run instead of skipping (tests/conftest.py).
-test: $(VENV)/.installed interop-venv
+# fails the run instead of skipping (tests/conftest.py). tests/test_install.py builds the wheel with make wheel's venv.
+test: $(VENV)/.installed interop-venv $(WHEELVENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	IMGPIPE_STRICT_DEPS=1 IMGPIPE_MXNET_PYTHON=$(abspath $(MXVENV))/bin/python $(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	IMGPIPE_STRICT_DEPS=1 IMGPIPE_MXNET_PYTHON=$(abspath $(MXVENV))/bin/python IMGPIPE_WHEEL_PYTHON=$(abspath $(WHEELVENV))/bin/python \
+		$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(MXVENV) $(WHEELVENV) demo dist
