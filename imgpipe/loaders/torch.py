@@ -28,6 +28,7 @@ from imgpipe._sys.procs import die_with_parent
 from imgpipe._sys.torch_private import shutdown_persistent_workers
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError, RemoteError
 from imgpipe.format.shardset import PathLike, Records, ShardSet
+from imgpipe.image.extensions import warn_if_no_region_decoder
 from imgpipe.loaders import seeding
 from imgpipe.loaders.base import SampledLoader
 from imgpipe.loaders.common import (
@@ -572,6 +573,7 @@ def make_torch_loader(
     builds (at least 1) while it decodes.
     ``loader.close()`` stops persistent workers.
     """
+    warn_if_no_region_decoder()
     args = check_loader_args(
         split=split,
         batch_size=batch_size,
