@@ -67,16 +67,21 @@ def hidden(paths: list[str], command: list[str]) -> list[str]:
     return ["unshare", "-m", "sh", "-c", f'{mounts} && exec "$@"', "sh", *command]
 
 
+def hideable(*paths: str) -> list[str]:
+    """``paths``, once it is known that a command can be run with them hidden (root, or unprivileged user namespaces)."""
+    probe = subprocess.run(hidden(list(paths), ["true"]), capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"install test: cannot hide {', '.join(paths)} (unshare -m, mount --bind): {probe.stderr.strip()}")
+    return list(paths)
+
+
 def linked_libjpeg() -> str:
-    """The libjpeg the in-tree region decoder loads (ldd), after checking that it can be hidden from a command."""
+    """The libjpeg the in-tree region decoder loads (ldd)."""
     module = importlib.util.find_spec("imgpipe.image._jpeg_region")
     if region_decoder() is None or module is None:
         pytest.skip("the region decoder was not built (no libjpeg-turbo headers): nothing to compare the wheel with")
     found = re.search(r"libjpeg\.so\S* => (\S+)", subprocess.run(["ldd", module.origin], capture_output=True, text=True).stdout)
     assert found, f"ldd finds no libjpeg linked by {module.origin}"
-    probe = subprocess.run(hidden([found.group(1)], ["true"]), capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"install test: cannot hide the system's libjpeg (unshare -m, mount --bind): {probe.stderr.strip()}")
     return found.group(1)
 
 
@@ -97,14 +102,16 @@ def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="session")
 def built_dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sdist and the manylinux wheel, built once per test run (xdist workers share them)."""
+    """The sdist and the manylinux wheel, built once per test run (xdist workers share them) with the machine's own
+    libjpeg-turbo headers and library hidden: the wheel carries the pinned one whatever the machine has."""
     python = wheel_python()
+    system = hideable(system_jpeglib_h(), linked_libjpeg())
     shared = tmp_path_factory.getbasetemp()
     shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
     dist = shared / "imgpipe-dist"
     with FileLock(str(shared / "imgpipe-dist.lock")):
         if not (dist / "done").is_file():
-            run([python, str(BUILD_SCRIPT), "--dist", str(dist)])
+            run(hidden(system, [python, str(BUILD_SCRIPT), "--dist", str(dist)]))
             (dist / "done").touch()
     return dist
 
@@ -124,7 +131,7 @@ def wheel_venv(built_dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 def test_the_wheel_decodes_and_packs_as_the_in_tree_build_with_the_system_libjpeg_hidden(
     wheel_venv: Path, synth_tree: Path, tmp_path: Path
 ) -> None:
-    libjpeg = linked_libjpeg()
+    (libjpeg,) = hideable(linked_libjpeg())
     python = str(wheel_venv / "bin" / "python")
     in_tree = subprocess.run(hidden([libjpeg], [sys.executable, "-c", "import imgpipe.image._jpeg_region"]), capture_output=True, text=True)
     assert in_tree.returncode != 0 and "libjpeg" in in_tree.stderr, "the system's libjpeg was not hidden: " + in_tree.stderr[-500:]
@@ -162,11 +169,7 @@ def test_a_build_from_source_says_on_the_terminal_when_the_extensions_are_not_bu
     pip = [python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(tmp_path), str(sdist)]
     command = ["script", "-qec", shlex.join(pip), "/dev/null"]
     if headers == "missing":
-        jpeglib_h = system_jpeglib_h()
-        probe = subprocess.run(hidden([jpeglib_h], ["true"]), capture_output=True, text=True)
-        if probe.returncode != 0:
-            pytest.skip(f"install test: cannot hide jpeglib.h (unshare -m, mount --bind): {probe.stderr.strip()}")
-        command = hidden([jpeglib_h], command)
+        command = hidden(hideable(system_jpeglib_h()), command)
     terminal = run(command, stdin=subprocess.DEVNULL).stdout
     (wheel,) = tmp_path.glob("*.whl")
     extensions = [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".so")]
