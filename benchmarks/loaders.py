@@ -73,7 +73,10 @@ GOALS = (
     ("imgpipe-torch", "torchvision", "uint8", 2.0),
     ("imgpipe-torch", "dali-plain", "uint8", None),
     ("imgpipe-dali", "dali-plain", "float32", 0.95),  # issue 12: the same decode and resize work
-    ("imgpipe-torch", "imgpipe-torch-whole", "uint8", None),
+    ("imgpipe-torch", "imgpipe-torch-whole", "uint8", None),  # an install with the region decoder, and one without (docs/install.md)
+    ("imgpipe-torch", "imgpipe-torch-whole", "float32", None),
+    ("imgpipe-torch-whole", "torchvision", "uint8", None),
+    ("imgpipe-torch-whole", "torchvision", "float32", None),
     ("imgpipe-torch", FFCV, "uint8", 1.3),  # FFCV's Loader from its page-cached .beton
     ("imgpipe-torch", FFCV, "float32", 1.0),  # with NormalizeImage(float32) in FFCV's threads
 )

@@ -9,8 +9,9 @@ Reference tools (MXNet's venv, DALI) must not vanish into skips where they are r
 * DALI installed but not importable: its tests fail.
 * ``IMGPIPE_STRICT_DEPS=1`` (``make test`` sets it): a missing MXNet venv or DALI fails too;
   any skip whose reason names one of ``STRICT_TOOLS`` (DALI, MXNet, python-isal, moto, obstore
-  and boto3 for the remote tests, imgpipe's C extensions; from these fixtures, a skipif,
-  importorskip) is reported as a failure. Without it, plain ``pytest`` skips what is not installed.
+  and boto3 for the remote tests, imgpipe's C extensions, the install tests' build venv and mount
+  namespace; from these fixtures, a skipif, importorskip) is reported as a failure. Without it,
+  plain ``pytest`` skips what is not installed.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ STRICT_TOOLS = (
     "boto3",
     "_jpeg_shrink is not built",
     "region decoder was not built",
+    "install test",  # tests/test_install.py: make wheel's build venv, unshare -m
 )  # a skip naming one fails under make test
 
 SYNTH_CLASSES = 4

@@ -27,6 +27,7 @@ from imgpipe._sys.procs import die_with_parent
 from imgpipe._sys.torch_private import shutdown_persistent_workers
 from imgpipe.errors import DatasetError, RecordIOError, RemoteError
 from imgpipe.format.shardset import PathLike, Records, ShardSet
+from imgpipe.image.extensions import warn_if_no_region_decoder
 from imgpipe.loaders import seeding
 from imgpipe.loaders.base import SampledLoader
 from imgpipe.loaders.common import RankStream, default_workers, open_rank_stream
@@ -534,6 +535,7 @@ def make_torch_loader(
     ``loader.close()`` stops persistent workers.
     """
     options = TorchLoaderOptions(**{name: value for name, value in locals().items() if name != "path"})
+    warn_if_no_region_decoder()
     if options.pin_memory and options.device.type == "cpu" and options.persistent_workers and options.workers != 0:
         logger.warning(PIN_MEMORY_IGNORED)
     return TorchLoader(options, open_rank_stream(path, options))

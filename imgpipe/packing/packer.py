@@ -46,6 +46,7 @@ from imgpipe.format.layout import (
 )
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped, SplitInfo, load_manifest, write_manifest
 from imgpipe.image import codec, shrink
+from imgpipe.image.extensions import INSTALL_FIX
 from imgpipe.ingest.scan import scan
 from imgpipe.packing.checkpoint import CHECKPOINT_S
 from imgpipe.packing.journal import JOURNAL_DIR, Journal, ShardResult, StoredPlan
@@ -232,8 +233,7 @@ def pack(
 
 _NO_EXTENSION = (
     "imgpipe's C extension over libjpeg-turbo (imgpipe.image._jpeg_shrink) is not built: pack checks every kept JPEG "
-    "with Pillow's whole decode%s, several times slower; reinstall imgpipe where libjpeg-turbo's headers are installed "
-    "(libjpeg-turbo8-dev or libjpeg62-turbo-dev on Debian/Ubuntu, libjpeg-turbo-devel on RHEL)"
+    f"with Pillow's whole decode%s, several times slower; {INSTALL_FIX}"
 )
 
 

@@ -228,3 +228,4 @@ def test_a_pack_without_the_c_extension_says_so_once(
         monkeypatch.setattr(codec, "_scan_problem", None)
         pack(synth_tree, tmp_path / "without", shards=1, splits=["val"], workers=1, progress=False)
     assert len(said()) == 1 and "libjpeg-turbo" in said()[0].getMessage() and "\n" not in said()[0].getMessage()
+    assert "manylinux wheel" in said()[0].getMessage() and "libjpeg62-turbo-dev" in said()[0].getMessage()  # the fix
