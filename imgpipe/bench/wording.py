@@ -33,7 +33,7 @@ from imgpipe.bench.findings import (
     UseDali,
     WarmCache,
 )
-from imgpipe.loaders.pixels import REGION_DECODER_HEADERS
+from imgpipe.image.extensions import INSTALL_FIX
 
 
 def plural(count: int, noun: str) -> str:
@@ -82,7 +82,7 @@ def action(act: Action) -> str:
     if isinstance(act, PackResized):
         return f"pack with `--resize {act.size}`"
     if isinstance(act, BuildRegionDecoder):
-        return f"reinstall imgpipe where libjpeg-turbo's headers are ({REGION_DECODER_HEADERS}) so the torch loader decodes only each crop"
+        return f"{INSTALL_FIX}, so the torch loader decodes only each crop"
     if isinstance(act, RaisePrefetch):
         return (
             f"raise prefetch_factor to {act.to} (`--set data.prefetch_factor={act.to}`, make_torch_loader's prefetch_factor) "

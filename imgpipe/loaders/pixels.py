@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
 from imgpipe.errors import DatasetError
+from imgpipe.image.extensions import INSTALL_FIX, region_decoder_problem
 from imgpipe.image.jpeg import jpeg_size
 from imgpipe.loaders.geometry import Crop
 
-REGION_DECODER_HEADERS = "apt install libjpeg-turbo8-dev, dnf install libjpeg-turbo-devel or conda install libjpeg-turbo"
 DRAFT_MIN_REDUCTION = 2  # decode reduced when the box shrinks by at least this factor
 WHOLE_RESIZE_MAX_AREA = 16  # a fractional box resampled by resizing the whole image: at most this many box areas
 DECODER_ERRORS = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)  # what Pillow raises on bad bytes
@@ -72,7 +72,7 @@ def describe_jpeg_decoder() -> str:
         from imgpipe.image._jpeg_region import LIBJPEG_TURBO_VERSION
 
         return f"crop regions only, by imgpipe's extension over libjpeg-turbo {LIBJPEG_TURBO_VERSION}"
-    return f"whole images, by torchvision (imgpipe's region decoder was not built: {REGION_DECODER_HEADERS}, then reinstall imgpipe)"
+    return f"whole images, by torchvision (imgpipe's region decoder cannot be imported: {region_decoder_problem()}; {INSTALL_FIX})"
 
 
 @functools.cache

@@ -341,9 +341,11 @@ def test_the_words_of_every_bound_action_and_observation() -> None:
     )
     decode = said(Bound.DECODE, Evidence(0.71, ms), BuildRegionDecoder(), RaiseWorkers(16, 4), UseDali(), PackResized(256))
     assert decode == (
-        "decode bound: ranks wait for data 71 % of the time while decoding dominates the loader; reinstall imgpipe where "
-        "libjpeg-turbo's headers are (apt install libjpeg-turbo8-dev, dnf install libjpeg-turbo-devel or conda install libjpeg-turbo) "
-        "so the torch loader decodes only each crop, raise workers to 16 (more than the 4 core(s) per rank here: add CPUs), "
+        "decode bound: ranks wait for data 71 % of the time while decoding dominates the loader; install imgpipe's manylinux wheel "
+        "(libjpeg-turbo inside; `make wheel` builds it), or install a C compiler and libjpeg-turbo's headers (Debian/Ubuntu "
+        "libjpeg62-turbo-dev or libjpeg-turbo8-dev, RHEL/Fedora libjpeg-turbo-devel, conda-forge libjpeg-turbo) and reinstall "
+        "imgpipe from source, so the torch loader decodes only each crop, raise workers to 16 "
+        "(more than the 4 core(s) per rank here: add CPUs), "
         "use `--backend dali`, or pack with `--resize 256`"
     )
     assert said(Bound.DECODE, Evidence(0.33, ms), AddCpus(2, 229.4, 1, 266.7, 2), RaiseWorkers(None), RaiseWorkers(6), PackResized()) == (
