@@ -12,21 +12,26 @@ A process started with :func:`hook_env`'s environment has this folder on its PYT
   models that differ between ranks); ``short-val`` leaves out its last validation batch.
 - ``IMGPIPE_BENCH_READ_DELAY_MS_RANK<r>=MS`` makes rank ``r``'s timed loader workers sleep MS ms
   on each record they read, as a slow disk would.
+- ``IMGPIPE_VERIFY_HOLD=1`` makes every shard check of ``imgpipe verify`` wait forever, as on a disk
+  that stopped answering: its pool's workers stay busy until they are killed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.abc
 import importlib.machinery
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 TRAIN_FAULT_ENV = "IMGPIPE_TRAIN_FAULT_RANK{rank}"
 READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
+VERIFY_HOLD_ENV = "IMGPIPE_VERIFY_HOLD"
 KINDS = ("hang", "oom", "illegal-address", "unused-parameter", "short-val")
 ILLEGAL_ADDRESS_TEXT = "CUDA error: an illegal memory access was encountered"
 HERE = Path(__file__).resolve().parent
@@ -40,10 +45,11 @@ def hook_env(env: dict[str, str], **hooks: str) -> dict[str, str]:
 
 def install() -> None:
     """Patch imgpipe's modules as they are imported, when this process's environment asks for a hook."""
-    prefixes = (TRAIN_FAULT_ENV.split("{")[0], READ_DELAY_ENV.split("{")[0])
+    prefixes = (TRAIN_FAULT_ENV.split("{")[0], READ_DELAY_ENV.split("{")[0], VERIFY_HOLD_ENV)
     if any(name.startswith(prefixes) for name in os.environ):
         patches = {"imgpipe.train.models": _patch_models, "imgpipe.train.data": _patch_data}
         patches["imgpipe.loaders.stage_timer"] = _patch_stage_timer
+        patches["imgpipe.format.verify"] = _patch_verify
         sys.meta_path.insert(0, _AfterImport(patches))
 
 
@@ -110,8 +116,7 @@ def _patch_models(models: Any) -> None:
                 if calls[0] < 2:
                     return
                 if kind == "hang":
-                    while True:
-                        time.sleep(60)
+                    threading.Event().wait()  # never set: the rank hangs here
                 if kind == "oom":
                     raise torch.OutOfMemoryError(
                         f"CUDA out of memory. Tried to allocate 2.00 GiB (injected by {TRAIN_FAULT_ENV.format(rank=rank)})"
@@ -164,3 +169,15 @@ def _patch_stage_timer(stage_timer: Any) -> None:
         return item
 
     stage_timer.StageTimer.read = slow_read
+
+
+def _patch_verify(verify: Any) -> None:
+    check_shard = verify.check_shard
+
+    @functools.wraps(check_shard)  # pickled by its name for the pool, and found patched there too
+    def held(check: Any) -> Any:
+        if os.environ.get(VERIFY_HOLD_ENV):
+            threading.Event().wait()  # never set: the check is held until its process is killed
+        return check_shard(check)
+
+    verify.check_shard = held

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from imgpipe.loaders.common import CURRENT_DEVICE, default_device, resolve_device
-from tests._tiny_shards import make_tiny_pack
 
 
 def never_called() -> int:
@@ -35,20 +34,13 @@ def test_the_default_resolves_on_this_machine() -> None:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
-def test_a_loader_built_without_a_device_uses_the_default(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> None:
+def test_a_loader_built_without_a_device_uses_the_default(packed_dir: Path, backend: str, request: pytest.FixtureRequest) -> None:
     if backend == "torch":
         from imgpipe.loaders.torch import make_torch_loader as make
     else:
         request.getfixturevalue("require_dali")
         from imgpipe.loaders.dali import make_dali_loader as make
-    loader = make(
-        make_tiny_pack(tmp_path / "tiny", records=8, shards=1),
-        batch_size=4,
-        image_size=32,
-        workers=0 if backend == "torch" else 1,
-        rank=0,
-        world_size=1,
-    )
+    loader = make(packed_dir, batch_size=4, image_size=32, workers=0 if backend == "torch" else 1, rank=0, world_size=1)
     images, _ = next(iter(loader))
     assert images.device == resolve_device(CURRENT_DEVICE)
     loader.close()
