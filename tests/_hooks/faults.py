@@ -6,8 +6,9 @@ A process started with :func:`hook_env`'s environment has this folder on its PYT
 
 - ``IMGPIPE_TRAIN_FAULT_RANK<r>=KIND`` makes rank ``r``'s model, from its second forward pass on
   (the first is the trainer's size check, so one whole step and its collectives run first):
-  ``hang`` (sleep, never reaching the step's all-reduce), ``oom`` (``torch.OutOfMemoryError``, as
-  CUDA raises it), ``illegal-address`` (the error CUDA gives for an illegal memory access);
+  ``hang`` (blocked, never reaching the step's all-reduce), ``oom`` (``torch.OutOfMemoryError``, as
+  CUDA raises it), ``illegal-address`` (on a GPU a real illegal memory access, ``cuda_fault.py``; on the
+  CPU the error torch raised for one on an H200, as recorded in ``cuda_illegal_address.json``);
   ``unused-parameter`` gives it a parameter no forward pass uses (set it on every rank: DDP refuses
   models that differ between ranks); ``short-val`` leaves out its last validation batch.
 - ``IMGPIPE_BENCH_READ_DELAY_MS_RANK<r>=MS`` makes rank ``r``'s timed loader workers sleep MS ms
@@ -22,6 +23,7 @@ import dataclasses
 import functools
 import importlib.abc
 import importlib.machinery
+import json
 import os
 import sys
 import threading
@@ -33,7 +35,7 @@ TRAIN_FAULT_ENV = "IMGPIPE_TRAIN_FAULT_RANK{rank}"
 READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
 VERIFY_HOLD_ENV = "IMGPIPE_VERIFY_HOLD"
 KINDS = ("hang", "oom", "illegal-address", "unused-parameter", "short-val")
-ILLEGAL_ADDRESS_TEXT = "CUDA error: an illegal memory access was encountered"
+ILLEGAL_ADDRESS_RECORD = Path(__file__).resolve().with_name("cuda_illegal_address.json")
 HERE = Path(__file__).resolve().parent
 
 
@@ -111,7 +113,7 @@ def _patch_models(models: Any) -> None:
         elif kind in ("hang", "oom", "illegal-address"):
             calls = [0]
 
-            def before_forward(_module: Any, _inputs: Any) -> None:
+            def before_forward(_module: Any, inputs: Any) -> None:
                 calls[0] += 1
                 if calls[0] < 2:
                     return
@@ -121,7 +123,7 @@ def _patch_models(models: Any) -> None:
                     raise torch.OutOfMemoryError(
                         f"CUDA out of memory. Tried to allocate 2.00 GiB (injected by {TRAIN_FAULT_ENV.format(rank=rank)})"
                     )
-                raise RuntimeError(ILLEGAL_ADDRESS_TEXT)
+                illegal_memory_access(inputs[0].device)
 
             model.register_forward_pre_hook(before_forward)
         return model
@@ -144,6 +146,23 @@ class _ShortVal:
             if previous is not None:
                 yield previous
             previous = batch
+
+
+def illegal_memory_access(device: Any) -> None:
+    """A real illegal memory access on a CUDA ``device``; elsewhere (no CPU op can make one) the error torch raised for a real one."""
+    if device.type == "cuda":
+        from cuda_fault import illegal_memory_access as on_the_gpu
+
+        on_the_gpu(device)
+    raise recorded_illegal_memory_access()
+
+
+def recorded_illegal_memory_access() -> BaseException:
+    """The exception torch raised for a real illegal memory access on a GPU, its type and message as recorded there."""
+    import torch
+
+    recorded = json.loads(ILLEGAL_ADDRESS_RECORD.read_text())
+    return getattr(torch, recorded["type"])(recorded["message"])
 
 
 def _patch_data(data: Any) -> None:

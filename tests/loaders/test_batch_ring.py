@@ -3,6 +3,9 @@ is built in again only once the caller holds no tensor on it, so a batch kept ne
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import threading
 import warnings
 import weakref
@@ -177,18 +180,31 @@ def test_a_ring_larger_than_available_memory_is_a_clear_error(tmp_path: Path) ->
         check_shared_memory(3 << 20, 3, str(tmp_path), available=available)
 
 
-def test_shared_memory_that_runs_out_while_allocating_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    # a second rank can take the room between the check and the allocation: torch then fails to allocate
-    def out_of_room(self: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError("unable to allocate shared memory(shm) for file </torch_1_2_0>: No space left on device (28)")
+RING_OVER_A_FILE_SIZE_LIMIT = """
+import resource, signal, torch
+from imgpipe.errors import ConfigError
+from imgpipe.loaders.ring import BatchRing
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file grown past the limit fails with EFBIG instead of ending the process
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # torch cannot size a shared-memory file over 1 MiB
+try:
+    BatchRing(3, batch_size=64, image_size=128, memory_format=torch.contiguous_format, dtype=torch.float32)
+except ConfigError as e:
+    print(e)
+"""
 
-    monkeypatch.setattr(torch.Tensor, "share_memory_", out_of_room)
-    with pytest.raises(
-        ConfigError,
-        match=r"^the torch loader's 3 shared-memory batches need 0 MiB but /dev/shm ran out \(unable to allocate .*\); enlarge it",
-    ) as info:
-        BatchRing(3, batch_size=2, image_size=4, memory_format=torch.contiguous_format)
-    assert "\n" not in str(info.value)
+
+@pytest.mark.timeout(120)
+def test_shared_memory_that_runs_out_while_allocating_is_a_clear_error() -> None:
+    """The check passes, then torch fails to size a slot's shared-memory file (as when a second rank took the
+    room meanwhile; here a file size limit): one ConfigError line with the ring's size and torch's reason."""
+    run = subprocess.run([sys.executable, "-c", RING_OVER_A_FILE_SIZE_LIMIT], capture_output=True, text=True, timeout=100)
+    assert run.returncode == 0 and run.stderr == "", run.stderr[-2000:]
+    message = run.stdout.strip()
+    assert re.fullmatch(
+        r"the torch loader's 3 shared-memory batches need 36 MiB but /dev/shm ran out \(unable to .*: File too large \(27\)\); "
+        r"enlarge it \(docker run --shm-size=\.\.\.\) or lower batch_size, workers or prefetch_factor",
+        message,
+    ), message
 
 
 def test_rings_are_checked_and_allocated_one_at_a_time(tmp_path: Path) -> None:

@@ -493,7 +493,7 @@ def test_worker_memory_stays_flat_across_epochs(synth_pack, persistent: bool) ->
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_prefetch_matches_cpu(packed_dir: Path) -> None:
-    cpu = _run(make_torch_loader(packed_dir, batch_size=4, image_size=SIZE, workers=1, rank=0, world_size=1))
+    cpu = _run(make_torch_loader(packed_dir, batch_size=4, image_size=SIZE, workers=1, rank=0, world_size=1, device=None))
     loader = make_torch_loader(
         packed_dir, batch_size=4, image_size=SIZE, workers=1, rank=0, world_size=1, device="cuda", channels_last=True
     )
