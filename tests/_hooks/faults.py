@@ -184,7 +184,7 @@ def _patch_stage_timer(stage_timer: Any) -> None:
         item = read(self, records, k)
         delay = read_delay_s(_this_rank())
         if delay:
-            time.sleep(delay)
+            time.sleep(delay)  # elapsed time is what is tested: a slow disk, found by the bench
         return item
 
     stage_timer.StageTimer.read = slow_read

@@ -670,13 +670,13 @@ def test_a_sample_transform_returning_another_dtype_or_shape_is_one_line(packed_
 
 
 WORKERS_THEN_WAIT = """
-import sys, time
+import sys, threading
 from imgpipe.loaders.torch import make_torch_loader
 
 loader = make_torch_loader(sys.argv[1], batch_size=4, image_size=16, workers=2, device=None)
 next(iter(loader))
 print("ready", flush=True)
-time.sleep(120)
+threading.Event().wait(120)  # held until the test kills it (two minutes at most)
 """
 
 
@@ -707,13 +707,15 @@ def assert_workers_die_with(child: subprocess.Popen) -> None:
 
 
 LATE_WORKERS = """
-import sys, time
+import os, sys, time
 import imgpipe.loaders.torch as torch_loader
 
 real = torch_loader.die_with_the_loader
 
 def late(worker_id):
-    time.sleep(3)  # the loader's process is killed meanwhile: the worker comes to its init an orphan
+    parent, deadline = os.getppid(), time.monotonic() + 60
+    while os.getppid() == parent and time.monotonic() < deadline:  # the test kills the loader's process: the worker is orphaned
+        time.sleep(0.01)
     real(worker_id)
 
 torch_loader.die_with_the_loader = late

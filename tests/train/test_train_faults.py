@@ -59,9 +59,11 @@ def test_a_rank_that_hangs_is_named_not_the_healthy_one_that_timed_out(packed: P
     cmd = [sys.executable, "-m", "imgpipe", "train", "--config", str(config), *TWO_RANKS]
     proc = subprocess.Popen(cmd, env=faulty(rank1="hang"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seen: set[int] = set()
-    while proc.poll() is None:  # every rank and loader worker that ever ran
+    deadline = time.monotonic() + 240
+    while proc.poll() is None and time.monotonic() < deadline:  # every rank and loader worker that ever ran
         seen.update(descendants(proc.pid))
         time.sleep(0.5)
+    proc.wait(timeout=30)
     stderr = proc.stderr.read()
     assert proc.returncode == 1
     assert (
