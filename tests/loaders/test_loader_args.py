@@ -1,6 +1,6 @@
 """Every public argument of both loader factories: a mistake is one ConfigError line naming the argument.
 
-Real shards, the real factories (DALI's CPU build); nothing is iterated, the check happens at construction.
+Real shards, the real factories (DALI on the CPU); nothing is iterated, the check happens at construction.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A loader's passes, on both backends: one live pass at a time, and nothing left running after ``close()``.
 
-Real shards, the real factories (DALI's CPU build), real worker processes and threads.
+Real shards, the real factories (DALI on the CPU), real worker processes and threads.
 """
 
 from __future__ import annotations

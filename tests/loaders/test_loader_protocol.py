@@ -1,6 +1,6 @@
 """Both loader factories return a ``Loader``; DALI's state round trip resumes where it stopped.
 
-Real shards, the real factories (DALI's CPU build, device_id None): no stand-ins.
+Real shards, the real factories (DALI on the CPU, device_id None): no stand-ins.
 """
 
 from __future__ import annotations
