@@ -41,13 +41,6 @@ def make(backend: str, path: Path, world: int, rank: int, **kw):
     return make_torch_loader(path, "train", workers=rank % 2, **kw)
 
 
-@pytest.fixture(params=["torch", pytest.param("dali", marks=pytest.mark.dali)])
-def backend(request: pytest.FixtureRequest) -> str:
-    if request.param == "dali":
-        request.getfixturevalue("require_dali")
-    return request.param
-
-
 def ramp_images(backend: str, path: Path, world: int) -> dict[tuple[int, int], np.ndarray]:
     """(epoch, record) -> the uint8 image every rank of ``world`` yields through the ramp."""
     seen: dict[tuple[int, int], np.ndarray] = {}
