@@ -1,6 +1,9 @@
-"""Shared fixtures: a small synthetic ImageNet tree and that tree packed, made once per session.
+"""Shared fixtures, made once per session: a small synthetic ImageNet tree and that tree packed
+(``packed_dir``), other synthetic packs (``synth_pack``, ``indexed``), all written by ``imgpipe.pack``,
+and the tree's train images as MXNet's own im2rec writes them (``im2rec_files``).
 
-Treat both as read-only: copy them (``shutil.copytree``) before changing anything.
+Treat them as read-only: copy them (``shutil.copytree``, or ``_packs.with_payloads`` to damage records) before
+changing anything.
 
 Reference tools (MXNet's venv, DALI) must not vanish into skips where they are required:
 
