@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Callable
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
@@ -20,3 +24,25 @@ def slow_pack_command(src: Path, dst: Path, program: tuple[str, ...] = ("-m", "i
     """``imgpipe pack`` resizing into 8 shards with 2 workers: each shard takes a while, so a kill lands mid-work."""
     slow = ("--shards", "8", "--resize", "64", "--workers", "2", "--no-progress")
     return [sys.executable, *program, "pack", str(src), str(dst), *slow, *options]
+
+
+STEP_S = 0.002  # how long the command runs between two stops
+
+
+def kill_once_durable(command: list[str], durable: Callable[[], bool], env: dict[str, str] | None = None) -> None:
+    """Run ``command`` a few milliseconds at a time (SIGCONT, sleep, SIGSTOP to its process group, workers included)
+    and kill -9 it at the first stop where ``durable()`` holds: mid-pack, however fast or loaded the machine."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    deadline = time.monotonic() + 180
+    try:
+        while True:
+            time.sleep(STEP_S)
+            os.killpg(process.pid, signal.SIGSTOP)
+            if durable():
+                return
+            assert process.poll() is None, "the pack ended before any of its work was durable"
+            assert time.monotonic() < deadline, "no work became durable in 180 s"
+            os.killpg(process.pid, signal.SIGCONT)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

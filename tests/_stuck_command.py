@@ -10,6 +10,7 @@ processes of its own waiting forever).
 from __future__ import annotations
 
 import ctypes
+import signal
 import sys
 import threading
 import time
@@ -39,8 +40,9 @@ def never_lists(*_: object) -> None:
     if kind == "workers":
         pool = ProcessPoolExecutor(2)
         for _ in range(2):
-            pool.submit(time.sleep, 3600)
-        while len(pool._processes) < 2:  # started: the test reads them from /proc
+            pool.submit(signal.pause)  # busy until a signal ends it
+        deadline = time.monotonic() + 60
+        while len(pool._processes) < 2 and time.monotonic() < deadline:  # started: the test reads them from /proc
             time.sleep(0.01)
     if kind in ("main-in-c", "workers"):
         stuck_in_c()

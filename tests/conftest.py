@@ -1,6 +1,9 @@
-"""Shared fixtures: a small synthetic ImageNet tree and that tree packed, made once per session.
+"""Shared fixtures, made once per session: a small synthetic ImageNet tree and that tree packed
+(``packed_dir``), other synthetic packs (``synth_pack``, ``indexed``), all written by ``imgpipe.pack``,
+and the tree's train images as MXNet's own im2rec writes them (``im2rec_files``).
 
-Treat both as read-only: copy them (``shutil.copytree``) before changing anything.
+Treat them as read-only: copy them (``shutil.copytree``, or ``_packs.with_payloads`` to damage records) before
+changing anything.
 
 Reference tools (MXNet's venv, DALI) must not vanish into skips where they are required:
 
@@ -21,9 +24,10 @@ import os
 import signal
 import subprocess
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
+from _packs import INDEXED_RECORDS
 
 # Tests send SIGINT (Ctrl-C) to the commands they start. A runner started in the background without
 # job control (`cmd &` in a script, nohup) inherits SIGINT ignored, and so would every command a
@@ -71,12 +75,54 @@ def synth_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def packed_dir(synth_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``synth_tree`` packed into 2 train shards + 1 val shard (no resize, shuffled with seed 0)."""
+    """``synth_tree`` packed into 2 train shards + 1 val shard (no resize, shuffled with seed 0): 48 + 12 records."""
     from imgpipe.packing.packer import pack
 
     dst = tmp_path_factory.mktemp("packed") / "packed"
     pack(synth_tree, dst, shards="train=2,val=1", workers=1, progress=False)
     return dst
+
+
+@pytest.fixture(scope="session")
+def synth_pack(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``synth_pack(classes=, per_class=, shards=, min_side=, max_side=, shuffle=)``: a synthetic train split
+    (``imgpipe.synth``) packed by ``imgpipe.pack``, made once per session for each set of arguments."""
+    from imgpipe.packing.packer import pack
+    from imgpipe.synth.tree import make_synthetic
+
+    made: dict[tuple, Path] = {}
+
+    def make(*, classes: int, per_class: int, shards: int = 2, min_side: int = 64, max_side: int = 160, shuffle: bool = True) -> Path:
+        key = (classes, per_class, shards, min_side, max_side, shuffle)
+        if key not in made:
+            root = tmp_path_factory.mktemp("synth-pack")
+            sides = dict(min_side=min_side, max_side=max_side)
+            make_synthetic(root / "tree", classes=classes, per_class=per_class, val_per_class=0, seed=0, progress=False, **sides)
+            pack(root / "tree", root / "packed", shards=f"train={shards}", shuffle=shuffle, workers=1, progress=False)
+            made[key] = root / "packed"
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def indexed(synth_pack: Callable[..., Path]) -> Path:
+    """``_packs.INDEXED_RECORDS`` (37) records in 3 train shards, one class each, packed in order: record k's label is k.
+
+    37 is prime: no world size or batch size divides it, so every remainder path runs.
+    """
+    return synth_pack(classes=INDEXED_RECORDS, per_class=1, shards=3, min_side=40, max_side=96, shuffle=False)
+
+
+@pytest.fixture(scope="session")
+def im2rec_files(synth_tree: Path, tmp_path_factory: pytest.TempPathFactory, mxnet_python: str, im2rec_script: str) -> list[Path]:
+    """``synth_tree``'s train images as MXNet's own im2rec writes them (``--pass-through``, 3 chunks, no
+    manifest): the bare .rec/.idx files users bring. Their .lst files lie beside them."""
+    prefix, images = tmp_path_factory.mktemp("im2rec") / "train", str(synth_tree / "train")
+    im2rec = [mxnet_python, im2rec_script]
+    subprocess.run([*im2rec, "--list", "--recursive", "--chunks", "3", str(prefix), images], check=True, capture_output=True)
+    subprocess.run([*im2rec, "--pass-through", "--num-thread", "1", str(prefix), images], check=True, capture_output=True)
+    return sorted(prefix.parent.glob("*.rec"))
 
 
 def strict_deps() -> bool:

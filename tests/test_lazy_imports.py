@@ -35,16 +35,14 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.timeout(120)
-def test_opening_packing_and_verifying_never_import_torch_or_dali(tmp_path: Path) -> None:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from _tiny_shards import make_tiny_pack, tiny_jpeg
+def test_opening_packing_and_verifying_never_import_torch_or_dali(packed_dir: Path, tmp_path: Path) -> None:
+    from _packs import noisy_jpeg
 
-    src = make_tiny_pack(tmp_path / "src", records=4, shards=1)
     rng = np.random.default_rng(0)
     for name in ("a", "b"):
         (tmp_path / "tree" / name).mkdir(parents=True)
-        (tmp_path / "tree" / name / "x.jpg").write_bytes(tiny_jpeg(rng, 32, 24))
-    result = subprocess.run([sys.executable, "-c", SCRIPT, str(src), str(tmp_path), str(tmp_path / "out")],
+        (tmp_path / "tree" / name / "x.jpg").write_bytes(noisy_jpeg(rng, 32, 24))
+    result = subprocess.run([sys.executable, "-c", SCRIPT, str(packed_dir), str(tmp_path), str(tmp_path / "out")],
                             capture_output=True, text=True, timeout=100)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.splitlines() == ["data: []", "torch loader: ['torch']"]

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _hooks.faults import VERIFY_HOLD_ENV, hook_env
 
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import load_manifest
-from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, IndexedRecordWriter, IRHeader, pack_header, read_index
+from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, read_index
 from imgpipe.format.shardset import open_shards
 from imgpipe.format.verify import verify
-from tests._tiny_shards import make_tiny_pack
 from tests.train.proctree import descendants, wait_gone
 
 
@@ -146,27 +146,22 @@ def test_broken_sidecars_are_reported(dataset: Path) -> None:
     assert "val.labels.npy: record 0: label 99 is outside 0..3" in lines
 
 
-def write_bare_pair(folder: Path, count: int = 5) -> tuple[Path, Path]:
-    rec, idx = folder / "data.rec", folder / "data.idx"
-    with IndexedRecordWriter(rec, idx) as writer:
-        for k in range(count):
-            writer.write(k * 2, pack_header(IRHeader(0, float(k % 3), k * 2, 0), os.urandom(50 + k)))
-    return rec, idx
-
-
-def test_bare_rec_idx_pairs_without_a_manifest(tmp_path: Path) -> None:
-    rec, idx = write_bare_pair(tmp_path)
+@pytest.mark.interop
+def test_bare_im2rec_files_without_a_manifest(im2rec_files: list[Path], tmp_path: Path) -> None:
+    """A .rec and its .idx that MXNet's im2rec wrote, checked as they are: then one .idx line changed, then the .idx gone."""
+    rec, idx = (Path(shutil.copy(im2rec_files[0].with_suffix(suffix), tmp_path)) for suffix in (".rec", ".idx"))
+    keys, offsets = read_index(idx)
     assert verify(rec, progress=False).ok
-    assert verify(tmp_path, progress=False).records == 5
+    assert verify(tmp_path, progress=False).records == len(keys)
     lines = idx.read_text().splitlines(keepends=True)
-    lines[1] = lines[1].replace("2\t", "7\t", 1)
+    lines[1] = f"99999\t{offsets[1]}\n"
     idx.write_text("".join(lines))
     report = verify(rec, progress=False)
     assert [str(p) for p in report.problems] == [
-        f"data.idx: record 1 (offset {read_index(idx)[1][1]}): line 2: key 7 but the record's IRHeader id is 2"
+        f"{idx.name}: record 1 (offset {offsets[1]}): line 2: key 99999 but the record's IRHeader id is {keys[1]}"
     ]
     idx.unlink()
-    assert [str(p) for p in verify(tmp_path, progress=False).problems] == ["data.idx: missing index file"]
+    assert [str(p) for p in verify(tmp_path, progress=False).problems] == [f"{idx.name}: missing index file"]
     (tmp_path / "empty").mkdir()
     with pytest.raises(DatasetError, match="no manifest.json and no .rec files"):
         verify(tmp_path / "empty", progress=False)
@@ -258,19 +253,20 @@ def test_float_labels_are_reported_like_open_shards_reports_them(dataset: Path) 
 
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_a_killed_verify_leaves_no_worker_behind(tmp_path: Path) -> None:
-    """kill -9 of ``imgpipe verify --decode`` mid-run: its pool workers are gone within seconds, not orphaned."""
-    dst = make_tiny_pack(tmp_path / "packed", records=1200, shards=12, min_side=100, max_side=300)
+def test_a_killed_verify_leaves_no_worker_behind(packed_dir: Path) -> None:
+    """kill -9 of ``imgpipe verify --decode`` mid-run (its shard checks held, as on a disk that stopped answering):
+    its pool workers are gone within seconds, not orphaned."""
     verify_run = subprocess.Popen(
-        [sys.executable, "-m", "imgpipe", "verify", "--decode", "--workers", "2", "--no-progress", str(dst)],
+        [sys.executable, "-m", "imgpipe", "verify", "--decode", "--workers", "2", "--no-progress", str(packed_dir)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=hook_env(dict(os.environ), **{VERIFY_HOLD_ENV: "1"}),
     )
     deadline = time.monotonic() + 60
     while len(workers := descendants(verify_run.pid)) < 2 and time.monotonic() < deadline and verify_run.poll() is None:
         time.sleep(0.01)
     verify_run.kill()
-    assert verify_run.wait(timeout=30) == -signal.SIGKILL, "verify finished before it was killed: give it more to check"
+    assert verify_run.wait(timeout=30) == -signal.SIGKILL, "verify finished before it was killed: is the hold hook installed?"
     assert len(workers) == 2
     left = wait_gone(workers, 10)
     for pid in left:  # do not leave them running if the check fails

@@ -10,10 +10,11 @@ cflag order dmlc never writes is refused.
 from __future__ import annotations
 
 import hashlib
+import io
 import numbers
 import os
+import re
 import struct
-import warnings
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, NamedTuple
 
@@ -247,112 +248,49 @@ def format_index_line(key: int, offset: int) -> str:
     return f"{key}\t{offset}\n"
 
 
+_INDEX_BYTES = b"0123456789+- \t\n\r\x0b\x0c"  # digits, signs and what bytes.split() and splitlines() split at
+
+
 def read_index(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """Parse a .idx file into (keys, offsets) int64 arrays, in file order.
-
-    The exact ``key<TAB>offset<LF>`` text that MXNet and imgpipe write is parsed a chunk of
-    whole lines at a time without a Python loop (little memory beyond the two arrays); any other text (CRLF,
-    spaces, blank lines, no final newline) goes through a line-by-line parser that names the first bad line.
-    """
-    path = Path(path)
-    parsed = _read_canonical_index(path)
-    if parsed is None:
-        values = _parse_index_lines(path, path.read_bytes())
-        parsed = values[0::2].copy(), values[1::2].copy()
-    return parsed
+    """Parse a .idx file into (keys, offsets) int64 arrays, in file order."""
+    return parse_index(Path(path).read_bytes(), path)
 
 
-def parse_index(blob: bytes, path: object) -> tuple[np.ndarray, np.ndarray]:
-    """``read_index`` of an index already in memory (fetched from a URL); ``path`` names it in errors."""
-    values = _parse_canonical_index(blob)
-    if values is None:
-        values = _parse_index_lines(path, blob)
-    return values[0::2].copy(), values[1::2].copy()
+def parse_index(text: bytes, path: object) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, offsets) of a .idx file's bytes: one ``key<TAB>offset`` line per record, as MXNet writes it
+    (any blanks between and around the two integers, blank lines skipped). A bad line is a RecordIOError
+    naming ``path``, the line and its offset."""
+    if text.translate(None, _INDEX_BYTES):
+        raise _bad_index_line(text, path)
+    if not text.strip():  # loadtxt warns on a file without data
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    try:
+        pairs = np.loadtxt(io.StringIO(text.decode("ascii"), newline=None), dtype=np.int64, comments=None, ndmin=2)
+    except ValueError:
+        pairs = None
+    if pairs is None or pairs.shape[1] != 2 or (pairs[:, 1] < 0).any():
+        raise _bad_index_line(text, path)
+    return pairs[:, 0].copy(), pairs[:, 1].copy()
 
 
-_INT64 = np.iinfo(np.int64)
-_INDEX_CHARS = b"0123456789-\t\n"
-_INDEX_CHUNK = 1 << 20
-_INDEX_LINE_MAX = 64  # the longest canonical line, "-9223372036854775808\t9223372036854775807\n", is 41 bytes
-
-
-def _read_canonical_index(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
-    """(keys, offsets) of an index in MXNet's exact text form, or None if the file is not exactly that."""
-    with open(path, "rb", buffering=0) as f:
-        chunk = max(1, min(_INDEX_CHUNK, os.fstat(f.fileno()).st_size))  # read(n) allocates n bytes up front
-        lines = sum(block.count(b"\n") for block in iter(lambda: f.read(chunk), b""))
-        f.seek(0)
-        keys, offsets = np.empty(lines, np.int64), np.empty(lines, np.int64)
-        done, tail = 0, b""
-        while block := f.read(chunk):
-            tail += block
-            cut = tail.rfind(b"\n") + 1
-            if len(tail) - cut > _INDEX_LINE_MAX:
-                return None
-            if not cut:
-                continue
-            values = _parse_canonical_index(tail[:cut])
-            tail = tail[cut:]
-            if values is None or done + values.size // 2 > lines:
-                return None
-            keys[done : done + values.size // 2] = values[0::2]
-            offsets[done : done + values.size // 2] = values[1::2]
-            done += values.size // 2
-    return (keys, offsets) if not tail and done == lines else None
-
-
-def _parse_canonical_index(text: bytes) -> np.ndarray | None:
-    """Values of an index in MXNet's exact text form, or None if the text is not exactly that."""
-    if not text:
-        return np.zeros(0, np.int64)
-    if text[0] in b"\t\n" or not text.endswith(b"\n") or text.translate(None, _INDEX_CHARS):
-        return None
-    chars = np.frombuffer(text, dtype=np.uint8)
-    seps = chars[(chars == 9) | (chars == 10)]
-    if not ((seps[0::2] == 9).all() and (seps[1::2] == 10).all()) or seps.size % 2:
-        return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # numpy < 2.3 only warns on unparseable text
-        try:
-            values = np.fromstring(text, dtype=np.int64, sep=" ")
-        except (DeprecationWarning, ValueError):
-            return None
-    # One value per separator means no empty or merged token ("-\t3" parses as -3). fromstring
-    # saturates out-of-range numbers: leave those, and negative offsets, to the exact parser.
-    if values.size != seps.size or (values == _INT64.max).any() or (values == _INT64.min).any() or (values[1::2] < 0).any():
-        return None
-    return values
-
-
-def _parse_index_lines(path: object, text: bytes) -> np.ndarray:
-    """Parse any whitespace-separated ``key offset`` lines; blank lines are ignored."""
-    values: list[int] = []
+def _bad_index_line(text: bytes, path: object) -> RecordIOError:
+    """The first line of ``text`` that is not a key and an offset >= 0, both 64-bit integers."""
     offset = 0
     for number, line in enumerate(text.splitlines(keepends=True), start=1):
-        fields = line.split()
-        if fields:
-            if len(fields) != 2 or not all(f.lstrip(b"-").isdigit() and f.count(b"-") <= f.startswith(b"-") for f in fields):
-                raise RecordIOError(path, offset, f"line {number} is not 'key<TAB>offset': {_shown(line.strip())}")
-            key, position = (_int64_or_none(f) for f in fields)
-            if key is None:
-                raise RecordIOError(path, offset, f"line {number}: key {_shown(fields[0])} does not fit in 64 bits")
-            if position is None or position < 0:
-                raise RecordIOError(path, offset, f"line {number}: offset {_shown(fields[1])} is not a valid file offset")
-            values += (key, position)
+        values = [_int64(field) for field in line.split()]
+        if values and (len(values) != 2 or None in values or values[1] < 0):  # type: ignore[operator]
+            shown = repr(line.strip()[:40].decode("latin-1")) + ("..." if len(line.strip()) > 40 else "")
+            return RecordIOError(path, offset, f"line {number} is not 'key<TAB>offset' (64-bit integers, the offset >= 0): {shown}")
         offset += len(line)
-    return np.array(values, dtype=np.int64)
+    return RecordIOError(path, 0, "not 'key<TAB>offset' lines")
 
 
-def _int64_or_none(field: bytes) -> int | None:
-    """The value of a ``-?[0-9]+`` field, or None outside int64 (checked before int() sees a huge string)."""
-    if len(field.lstrip(b"-").lstrip(b"0")) > 19:
+def _int64(field: bytes) -> int | None:
+    """The value of a ``[+-]?[0-9]+`` field in int64's range, or None (a long field is refused before int() reads it)."""
+    if not re.fullmatch(rb"[+-]?[0-9]+", field) or len(field.lstrip(b"+-").lstrip(b"0")) > 19:
         return None
     value = int(field)
-    return value if _INT64.min <= value <= _INT64.max else None
-
-
-def _shown(text: bytes) -> str:
-    return repr(text[:40].decode("utf-8", "replace")) + ("..." if len(text) > 40 else "")
+    return value if -(2**63) <= value < 2**63 else None
 
 
 # ----------------------------------------------------------------------------- writer

@@ -6,8 +6,9 @@ A process started with :func:`hook_env`'s environment has this folder on its PYT
 
 - ``IMGPIPE_TRAIN_FAULT_RANK<r>=KIND`` makes rank ``r``'s model, from its second forward pass on
   (the first is the trainer's size check, so one whole step and its collectives run first):
-  ``hang`` (sleep, never reaching the step's all-reduce), ``oom`` (``torch.OutOfMemoryError``, as
-  CUDA raises it), ``illegal-address`` (the error CUDA gives for an illegal memory access);
+  ``hang`` (blocked, never reaching the step's all-reduce), ``oom`` (``torch.OutOfMemoryError``, as
+  CUDA raises it), ``illegal-address`` (on a GPU a real illegal memory access, ``cuda_fault.py``; on the
+  CPU the error torch raised for one on an H200, as recorded in ``cuda_illegal_address.json``);
   ``unused-parameter`` gives it a parameter no forward pass uses (set it on every rank: DDP refuses
   models that differ between ranks); ``short-val`` leaves out its last validation batch.
 - ``IMGPIPE_PACK_GATE=FIFO`` with ``IMGPIPE_PACK_GATED=NAME`` (``gate_env``) makes a pack, once it has
@@ -15,23 +16,29 @@ A process started with :func:`hook_env`'s environment has this folder on its PYT
   slow mount would; pack reads only regular files, so a FIFO in SRC can no longer do this.
 - ``IMGPIPE_BENCH_READ_DELAY_MS_RANK<r>=MS`` makes rank ``r``'s timed loader workers sleep MS ms
   on each record they read, as a slow disk would.
+- ``IMGPIPE_VERIFY_HOLD=1`` makes every shard check of ``imgpipe verify`` wait forever, as on a disk
+  that stopped answering: its pool's workers stay busy until they are killed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.abc
 import importlib.machinery
+import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 TRAIN_FAULT_ENV = "IMGPIPE_TRAIN_FAULT_RANK{rank}"
 READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
+VERIFY_HOLD_ENV = "IMGPIPE_VERIFY_HOLD"
 KINDS = ("hang", "oom", "illegal-address", "unused-parameter", "short-val")
-ILLEGAL_ADDRESS_TEXT = "CUDA error: an illegal memory access was encountered"
+ILLEGAL_ADDRESS_RECORD = Path(__file__).resolve().with_name("cuda_illegal_address.json")
 HERE = Path(__file__).resolve().parent
 
 
@@ -43,10 +50,11 @@ def hook_env(env: dict[str, str], **hooks: str) -> dict[str, str]:
 
 def install() -> None:
     """Patch imgpipe's modules as they are imported, when this process's environment asks for a hook."""
-    prefixes = (TRAIN_FAULT_ENV.split("{")[0], READ_DELAY_ENV.split("{")[0])
+    prefixes = (TRAIN_FAULT_ENV.split("{")[0], READ_DELAY_ENV.split("{")[0], VERIFY_HOLD_ENV)
     if any(name.startswith(prefixes) for name in os.environ):
         patches = {"imgpipe.train.models": _patch_models, "imgpipe.train.data": _patch_data}
         patches["imgpipe.loaders.stage_timer"] = _patch_stage_timer
+        patches["imgpipe.format.verify"] = _patch_verify
         sys.meta_path.insert(0, _AfterImport(patches))
     if os.environ.get(PACK_GATE_ENV):
         sys.meta_path.insert(0, _AfterImport({"imgpipe.packing.filereads": _patch_filereads}))
@@ -153,18 +161,17 @@ def _patch_models(models: Any) -> None:
         elif kind in ("hang", "oom", "illegal-address"):
             calls = [0]
 
-            def before_forward(_module: Any, _inputs: Any) -> None:
+            def before_forward(_module: Any, inputs: Any) -> None:
                 calls[0] += 1
                 if calls[0] < 2:
                     return
                 if kind == "hang":
-                    while True:
-                        time.sleep(60)
+                    threading.Event().wait()  # never set: the rank hangs here
                 if kind == "oom":
                     raise torch.OutOfMemoryError(
                         f"CUDA out of memory. Tried to allocate 2.00 GiB (injected by {TRAIN_FAULT_ENV.format(rank=rank)})"
                     )
-                raise RuntimeError(ILLEGAL_ADDRESS_TEXT)
+                illegal_memory_access(inputs[0].device)
 
             model.register_forward_pre_hook(before_forward)
         return model
@@ -189,6 +196,23 @@ class _ShortVal:
             previous = batch
 
 
+def illegal_memory_access(device: Any) -> None:
+    """A real illegal memory access on a CUDA ``device``; elsewhere (no CPU op can make one) the error torch raised for a real one."""
+    if device.type == "cuda":
+        from cuda_fault import illegal_memory_access as on_the_gpu
+
+        on_the_gpu(device)
+    raise recorded_illegal_memory_access()
+
+
+def recorded_illegal_memory_access() -> BaseException:
+    """The exception torch raised for a real illegal memory access on a GPU, its type and message as recorded there."""
+    import torch
+
+    recorded = json.loads(ILLEGAL_ADDRESS_RECORD.read_text())
+    return getattr(torch, recorded["type"])(recorded["message"])
+
+
 def _patch_data(data: Any) -> None:
     build_data = data.build_data
 
@@ -208,7 +232,19 @@ def _patch_stage_timer(stage_timer: Any) -> None:
         item = read(self, records, k)
         delay = read_delay_s(_this_rank())
         if delay:
-            time.sleep(delay)
+            time.sleep(delay)  # elapsed time is what is tested: a slow disk, found by the bench
         return item
 
     stage_timer.StageTimer.read = slow_read
+
+
+def _patch_verify(verify: Any) -> None:
+    check_shard = verify.check_shard
+
+    @functools.wraps(check_shard)  # pickled by its name for the pool, and found patched there too
+    def held(check: Any) -> Any:
+        if os.environ.get(VERIFY_HOLD_ENV):
+            threading.Event().wait()  # never set: the check is held until its process is killed
+        return check_shard(check)
+
+    verify.check_shard = held

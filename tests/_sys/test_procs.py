@@ -34,16 +34,16 @@ def test_fork_where_available() -> None:
 
 
 CHILD = """
-import os, sys, time
+import os, sys, threading
 from imgpipe._sys.procs import die_with_parent
 parent = os.getpid()
 pid = os.fork()
 if pid == 0:
     die_with_parent(parent)  # this worker must die with the process that forked it
-    time.sleep(60)
+    threading.Event().wait(60)  # held until it dies (a minute at most)
     os._exit(0)
 print(pid, flush=True)
-time.sleep(60)
+threading.Event().wait(60)  # held until the test kills it (a minute at most)
 """
 
 
@@ -59,7 +59,7 @@ def test_a_worker_dies_when_its_parent_is_killed() -> None:
 
 
 CHILD_OF_A_THREAD = """
-import os, threading, time
+import os, threading
 from imgpipe._sys.procs import die_with_parent
 parent = os.getpid()
 
@@ -69,7 +69,7 @@ def fork_a_worker():
     if pid == 0:
         die_with_parent(parent)
         os.write(tell, b"x")
-        time.sleep(60)
+        threading.Event().wait(60)  # held until it dies (a minute at most)
         os._exit(0)
     os.read(ready, 1)  # the worker is set up while the thread that forked it still runs
     print(pid, flush=True)
@@ -78,7 +78,7 @@ thread = threading.Thread(target=fork_a_worker)
 thread.start()
 thread.join()  # the thread that forked the worker is gone; the process is not
 print("thread gone", flush=True)
-time.sleep(60)
+threading.Event().wait(60)  # held until the test kills it (a minute at most)
 """
 
 
@@ -88,7 +88,7 @@ def test_a_worker_outlives_the_thread_that_forked_it_and_dies_with_the_process()
     try:
         worker = int(child.stdout.readline())
         assert child.stdout.readline().strip() == "thread gone"
-        time.sleep(10 * PARENT_CHECK_S)
+        time.sleep(10 * PARENT_CHECK_S)  # elapsed time is what is tested: ten of the worker's parent checks pass
         assert alive(worker), "the worker died with the thread that forked it"
     finally:
         child.kill()

@@ -1,25 +1,19 @@
-"""Helpers for the bench tests: tiny packed folders made on the fly and hand-made measurements."""
+"""Helpers for the bench tests: hand-made measurements and recorded /proc samples."""
 
 from __future__ import annotations
 
-import io
 import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 import pytest
-from PIL import Image
 
-from imgpipe._sys.checksum import sha256_file
 from imgpipe._sys.diskinfo import DiskInfo
 from imgpipe.bench.config import BenchConfig
 from imgpipe.bench.runner import BenchResult, RunResult
 from imgpipe.bench.stats import RankStats, StepTimes
 from imgpipe.bench.system import Sample, SystemSummary, take_sample
-from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, write_manifest
-from imgpipe.format.recordio import IndexedRecordWriter, IRHeader, pack_header
 
 DATA = Path(__file__).parent / "data"
 
@@ -30,47 +24,6 @@ def recorded(folder: Path, t: float, monkeypatch: pytest.MonkeyPatch) -> Sample:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return take_sample(t=t)
-
-
-def _jpeg(rng: np.random.Generator, width: int, height: int) -> bytes:
-    pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="JPEG", quality=95)
-    return out.getvalue()
-
-
-def make_pack(dst: Path, *, records: int, classes: int = 4, side: tuple[int, int] = (64, 160), shards: int = 2, seed: int = 0) -> Path:
-    """A real packed train split: noisy JPEGs (``side`` = min/max px) in ``shards`` shards, sidecars, manifest."""
-    dst.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    wnids = [f"n{k:08d}" for k in range(classes)]
-    labels = (np.arange(records) % classes).astype(np.int32)
-    bounds = np.linspace(0, records, shards + 1).round().astype(int)
-    infos = []
-    for s in range(shards):
-        rec, idx = dst / f"train-{s:05d}-of-{shards:05d}.rec", dst / f"train-{s:05d}-of-{shards:05d}.idx"
-        with IndexedRecordWriter(rec, idx) as writer:
-            for i in range(bounds[s], bounds[s + 1]):
-                w, h = (int(v) for v in rng.integers(side[0], side[1] + 1, size=2))
-                writer.write(i, pack_header(IRHeader(0, float(labels[i]), i, 0), _jpeg(rng, w, h)))
-        infos.append(
-            ShardInfo(
-                rec.name,
-                idx.name,
-                int(bounds[s + 1] - bounds[s]),
-                rec.stat().st_size,
-                sha256_file(rec),
-                idx.stat().st_size,
-                sha256_file(idx),
-            )
-        )
-    (dst / "train.sources.txt").write_text("".join(f"train/{wnids[label]}/{i}.JPEG\n" for i, label in enumerate(labels)))
-    np.save(dst / "train.labels.npy", labels, allow_pickle=False)
-    split = SplitInfo(
-        infos, "train.sources.txt", sha256_file(dst / "train.sources.txt"), "train.labels.npy", sha256_file(dst / "train.labels.npy")
-    )
-    write_manifest(dst, Manifest(classes=wnids, splits={"train": split}, options={}, source="/nowhere"))
-    return dst
 
 
 def rank_stats(

@@ -1,20 +1,14 @@
-"""Fixtures for the bench tests: real packed folders, made once per session."""
+"""Fixtures for the bench tests: the shared ``packed_dir`` (conftest.py one folder up) and a pack of large images."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import pytest
-from bench_helpers import make_pack
 
 
 @pytest.fixture(scope="session")
-def small_pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """48 small images (64-160 px) in 2 shards."""
-    return make_pack(tmp_path_factory.mktemp("bench-small"), records=48)
-
-
-@pytest.fixture(scope="session")
-def large_pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """12 large noisy images (1200-1600 px): decoding dominates."""
-    return make_pack(tmp_path_factory.mktemp("bench-large"), records=12, side=(1200, 1600), shards=1)
+def large_pack(synth_pack: Callable[..., Path]) -> Path:
+    """12 large images (1200-1600 px) in 1 shard: decoding dominates."""
+    return synth_pack(classes=4, per_class=3, shards=1, min_side=1200, max_side=1600)

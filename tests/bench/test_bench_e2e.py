@@ -30,12 +30,12 @@ def imgpipe(*args: str, env: dict[str, str] | None = None, timeout: float = 240)
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_cli_names_the_rank_slowed_on_purpose_with_an_io_cause(small_pack: Path, tmp_path: Path) -> None:
+def test_cli_names_the_rank_slowed_on_purpose_with_an_io_cause(packed_dir: Path, tmp_path: Path) -> None:
     """Rank 1 reads through the documented delay hook (60 ms a record): the bench must find it."""
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     proc = imgpipe(
         "bench",
-        str(small_pack),
+        str(packed_dir),
         "--gpus",
         "0",
         "--nproc",
@@ -91,41 +91,41 @@ def test_large_images_one_worker_no_compute_is_decode_bound(large_pack: Path) ->
 
 
 @pytest.mark.timeout(120)
-def test_cold_evicts_the_shards_before_the_run(small_pack: Path) -> None:
-    fstype = device_for_path(small_pack).fstype
+def test_cold_evicts_the_shards_before_the_run(packed_dir: Path) -> None:
+    fstype = device_for_path(packed_dir).fstype
     if fstype in ("tmpfs", "ramfs", "overlay"):
-        pytest.skip(f"{small_pack} is on {fstype}: its pages cannot be evicted")
-    for shard in small_pack.glob("*.rec"):
+        pytest.skip(f"{packed_dir} is on {fstype}: its pages cannot be evicted")
+    for shard in packed_dir.glob("*.rec"):
         shard.read_bytes()  # now they are in the page cache
-    warm, _ = bench(BenchConfig(data=str(small_pack), workers=(0,), steps=2, warmup=0, batch_size=4, image_size=32))
+    warm, _ = bench(BenchConfig(data=str(packed_dir), workers=(0,), steps=2, warmup=0, batch_size=4, image_size=32))
     if warm.runs[0].resident_before is None:
         pytest.skip("mincore is not available here")
     assert warm.runs[0].resident_before > 0.9
-    cold, verdict = bench(BenchConfig(data=str(small_pack), workers=(0,), steps=2, warmup=0, batch_size=4, image_size=32, cold=True))
+    cold, verdict = bench(BenchConfig(data=str(packed_dir), workers=(0,), steps=2, warmup=0, batch_size=4, image_size=32, cold=True))
     assert cold.runs[0].resident_before < 0.1
     assert not any("--cold" in note for note in verdict.notes)
 
 
 @pytest.mark.timeout(180)
-def test_model_compute_is_measured(small_pack: Path) -> None:
-    config = BenchConfig(data=str(small_pack), workers=(0,), steps=2, warmup=1, batch_size=2, image_size=32, model="resnet18")
+def test_model_compute_is_measured(packed_dir: Path) -> None:
+    config = BenchConfig(data=str(packed_dir), workers=(0,), steps=2, warmup=1, batch_size=2, image_size=32, model="resnet18")
     result, verdict = bench(config)
     stages = result.runs[0].ranks[0].stage_ms()
     assert stages["compute"] > 0.5 and stages["sync"] < stages["compute"]
     assert verdict.bound in ("compute", "decode", "io")
     with pytest.raises(ConfigError, match="not a torchvision classification model"):
-        bench(BenchConfig(data=str(small_pack), workers=(0,), steps=1, warmup=0, batch_size=2, image_size=32, model="resnet_nope"))
+        bench(BenchConfig(data=str(packed_dir), workers=(0,), steps=1, warmup=0, batch_size=2, image_size=32, model="resnet_nope"))
 
 
-def test_bad_options_are_one_line_config_errors(small_pack: Path) -> None:
+def test_bad_options_are_one_line_config_errors(packed_dir: Path) -> None:
     with pytest.raises(ConfigError, match="--model NAME or --compute-ms T, not both"):
-        BenchConfig(data=str(small_pack), model="resnet18", compute_ms=5).check()
+        BenchConfig(data=str(packed_dir), model="resnet18", compute_ms=5).check()
     with pytest.raises(ConfigError, match="--workers"):
-        BenchConfig(data=str(small_pack), workers=(-1,)).check()
+        BenchConfig(data=str(packed_dir), workers=(-1,)).check()
     with pytest.raises(ConfigError, match="one rank per GPU"):
-        BenchConfig(data=str(small_pack), gpus=2, nproc=3).check()
+        BenchConfig(data=str(packed_dir), gpus=2, nproc=3).check()
     with pytest.raises(ConfigError, match="--backend must be torch, dali or all"):
-        BenchConfig(data=str(small_pack), backends=("mxnet",)).check()
+        BenchConfig(data=str(packed_dir), backends=("mxnet",)).check()
     # each message names the option that is wrong, and only that one
     for options, message in (
         ({"warmup": -1}, "--warmup must be >= 0 (got -1)"),
@@ -137,31 +137,31 @@ def test_bad_options_are_one_line_config_errors(small_pack: Path) -> None:
         ({"model": "resnet5"}, "--model 'resnet5' is not a torchvision classification model; did you mean resnet50"),
     ):
         with pytest.raises(ConfigError) as error:
-            BenchConfig(data=str(small_pack), **options).check()
+            BenchConfig(data=str(packed_dir), **options).check()
         assert str(error.value).startswith(message), str(error.value)
     with pytest.raises(ConfigError, match="48 records, not one batch of 32 for each of 2 rank"):
-        bench(BenchConfig(data=str(small_pack), nproc=2, batch_size=32))
+        bench(BenchConfig(data=str(packed_dir), nproc=2, batch_size=32))
 
 
 @pytest.mark.timeout(120)
-def test_cli_errors_are_one_line(small_pack: Path, tmp_path: Path) -> None:
+def test_cli_errors_are_one_line(packed_dir: Path, tmp_path: Path) -> None:
     import torch
 
     if not torch.cuda.is_available():
-        proc = imgpipe("bench", str(small_pack), "--gpus", "2")
+        proc = imgpipe("bench", str(packed_dir), "--gpus", "2")
         assert proc.returncode != 0
         assert "imgpipe: error: --gpus 2 needs CUDA" in proc.stderr and "--gpus 0 --nproc 2" in proc.stderr
         assert "Traceback" not in proc.stderr
     proc = imgpipe("bench", str(tmp_path), "--gpus", "0", "--workers", "1,x")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "imgpipe: error: --workers takes counts" in proc.stderr
-    proc = imgpipe("bench", str(small_pack), "--gpus", "0", "--set", "train.amp=fp8")
+    proc = imgpipe("bench", str(packed_dir), "--gpus", "0", "--set", "train.amp=fp8")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("imgpipe: error: --set train.amp=fp8") and proc.stderr.count("\n") == 1, proc.stderr
 
 
 @pytest.mark.timeout(200)
-def test_unwritable_json_and_plot_paths_fail_before_measuring(small_pack: Path, tmp_path: Path) -> None:
+def test_unwritable_json_and_plot_paths_fail_before_measuring(packed_dir: Path, tmp_path: Path) -> None:
     """Every record read would take an hour (the delay hook): only a check before measuring can answer in time."""
     a_file = tmp_path / "a-file"
     a_file.write_text("")
@@ -173,7 +173,7 @@ def test_unwritable_json_and_plot_paths_fail_before_measuring(small_pack: Path, 
         ("--plot", a_file / "bench.png", "is a file, not a folder"),
     ]
     for option, path, words in cases:
-        proc = imgpipe("bench", str(small_pack), "--gpus", "0", "--steps", "2", "--warmup", "0", option, str(path), env=slow, timeout=40)
+        proc = imgpipe("bench", str(packed_dir), "--gpus", "0", "--steps", "2", "--warmup", "0", option, str(path), env=slow, timeout=40)
         assert proc.returncode == 1, proc.stderr[-2000:]
         assert proc.stderr.startswith(f"imgpipe: error: {option} {path}: ") and words in proc.stderr, proc.stderr
         assert proc.stderr.count("\n") == 1 and proc.stdout == ""
@@ -181,13 +181,13 @@ def test_unwritable_json_and_plot_paths_fail_before_measuring(small_pack: Path, 
 
 @pytest.mark.dali
 @pytest.mark.timeout(180)
-def test_dali_backend_runs_and_its_internal_stages_are_unknown(small_pack: Path) -> None:
+def test_dali_backend_runs_and_its_internal_stages_are_unknown(packed_dir: Path) -> None:
     from imgpipe.loaders.dali import dali_available
 
     if not dali_available():
         pytest.skip("nvidia.dali is not importable (pip install 'imgpipe[dali]')")
     config = BenchConfig(
-        data=str(small_pack), backends=("dali",), workers=(1,), steps=3, warmup=1, batch_size=4, image_size=32, compute_ms=5
+        data=str(packed_dir), backends=("dali",), workers=(1,), steps=3, warmup=1, batch_size=4, image_size=32, compute_ms=5
     )
     result, verdict = bench(config)
     rank = result.runs[0].ranks[0]

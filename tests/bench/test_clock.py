@@ -21,7 +21,7 @@ class AsyncQueue:
         self.running: list[threading.Thread] = []
 
     def submit(self, seconds: float) -> None:
-        thread = threading.Thread(target=time.sleep, args=(seconds,))
+        thread = threading.Thread(target=time.sleep, args=(seconds,))  # elapsed time is what is tested: the stage's time on the queue
         thread.start()
         self.running.append(thread)
 
@@ -54,7 +54,7 @@ def batches() -> Iterator[tuple[Any, Any]]:
 def test_a_slow_stage_on_the_cpu_is_timed_by_the_plain_clock() -> None:
     clock = StageClock(torch.device("cpu"))
     start = clock.now()
-    time.sleep(0.03)
+    time.sleep(0.03)  # elapsed time is what is tested
     assert clock.now() - start >= 0.03
 
 

@@ -31,8 +31,8 @@ def layouts(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...], bool]]:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("overrides", [(), ("train.channels_last=true", "train.amp=bf16")])
-def test_model_precision_and_input_layout_follow_the_trainer_config(small_pack: Path, overrides: tuple[str, ...]) -> None:
-    config = BenchConfig(data=str(small_pack), model="resnet18", batch_size=4, image_size=32, train_overrides=overrides)
+def test_model_precision_and_input_layout_follow_the_trainer_config(packed_dir: Path, overrides: tuple[str, ...]) -> None:
+    config = BenchConfig(data=str(packed_dir), model="resnet18", batch_size=4, image_size=32, train_overrides=overrides)
     ctx = cpu_rank()
     train = config.train_config(0, ctx.device)  # resolved as the trainer resolves it
     compute = Compute(config, ctx, classes=4)
@@ -59,12 +59,12 @@ def test_model_precision_and_input_layout_follow_the_trainer_config(small_pack: 
 
 @pytest.mark.dali
 @pytest.mark.timeout(180)
-def test_dali_batches_arrive_in_the_torch_loaders_layout(small_pack: Path) -> None:
+def test_dali_batches_arrive_in_the_torch_loaders_layout(packed_dir: Path) -> None:
     from imgpipe.loaders.dali import dali_available
 
     if not dali_available():
         pytest.skip("nvidia.dali is not importable (pip install 'imgpipe[dali]')")
-    train = BenchConfig(data=str(small_pack), batch_size=4, image_size=32, train_overrides=("train.channels_last=true",)).train_config(1)
+    train = BenchConfig(data=str(packed_dir), batch_size=4, image_size=32, train_overrides=("train.channels_last=true",)).train_config(1)
     for backend in ("torch", "dali"):
         loader = make_loader(backend, train, cpu_rank(), None)
         images, _ = next(iter(loader))
@@ -72,6 +72,6 @@ def test_dali_batches_arrive_in_the_torch_loaders_layout(small_pack: Path) -> No
         getattr(loader, "close", lambda: None)()
 
 
-def test_a_bad_trainer_option_is_a_config_error(small_pack: Path) -> None:
+def test_a_bad_trainer_option_is_a_config_error(packed_dir: Path) -> None:
     with pytest.raises(ConfigError, match="train.amp"):
-        BenchConfig(data=str(small_pack), train_overrides=("train.amp=fp8",)).check()
+        BenchConfig(data=str(packed_dir), train_overrides=("train.amp=fp8",)).check()

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 torch = pytest.importorskip("torch")
-
-from _tiny_shards import make_tiny_pack  # noqa: E402
 
 from imgpipe.bench.config import BenchConfig  # noqa: E402
 from imgpipe.bench.probes import endless, make_loader  # noqa: E402
@@ -28,7 +27,7 @@ class SlowReads(StageTimer):
 
     def read(self, records: object, k: int) -> tuple[object, memoryview]:
         item = super().read(records, k)
-        time.sleep(self.delay_s)
+        time.sleep(self.delay_s)  # elapsed time is what is tested: the read stage must count it
         return item
 
 
@@ -39,11 +38,10 @@ def cpu_rank() -> RankContext:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("workers", [0, 1])
-def test_probe_batches_are_the_loaders_batches(tmp_path: Path, workers: int) -> None:
+def test_probe_batches_are_the_loaders_batches(packed_dir: Path, workers: int) -> None:
     """Ten batches over two epochs: identical to an untimed loader's, each with its worker's and the main process's times."""
-    data = make_tiny_pack(tmp_path / "tiny", records=24, shards=2, classes=4, min_side=32, max_side=80)
     timer = StageTimer()
-    train = BenchConfig(data=str(data), batch_size=4, image_size=24, seed=3).train_config(workers, torch.device("cpu"))
+    train = BenchConfig(data=str(packed_dir), batch_size=8, image_size=24, seed=3).train_config(workers, torch.device("cpu"))
     probe = make_loader("torch", train, cpu_rank(), timer)
     seen = []
     for _, (images, labels) in zip(range(10), endless(probe)):
@@ -52,7 +50,7 @@ def test_probe_batches_are_the_loaders_batches(tmp_path: Path, workers: int) -> 
         seen.append((images, labels))
     probe.close()
     assert timer.take() == BatchTimes()  # nothing left over: one report per batch
-    plain = make_torch_loader(data, "train", batch_size=4, image_size=24, seed=3, rank=0, world_size=1, workers=0)
+    plain = make_torch_loader(packed_dir, "train", batch_size=8, image_size=24, seed=3, rank=0, world_size=1, workers=0)
     expected = []
     for epoch in (0, 1):
         plain.set_epoch(epoch)
@@ -63,21 +61,20 @@ def test_probe_batches_are_the_loaders_batches(tmp_path: Path, workers: int) -> 
 
 
 @pytest.mark.timeout(60)
-def test_slow_reads_are_timed_as_reads(tmp_path: Path) -> None:
+def test_slow_reads_are_timed_as_reads(packed_dir: Path) -> None:
     """A slower read (the bench tests' slow-disk hook slows it so) lands in the read stage of the batch, in a worker process."""
-    data = make_tiny_pack(tmp_path / "tiny", records=8, shards=1, classes=2, min_side=32, max_side=48)
     timer = SlowReads(delay_s=0.02)
     with timing(timer):
-        loader = make_torch_loader(data, "train", batch_size=4, image_size=16, rank=0, world_size=1, workers=1)
-    batches = list(loader)
+        loader = make_torch_loader(packed_dir, "train", batch_size=4, image_size=16, rank=0, world_size=1, workers=1)
+    batches = [batch for _, batch in zip(range(2), loader)]
     loader.close()
     times = [timer.take() for _ in batches]
     assert len(times) == 2 and all(t.read >= 4 * 0.02 for t in times)
 
 
-def test_the_timer_hooks_in_only_around_the_factory_call(tmp_path: Path) -> None:
+def test_the_timer_hooks_in_only_around_the_factory_call(synth_pack: Callable[..., Path]) -> None:
     """A loader made inside ``timing`` reports to its timer for its whole life; one made after the block, to none."""
-    data = make_tiny_pack(tmp_path / "tiny", records=8, shards=1, classes=2, min_side=32, max_side=48)
+    data = synth_pack(classes=2, per_class=4, shards=1, min_side=32, max_side=48)
     timer = StageTimer()
     with timing(timer):
         timed = make_torch_loader(data, "train", batch_size=4, image_size=16, rank=0, world_size=1, workers=0)

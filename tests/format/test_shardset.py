@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,19 +12,20 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from _tiny_shards import make_tiny_pack, without_index_sidecar  # noqa: E402
+from _packs import INDEXED_RECORDS, im2rec_labels, with_payloads, without_index_sidecar  # noqa: E402
 
 from imgpipe.errors import DatasetError, RecordIOError  # noqa: E402
 from imgpipe.format.layout import index_bytes, parse_index_sidecar  # noqa: E402
 from imgpipe.format.manifest import ShardInfo, SplitInfo  # noqa: E402
-from imgpipe.format.recordio import MAGIC_BYTES, IndexedRecordWriter, IRHeader, pack_header, read_index, read_record_at, unpack_header  # noqa: E402
+from imgpipe.format.recordio import MAGIC_BYTES, read_index, read_record_at, unpack_header  # noqa: E402
 from imgpipe.format.shardset import open_shards, sidecar_index  # noqa: E402
 from imgpipe.loaders.dali_index import write_dali_index  # noqa: E402
 
 
 @pytest.fixture
-def tiny(tmp_path: Path) -> Path:
-    return make_tiny_pack(tmp_path / "tiny", records=20, shards=3, classes=4)
+def pack(indexed: Path, tmp_path: Path) -> Path:
+    """A private copy of ``indexed`` (37 records in 3 shards, label = record index), to change."""
+    return Path(shutil.copytree(indexed, tmp_path / "pack"))
 
 
 def test_packed_folder_from_the_real_packer(packed_dir: Path) -> None:
@@ -42,10 +42,9 @@ def test_packed_folder_from_the_real_packer(packed_dir: Path) -> None:
     assert train.classes[train.labels[5]] in train.source(5)
 
 
-def test_index_arrays_match_the_idx_files(tiny: Path) -> None:
-    s = open_shards(tiny)
-    assert len(s) == 20 and s.classes == [f"n{k:08d}" for k in range(4)]
-    assert s.keys.tolist() == [2 * i for i in range(20)]
+def test_index_arrays_match_the_idx_files(indexed: Path) -> None:
+    s = open_shards(indexed)
+    assert len(s) == INDEXED_RECORDS and s.labels.tolist() == s.keys.tolist() == list(range(INDEXED_RECORDS))
     starts = 0
     for number, rec in enumerate(s.rec_paths):
         keys, offsets = read_index(rec.with_suffix(".idx"))
@@ -56,8 +55,8 @@ def test_index_arrays_match_the_idx_files(tiny: Path) -> None:
                 _, after = read_record_at(f, start, rec.stat().st_size, rec)
             assert end == after  # the record spans exactly [offset, next offset or file end)
         starts += len(keys)
-    assert s.describe(7).startswith(f"{s.rec_paths[s.location(7)[0]].name} record 7 (id 14, offset ")
-    assert s.describe(7).endswith("source train/n00000003/n00000003_7.JPEG)")
+    assert s.describe(7).startswith(f"{s.rec_paths[s.location(7)[0]].name} record 7 (id 7, offset {s.location(7)[1]}")
+    assert s.describe(7).endswith(f"source {(indexed / 'train.sources.txt').read_text().splitlines()[7]})")
 
 
 def test_the_index_sidecar_is_the_idx_files_and_opens_the_same_split(packed_dir: Path, tmp_path: Path) -> None:
@@ -111,15 +110,11 @@ def test_a_broken_index_sidecar_is_one_dataset_error(packed_dir: Path, tmp_path:
     assert "\n" not in str(info.value)
 
 
-def test_read_view_is_read_without_the_copy(tmp_path: Path) -> None:
+def test_read_view_is_read_without_the_copy(indexed: Path, tmp_path: Path) -> None:
     """The loaders' ``read_view`` gives ``read``'s header and bytes as a view of one buffer, for a
     record of one frame and for one split around the RecordIO magic (several frames)."""
-    rec, idx = tmp_path / "a.rec", tmp_path / "a.idx"
     payloads = [b"\xff\xd8" + bytes(range(200)), b"\xff\xd8\x00\x00" + MAGIC_BYTES * 3 + b"tail", b"\xff\xd8"]
-    with IndexedRecordWriter(rec, idx) as writer:
-        for key, payload in enumerate(payloads):
-            writer.write(key, pack_header(IRHeader(0, float(key), key, 0), payload))
-    shards = open_shards(rec)
+    shards = open_shards(with_payloads(indexed, tmp_path / "pack", dict(enumerate(payloads))))
     for i, payload in enumerate(payloads):
         header, data = shards.read(i)
         view_header, view = shards.read_view(i)
@@ -128,40 +123,24 @@ def test_read_view_is_read_without_the_copy(tmp_path: Path) -> None:
     assert shards.read_view(0)[1].obj is not shards.read_view(0)[1].obj  # each read its own buffer
 
 
-def test_bare_rec_files_as_path_list_and_glob(tiny: Path) -> None:
-    packed = open_shards(tiny)
-    recs = sorted(tiny.glob("*.rec"))
-    for spec in (recs, [str(r) for r in recs], str(tiny / "train-*.rec")):
-        bare = open_shards(spec)
-        assert len(bare) == 20 and bare.classes is None
-        assert bare.labels.tolist() == packed.labels.tolist()  # read from the IRHeaders
-        assert bare.read(11)[1] == packed.read(11)[1] and bare.source(11) is None
-    one = open_shards(recs[1])
-    assert len(one) == len(read_index(recs[1].with_suffix(".idx"))[0])
-
-
 @pytest.mark.interop
-@pytest.mark.timeout(180)
-def test_one_big_rec_made_by_mxnet_im2rec(synth_tree: Path, tmp_path: Path, mxnet_python: str, im2rec_script: str) -> None:
-    prefix = tmp_path / "train"
-    im2rec = [mxnet_python, im2rec_script]
-    subprocess.run([*im2rec, "--list", "--recursive", str(prefix), str(synth_tree / "train")], check=True, capture_output=True)
-    subprocess.run(
-        [*im2rec, "--pass-through", "--num-thread", "1", str(prefix), str(synth_tree / "train")], check=True, capture_output=True
-    )
-    rows = [line.split("\t") for line in (tmp_path / "train.lst").read_text().splitlines()]
-    s = open_shards(prefix.with_suffix(".rec"))
-    assert len(s) == len(rows) == 48
-    assert s.labels.tolist() == [int(float(r[1])) for r in rows]
-    for i in (0, 17, 47):
-        header, payload = s.read(i)
-        assert payload == (synth_tree / "train" / rows[i][2]).read_bytes()
-        assert header.id == int(rows[i][0])
+def test_bare_im2rec_files_as_path_list_and_glob(im2rec_files: list[Path], synth_tree: Path) -> None:
+    """The .rec files MXNet's im2rec wrote (3 chunks, no manifest): labels from their IRHeaders, the images' own bytes."""
+    rows = [line.split("\t") for rec in im2rec_files for line in rec.with_suffix(".lst").read_text().splitlines()]
+    for spec in (im2rec_files, [str(r) for r in im2rec_files], str(im2rec_files[0].parent / "train_*.rec")):
+        bare = open_shards(spec)
+        assert len(bare) == len(rows) == 48 and bare.classes is None and bare.source(11) is None
+        assert bare.labels.tolist() == im2rec_labels(im2rec_files)  # read from the IRHeaders
+        for i in (0, 17, 47):
+            header, payload = bare.read(i)
+            assert payload == (synth_tree / "train" / rows[i][2]).read_bytes() and header.id == int(rows[i][0]) == bare.keys[i]
+    one = open_shards(im2rec_files[1])
+    assert len(one) == len(read_index(im2rec_files[1].with_suffix(".idx"))[0])
 
 
-def test_file_handles_are_per_process_and_not_pickled(tiny: Path) -> None:
+def test_file_handles_are_per_process_and_not_pickled(indexed: Path) -> None:
     """The local byte source opens shards lazily in each process, reopens after a fork and pickles without them."""
-    s = open_shards(tiny)
+    s = open_shards(indexed)
     expected = s.read(3)[1]
     local = s.byte_source
     assert local._fds  # opened lazily by the read
@@ -182,12 +161,12 @@ def test_file_handles_are_per_process_and_not_pickled(tiny: Path) -> None:
     assert local._fd(first) == parent_fd  # the parent keeps its own handle
 
 
-def test_dali_index_offsets_run_on_across_files(tiny: Path) -> None:
-    s = open_shards(tiny)
+def test_dali_index_offsets_run_on_across_files(pack: Path) -> None:
+    s = open_shards(pack)
     path = write_dali_index(s)
-    assert path.parent == tiny
+    assert path.parent == pack
     keys, offsets = read_index(path)
-    assert keys.tolist() == list(range(20))
+    assert keys.tolist() == list(range(INDEXED_RECORDS))
     sizes = [p.stat().st_size for p in s.rec_paths]
     concat = b"".join(p.read_bytes() for p in s.rec_paths)
     assert offsets[0] == 0 and offsets.max() < sum(sizes)
@@ -200,15 +179,15 @@ def test_dali_index_offsets_run_on_across_files(tiny: Path) -> None:
     assert write_dali_index(s) == path and path.stat().st_mtime_ns == mtime  # reused while up to date
     with open(s.rec_paths[-1], "ab") as f:
         f.write(b"\0" * 4)
-    fresh = write_dali_index(open_shards(tiny))
+    fresh = write_dali_index(open_shards(pack))
     assert fresh != path and fresh.is_file() and not path.exists()  # the shards changed: a new index, the stale one gone
 
 
-def test_dali_index_of_a_folder_a_glob_or_rec_paths_is_that_of_their_shard_set(tiny: Path) -> None:
-    s = open_shards(tiny)
+def test_dali_index_of_a_folder_a_glob_or_rec_paths_is_that_of_their_shard_set(pack: Path) -> None:
+    s = open_shards(pack)
     path = write_dali_index(s)
-    assert write_dali_index(tiny) == write_dali_index(str(tiny)) == path
-    for given in (f"{tiny}/*.rec", [str(p) for p in s.rec_paths], tuple(s.rec_paths)):  # bare files: the same offsets
+    assert write_dali_index(pack) == write_dali_index(str(pack)) == path
+    for given in (f"{pack}/*.rec", [str(p) for p in s.rec_paths], tuple(s.rec_paths)):  # bare files: the same offsets
         assert read_index(write_dali_index(given))[1].tolist() == read_index(path)[1].tolist()
     one = s.rec_paths[1]  # a single bare .rec: an index of its own, offsets from 0
     keys, offsets = read_index(write_dali_index(one))
@@ -218,20 +197,20 @@ def test_dali_index_of_a_folder_a_glob_or_rec_paths_is_that_of_their_shard_set(t
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
-def test_dali_index_falls_back_to_the_cache_when_read_only(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dali_index_falls_back_to_the_cache_when_read_only(pack: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    s = open_shards(tiny)
-    os.chmod(tiny, 0o555)
+    s = open_shards(pack)
+    os.chmod(pack, 0o555)
     try:
         path = write_dali_index(s)
     finally:
-        os.chmod(tiny, 0o755)
-    assert path.parent == tmp_path / "cache" / "imgpipe" and len(read_index(path)[0]) == 20
+        os.chmod(pack, 0o755)
+    assert path.parent == tmp_path / "cache" / "imgpipe" and len(read_index(path)[0]) == INDEXED_RECORDS
 
 
-def test_corrupt_record_bytes_raise_recordio_error(tiny: Path, tmp_path: Path) -> None:
+def test_corrupt_record_bytes_raise_recordio_error(pack: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken"
-    shutil.copytree(tiny, broken)
+    shutil.copytree(pack, broken)
     s = open_shards(broken)
     shard, start, _ = s.location(4)
     with open(s.rec_paths[shard], "r+b") as f:
@@ -240,37 +219,46 @@ def test_corrupt_record_bytes_raise_recordio_error(tiny: Path, tmp_path: Path) -
     with pytest.raises(RecordIOError, match=rf"{s.rec_paths[shard].name}: offset {start}: bad magic"):
         s.read(4)
     with pytest.raises(IndexError, match="out of range"):
-        s.read(20)
+        s.read(INDEXED_RECORDS)
+
+
+def older(damage):
+    """``damage`` done to the folder as packs made before the index sidecar are: their .idx files are their index."""
+    return lambda d: (without_index_sidecar(d), damage(d))
 
 
 @pytest.mark.parametrize(
     "damage,message",
     [
-        (lambda d: np.save(d / "train.labels.npy", np.zeros(5, np.int32)), "holds 5 values, the manifest counts 20 records"),
-        (lambda d: np.save(d / "train.labels.npy", np.full(20, 9, np.int32)), r"record 0: label 9 is outside 0..3"),
-        (lambda d: np.save(d / "train.labels.npy", np.zeros(20, np.float32)), r"must be a 1-D integer array, got float32"),
-        (lambda d: (d / "train-00001-of-00003.idx").unlink(), "index is missing"),
-        (lambda d: (d / "train-00001-of-00003.idx").write_text("0\t0\n"), "the manifest says"),
-        (lambda d: (d / "train-00000-of-00003.idx").write_text("".join(f"{k}\t{k * 10**6}\n" for k in range(7))), "past the end"),
-        (lambda d: (d / "manifest.json").unlink(), None),
+        (lambda d: np.save(d / "train.labels.npy", np.zeros(5, np.int32)), "holds 5 values, the manifest counts 37 records"),
+        (lambda d: np.save(d / "train.labels.npy", np.full(37, 99, np.int32)), r"record 0: label 99 is outside 0..36"),
+        (lambda d: np.save(d / "train.labels.npy", np.zeros(37, np.float32)), r"must be a 1-D integer array, got float32"),
+        (older(lambda d: (d / "train-00001-of-00003.idx").unlink()), "index is missing"),
+        (older(lambda d: (d / "train-00001-of-00003.idx").write_text("0\t0\n")), "the manifest says"),
+        (older(lambda d: (d / "train-00000-of-00003.idx").write_text("".join(f"{k}\t{k * 10**6}\n" for k in range(12)))), "past the end"),
+        (
+            lambda d: (d / "manifest.json").unlink(),
+            "incomplete pack: all 3 shards written, no manifest.json; rerun the same 'imgpipe pack'",
+        ),
+        (lambda d: ((d / "manifest.json").unlink(), shutil.rmtree(d / ".imgpipe-pack")), None),  # shards alone: opened bare
     ],
 )
-def test_broken_folders_raise_one_line_dataset_errors(tiny: Path, damage, message: str | None) -> None:
-    damage(tiny)
-    if message is None:  # no manifest: the folder's .rec files are opened bare
-        assert len(open_shards(tiny)) == 20
+def test_broken_folders_raise_one_line_dataset_errors(pack: Path, damage, message: str | None) -> None:
+    damage(pack)
+    if message is None:
+        assert len(open_shards(pack)) == INDEXED_RECORDS
         return
     with pytest.raises(DatasetError, match=message) as info:
-        open_shards(tiny)
+        open_shards(pack)
     assert "\n" not in str(info.value)
 
 
-def test_missing_split_and_paths(tiny: Path) -> None:
+def test_missing_split_and_paths(pack: Path) -> None:
     with pytest.raises(DatasetError, match="no split 'val' \\(it has train\\)"):
-        open_shards(tiny, "val")
+        open_shards(pack, "val")
     with pytest.raises(DatasetError, match="matches no files"):
-        open_shards(str(tiny / "nothing-*.rec"))
+        open_shards(str(pack / "nothing-*.rec"))
     with pytest.raises(DatasetError, match="expected a .rec file"):
-        open_shards(tiny / "manifest.json")
+        open_shards(pack / "manifest.json")
     with pytest.raises(DatasetError, match="no such file or folder"):
-        open_shards(tiny / "nowhere")
+        open_shards(pack / "nowhere")

@@ -15,18 +15,15 @@ import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
-import time
 import zipfile
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
-from _cli import assert_one_line_error, slow_pack_command
+from _cli import assert_one_line_error, kill_once_durable, slow_pack_command
 
 from imgpipe.format.manifest import load_manifest
 from imgpipe.ingest.classnames import ilsvrc2012_wnids, names_for_indices
@@ -169,28 +166,6 @@ def checkpointed(dst: Path) -> int:
         return 0
     journaled = {path.name[: -len(".json")] for path in (dst / JOURNAL_DIR).glob("*-of-*.json")}
     return sum(names[k] not in journaled for k in shards)
-
-
-STEP_S = 0.002
-
-
-def kill_once_durable(command: list[str], durable: Callable[[], bool], env: dict[str, str]) -> None:
-    """Run ``command`` a few milliseconds at a time (SIGCONT, sleep, SIGSTOP to its process group, workers included)
-    and kill -9 it at the first stop where ``durable()`` holds: mid-pack, however fast or loaded the machine."""
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
-    deadline = time.monotonic() + 180
-    try:
-        while True:
-            time.sleep(STEP_S)
-            os.killpg(process.pid, signal.SIGSTOP)
-            if durable():
-                return
-            assert process.poll() is None, "the pack ended before any of its work was durable"
-            assert time.monotonic() < deadline, "no work became durable in 180 s"
-            os.killpg(process.pid, signal.SIGCONT)
-    finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 def tar_data_ends(path: Path) -> tuple[list[int], int]:

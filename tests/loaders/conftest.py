@@ -1,4 +1,4 @@
-"""Fixtures of the loader tests that run a whole framework (Lightning, Accelerate) on either backend."""
+"""Fixtures the loader tests share: each test run once per loader backend."""
 
 from __future__ import annotations
 

@@ -12,11 +12,10 @@ import pytest
 
 from imgpipe.loaders.sampler import rank_indices
 from imgpipe.loaders.torch import make_torch_loader
-from tests._tiny_shards import make_tiny_pack
+from tests._packs import INDEXED_RECORDS as RECORDS  # one label each, so labels name the records; odd: eval parts differ by one
 
 pytest.importorskip("accelerate", reason="accelerate is a dev dependency: pip install -e '.[dev]'")
 
-RECORDS = 37  # one label per record, so labels name the records; odd: the evaluation parts differ by one
 SCRIPT = Path(__file__).with_name("accelerate_ddp.py")
 REPO = Path(__file__).resolve().parents[2]
 SAVE_AFTER = 2  # accelerate_ddp.py saves the state after this many steps of epoch 1
@@ -31,8 +30,7 @@ def global_batches(data: Path, epoch: int) -> list[tuple[list[int], list[float]]
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_accelerate_ddp_trains_two_epochs_on_the_global_stream_and_resumes(tmp_path: Path, backend: str) -> None:
-    data = make_tiny_pack(tmp_path / "tiny", records=RECORDS, shards=2, classes=RECORDS, min_side=20, max_side=40)
+def test_accelerate_ddp_trains_two_epochs_on_the_global_stream_and_resumes(indexed: Path, tmp_path: Path, backend: str) -> None:
     out = tmp_path / "out"
     out.mkdir()
     env = {
@@ -58,7 +56,7 @@ def test_accelerate_ddp_trains_two_epochs_on_the_global_stream_and_resumes(tmp_p
         "0",
     ]
     run = subprocess.run(
-        [*launch, str(SCRIPT), str(data), str(out), backend], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=380
+        [*launch, str(SCRIPT), str(indexed), str(out), backend], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=380
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
@@ -67,7 +65,7 @@ def test_accelerate_ddp_trains_two_epochs_on_the_global_stream_and_resumes(tmp_p
         assert rank["prepared_unchanged"]  # prepare hands the loaders back as they are: nothing re-shards or wraps them
         assert (rank["rank"], rank["world_size"]) == (rank["loader_rank"], rank["loader_world_size"]) == (r, 2)
     for epoch in (0, 1):
-        stream = global_batches(data, epoch)
+        stream = global_batches(indexed, epoch)
         assert len(stream) == RECORDS // 8
         for r, rank in enumerate(ranks):
             mine = rank["epochs"][epoch]["train"]

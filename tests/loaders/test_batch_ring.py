@@ -3,6 +3,9 @@ is built in again only once the caller holds no tensor on it, so a batch kept ne
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import threading
 import warnings
 import weakref
@@ -13,8 +16,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _tiny_shards import make_tiny_pack  # noqa: E402
-
 from imgpipe.errors import ConfigError  # noqa: E402
 from imgpipe.loaders.ring import BatchRing, allocation_lock, check_shared_memory  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
@@ -22,14 +23,9 @@ from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
 SIZE = 24
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_pack(tmp_path_factory.mktemp("ring") / "tiny", records=48, shards=2, classes=4, min_side=32, max_side=80)
-
-
-def _loader(tiny: Path, **kw):
+def _loader(packed_dir: Path, **kw):
     kw.setdefault("batch_size", 4)
-    return make_torch_loader(tiny, image_size=SIZE, rank=0, world_size=1, seed=2, **kw)
+    return make_torch_loader(packed_dir, image_size=SIZE, rank=0, world_size=1, seed=2, **kw)
 
 
 def _recording_claims(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
@@ -88,13 +84,13 @@ def test_a_storage_object_keeps_its_slot_and_a_raw_address_or_weak_reference_doe
 
 
 @pytest.mark.timeout(120)
-def test_a_caller_keeping_only_storages_keeps_the_batches_pixels(tiny: Path) -> None:
+def test_a_caller_keeping_only_storages_keeps_the_batches_pixels(packed_dir: Path) -> None:
     """More batches than slots, each dropped but for its storage: no batch is built over a storage still held."""
     kept = []
-    for x, y in _loader(tiny, workers=1, prefetch_factor=1, normalize=False):  # a ring of 3 slots, 12 batches
+    for x, y in _loader(packed_dir, workers=1, prefetch_factor=1, normalize=False):  # a ring of 3 slots, 12 batches
         kept.append((x.untyped_storage(), x.storage_offset(), x.shape, x.stride(), y))
         del x
-    reference = list(_loader(tiny, workers=0, normalize=False))
+    reference = list(_loader(packed_dir, workers=0, normalize=False))
     assert len(kept) == len(reference) == 12
     for (storage, offset, shape, stride, y), (x0, y0) in zip(kept, reference):
         x = torch.empty(0, dtype=torch.uint8).set_(storage, offset, shape, stride)
@@ -120,11 +116,11 @@ def test_a_ring_larger_than_free_shared_memory_is_a_clear_error(tmp_path: Path) 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("normalize", [False, True])
-def test_batches_kept_by_the_caller_never_change(tiny: Path, normalize: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_batches_kept_by_the_caller_never_change(packed_dir: Path, normalize: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     claims = _recording_claims(monkeypatch)
     # 1 worker x prefetch 1: a ring of 3 slots, while the caller keeps all 12 batches
-    kept = list(_loader(tiny, workers=1, prefetch_factor=1, normalize=normalize))
-    reference = list(_loader(tiny, workers=0, normalize=normalize))
+    kept = list(_loader(packed_dir, workers=1, prefetch_factor=1, normalize=normalize))
+    reference = list(_loader(packed_dir, workers=0, normalize=normalize))
     assert len(kept) == len(reference) == 12
     for (x, y), (x0, y0) in zip(kept, reference):
         assert torch.equal(x, x0) and torch.equal(y, y0)
@@ -136,12 +132,12 @@ def test_batches_kept_by_the_caller_never_change(tiny: Path, normalize: bool, mo
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("normalize", [False, True])
 def test_a_loop_that_drops_each_batch_gets_every_one_from_the_ring_without_a_copy(
-    tiny: Path, normalize: bool, monkeypatch: pytest.MonkeyPatch
+    packed_dir: Path, normalize: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     claims = _recording_claims(monkeypatch)
-    loader = _loader(tiny, workers=2, prefetch_factor=1, normalize=normalize)  # 2 in flight + 2: 4 slots
+    loader = _loader(packed_dir, workers=2, prefetch_factor=1, normalize=normalize)  # 2 in flight + 2: 4 slots
     slots = {slot.data_ptr() for slot in loader.dataset.ring.slots}
-    reference = _loader(tiny, workers=0, normalize=normalize)
+    reference = _loader(packed_dir, workers=0, normalize=normalize)
     for _epoch in range(2):
         for (x, y), (x0, y0) in zip(loader, reference, strict=True):
             assert x.data_ptr() in slots  # the slot itself: the workers normalized (or not) in place
@@ -151,15 +147,15 @@ def test_a_loop_that_drops_each_batch_gets_every_one_from_the_ring_without_a_cop
 
 
 @pytest.mark.timeout(120)
-def test_an_abandoned_pass_leaves_the_next_one_exact(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_abandoned_pass_leaves_the_next_one_exact(packed_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     claims = _recording_claims(monkeypatch)
-    loader = _loader(tiny, workers=2, normalize=False)
+    loader = _loader(packed_dir, workers=2, normalize=False)
     for step, batch in enumerate(loader):  # noqa: B007  (epoch 0: leave after 2 of 12 batches, 4 requests in flight)
         if step == 1:
             break
     del batch
     epoch1 = [(x.clone(), y.clone()) for x, y in loader]
-    reference = _loader(tiny, workers=0, normalize=False)
+    reference = _loader(packed_dir, workers=0, normalize=False)
     reference.set_epoch(1)
     assert all(torch.equal(x, x0) and torch.equal(y, y0) for (x, y), (x0, y0) in zip(epoch1, reference, strict=True))
     assert None not in claims  # the abandoned requests did not keep their slots
@@ -167,12 +163,12 @@ def test_an_abandoned_pass_leaves_the_next_one_exact(tiny: Path, monkeypatch: py
 
 
 @pytest.mark.timeout(120)
-def test_without_persistent_workers_there_is_no_ring(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_persistent_workers_there_is_no_ring(packed_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     claims = _recording_claims(monkeypatch)
-    loader = _loader(tiny, workers=1, persistent_workers=False, normalize=False)
+    loader = _loader(packed_dir, workers=1, persistent_workers=False, normalize=False)
     assert loader.dataset.ring is None
     batches = [x.numpy().copy() for _ in range(2) for x, _ in loader]
-    reference = _loader(tiny, workers=0, normalize=False)
+    reference = _loader(packed_dir, workers=0, normalize=False)
     assert all(np.array_equal(a, b) for a, b in zip(batches, [x.numpy() for _ in range(2) for x, _ in reference], strict=True))
     assert claims == []
 
@@ -184,18 +180,31 @@ def test_a_ring_larger_than_available_memory_is_a_clear_error(tmp_path: Path) ->
         check_shared_memory(3 << 20, 3, str(tmp_path), available=available)
 
 
-def test_shared_memory_that_runs_out_while_allocating_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    # a second rank can take the room between the check and the allocation: torch then fails to allocate
-    def out_of_room(self: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError("unable to allocate shared memory(shm) for file </torch_1_2_0>: No space left on device (28)")
+RING_OVER_A_FILE_SIZE_LIMIT = """
+import resource, signal, torch
+from imgpipe.errors import ConfigError
+from imgpipe.loaders.ring import BatchRing
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file grown past the limit fails with EFBIG instead of ending the process
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # torch cannot size a shared-memory file over 1 MiB
+try:
+    BatchRing(3, batch_size=64, image_size=128, memory_format=torch.contiguous_format, dtype=torch.float32)
+except ConfigError as e:
+    print(e)
+"""
 
-    monkeypatch.setattr(torch.Tensor, "share_memory_", out_of_room)
-    with pytest.raises(
-        ConfigError,
-        match=r"^the torch loader's 3 shared-memory batches need 0 MiB but /dev/shm ran out \(unable to allocate .*\); enlarge it",
-    ) as info:
-        BatchRing(3, batch_size=2, image_size=4, memory_format=torch.contiguous_format)
-    assert "\n" not in str(info.value)
+
+@pytest.mark.timeout(120)
+def test_shared_memory_that_runs_out_while_allocating_is_a_clear_error() -> None:
+    """The check passes, then torch fails to size a slot's shared-memory file (as when a second rank took the
+    room meanwhile; here a file size limit): one ConfigError line with the ring's size and torch's reason."""
+    run = subprocess.run([sys.executable, "-c", RING_OVER_A_FILE_SIZE_LIMIT], capture_output=True, text=True, timeout=100)
+    assert run.returncode == 0 and run.stderr == "", run.stderr[-2000:]
+    message = run.stdout.strip()
+    assert re.fullmatch(
+        r"the torch loader's 3 shared-memory batches need 36 MiB but /dev/shm ran out \(unable to .*: File too large \(27\)\); "
+        r"enlarge it \(docker run --shm-size=\.\.\.\) or lower batch_size, workers or prefetch_factor",
+        message,
+    ), message
 
 
 def test_rings_are_checked_and_allocated_one_at_a_time(tmp_path: Path) -> None:

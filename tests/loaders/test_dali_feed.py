@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _tiny_shards import make_tiny_pack  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from _packs import NOT_AN_IMAGE, with_payloads  # noqa: E402
 
 from imgpipe.errors import DatasetError  # noqa: E402
 from imgpipe.format.shardset import open_shards  # noqa: E402
@@ -27,8 +27,8 @@ def test_a_fractional_box_gets_the_whole_pixel_window_around_it_and_its_place_in
 
 
 @pytest.mark.parametrize("train", [True, False])
-def test_a_batch_holds_each_records_bytes_and_its_own_crop(tmp_path: Path, train: bool) -> None:
-    shards = open_shards(make_tiny_pack(tmp_path / "t", records=10, shards=2), "train")
+def test_a_batch_holds_each_records_bytes_and_its_own_crop(indexed: Path, train: bool) -> None:
+    shards = open_shards(indexed, "train")
     geometry = TrainGeometry(image_size=16) if train else EvalGeometry(image_size=16)
     feed = DaliFeed(shards, geometry, seed=4)
     indices = np.array([7, 2, 5])
@@ -48,8 +48,8 @@ def test_a_batch_holds_each_records_bytes_and_its_own_crop(tmp_path: Path, train
     feed.close()
 
 
-def test_batches_prepared_ahead_come_in_order_and_a_new_start_drops_them(tmp_path: Path) -> None:
-    shards = open_shards(make_tiny_pack(tmp_path / "t", records=12, shards=2), "train")
+def test_batches_prepared_ahead_come_in_order_and_a_new_start_drops_them(indexed: Path) -> None:
+    shards = open_shards(indexed, "train")
     feed = DaliFeed(shards, TrainGeometry(image_size=16), seed=1)
     batches = [np.array([i, i + 1]) for i in range(0, 12, 2)]
     feed.start(0, batches)
@@ -70,8 +70,8 @@ def test_batches_prepared_ahead_come_in_order_and_a_new_start_drops_them(tmp_pat
     feed.close()
 
 
-def test_a_batch_that_cannot_be_prepared_raises_when_dali_asks_for_it(tmp_path: Path) -> None:
-    shards = open_shards(make_tiny_pack(tmp_path / "t", records=6, shards=1, corrupt=(3,)), "train")
+def test_a_batch_that_cannot_be_prepared_raises_when_dali_asks_for_it(indexed: Path, tmp_path: Path) -> None:
+    shards = open_shards(with_payloads(indexed, tmp_path / "t", {3: NOT_AN_IMAGE}), "train")
     feed = DaliFeed(shards, TrainGeometry(image_size=16), seed=1)
     feed.start(0, [np.array([0, 1]), np.array([2, 3]), np.array([4, 5])])
     assert len(feed()[0]) == 2  # the batch before the bad record still comes

@@ -6,7 +6,6 @@ which records it holds; ``packed_dir`` (the shared fixture) checks labels agains
 
 from __future__ import annotations
 
-import io
 import subprocess
 import sys
 import textwrap
@@ -15,57 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
-from imgpipe._sys.atomic import atomic_write_bytes
-from imgpipe._sys.checksum import sha256_file
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
-from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, write_manifest
-from imgpipe.format.recordio import IndexedRecordWriter, IRHeader, pack_header
+from imgpipe.format.shardset import open_shards
 from imgpipe.loaders.sampler import rank_indices
 from imgpipe.loaders.torch import make_torch_loader
+from tests._packs import INDEXED_RECORDS, NOT_AN_IMAGE, im2rec_labels, with_payloads
 
 pytestmark = [pytest.mark.dali, pytest.mark.usefixtures("require_dali")]  # conftest: skip only if not installed
 
-RECORDS = 23  # prime: no world size or batch size divides it, so every remainder path runs
+RECORDS = INDEXED_RECORDS  # label = record index; prime: no world size or batch size divides it
 SIZE = 32
-
-
-def write_indexed_split(dst: Path, records: int, shards: int, split: str = "train", seed: int = 0) -> None:
-    """A packed folder whose record k has label k: random-noise JPEGs of 40-90 px, ``shards`` shards."""
-    rng = np.random.default_rng(seed)
-    infos, sources = [], []
-    for s in range(shards):
-        start, end = records * s // shards, records * (s + 1) // shards
-        name = f"{split}-{s:05d}-of-{shards:05d}"
-        rec, idx = dst / f"{name}.rec", dst / f"{name}.idx"
-        with IndexedRecordWriter(rec, idx) as writer:
-            for k in range(start, end):
-                h, w = (int(v) for v in rng.integers(40, 90, 2))
-                buf = io.BytesIO()
-                Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, "JPEG", quality=90)
-                writer.write(2 * k, pack_header(IRHeader(0, float(k), 2 * k, 0), buf.getvalue()))
-                sources.append(f"c{k:03d}/img{k}.JPEG")
-        infos.append(ShardInfo(rec.name, idx.name, end - start, rec.stat().st_size, sha256_file(rec), idx.stat().st_size, sha256_file(idx)))
-    atomic_write_bytes(dst / f"{split}.sources.txt", "".join(f"{p}\n" for p in sources).encode())
-    buf = io.BytesIO()
-    np.save(buf, np.arange(records, dtype=np.int32), allow_pickle=False)
-    atomic_write_bytes(dst / f"{split}.labels.npy", buf.getvalue())
-    split_info = SplitInfo(
-        infos,
-        f"{split}.sources.txt",
-        sha256_file(dst / f"{split}.sources.txt"),
-        f"{split}.labels.npy",
-        sha256_file(dst / f"{split}.labels.npy"),
-    )
-    write_manifest(dst, Manifest([f"c{k:03d}" for k in range(records)], {split: split_info}, {}, "synthetic"))
-
-
-@pytest.fixture(scope="module")
-def indexed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dst = tmp_path_factory.mktemp("indexed")
-    write_indexed_split(dst, RECORDS, shards=3)
-    return dst
 
 
 def loader(path: Path, **kwargs):
@@ -268,51 +227,45 @@ def test_eval_epoch_restarts_cleanly_after_an_early_break(indexed: Path) -> None
     assert epoch_labels(dl) == full == [list(range(k, min(k + 4, RECORDS))) for k in range(0, RECORDS, 4)]
 
 
+@pytest.mark.interop
 @pytest.mark.timeout(120)
-def test_bare_rec_files_by_glob_read_in_record_order(indexed: Path) -> None:
+def test_bare_im2rec_files_by_glob_read_in_record_order(im2rec_files: list[Path]) -> None:
     from imgpipe.loaders.dali import make_dali_loader
 
-    dl = make_dali_loader(str(indexed / "train-*.rec"), batch_size=8, train=False, image_size=SIZE, workers=1)
-    assert [k for b in epoch_labels(dl) for k in b] == list(range(RECORDS))  # record order across the 3 files
+    dl = make_dali_loader(str(im2rec_files[0].parent / "*.rec"), batch_size=8, train=False, image_size=SIZE, workers=1)
+    assert [k for b in epoch_labels(dl) for k in b] == im2rec_labels(im2rec_files)  # record order across im2rec's 3 files
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
-@pytest.mark.parametrize(("world_size", "rank", "bad"), [(1, 0, 2), (1, 0, 29), (2, 1, 22)])
-def test_a_record_that_does_not_decode_is_named_in_one_line(tmp_path: Path, train: bool, world_size: int, rank: int, bad: int) -> None:
+@pytest.mark.parametrize(("world_size", "rank", "position"), [(1, 0, 2), (1, 0, 29), (2, 1, 11)])
+def test_a_record_that_does_not_decode_is_named_in_one_line(
+    indexed: Path, tmp_path: Path, train: bool, world_size: int, rank: int, position: int
+) -> None:
     """As the torch loader does: the shard, the record, its id, offset and source, in one line."""
-    sys.path.insert(0, str(Path(__file__).parents[1]))
-    from _tiny_shards import make_tiny_pack
-
-    folder = make_tiny_pack(tmp_path / "c", records=30, shards=2, classes=3, corrupt=(bad,))
+    bad = int(rank_indices(RECORDS, seed=0, epoch=0, rank=rank, world_size=world_size, batch_size=3, train=train)[position])  # one it reads
+    folder = with_payloads(indexed, tmp_path / "c", {bad: NOT_AN_IMAGE})
     dl = loader(folder, batch_size=3, train=train, rank=rank, world_size=world_size, on_corrupt="raise")
     with pytest.raises(DatasetError) as info:
         list(dl)
     message = str(info.value)
-    shard = "train-00000-of-00002.rec" if bad < 15 else "train-00001-of-00002.rec"
-    assert f"cannot decode {shard} record {bad} (id {2 * bad}, offset " in message, message
-    assert f"source train/n{bad % 3:08d}/n{bad % 3:08d}_{bad}.JPEG): not an image" in message
+    shards = open_shards(folder)
+    shard, offset, _ = shards.location(bad)
+    assert f"cannot decode {shards.rec_names[shard]} record {bad} (id {bad}, offset {offset}" in message, message
+    assert f"source {shards.source(bad)}): not an image" in message
     assert "imgpipe verify --decode" in message and "\n" not in message
 
 
 @pytest.mark.timeout(120)
-def test_a_jpeg_that_dali_fails_to_decode_is_named_in_one_line(tmp_path: Path) -> None:
+def test_a_jpeg_that_dali_fails_to_decode_is_named_in_one_line(indexed: Path, tmp_path: Path) -> None:
     """A readable header but a cut scan: DALI's own decoder fails, and the batch in flight is searched for the record."""
-    rng = np.random.default_rng(1)
-    rec, idx = tmp_path / "train-00000-of-00001.rec", tmp_path / "train-00000-of-00001.idx"
-    with IndexedRecordWriter(rec, idx) as writer:
-        for k in range(8):
-            buf = io.BytesIO()
-            Image.fromarray(rng.integers(0, 256, (50, 60, 3), dtype=np.uint8)).save(buf, "JPEG")
-            data = buf.getvalue()
-            if k == 5:
-                data = data[: data.index(b"\xff\xda") + 14] + bytes(5)  # the scan cut short
-            writer.write(k, pack_header(IRHeader(0, float(k), k, 0), data))
-    dl = loader(str(rec), batch_size=4, train=False)
+    jpeg = open_shards(indexed).read(5)[1]
+    folder = with_payloads(indexed, tmp_path / "c", {5: jpeg[: jpeg.index(b"\xff\xda") + 14] + bytes(5)})  # the scan cut short
+    dl = loader(folder, batch_size=4, train=False)
     with pytest.raises(DatasetError) as info:
         list(dl)
     message = str(info.value)
-    assert message.startswith("cannot decode train-00000-of-00001.rec record 5 (id 5, offset ") and "truncated" in message, message
+    assert message.startswith("cannot decode train-00000-of-00003.rec record 5 (id 5, offset ") and "truncated" in message, message
     assert "imgpipe verify --decode" in message and "\n" not in message
 
 

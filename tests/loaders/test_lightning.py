@@ -12,14 +12,13 @@ import pytest
 import torch
 
 from imgpipe.loaders.torch import make_torch_loader
-from tests._tiny_shards import make_tiny_pack
+from tests._packs import INDEXED_RECORDS as RECORDS  # one label per record, so labels name the records
 
 pytest.importorskip("lightning", reason="lightning is a dev dependency: pip install -e '.[dev]'")
 
-RECORDS = 36  # one label per record, so labels name the records
 SCRIPT = Path(__file__).with_name("lightning_ddp.py")
 REPO = Path(__file__).resolve().parents[2]
-STEPS = RECORDS // 8  # optimizer steps (batches per rank) an epoch: 4
+STEPS = RECORDS // 8  # optimizer steps (batches per rank) an epoch: 4 (37 // 8)
 
 
 def seen(out: Path, name: str) -> list[list[int]]:
@@ -49,13 +48,12 @@ def rank_batches(data: Path, epoch: int, rank: int) -> list[list[int]]:
 
 
 @pytest.mark.timeout(180)
-def test_lightning_ddp_trains_two_epochs_and_validates_every_sample_once(tmp_path: Path, backend: str) -> None:
-    data = make_tiny_pack(tmp_path / "tiny", records=RECORDS, shards=2, classes=RECORDS, min_side=20, max_side=40)
+def test_lightning_ddp_trains_two_epochs_and_validates_every_sample_once(indexed: Path, tmp_path: Path, backend: str) -> None:
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run(
-        [sys.executable, str(SCRIPT), str(data), str(out), backend], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170
+        [sys.executable, str(SCRIPT), str(indexed), str(out), backend], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170
     )
     assert run.returncode == 0, run.stderr[-3000:]
     for epoch in (0, 1):
@@ -68,29 +66,29 @@ def test_lightning_ddp_trains_two_epochs_and_validates_every_sample_once(tmp_pat
 
 
 @pytest.mark.timeout(180)
-def test_loaders_built_in_main_before_the_process_group_split_the_stream_over_the_ranks(tmp_path: Path, backend: str) -> None:
+def test_loaders_built_in_main_before_the_process_group_split_the_stream_over_the_ranks(
+    indexed: Path, tmp_path: Path, backend: str
+) -> None:
     """``trainer.fit(model, train_dataloaders=loader, val_dataloaders=...)`` with the loaders built in ``__main__``:
     each rank trains on its own part of the global stream, and validation sees every sample once."""
-    data = make_tiny_pack(tmp_path / "tiny", records=RECORDS, shards=2, classes=RECORDS, min_side=20, max_side=40)
     out = tmp_path / "out"
-    launch(data, out, backend, "main")
+    launch(indexed, out, backend, "main")
     for rank in range(2):
         assert json.loads((out / f"start-rank{rank}.json").read_text())["num_training_batches"] == STEPS
     for epoch in (0, 1):
         val = seen(out, f"val-{epoch}")
         assert sorted(val[0] + val[1]) == list(range(RECORDS))  # every sample exactly once across the ranks
         for rank in range(2):
-            assert batches(seen(out, f"train-{epoch}")[rank]) == rank_batches(data, epoch, rank)
+            assert batches(seen(out, f"train-{epoch}")[rank]) == rank_batches(indexed, epoch, rank)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_lightning_ddp_resumes_a_mid_epoch_checkpoint_where_the_stream_stopped(tmp_path: Path, backend: str) -> None:
-    data = make_tiny_pack(tmp_path / "tiny", records=RECORDS, shards=2, classes=RECORDS, min_side=20, max_side=40)
+def test_lightning_ddp_resumes_a_mid_epoch_checkpoint_where_the_stream_stopped(indexed: Path, tmp_path: Path, backend: str) -> None:
     first, ckpts = tmp_path / "first", tmp_path / "ckpt"
-    launch(data, first, backend, "save", str(ckpts), "2")  # 2 epochs, uninterrupted, a checkpoint every 2 steps
+    launch(indexed, first, backend, "save", str(ckpts), "2")  # 2 epochs, uninterrupted, a checkpoint every 2 steps
     assert sorted(ckpt.name for ckpt in ckpts.glob("*.ckpt")) == [f"step={step}.ckpt" for step in (2, 4, 6, 8)]
-    expected = [[rank_batches(data, epoch, rank) for epoch in range(3)] for rank in range(2)]
+    expected = [[rank_batches(indexed, epoch, rank) for epoch in range(3)] for rank in range(2)]
     for rank in range(2):
         assert batches(seen(first, "train-0")[rank]) == expected[rank][0]  # the uninterrupted run is the global stream
         assert batches(seen(first, "train-1")[rank]) == expected[rank][1]
@@ -102,7 +100,7 @@ def test_lightning_ddp_resumes_a_mid_epoch_checkpoint_where_the_stream_stopped(t
         # Lightning saved the train loader's state_dict (rank 0's; every rank's is the same global position)
         saved = torch.load(ckpt, weights_only=False)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
         assert [(state["epoch"], state["batches"]) for state in saved] == [position]
-        launch(data, resumed, backend, "resume", str(ckpt))  # fresh processes and loaders: fit(ckpt_path=...) through epoch 2
+        launch(indexed, resumed, backend, "resume", str(ckpt))  # fresh processes and loaders: fit(ckpt_path=...) through epoch 2
         done = step - STEPS  # batches of epoch 1 trained before the checkpoint
         for rank in range(2):
             start = json.loads((resumed / f"start-rank{rank}.json").read_text())

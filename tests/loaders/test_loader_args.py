@@ -1,6 +1,6 @@
 """Every public argument of both loader factories: a mistake is one ConfigError line naming the argument.
 
-Real shards, the real factories (DALI's CPU build); nothing is iterated, the check happens at construction.
+Real shards, the real factories (DALI on the CPU); nothing is iterated, the check happens at construction.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import dataclasses
 import importlib
 import inspect
 import re
-import sys
 import warnings
 from pathlib import Path
 
@@ -17,11 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from _tiny_shards import make_tiny_pack  # noqa: E402
-
-from imgpipe.errors import ConfigError  # noqa: E402
-from imgpipe.loaders.options import LoaderOptions, TorchLoaderOptions  # noqa: E402
+from imgpipe.errors import ConfigError
+from imgpipe.loaders.options import LoaderOptions, TorchLoaderOptions
 
 SHARED = [  # (argument, bad value, what the message must say)
     ("batch_size", 8.5, "batch_size must be an integer >= 1, got 8.5"),
@@ -74,11 +70,6 @@ NO_GPU = (
 )
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_pack(tmp_path_factory.mktemp("args") / "tiny", records=12, shards=2)
-
-
 def factory(backend: str, request: pytest.FixtureRequest):
     if backend == "torch":
         from imgpipe.loaders.torch import make_torch_loader
@@ -99,12 +90,12 @@ def cases(backend: str) -> list:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("backend", "argument", "value", "message"), cases("torch") + cases("dali"))
 def test_a_bad_argument_is_one_config_error_naming_it(
-    tiny: Path, backend: str, argument: str, value: object, message: str, request: pytest.FixtureRequest
+    packed_dir: Path, backend: str, argument: str, value: object, message: str, request: pytest.FixtureRequest
 ) -> None:
     kwargs = {"batch_size": 4, "image_size": 32, "workers": 0, "rank": 0, "world_size": 1, argument: value}
     with pytest.raises(ConfigError) as info, warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # prefetch, DALI's old name of prefetch_factor
-        factory(backend, request)(tiny, **kwargs)
+        factory(backend, request)(packed_dir, **kwargs)
     assert message in str(info.value) and "\n" not in str(info.value)
     assert argument in str(info.value)
 
@@ -124,15 +115,15 @@ def test_each_factory_argument_is_an_option_with_the_same_default(factory_name: 
 
 
 @pytest.mark.dali
-def test_dalis_prefetch_is_a_deprecated_name_of_prefetch_factor(tiny: Path, request: pytest.FixtureRequest) -> None:
+def test_dalis_prefetch_is_a_deprecated_name_of_prefetch_factor(packed_dir: Path, request: pytest.FixtureRequest) -> None:
     make = factory("dali", request)
     kwargs = {"batch_size": 4, "image_size": 32, "workers": 1, "rank": 0, "world_size": 1, "device": None}
     with pytest.warns(DeprecationWarning, match="prefetch is deprecated: call it prefetch_factor"):
-        old = make(tiny, prefetch=3, **kwargs)
-    assert old._spec == make(tiny, prefetch_factor=3, **kwargs)._spec and old._spec.prefetch_factor == 3
+        old = make(packed_dir, prefetch=3, **kwargs)
+    assert old._spec == make(packed_dir, prefetch_factor=3, **kwargs)._spec and old._spec.prefetch_factor == 3
     with pytest.raises(ConfigError, match="give prefetch_factor alone"), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        make(tiny, prefetch=3, prefetch_factor=4, **kwargs)
+        make(packed_dir, prefetch=3, prefetch_factor=4, **kwargs)
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
@@ -148,30 +139,30 @@ def test_a_path_of_the_wrong_kind_is_one_config_error(backend: str, path: object
 @pytest.mark.parametrize(
     ("epoch", "message"), [("3", "epoch must be an integer >= 0, got '3'"), (2.5, "epoch must be an integer"), (-1, "epoch must be >= 0")]
 )
-def test_set_epoch_checks_its_argument(tiny: Path, backend: str, epoch: object, message: str, request: pytest.FixtureRequest) -> None:
-    loader = factory(backend, request)(tiny, batch_size=4, image_size=32, workers=0, rank=0, world_size=1)
+def test_set_epoch_checks_its_argument(packed_dir: Path, backend: str, epoch: object, message: str, request: pytest.FixtureRequest) -> None:
+    loader = factory(backend, request)(packed_dir, batch_size=4, image_size=32, workers=0, rank=0, world_size=1)
     with pytest.raises(ConfigError, match=re.escape(message)):
         loader.set_epoch(epoch)
 
 
-def test_a_loader_state_that_is_not_a_dict_is_one_config_error(tiny: Path, request: pytest.FixtureRequest) -> None:
-    loader = factory("torch", request)(tiny, batch_size=4, image_size=32, workers=0, rank=0, world_size=1)
+def test_a_loader_state_that_is_not_a_dict_is_one_config_error(packed_dir: Path, request: pytest.FixtureRequest) -> None:
+    loader = factory("torch", request)(packed_dir, batch_size=4, image_size=32, workers=0, rank=0, world_size=1)
     with pytest.raises(ConfigError, match="cannot resume: a loader state is the dict loader.state_dict.. returned, got NoneType"):
         loader.load_state_dict(None)
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
-def test_numpy_integers_and_bools_are_accepted(tiny: Path, backend: str, request: pytest.FixtureRequest) -> None:
-    loader = factory(backend, request)(tiny, batch_size=np.int64(4), image_size=np.int32(32), workers=0, seed=np.uint8(1), rank=0,
+def test_numpy_integers_and_bools_are_accepted(packed_dir: Path, backend: str, request: pytest.FixtureRequest) -> None:
+    loader = factory(backend, request)(packed_dir, batch_size=np.int64(4), image_size=np.int32(32), workers=0, seed=np.uint8(1), rank=0,
                                        world_size=1, train=np.bool_(False), normalize=np.bool_(True))  # fmt: skip
     assert loader.batch_size == 4 and type(loader.batch_size) is int
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_bare_cuda_device_resolves_to_the_current_index(tiny: Path) -> None:
+def test_a_bare_cuda_device_resolves_to_the_current_index(packed_dir: Path) -> None:
     from imgpipe.loaders.torch import make_torch_loader
 
-    loader = make_torch_loader(tiny, batch_size=4, image_size=32, workers=0, rank=0, world_size=1, device="cuda")
+    loader = make_torch_loader(packed_dir, batch_size=4, image_size=32, workers=0, rank=0, world_size=1, device="cuda")
     assert loader.device == torch.device("cuda", torch.cuda.current_device())
     images, _ = next(iter(loader))
     assert images.device == loader.device

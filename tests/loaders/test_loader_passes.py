@@ -1,6 +1,6 @@
 """A loader's passes, on both backends: one live pass at a time, and nothing left running after ``close()``.
 
-Real shards, the real factories (DALI's CPU build), real worker processes and threads.
+Real shards, the real factories (DALI on the CPU), real worker processes and threads.
 """
 
 from __future__ import annotations
@@ -15,15 +15,7 @@ from typing import Any
 import pytest
 
 from imgpipe.errors import ConfigError
-from tests._tiny_shards import make_tiny_pack
 from tests.train.proctree import descendants, wait_gone
-
-RECORDS = 24  # one class per record: labels name the records
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_pack(tmp_path_factory.mktemp("passes") / "tiny", records=RECORDS, shards=2, classes=RECORDS)
 
 
 def make(backend: str, path: Path, **kwargs: Any):
@@ -46,11 +38,11 @@ def epoch_labels(backend: str, path: Path, epoch: int) -> list[list[int]]:
 
 
 @pytest.mark.timeout(120)
-def test_a_new_pass_ends_the_live_one_whose_iterator_then_raises(tiny: Path, backend: str) -> None:
+def test_a_new_pass_ends_the_live_one_whose_iterator_then_raises(indexed: Path, backend: str) -> None:
     """``a = iter(loader); next(a); b = iter(loader); next(b); next(a)``: ``a`` may not go on with
     another pass's images or labels; ``b`` is epoch 1, whole and exact."""
-    epoch0, epoch1 = epoch_labels(backend, tiny, 0), epoch_labels(backend, tiny, 1)
-    loader = make(backend, tiny)
+    epoch0, epoch1 = epoch_labels(backend, indexed, 0), epoch_labels(backend, indexed, 1)
+    loader = make(backend, indexed)
     a = iter(loader)
     assert next(a)[1].tolist() == epoch0[0]
     b = iter(loader)
@@ -64,12 +56,12 @@ def test_a_new_pass_ends_the_live_one_whose_iterator_then_raises(tiny: Path, bac
 
 
 @pytest.mark.timeout(120)
-def test_an_iterator_left_unread_or_dropped_does_not_stop_the_next_pass(tiny: Path, backend: str) -> None:
-    loader = make(backend, tiny)
+def test_an_iterator_left_unread_or_dropped_does_not_stop_the_next_pass(indexed: Path, backend: str) -> None:
+    loader = make(backend, indexed)
     unread = iter(loader)  # never read: no pass begun, no epoch used up (Lightning's iterability check)
     sanity = iter(loader)
     next(sanity)  # abandoned after one batch, still referenced (Lightning's sanity check)
-    assert [y.tolist() for _, y in loader] == epoch_labels(backend, tiny, 1)
+    assert [y.tolist() for _, y in loader] == epoch_labels(backend, indexed, 1)
     del unread, sanity
     loader.close()
 
@@ -98,10 +90,10 @@ def leftover_threads(before: tuple[int, set[threading.Thread]], timeout: float =
 
 
 @pytest.mark.timeout(120)
-def test_close_ends_a_live_pass_and_leaves_no_thread_or_process(tiny: Path, backend: str) -> None:
+def test_close_ends_a_live_pass_and_leaves_no_thread_or_process(indexed: Path, backend: str) -> None:
     gc.collect()  # earlier tests' loaders are gone before the count
     before, children = threads(), set(descendants(os.getpid()))
-    loader = make(backend, tiny)
+    loader = make(backend, indexed)
     live = iter(loader)
     next(live)
     assert threads() != before  # the pass runs threads (DALI's, the feed's; the DataLoader's queue feeders)

@@ -1,42 +1,33 @@
 """Both loader factories return a ``Loader``; DALI's state round trip resumes where it stopped.
 
-Real shards, the real factories (DALI's CPU build, device_id None): no stand-ins.
+Real shards, the real factories (DALI on the CPU, device_id None): no stand-ins.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from _tiny_shards import make_tiny_pack  # noqa: E402
-
-from imgpipe.loaders.base import Loader  # noqa: E402
-from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
+from imgpipe.loaders.base import Loader
+from imgpipe.loaders.torch import make_torch_loader
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_pack(tmp_path_factory.mktemp("tiny"), records=24, shards=2)
-
-
-def test_the_torch_loader_is_a_loader(tiny: Path) -> None:
-    loader = make_torch_loader(tiny, batch_size=4, image_size=32, workers=0)
+def test_the_torch_loader_is_a_loader(packed_dir: Path) -> None:
+    loader = make_torch_loader(packed_dir, batch_size=4, image_size=32, workers=0)
     try:
         assert isinstance(loader, Loader) and loader.skipped == 0
     finally:
         loader.close()
 
 
-def test_the_dali_loader_is_a_loader_and_resumes_where_it_stopped(tiny: Path, request: pytest.FixtureRequest) -> None:
+def test_the_dali_loader_is_a_loader_and_resumes_where_it_stopped(packed_dir: Path, request: pytest.FixtureRequest) -> None:
     request.getfixturevalue("require_dali")
     from imgpipe.loaders.dali import make_dali_loader
 
     def make() -> Loader:
-        return make_dali_loader(tiny, batch_size=4, image_size=32, workers=1, device="cpu", normalize=False)
+        return make_dali_loader(packed_dir, batch_size=4, image_size=32, workers=1, device="cpu", normalize=False)
 
     whole = make()
     assert isinstance(whole, Loader) and whole.skipped == 0

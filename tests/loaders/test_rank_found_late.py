@@ -16,9 +16,8 @@ import pytest
 from imgpipe.errors import ConfigError
 from imgpipe.loaders.common import default_workers
 from imgpipe.loaders.sampler import EpochSampler
-from tests._tiny_shards import make_tiny_pack
+from tests._packs import INDEXED_RECORDS as RECORDS  # one class per record: labels name the records
 
-RECORDS = 40  # one class per record: labels name the records
 REPO = Path(__file__).resolve().parents[2]
 
 RANK = """
@@ -66,8 +65,7 @@ def make(backend: str, path: Path, **kwargs):
 
 
 @pytest.mark.timeout(240)
-def test_a_loader_built_before_the_process_group_reads_its_ranks_part(tmp_path: Path, backend: str) -> None:
-    data = make_tiny_pack(tmp_path / "tiny", records=RECORDS, shards=2, classes=RECORDS)
+def test_a_loader_built_before_the_process_group_reads_its_ranks_part(indexed: Path, backend: str) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -78,7 +76,7 @@ def test_a_loader_built_before_the_process_group_reads_its_ranks_part(tmp_path: 
     }
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", RANK, backend, str(data), str(port), str(rank)],
+            [sys.executable, "-c", RANK, backend, str(indexed), str(port), str(rank)],
             # what Lightning's ddp launcher sets: WORLD_SIZE and LOCAL_RANK, not RANK, so nothing tells the rank yet
             env={**base, "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
             stdout=subprocess.PIPE,
@@ -95,7 +93,7 @@ def test_a_loader_built_before_the_process_group_reads_its_ranks_part(tmp_path: 
         assert (report["rank"], report["world_after"], report["len_after"]) == (rank, 2, RECORDS // 8)
         assert report["epoch"] == 2  # set_epoch(1) before the move holds after it, and the peeked pass counts as epoch 1
         assert report["peek"].startswith("ConfigError: this iterator's pass over the loader ended when the loader moved to rank")
-        want = make(backend, data, batch_size=4, image_size=16, device="cpu", workers=1, rank=rank, world_size=2)
+        want = make(backend, indexed, batch_size=4, image_size=16, device="cpu", workers=1, rank=rank, world_size=2)
         want.set_epoch(2)
         assert report["train"] == [y.tolist() for _, y in want]  # its part of the global stream, exactly
         want.close()

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from _tiny_shards import make_tiny_pack  # noqa: E402
+from _packs import INDEXED_RECORDS as RECORDS  # noqa: E402  (label = record index; no world size or batch size here divides it)
 
 from imgpipe.errors import ConfigError  # noqa: E402
 from imgpipe.format.shardset import open_shards  # noqa: E402
@@ -27,15 +27,9 @@ from imgpipe.loaders.sampler import rank_indices  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
 from tests.train.proctree import children as child_pids  # noqa: E402
 
-RECORDS = 23  # label = record index; no world size or batch size here divides it
-G = 6  # the global batch: 3 per epoch
+G = 6  # the global batch: 6 per epoch
 RAMP = (16, 24, 32)  # epoch -> output size
 SEED = 3
-
-
-@pytest.fixture(scope="module")
-def indexed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_pack(tmp_path_factory.mktemp("res") / "indexed", records=RECORDS, shards=2, classes=RECORDS, min_side=40, max_side=96)
 
 
 def make(backend: str, path: Path, world: int, rank: int, **kw):
@@ -45,13 +39,6 @@ def make(backend: str, path: Path, world: int, rank: int, **kw):
 
         return make_dali_loader(path, "train", workers=1, **kw)
     return make_torch_loader(path, "train", workers=rank % 2, **kw)
-
-
-@pytest.fixture(params=["torch", pytest.param("dali", marks=pytest.mark.dali)])
-def backend(request: pytest.FixtureRequest) -> str:
-    if request.param == "dali":
-        request.getfixturevalue("require_dali")
-    return request.param
 
 
 def ramp_images(backend: str, path: Path, world: int) -> dict[tuple[int, int], np.ndarray]:
@@ -92,7 +79,8 @@ def test_both_backends_give_the_same_records_and_nearly_the_same_pixels_through_
         keys = [key for key in ours if key[0] == epoch]
         a = np.stack([ours[k] for k in keys]).astype(np.float32)
         b = np.stack([theirs[k] for k in keys]).astype(np.float32)
-        assert a.shape[-1] == size and float(np.abs(a - b).mean()) < 2.0, (size, float(np.abs(a - b).mean()))
+        difference, shifted = float(np.abs(a - b).mean()), float(np.abs(a - np.roll(b, 1, axis=-1)).mean())
+        assert a.shape[-1] == size and difference < min(4.0, shifted / 3), (size, difference, shifted)  # the resize filters only
 
 
 @pytest.mark.timeout(120)
@@ -143,9 +131,10 @@ def test_a_run_resumed_mid_ramp_on_another_rank_count_goes_on_at_its_size(indexe
         assert loader.resolution == 24
     per_rank = [[(x.numpy().copy(), y.tolist()) for x, y in loader] for loader in resumed]
     rest = [(np.concatenate([x for x, _ in step]), sum((y for _, y in step), [])) for step in zip(*per_rank)]
-    assert [x.shape[-1] for x, _ in rest] == [24, 24]
-    assert [y for _, y in rest] == [y for _, y in whole[4:]]
-    assert all(np.array_equal(x, w) for (x, _), (w, _) in zip(rest, whole[4:]))
+    done = RECORDS // G + 1  # epoch 0 and one global batch of epoch 1
+    assert [x.shape[-1] for x, _ in rest] == [24] * (RECORDS // G - 1)
+    assert [y for _, y in rest] == [y for _, y in whole[done:]]
+    assert all(np.array_equal(x, w) for (x, _), (w, _) in zip(rest, whole[done:]))
     for loader in resumed:
         loader.close()
 
@@ -230,7 +219,7 @@ def test_a_larger_resolution_grows_the_ring_without_leaking_shared_memory(indexe
     kept = next(iter(loader))[0]  # a batch the caller keeps over the re-size
     loader.set_resolution(128)
     epoch = [x.shape[-1] for x, _ in loader]
-    assert epoch == [128] * 5 and loader.dataset.ring.image_size == 128
+    assert epoch == [128] * (RECORDS // 4) and loader.dataset.ring.image_size == 128
     assert not any(alive(pid) for pid in first_workers)
     second_workers = children() - workers_before
     assert len(second_workers) == 2
@@ -240,7 +229,7 @@ def test_a_larger_resolution_grows_the_ring_without_leaking_shared_memory(indexe
     del kept
     gc.collect()
     loader.set_resolution(96)  # smaller: the same slots, the same workers
-    assert [x.shape[-1] for x, _ in loader] == [96] * 5
+    assert [x.shape[-1] for x, _ in loader] == [96] * (RECORDS // 4)
     assert children() - workers_before == second_workers and loader.dataset.ring.image_size == 128
     assert 6 * slot(128) <= shm_mapped_bytes() - before < 6 * slot(128) + slop  # the 64 px slot is gone
     for pid in second_workers:  # the new ring, and of the old one only the slot the caller held when they were forked

@@ -333,7 +333,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 owner.counts.held += 1
             gate[1].wait(120)
         if owner.latency_s:
-            time.sleep(owner.latency_s)
+            time.sleep(owner.latency_s)  # elapsed time is what is tested: a link's latency
         if fault == "slowdown":
             self._reply(503, [("Content-Type", "application/xml")], SLOWDOWN_BODY)
             return
@@ -409,4 +409,4 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         for at in range(0, len(data), piece):
             self.wfile.write(data[at : at + piece])
             self.wfile.flush()
-            time.sleep(piece / rate)
+            time.sleep(piece / rate)  # elapsed time is what is tested: a link's bandwidth

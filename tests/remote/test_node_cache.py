@@ -5,6 +5,7 @@ loss left wrong are survived; a changed dataset starts it afresh; a disk too sma
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -24,6 +25,7 @@ from s3_server import FaultProxy, S3Server
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from _cli import assert_one_line_error  # noqa: E402
 from _fs import PAGE, fill, tmpfs  # noqa: E402
+from train.proctree import descendants, wait_gone  # noqa: E402
 
 from imgpipe.cache.checkout import open_cache  # noqa: E402
 from imgpipe.cache.nodecache import STATE_DIR  # noqa: E402
@@ -152,7 +154,8 @@ for epoch in range(2):
     for x, y in loader:
         images.append(x.numpy().copy()); labels.append(y.numpy().copy())
 np.savez(sys.argv[2], images=np.stack(images), labels=np.stack(labels))
-while not os.path.exists(os.path.join({cache!r}, "manifest.json")):  # this rank's store helper fills its share meanwhile
+deadline = time.monotonic() + 240
+while not os.path.exists(os.path.join({cache!r}, "manifest.json")) and time.monotonic() < deadline:  # this rank's helper fills its share
     time.sleep(0.05)
 dist.barrier()
 dist.destroy_process_group()
@@ -183,7 +186,8 @@ OPENER = """
 import os, sys, time
 from imgpipe.cache.opening import open_shards
 open_shards(sys.argv[1], sys.argv[3], cache_dir=sys.argv[2])
-while not os.path.exists(os.path.join(sys.argv[2], "manifest.json")):  # this process's store helper fills its share meanwhile
+deadline = time.monotonic() + 240
+while not os.path.exists(os.path.join(sys.argv[2], "manifest.json")) and time.monotonic() < deadline:  # its helper fills its share
     time.sleep(0.05)
 """
 
@@ -229,8 +233,8 @@ def test_a_cache_killed_at_any_moment_stays_right_and_the_next_run_finishes_it(
     s3_server: S3Server, packed_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SIGKILL the reading process (and so its store helper, which fills) at moments from its start to
-    mid-epoch: every record marked present holds the right bytes, every complete shard is whole; then a
-    new run reads the same epochs and the cache ends whole."""
+    mid-epoch (counted in batches read, not seconds): every record marked present holds the right bytes,
+    every complete shard is whole; then a new run reads the same epochs and the cache ends whole."""
     from remote_env import aws_env
 
     with FaultProxy(s3_server.port, latency_s=0.05, bytes_per_s=200_000) as slow:  # a slow link: the kills land while shards stream in
@@ -238,15 +242,16 @@ def test_a_cache_killed_at_any_moment_stays_right_and_the_next_run_finishes_it(
         url = s3_server.upload(packed_dir, BUCKET, "killed")
         cache = tmp_path / "cache"
         seen = []
-        for delay in (0.0, 0.4, 0.8, 1.2, 1.6):
+        for batches in (0, 1, 3, 6, 9):  # the moments, counted in the batches the reader got (12 an epoch)
             reader = subprocess.Popen(
                 [sys.executable, "-c", READER, url, str(cache)], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
             )
             assert reader.stdout is not None and reader.stdout.readline().strip() == "opened"
-            time.sleep(delay)
+            assert [reader.stdout.readline().strip() for _ in range(batches)] == ["batch"] * batches
+            helpers = descendants(reader.pid)  # its store helper, which fills, and its loader workers
             reader.kill()  # SIGKILL
             reader.wait(timeout=30)
-            time.sleep(0.3)  # the helper and workers die with it (their parent-death signal)
+            assert wait_gone(helpers, 10) == []  # they die with it (their parent-death signal)
             seen.append(_present_records_are_right(cache, packed_dir))
             assert not (cache / "manifest.json").exists() or seen[-1] == 60
         assert seen[0] < 60  # the first kill lands before the cache is whole
@@ -527,6 +532,22 @@ def test_a_disk_too_small_for_the_dataset_is_one_line_up_front(fault_proxy: Faul
 UNWRITABLE = "cannot write to cache_dir"
 
 
+def _fill_settled(cache: Path, split: str, shards: int) -> bool:
+    """True once no process of the node holds a claim on a shard of ``split`` (each fill thread releases its shard
+    after it warned that the disk is full, if it did). This process holds none: closing the file drops nothing."""
+    fd = os.open(cache / STATE_DIR / f"{split}.claims", os.O_RDONLY)
+    try:
+        for s in range(shards):
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, s)
+            except OSError:
+                return False
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, s)
+        return True
+    finally:
+        os.close(fd)
+
+
 def _wait_for(what: str, seen: list[str], capfd: pytest.CaptureFixture[str], timeout_s: float = FILL_S) -> None:
     """Wait until ``what`` was written to this process's stderr or its children's (the store helper's warnings)."""
     deadline = time.monotonic() + timeout_s
@@ -561,7 +582,10 @@ def test_a_disk_that_fills_mid_fill_serves_no_wrong_record_and_the_next_run_heal
         seen: list[str] = []
         _wait_for(UNWRITABLE, seen, capfd)
         assert [shards.read(i) for i in range(len(shards))] == expected  # from the URL where the folder lacks them
-        time.sleep(1.0)
+        deadline = time.monotonic() + FILL_S
+        while not _fill_settled(cache, "train", len(local.rec_names)):  # every fill thread warned, if it would, then let go
+            assert time.monotonic() < deadline, "the background fill still holds shards"
+            time.sleep(0.02)
         seen.append(capfd.readouterr().err)
         warned = "".join(seen).count(UNWRITABLE) + sum(UNWRITABLE in r.getMessage() for r in caplog.records)
         assert warned == 1, ("".join(seen), caplog.text)  # one warning for the node: the store helper's, or this process's

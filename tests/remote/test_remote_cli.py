@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -93,16 +95,29 @@ def test_a_url_the_client_cannot_parse_is_one_line_at_once_not_retried(url: str,
 
 @pytest.mark.timeout(120)
 def test_ctrl_c_while_an_endpoint_is_retried_stops_every_process_without_a_traceback(s3_env: S3Server) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
-    run = subprocess.Popen([sys.executable, "-m", "imgpipe", "verify", f"s3://{BUCKET}/packed", "--no-progress"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not (helpers := descendants(run.pid)) and time.monotonic() < deadline and run.poll() is None:
-        time.sleep(0.05)
-    assert helpers, "verify started no store helper"
-    time.sleep(1.0)  # the helper is waiting on its requests
-    os.killpg(run.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole process group
-    _, err = run.communicate(timeout=60)
+    with socket.create_server(("127.0.0.1", 0)) as endpoint:  # an endpoint that drops every connection it takes
+        connections = []
+
+        def drop() -> None:
+            while True:
+                try:
+                    connection, _ = endpoint.accept()
+                except OSError:  # closed: the test is over
+                    return
+                connection.close()
+                connections.append(connection)
+
+        threading.Thread(target=drop, daemon=True).start()
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{endpoint.getsockname()[1]}"}
+        run = subprocess.Popen([sys.executable, "-m", "imgpipe", "verify", f"s3://{BUCKET}/packed", "--no-progress"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while len(connections) < 2 and time.monotonic() < deadline and run.poll() is None:  # asked, then asked again: retrying
+            time.sleep(0.05)
+        helpers = descendants(run.pid)
+        assert len(connections) >= 2 and helpers, "verify's store helper did not retry the endpoint"
+        os.killpg(run.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole process group
+        _, err = run.communicate(timeout=60)
     assert run.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert "imgpipe: aborted" in err

@@ -147,7 +147,8 @@ for epoch in range(2):
         images.append(x.numpy().copy()); labels.append(y.numpy().copy())
 loader.close()
 np.savez(sys.argv[2], images=np.stack(images), labels=np.stack(labels))
-while cache and not os.path.exists(os.path.join(cache, "manifest.json")):  # this rank's store helper fills its share meanwhile
+deadline = time.monotonic() + 240
+while cache and not os.path.exists(os.path.join(cache, "manifest.json")) and time.monotonic() < deadline:  # its helper fills
     time.sleep(0.05)
 dist.barrier()
 dist.destroy_process_group()

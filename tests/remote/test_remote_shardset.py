@@ -19,7 +19,7 @@ from s3_server import FAULTS, FaultProxy, S3Server, free_port
 
 from imgpipe.errors import ConfigError, DatasetError, RemoteError
 from imgpipe.format.shardset import open_shards
-from tests._tiny_shards import without_index_sidecar
+from tests._packs import without_index_sidecar
 
 pytestmark = pytest.mark.timeout(120)
 

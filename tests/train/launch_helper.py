@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import signal
 import sys
-import time
+import threading
 
 from imgpipe.errors import ImgpipeError
 from imgpipe.train.launch import launch
@@ -28,9 +28,9 @@ def per_rank(ctx: RankContext, mode: str) -> dict:
     if mode == "kill" and ctx.rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "hang" and ctx.rank == 1:
-        time.sleep(3600)
+        threading.Event().wait()  # never set: this rank hangs
     if mode == "leave":  # leave a worker process running and a line in stdout's buffer, as a careless rank would
-        child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(3600,), daemon=True)
+        child = multiprocessing.get_context("fork").Process(target=threading.Event().wait, daemon=True)
         child.start()
         sys.stdout.write(f"rank {ctx.rank} left child {child.pid}\n")
     if mode == "wait":
@@ -38,8 +38,7 @@ def per_rank(ctx: RankContext, mode: str) -> dict:
         # (print writes the text and the newline separately, and the test runs unbuffered)
         sys.stdout.write(f"rank {ctx.rank} waiting\n")
         sys.stdout.flush()
-        while True:
-            time.sleep(0.1)
+        threading.Event().wait()  # never set: until the test kills the launcher
     from tqdm import tqdm
 
     tqdm(total=1, disable=True).close()  # as the trainer's loop makes its progress bars (tqdm's lock)

@@ -29,7 +29,8 @@ def process_state() -> dict:
 
 
 def interrupt_after_the_first_step(metrics: Path) -> None:
-    while not (metrics.exists() and '"kind": "step"' in metrics.read_text()):
+    deadline = time.monotonic() + 240
+    while not (metrics.exists() and '"kind": "step"' in metrics.read_text()) and time.monotonic() < deadline:
         time.sleep(0.02)
     os.kill(os.getpid(), signal.SIGINT)  # as a Ctrl-C in a terminal: the handler runs in the main thread
 

@@ -7,6 +7,7 @@ import datetime
 import pytest
 import torch
 import torch.distributed as dist
+from _hooks.faults import recorded_illegal_memory_access
 from train_cli import free_port
 
 from imgpipe._sys.distenv import DistEnv
@@ -61,7 +62,7 @@ def test_out_of_memory_names_batch_size_and_advice() -> None:
 
 def test_an_illegal_memory_access_is_a_sticky_kernel_error_not_an_out_of_memory() -> None:
     config = load_config(None, ["train.batch_size=512", "model.name=resnet152"])
-    message = str(explain_failure(RuntimeError("CUDA error: an illegal memory access was encountered"), cpu_context(), config))
+    message = str(explain_failure(recorded_illegal_memory_access(), cpu_context(), config))  # torch's own, from a real one on a GPU
     assert "sticky" in message and "out of bounds" in message and "CUDA_LAUNCH_BLOCKING=1" in message
     assert "out of memory" not in message.replace("not an out-of-memory", "") and "lower train.batch_size" not in message
     assert "\n" not in message

@@ -108,10 +108,11 @@ def run_watched(*args: str) -> tuple[int, str, set[int]]:
     """Run the helper to its end; (exit code, stderr, every descendant seen while it ran)."""
     proc = subprocess.Popen([sys.executable, HELPER, *args], env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen: set[int] = set()
-    while proc.poll() is None:
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
         seen.update(descendants(proc.pid))
         time.sleep(0.2)
-    return proc.returncode, proc.stderr.read(), seen
+    return proc.wait(timeout=30), proc.stderr.read(), seen
 
 
 @pytest.mark.timeout(120)

@@ -1,12 +1,28 @@
-"""A rerun of `imgpipe train` never destroys the run in output.dir: refused without --resume, started afresh with --overwrite."""
+"""output.dir: a path that cannot be a folder is one error before any data is opened; a rerun of `imgpipe train`
+never destroys the run there: refused without --resume, started afresh with --overwrite."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from train_cli import SYNTHETIC, imgpipe_train, one_line_error, write_config
+
+from imgpipe.errors import ConfigError
+from imgpipe.train.config import load_config, make_output_dir
+
+
+@pytest.mark.parametrize(("below", "problem"), [("", "is a file, not a folder"), ("run", "cannot create it (Not a directory)")])
+def test_an_output_dir_that_cannot_be_a_folder_is_one_config_error(tmp_path: Path, below: str, problem: str) -> None:
+    """``make_output_dir``, which ``imgpipe train`` calls before it opens any data (train/rundir.py)."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    folder = a_file / below if below else a_file
+    with pytest.raises(ConfigError, match=f"^output.dir {re.escape(str(folder))}: {re.escape(problem)}; choose another output.dir$"):
+        make_output_dir(load_config(None, [f"output.dir={folder}"]))
+    assert a_file.read_text() == ""
 
 
 def step_lines(run: Path) -> list[int]:

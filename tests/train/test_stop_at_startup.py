@@ -33,15 +33,17 @@ def wait_until(proc: subprocess.Popen, ready, timeout: float = 120) -> set[int]:
 
 
 SLOW_SITE = (
-    "import os, time\n"
-    "if os.environ.get('IMGPIPE_TEST_SLOW_SITE') and 'spawn_main' in open('/proc/self/cmdline').read():\n"
-    "    open(os.environ['IMGPIPE_TEST_SLOW_SITE'] + f'/{os.getpid()}', 'w').close()\n"
-    "    time.sleep(3)\n"
+    "import os, threading\n"
+    "marks = os.environ.get('IMGPIPE_TEST_SLOW_SITE')\n"
+    "if marks and 'spawn_main' in open('/proc/self/cmdline').read():\n"
+    "    open(f'{marks}/{os.getpid()}', 'w').close()\n"
+    "    threading.Event().wait(60)  # held, as on a slow shared home, until the launcher stops it (a minute at most)\n"
 )
 
 
 def slow_interpreter_start(tmp_path: Path) -> dict[str, str]:
-    """Environment in which a spawned rank spends 3 s in ``sitecustomize`` (as on a slow shared home), marking itself there."""
+    """Environment in which a spawned rank is held in ``sitecustomize`` (as on a slow shared home) until the launcher
+    stops it, marking itself there."""
     site = tmp_path / "slow-site"
     (site / "marks").mkdir(parents=True)
     (site / "sitecustomize.py").write_text(SLOW_SITE)
@@ -80,8 +82,7 @@ def test_a_signal_during_start_up_exits_as_a_stop(packed: Path, tmp_path: Path, 
             seen = wait_until(proc, lambda: "libtorch" in Path(f"/proc/{proc.pid}/maps").read_text())  # importing torch
         if moment == "interpreter":  # the ranks get the group's Ctrl-C before the launcher gets to act on it
             for rank in rank_processes(proc.pid):
-                os.kill(rank, signum)
-            time.sleep(0.5)
+                os.kill(rank, signum)  # they start with SIGINT ignored: it is gone when kill returns
             os.kill(proc.pid, signum)
         elif signum == signal.SIGINT:
             os.killpg(proc.pid, signum)

@@ -60,15 +60,6 @@ def test_epoch_and_final_lines_agree_on_k_of_top_k(packed: Path, tmp_path: Path)
 
 
 @pytest.mark.timeout(240)
-def test_an_output_dir_that_cannot_be_a_folder_fails_before_training(packed: Path, tmp_path: Path) -> None:
-    a_file = tmp_path / "a-file"
-    a_file.write_text("")
-    config = write_config(tmp_path, packed, max_steps=1)
-    one_line_error(imgpipe_train(config, *SYNTHETIC, "--set", f"output.dir={a_file}"), f"output.dir {a_file}: is a file, not a folder")
-    one_line_error(imgpipe_train(config, *SYNTHETIC, "--set", f"output.dir={a_file}/run"), f"output.dir {a_file}/run: cannot create it")
-
-
-@pytest.mark.timeout(240)
 def test_fewer_model_classes_than_the_pack_has_is_one_line(packed: Path, tmp_path: Path) -> None:
     done = imgpipe_train(write_config(tmp_path, packed, max_steps=1), "--set", "model.num_classes=2")
     one_line_error(done, "model.num_classes 2 is less than the 4 classes of", "labels 0-3", "set it to at least 4")
