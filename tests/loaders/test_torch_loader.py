@@ -454,10 +454,10 @@ def test_a_batch_is_a_named_result_whose_error_is_a_typed_value(corrupt: Path) -
         len(loader.dataset)  # its items are batches, which the requests of a pass define
 
 
-def test_a_record_whose_framing_is_broken_is_skipped_or_named(tiny: Path, tmp_path: Path) -> None:
+def test_a_record_whose_framing_is_broken_is_skipped_or_named(packed_dir: Path, tmp_path: Path) -> None:
     """A RecordIO framing error of one record (its magic overwritten on disk) is that record's failure, like an undecodable image."""
     folder = tmp_path / "framing"
-    shutil.copytree(tiny, folder)
+    shutil.copytree(packed_dir, folder)
     shards = open_shards(folder, "train")
     shard, start, _ = shards.location(3)
     with open(shards.rec_paths[shard], "r+b") as rec:
@@ -492,11 +492,11 @@ def _resize_bug(*args: object) -> torch.Tensor:
     ids=["crop-raises", "crop-box-outside", "resize-raises"],
 )
 def test_skip_never_hides_an_error_of_imgpipes_own_crop_or_resize(
-    tiny: Path, monkeypatch: pytest.MonkeyPatch, workers: int, module: str, name: str, bug: object, raised: type, message: str
+    packed_dir: Path, monkeypatch: pytest.MonkeyPatch, workers: int, module: str, name: str, bug: object, raised: type, message: str
 ) -> None:
     """on_corrupt='skip' replaces a record whose bytes do not decode; a bug in imgpipe's geometry reaches the caller as it is."""
     monkeypatch.setattr(f"{module}.{name}", bug)
-    loader = _uint8(tiny, workers=workers, on_corrupt="skip")
+    loader = _uint8(packed_dir, workers=workers, on_corrupt="skip")
     with pytest.raises(raised, match=re.escape(message)):
         _run(loader)
     loader.close()

@@ -11,7 +11,8 @@ import pytest
 from train_cli import SYNTHETIC, imgpipe_train, one_line_error, write_config
 
 from imgpipe.errors import ConfigError
-from imgpipe.train.config import load_config, make_output_dir
+from imgpipe.train.config import load_config
+from imgpipe.train.rundir import make_output_dir
 
 
 @pytest.mark.parametrize(("below", "problem"), [("", "is a file, not a folder"), ("run", "cannot create it (Not a directory)")])
