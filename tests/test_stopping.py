@@ -81,3 +81,16 @@ def test_a_library_call_leaves_the_signal_handlers_as_it_found_them(parquet_src:
     pack(parquet_src, tmp_path / "out", workers=2, progress=False)
     assert {signum: signal.getsignal(signum) for signum in before} == before
     assert signal.set_wakeup_fd(wakeup) == wakeup
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_while_the_arguments_are_read_is_one_line_without_an_empty_one() -> None:
+    """click's own main prints an empty line before it turns Ctrl-C into Abort."""
+    ctrl_c_in_parse = (
+        "import signal, click; parse = click.Command.parse_args; "
+        "click.Command.parse_args = lambda self, ctx, args: (signal.raise_signal(signal.SIGINT), parse(self, ctx, args))[1]; "
+        "from imgpipe.cli import main; main(['info', '.'])"
+    )
+    done = subprocess.run([sys.executable, "-c", ctrl_c_in_parse], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 130
+    assert done.stderr == "imgpipe: aborted\n"
