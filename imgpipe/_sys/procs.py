@@ -7,6 +7,7 @@ no orphan writing files or holding memory.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -45,6 +46,23 @@ def _watch_parent(parent_pid: int) -> None:
     while os.getppid() == parent_pid:
         time.sleep(PARENT_CHECK_S)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_descendants() -> None:
+    """SIGKILL every process this one started, and theirs, at once (all of them found first: none is re-parented
+    away before its turn)."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        _kill(psutil.Process().children(recursive=True))
+
+
+def _kill(processes: list) -> None:
+    import psutil
+
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
 
 
 def process_start_time() -> float | None:

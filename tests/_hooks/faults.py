@@ -12,6 +12,12 @@ A process started with :func:`hook_env`'s environment has this folder on its PYT
   models that differ between ranks); ``short-val`` leaves out its last validation batch.
 - ``IMGPIPE_BENCH_READ_DELAY_MS_RANK<r>=MS`` makes rank ``r``'s timed loader workers sleep MS ms
   on each record they read, as a slow disk would.
+- ``IMGPIPE_TEST_SIGNAL_IN_FORK=SIGNAL,WHEN`` sends this process SIGNAL from inside a fork hook of its
+  first fork, where a Python handler's exception is only printed: WHEN ``early`` is a hook registered
+  before the ``imgpipe`` command starts, ``late`` one registered as imgpipe.cli.commands is imported.
+- ``IMGPIPE_TEST_SLOW_EXIT=MARKER,WHERE``: as imgpipe.cli.commands is imported, something that touches
+  MARKER and then takes 60 s, where the process ends: WHERE ``handler`` is an exit handler (``atexit``),
+  ``teardown`` an object collected in the interpreter's teardown, after the exit handlers.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import dataclasses
 import importlib.abc
 import importlib.machinery
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -27,6 +34,8 @@ from typing import Any, Callable, Iterator
 
 TRAIN_FAULT_ENV = "IMGPIPE_TRAIN_FAULT_RANK{rank}"
 READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
+SIGNAL_IN_FORK_ENV = "IMGPIPE_TEST_SIGNAL_IN_FORK"
+SLOW_EXIT_ENV = "IMGPIPE_TEST_SLOW_EXIT"
 KINDS = ("hang", "oom", "illegal-address", "unused-parameter", "short-val")
 ILLEGAL_ADDRESS_TEXT = "CUDA error: an illegal memory access was encountered"
 HERE = Path(__file__).resolve().parent
@@ -40,11 +49,52 @@ def hook_env(env: dict[str, str], **hooks: str) -> dict[str, str]:
 
 def install() -> None:
     """Patch imgpipe's modules as they are imported, when this process's environment asks for a hook."""
-    prefixes = (TRAIN_FAULT_ENV.split("{")[0], READ_DELAY_ENV.split("{")[0])
+    prefixes = (TRAIN_FAULT_ENV.split("{")[0], READ_DELAY_ENV.split("{")[0], SIGNAL_IN_FORK_ENV, SLOW_EXIT_ENV)
     if any(name.startswith(prefixes) for name in os.environ):
         patches = {"imgpipe.train.models": _patch_models, "imgpipe.train.data": _patch_data}
         patches["imgpipe.loaders.stage_timer"] = _patch_stage_timer
+        if os.environ.get(SIGNAL_IN_FORK_ENV):
+            name, when = os.environ[SIGNAL_IN_FORK_ENV].split(",")
+            if when == "early":
+                _signal_in_first_fork(getattr(signal, name))
+            else:
+                patches["imgpipe.cli.commands"] = lambda _module: _signal_in_first_fork(getattr(signal, name))
+        if os.environ.get(SLOW_EXIT_ENV):
+            marker, where = os.environ[SLOW_EXIT_ENV].split(",")
+            patches["imgpipe.cli.commands"] = lambda _module: _slow_exit(marker, where)
         sys.meta_path.insert(0, _AfterImport(patches))
+
+
+def _signal_in_first_fork(signum: int) -> None:
+    """SIGNAL to this process from inside a hook that runs in the parent right after its first fork."""
+    pid, sent = os.getpid(), []
+
+    def in_parent() -> None:
+        if os.getpid() == pid and not sent:
+            sent.append(signum)
+            signal.raise_signal(signum)  # the handler runs before raise_signal returns: inside this hook
+
+    os.register_at_fork(after_in_parent=in_parent)
+
+
+class _SlowTeardown:
+    def __init__(self, marker: str) -> None:  # what __del__ needs, held here: a module's globals are gone in the teardown
+        self.marker, self.open, self.close, self.sleep = marker, os.open, os.close, time.sleep
+        self.flags = os.O_CREAT | os.O_WRONLY
+
+    def __del__(self) -> None:
+        self.close(self.open(self.marker, self.flags))
+        self.sleep(60)
+
+
+def _slow_exit(marker: str, where: str) -> None:
+    """Make the process take a minute to end, in an exit handler or in the interpreter's teardown; touch MARKER then."""
+    if where == "handler":
+        import atexit
+
+        atexit.register(lambda: (Path(marker).touch(), time.sleep(60)))
+    else:
+        sys.modules[__name__].slow_teardown = _SlowTeardown(marker)  # collected with this module
 
 
 def fault(rank: int) -> str | None:
