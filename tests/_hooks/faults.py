@@ -12,6 +12,8 @@ A process started with :func:`hook_env`'s environment has this folder on its PYT
   models that differ between ranks); ``short-val`` leaves out its last validation batch.
 - ``IMGPIPE_BENCH_READ_DELAY_MS_RANK<r>=MS`` makes rank ``r``'s timed loader workers sleep MS ms
   on each record they read, as a slow disk would.
+- ``IMGPIPE_TEST_STUCK_READS=1`` stops (SIGSTOP) every torch loader worker as it reads its first batch,
+  as a read on a hung mount would leave it.
 - ``IMGPIPE_TEST_SIGNAL_IN_FORK=SIGNAL,WHEN`` sends this process SIGNAL from inside a fork hook of its
   first fork, where a Python handler's exception is only printed: WHEN ``early`` is a hook registered
   before the ``imgpipe`` command starts, ``late`` one registered as imgpipe.cli.commands is imported.
@@ -34,6 +36,7 @@ from typing import Any, Callable, Iterator
 
 TRAIN_FAULT_ENV = "IMGPIPE_TRAIN_FAULT_RANK{rank}"
 READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
+STUCK_READS_ENV = "IMGPIPE_TEST_STUCK_READS"
 SIGNAL_IN_FORK_ENV = "IMGPIPE_TEST_SIGNAL_IN_FORK"
 SLOW_EXIT_ENV = "IMGPIPE_TEST_SLOW_EXIT"
 KINDS = ("hang", "oom", "illegal-address", "unused-parameter", "short-val")
@@ -49,10 +52,12 @@ def hook_env(env: dict[str, str], **hooks: str) -> dict[str, str]:
 
 def install() -> None:
     """Patch imgpipe's modules as they are imported, when this process's environment asks for a hook."""
-    prefixes = (TRAIN_FAULT_ENV.split("{")[0], READ_DELAY_ENV.split("{")[0], SIGNAL_IN_FORK_ENV, SLOW_EXIT_ENV)
+    prefixes = (TRAIN_FAULT_ENV.split("{")[0], READ_DELAY_ENV.split("{")[0], STUCK_READS_ENV, SIGNAL_IN_FORK_ENV, SLOW_EXIT_ENV)
     if any(name.startswith(prefixes) for name in os.environ):
         patches = {"imgpipe.train.models": _patch_models, "imgpipe.train.data": _patch_data}
         patches["imgpipe.loaders.stage_timer"] = _patch_stage_timer
+        if os.environ.get(STUCK_READS_ENV):
+            patches["imgpipe.loaders.torch"] = _patch_stuck_reads
         if os.environ.get(SIGNAL_IN_FORK_ENV):
             name, when = os.environ[SIGNAL_IN_FORK_ENV].split(",")
             if when == "early":
@@ -63,6 +68,17 @@ def install() -> None:
             marker, where = os.environ[SLOW_EXIT_ENV].split(",")
             patches["imgpipe.cli.commands"] = lambda _module: _slow_exit(marker, where)
         sys.meta_path.insert(0, _AfterImport(patches))
+
+
+def _patch_stuck_reads(loaders: Any) -> None:
+    get_batch = loaders.BatchDataset.__getitem__
+
+    def stuck(self: Any, request: Any) -> Any:
+        if loaders.get_worker_info() is not None:  # in a loader worker
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return get_batch(self, request)
+
+    loaders.BatchDataset.__getitem__ = stuck
 
 
 def _signal_in_first_fork(signum: int) -> None:

@@ -34,7 +34,7 @@ def wait_until(proc: subprocess.Popen, ready, timeout: float = 120) -> set[int]:
 
 SLOW_SITE = (
     "import os, time\n"
-    "if os.environ.get('IMGPIPE_TEST_SLOW_SITE') and 'spawn_main' in open('/proc/self/cmdline').read():\n"
+    "if os.environ.get('IMGPIPE_TEST_SLOW_SITE') and 'imgpipe.train.rank_main' in open('/proc/self/cmdline').read():\n"
     "    open(os.environ['IMGPIPE_TEST_SLOW_SITE'] + f'/{os.getpid()}', 'w').close()\n"
     "    time.sleep(3)\n"
 )
@@ -56,7 +56,7 @@ def slow_interpreter_start(tmp_path: Path) -> dict[str, str]:
     [
         (signal.SIGTERM, "spawned", 2),  # the ranks exist, still importing torch
         (signal.SIGTERM, "built", 2),  # the model is built (config.yaml written), the first steps not run
-        (signal.SIGINT, "spawned", 2),  # Ctrl-C in a terminal: to the launcher and the ranks at once
+        (signal.SIGINT, "spawned", 2),  # Ctrl-C in a terminal: to the launcher's process group (the ranks have their own)
         (signal.SIGINT, "interpreter", 2),  # Ctrl-C while the ranks' interpreters still import site: no handler can run yet
         (signal.SIGTERM, "importing", 1),  # one process: the launcher is the rank
     ],
@@ -78,12 +78,7 @@ def test_a_signal_during_start_up_exits_as_a_stop(packed: Path, tmp_path: Path, 
             seen = wait_until(proc, lambda: (tmp_path / "run" / "config.yaml").exists())
         else:
             seen = wait_until(proc, lambda: "libtorch" in Path(f"/proc/{proc.pid}/maps").read_text())  # importing torch
-        if moment == "interpreter":  # the ranks get the group's Ctrl-C before the launcher gets to act on it
-            for rank in rank_processes(proc.pid):
-                os.kill(rank, signum)
-            time.sleep(0.5)
-            os.kill(proc.pid, signum)
-        elif signum == signal.SIGINT:
+        if signum == signal.SIGINT:
             os.killpg(proc.pid, signum)
         else:
             proc.send_signal(signum)
