@@ -4,8 +4,9 @@ whatever its threads and processes are doing.
 The signal unwinds the main thread as Ctrl-C does (``Stopped`` for SIGTERM), so the command stops its
 workers and says so. Failing that, a thread woken by the signal itself
 (:class:`~imgpipe._sys.signalwatch.SignalWatch`) prints the line after ``STOP_GRACE_S``, kills every
-process the command started, and theirs, and ends the process; so does a second signal, at once, and
-one that arrives while the process forks (an exception raised in a fork hook is only printed, and lost).
+process the command started, and theirs, and ends the process; so does a second signal, at once (within
+``EXIT_GRACE_S`` for a command that handles the signals itself), and one that arrives while the process
+forks (an exception raised in a fork hook is only printed, and lost).
 A command that handles the signals itself (``imgpipe train``: checkpoint and stop) says how long it
 needs (:func:`command_stops_within`). The process ends right after its exit handlers, never in the
 interpreter's teardown, where a signal would kill it without a word.
@@ -33,7 +34,7 @@ _command_grace_s: float | None = None  # set by a command that handles SIGTERM/S
 
 def command_stops_within(grace_s: float) -> None:
     """The running command handles SIGTERM and SIGINT itself and ends within ``grace_s`` of the first; past
-    that, or on a second signal, the process is ended all the same."""
+    that, or ``EXIT_GRACE_S`` after a second signal, the process is ended all the same."""
     global _command_grace_s
     _command_grace_s = grace_s
 
@@ -99,10 +100,9 @@ class StopGuard:
         if signal.getsignal(signum) == self._on_signal:  # armed here too: the main thread may be stuck in a call
             self._arm(signum)
             return
-        self._command_signals += 1  # one the command handles
-        if self._command_signals > 1:
-            self._end(signum)
-        self._arm(signum, STOP_GRACE_S if _command_grace_s is None else _command_grace_s)
+        self._command_signals += 1  # one the command handles: a second one leaves it EXIT_GRACE_S to end by itself
+        grace_s = EXIT_GRACE_S if self._command_signals > 1 else STOP_GRACE_S if _command_grace_s is None else _command_grace_s
+        self._arm(signum, grace_s)
 
     def _fork_begins(self) -> None:
         self._forking = True
