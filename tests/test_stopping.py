@@ -81,3 +81,85 @@ def test_a_library_call_leaves_the_signal_handlers_as_it_found_them(parquet_src:
     pack(parquet_src, tmp_path / "out", workers=2, progress=False)
     assert {signum: signal.getsignal(signum) for signum in before} == before
     assert signal.set_wakeup_fd(wakeup) == wakeup
+
+
+def imgpipe_command(*args: str, **hooks: str) -> subprocess.Popen:
+    sys.path.insert(0, str(HERE))
+    from _hooks.faults import hook_env
+
+    env = hook_env({**os.environ, "OMP_NUM_THREADS": "1"}, **hooks)
+    return subprocess.Popen([sys.executable, "-m", "imgpipe", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def the_one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if not line.startswith(("imgpipe: INFO", "imgpipe: WARNING"))]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("when", ["early", "late"])  # the hook that gets the signal runs before imgpipe's fork hooks, or after
+@pytest.mark.parametrize("command", ["pack", "verify"])
+def test_a_signal_that_arrives_while_the_command_forks_its_workers_stops_it_at_once(
+    command: str, when: str, synth_tree: Path, packed_dir: Path, tmp_path: Path
+) -> None:
+    """Raised in a fork hook, the stop was printed ("Exception ignored in: <function _releaseLock>") and lost."""
+    if command == "pack":
+        args = ["pack", str(synth_tree), str(tmp_path / "out"), "--workers", "2", "--no-progress"]
+    else:
+        args = ["verify", str(packed_dir), "--workers", "2", "--no-progress"]
+    run = imgpipe_command(*args, IMGPIPE_TEST_SIGNAL_IN_FORK=f"SIGTERM,{when}")
+    seen: set[int] = set()
+    while run.poll() is None:
+        seen.update(descendants(run.pid))
+        time.sleep(0.02)
+    err = run.stderr.read()
+    assert run.returncode == 143, err
+    assert "Exception ignored" not in err and "Traceback" not in err, err
+    assert the_one_line(err).startswith("imgpipe: stopped by SIGTERM"), err
+    assert wait_gone(sorted(seen), 10) == []
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_while_the_arguments_are_read_is_one_line_without_an_empty_one() -> None:
+    """click's own main prints an empty line before it turns Ctrl-C into Abort."""
+    ctrl_c_in_parse = (
+        "import signal, click; parse = click.Command.parse_args; "
+        "click.Command.parse_args = lambda self, ctx, args: (signal.raise_signal(signal.SIGINT), parse(self, ctx, args))[1]; "
+        "from imgpipe.cli import main; main(['info', '.'])"
+    )
+    done = subprocess.run([sys.executable, "-c", ctrl_c_in_parse], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 130
+    assert done.stderr == "imgpipe: aborted\n"
+
+
+@pytest.mark.timeout(120)
+def test_the_command_ends_with_its_exit_handlers_not_in_the_teardown_where_a_signal_kills_without_a_word(
+    packed_dir: Path, tmp_path: Path
+) -> None:
+    """After the exit handlers, Python gives signals back to the OS: SIGTERM while a command's interpreter tore down its
+    modules (torch's, for seconds after `imgpipe bench`) killed it with -15 and no line. It now ends before that."""
+    marker = tmp_path / "teardown"
+    run = imgpipe_command("info", str(packed_dir), IMGPIPE_TEST_SLOW_EXIT=f"{marker},teardown")
+    deadline = time.monotonic() + 60
+    while run.poll() is None and not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if run.poll() is None:
+        run.send_signal(signal.SIGTERM)  # in its teardown: this is the moment that killed it without a word
+    _, err = run.communicate(timeout=30)
+    assert not marker.exists(), f"the interpreter's teardown ran (exit {run.returncode}): {err}"
+    assert run.returncode == 0, err
+
+
+@pytest.mark.timeout(120)
+def test_a_signal_during_the_exit_handlers_is_one_line_and_143(packed_dir: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "exiting"
+    run = imgpipe_command("info", str(packed_dir), IMGPIPE_TEST_SLOW_EXIT=f"{marker},handler")
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        assert run.poll() is None, run.communicate()[1]
+        time.sleep(0.02)
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=STOPPED_WITHIN_S)
+    assert run.returncode == 143, err
+    assert the_one_line(err) == "imgpipe: stopped by SIGTERM", err

@@ -23,19 +23,12 @@ def reset_after_fork(owner: Any, reset: Callable[[Any], None]) -> None:
         _resets[owner] = reset
 
 
-def _before() -> None:
-    _lock.acquire()  # no other thread of the parent is mid-registration when the child is made
-
-
-def _in_parent() -> None:
-    _lock.release()
-
-
-def _in_child() -> None:
-    global _lock
-    _lock = threading.Lock()  # the parent's, held by the forking thread, is not this process's
+def _reset_all() -> None:
     for owner, reset in list(_resets.items()):
         reset(owner)
 
 
-os.register_at_fork(before=_before, after_in_parent=_in_parent, after_in_child=_in_child)
+# The lock's own methods, not Python functions around them: a signal handler cannot raise between the
+# fork and the release (an exception in a fork hook is only printed), which would leave the lock held.
+os.register_at_fork(before=_lock.acquire, after_in_parent=_lock.release, after_in_child=_lock.release)
+os.register_at_fork(after_in_child=_reset_all)

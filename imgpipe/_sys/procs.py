@@ -7,6 +7,7 @@ no orphan writing files or holding memory.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -27,24 +28,62 @@ def pool_context() -> BaseContext:
     return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this process within ``PARENT_CHECK_S`` of its parent process ``parent_pid`` ending,
-    and only then; exit now if that parent is already gone.
+def die_with_parent(parent_pid: int, whole_group: bool = False) -> None:
+    """SIGKILL this process (``whole_group``: its process group, which it leads) within ``PARENT_CHECK_S``
+    of its parent process ``parent_pid`` ending, and only then; exit now if that parent is already gone.
 
     A daemon thread watches ``getppid()``, which changes only when the whole parent process is
     gone (the child is then re-parented to init or a subreaper). Linux's ``PR_SET_PDEATHSIG``
     is not used: it fires when the parent *thread* that forked the child exits, so workers
     forked from a short-lived thread (a prefetching wrapper) would die with it.
     """
+    if whole_group and os.getpgrp() != os.getpid():
+        raise ValueError("whole_group: this process does not lead its process group")
     if os.getppid() != parent_pid:
         os._exit(1)
-    threading.Thread(target=_watch_parent, args=(parent_pid,), name="imgpipe-parent-watch", daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(parent_pid, whole_group), name="imgpipe-parent-watch", daemon=True).start()
 
 
-def _watch_parent(parent_pid: int) -> None:
+def _watch_parent(parent_pid: int, whole_group: bool) -> None:
     while os.getppid() == parent_pid:
         time.sleep(PARENT_CHECK_S)
+    if whole_group:
+        os.killpg(0, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def end_descendants(grace_s: float = 5.0) -> None:
+    """End every process this one started, and theirs: SIGTERM (SIGKILL to a stopped one, which SIGTERM
+    cannot end), then SIGKILL to those still there after ``grace_s``."""
+    import psutil  # here: the processes that only watch their parent (the store helper) never import it
+
+    try:
+        found = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for process in found:
+        with contextlib.suppress(psutil.Error):
+            process.kill() if process.status() == psutil.STATUS_STOPPED else process.terminate()
+    _, alive = psutil.wait_procs(found, timeout=grace_s)
+    _kill(alive)
+    psutil.wait_procs(alive, timeout=grace_s)
+
+
+def kill_descendants() -> None:
+    """SIGKILL every process this one started, and theirs, at once (all of them found first: none is re-parented
+    away before its turn)."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        _kill(psutil.Process().children(recursive=True))
+
+
+def _kill(processes: list) -> None:
+    import psutil
+
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
 
 
 def process_start_time() -> float | None:

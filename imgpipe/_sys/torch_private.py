@@ -1,12 +1,25 @@
-"""Every private torch API imgpipe relies on, each behind one wrapper.
+"""Every private torch and torchvision API imgpipe relies on, each behind one wrapper; nothing else in imgpipe names one.
 
-``tests/_sys/test_torch_private.py`` checks each against the installed torch, so an upgrade
-that renames one fails there, loudly, instead of silently leaving worker processes behind.
+``PRIVATE_NAMES`` lists them. ``tests/_sys/test_torch_private.py`` checks each against the installed
+torch, so an upgrade that renames one fails there, by name, and finds any private name used elsewhere.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+PRIVATE_NAMES = (
+    "torch.utils.data.DataLoader._iterator",
+    "torch.utils.data.dataloader._MultiProcessingDataLoaderIter._shutdown_workers",
+    "torch.utils.data.dataloader._MultiProcessingDataLoaderIter._index_queues",
+    "torch.utils.data.dataloader._MultiProcessingDataLoaderIter._worker_result_queue",
+    "multiprocessing.queues.Queue._thread",
+    "torch._C._storage_Use_Count",
+    "torch.UntypedStorage._cdata",
+    "torch.multiprocessing.reductions.shared_cache",
+    "torch._dynamo.maybe_mark_dynamic",
+    "torchvision.io.image._has_image_ops",
+)
 
 
 def shutdown_persistent_workers(loader: Any) -> None:
@@ -38,3 +51,34 @@ def storage_use_count(tensor: Any) -> int:
     import torch
 
     return int(torch._C._storage_Use_Count(tensor.untyped_storage()._cdata))
+
+
+def free_dead_shared_storages() -> None:
+    """Drop the entries of torch's shared-storage cache (``torch.multiprocessing.reductions.shared_cache``)
+    whose storages are gone; torch itself does so only every 128 new entries (docs/measurements.md says why
+    the loaders need it sooner). Nothing happens where a torch lacks the cache."""
+    from torch.multiprocessing import reductions
+
+    cache = getattr(reductions, "shared_cache", None)
+    if cache is None:
+        return
+    with cache.lock:
+        cache.free_dead_references()
+
+
+def maybe_mark_dynamic(tensor: Any, dim: int) -> None:
+    """``torch._dynamo.maybe_mark_dynamic``: ``torch.compile`` treats ``dim`` of ``tensor`` as of any size where
+    the graph allows it, instead of compiling a graph per size; torch has no public name for it."""
+    import torch._dynamo
+
+    torch._dynamo.maybe_mark_dynamic(tensor, dim)
+
+
+def torchvision_has_image_ops() -> bool:
+    """Whether torchvision's image extension (its ``decode_jpeg``) was built and loaded: the private
+    ``torchvision.io.image._has_image_ops``, which torchvision's own decoders check; False without it."""
+    try:
+        from torchvision.io.image import _has_image_ops
+    except ImportError:
+        return False
+    return bool(_has_image_ops())

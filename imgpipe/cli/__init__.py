@@ -40,24 +40,30 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run(argv: list[str] | None) -> int:
-    """Run the command; its exit code, its one line printed where it failed or was stopped."""
-    from imgpipe.cli import commands  # noqa: F401  (registers the sub-commands)
+    """Run the command; its exit code, its one line printed where it failed or was stopped.
 
+    The command runs through click's ``make_context`` and ``invoke``, not its ``main``, which prints an
+    empty line before it turns Ctrl-C into ``Abort``.
+    """
     try:
-        cli.main(args=argv, prog_name="imgpipe", standalone_mode=False)
+        from imgpipe.cli import commands  # noqa: F401  (registers the sub-commands)
+
+        with cli.make_context("imgpipe", list(sys.argv[1:] if argv is None else argv)) as ctx:
+            cli.invoke(ctx)
     except Stopped as e:
         click.echo(f"imgpipe: {e}", err=True)
         return e.exit_code
-    except click.exceptions.Abort:
+    except (KeyboardInterrupt, click.exceptions.Abort):
         click.echo("imgpipe: aborted", err=True)
         return 130
+    except click.exceptions.Exit as e:  # --help
+        return e.exit_code
     except click.ClickException as e:
         e.show()
         return e.exit_code
     except ImgpipeError as e:
         click.echo(f"imgpipe: error: {e}", err=True)
         return e.exit_code
-    except KeyboardInterrupt:
-        click.echo("imgpipe: interrupted", err=True)
-        return 130
+    except BrokenPipeError:  # output piped into a reader that stopped reading (imgpipe info | head)
+        return 1
     return 0

@@ -47,7 +47,9 @@ def train_command(
     list_recipes: bool,
 ) -> None:
     """Train a torchvision (or timm:NAME) model on packed shards with DDP (however it is launched)."""
+    from imgpipe.cli.stopping import STOP_GRACE_S, command_stops_within
     from imgpipe.train import load_config, run
+    from imgpipe.train.launch import DEFAULT_GRACE_S
 
     if list_recipes:
         from imgpipe.train.recipe import describe_recipes
@@ -61,6 +63,7 @@ def train_command(
         return
     if not config_path and not overrides and not recipe:
         raise click.UsageError("give --config FILE or --recipe NAME (and --set data.path=DIR ...); --print-config shows every key")
+    command_stops_within(DEFAULT_GRACE_S + STOP_GRACE_S)  # the ranks' grace, then the launcher's
     result = run(config, gpus=gpus, nproc=nproc)
     if result is None:  # a non-zero rank under torchrun/SLURM
         return

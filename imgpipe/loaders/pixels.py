@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
+from imgpipe._sys.torch_private import torchvision_has_image_ops
 from imgpipe.errors import DatasetError
 from imgpipe.image.extensions import INSTALL_FIX, region_decoder_problem
 from imgpipe.image.jpeg import jpeg_size
@@ -81,10 +82,9 @@ def torchvision_jpeg_decoder() -> Callable[[torch.Tensor], torch.Tensor] | None:
     extension is missing (a source build without libjpeg) or, one day, removed."""
     try:
         from torchvision.io import ImageReadMode, decode_jpeg
-        from torchvision.io.image import _has_image_ops
     except ImportError:
         return None
-    return functools.partial(decode_jpeg, mode=ImageReadMode.RGB) if _has_image_ops() else None
+    return functools.partial(decode_jpeg, mode=ImageReadMode.RGB) if torchvision_has_image_ops() else None
 
 
 def decode_sample(payload: bytes | memoryview, crop_for: Callable[[int, int], Crop], size: int) -> torch.Tensor:

@@ -19,12 +19,11 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
-from torch.multiprocessing import reductions
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from imgpipe._sys.distenv import DistEnv
 from imgpipe._sys.procs import die_with_parent
-from imgpipe._sys.torch_private import shutdown_persistent_workers
+from imgpipe._sys.torch_private import free_dead_shared_storages, shutdown_persistent_workers
 from imgpipe.errors import DatasetError, RecordIOError, RemoteError
 from imgpipe.format.shardset import PathLike, Records, ShardSet
 from imgpipe.image.extensions import warn_if_no_region_decoder
@@ -67,15 +66,6 @@ def normalization(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float64)
     std = torch.tensor(IMAGENET_STD, dtype=torch.float64)
     return (1 / std).to(torch.float32).view(3, 1, 1).to(device), (-mean / std).to(torch.float32).view(3, 1, 1).to(device)
-
-
-def release_dead_shared_storages() -> None:
-    """Drop the entries of torch's shared-storage cache whose storages are gone (see "Memory" above)."""
-    cache = getattr(reductions, "shared_cache", None)  # a torch internal: tolerate its absence
-    if cache is None:
-        return
-    with cache.lock:
-        cache.free_dead_references()
 
 
 class BatchRequest(NamedTuple):
@@ -159,7 +149,7 @@ class BatchDataset(Dataset):
         size = geometry.image_size
         in_worker = self._seed_globals(epoch)
         if in_worker:
-            release_dead_shared_storages()
+            free_dead_shared_storages()
         if ring_slot is not None and self.ring is not None:
             images = self.ring.batch(ring_slot, len(indices), size)
             sent: torch.Tensor | int = ring_slot
@@ -397,7 +387,7 @@ class TorchLoader(SampledLoader):
 
     def _receive(self, built: BuiltBatch) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """A worker's batch as (images, labels, whether the images are a ring slot's view); raises its error."""
-        release_dead_shared_storages()
+        free_dead_shared_storages()
         if built.error is not None:
             raise built.error
         if len(built.skipped):

@@ -1,7 +1,7 @@
 """``imgpipe train``: a DDP trainer that runs however it is launched and says where the time goes.
 
 ``run(config, gpus=..., nproc=...)`` launches the ranks (see :mod:`imgpipe.train.launch`) and
-returns rank 0's :class:`TrainResult`. Modules: config, recipe, launch (with rank, local_ranks and
+returns rank 0's :class:`TrainResult`. Modules: config, recipe, launch (with rank, local_ranks, rank_main and
 stopping), data, loop (the epoch loop), and the loop's parts: stepping (model, optimizer, EMA) with
 models, optim, blurpool, ema, compiling, precision; validation; runlog (metrics.jsonl, TensorBoard)
 with metrics; run_checkpoint with checkpoint and resume; failures; mixing; resolution.

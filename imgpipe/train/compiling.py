@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import torch
 
+from imgpipe._sys.torch_private import maybe_mark_dynamic
+
 BACKEND = "inductor"
 
 
@@ -22,8 +24,8 @@ def compile_forward(module: torch.nn.Module, backend: Any = None) -> Callable[[t
     compiled = torch.compile(module, backend=backend or BACKEND)
 
     def forward(images: torch.Tensor) -> torch.Tensor:
-        torch._dynamo.maybe_mark_dynamic(images, 2)
-        torch._dynamo.maybe_mark_dynamic(images, 3)
+        maybe_mark_dynamic(images, 2)
+        maybe_mark_dynamic(images, 3)
         return compiled(images)
 
     return forward

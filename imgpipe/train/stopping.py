@@ -1,8 +1,10 @@
 """SIGTERM and Ctrl-C inside a rank: a flag the training loop checks, so that it checkpoints and stops at an agreed step.
 
 Within :func:`stop_handlers`, SIGTERM and SIGINT set the flag (:func:`stop_requested`); a second
-Ctrl-C raises KeyboardInterrupt. Code outside the block (a rank still starting) just dies of the
-signal, and the launcher reports a stop, not a failure.
+Ctrl-C raises KeyboardInterrupt, a second SIGTERM changes nothing (a scheduler's and a launcher's may
+both reach a rank). Outside the block (a rank still starting) the signal stops the rank at once, and
+the launcher reports a stop, not a failure. Ending a run that does not stop in time is the job of the
+process's owner: the ``imgpipe`` command, or the rank imgpipe's launcher started (``rank_main``).
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ def stop_handlers() -> Iterator[None]:
         if _stop_signal is not None:
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt  # a second Ctrl-C: stop now
-            return  # keep the first: a Ctrl-C reaches the ranks before the SIGTERM the launcher forwards
+            return  # keep the first
         _stop_signal = signum
-        logger.debug("rank got %s; stopping at the next step", signal.Signals(signum).name)
+        logger.warning("got %s: stopping at the next step, after a checkpoint", signal.Signals(signum).name)
 
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     _stop_signal = None

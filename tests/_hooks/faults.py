@@ -18,6 +18,14 @@ A process started with :func:`hook_env`'s environment has this folder on its PYT
   on each record they read, as a slow disk would.
 - ``IMGPIPE_VERIFY_HOLD=1`` makes every shard check of ``imgpipe verify`` wait forever, as on a disk
   that stopped answering: its pool's workers stay busy until they are killed.
+- ``IMGPIPE_TEST_STUCK_READS=1`` stops (SIGSTOP) every torch loader worker as it reads its first batch,
+  as a read on a hung mount would leave it.
+- ``IMGPIPE_TEST_SIGNAL_IN_FORK=SIGNAL,WHEN`` sends this process SIGNAL from inside a fork hook of its
+  first fork, where a Python handler's exception is only printed: WHEN ``early`` is a hook registered
+  before the ``imgpipe`` command starts, ``late`` one registered as imgpipe.cli.commands is imported.
+- ``IMGPIPE_TEST_SLOW_EXIT=MARKER,WHERE``: as imgpipe.cli.commands is imported, something that touches
+  MARKER and then takes 60 s, where the process ends: WHERE ``handler`` is an exit handler (``atexit``),
+  ``teardown`` an object collected in the interpreter's teardown, after the exit handlers.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import importlib.abc
 import importlib.machinery
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -37,6 +46,9 @@ from typing import Any, Callable, Iterator
 TRAIN_FAULT_ENV = "IMGPIPE_TRAIN_FAULT_RANK{rank}"
 READ_DELAY_ENV = "IMGPIPE_BENCH_READ_DELAY_MS_RANK{rank}"
 VERIFY_HOLD_ENV = "IMGPIPE_VERIFY_HOLD"
+STUCK_READS_ENV = "IMGPIPE_TEST_STUCK_READS"
+SIGNAL_IN_FORK_ENV = "IMGPIPE_TEST_SIGNAL_IN_FORK"
+SLOW_EXIT_ENV = "IMGPIPE_TEST_SLOW_EXIT"
 KINDS = ("hang", "oom", "illegal-address", "unused-parameter", "short-val")
 ILLEGAL_ADDRESS_RECORD = Path(__file__).resolve().with_name("cuda_illegal_address.json")
 HERE = Path(__file__).resolve().parent
@@ -50,11 +62,23 @@ def hook_env(env: dict[str, str], **hooks: str) -> dict[str, str]:
 
 def install() -> None:
     """Patch imgpipe's modules as they are imported, when this process's environment asks for a hook."""
-    prefixes = (TRAIN_FAULT_ENV.split("{")[0], READ_DELAY_ENV.split("{")[0], VERIFY_HOLD_ENV)
+    prefixes = (TRAIN_FAULT_ENV.split("{")[0], READ_DELAY_ENV.split("{")[0], VERIFY_HOLD_ENV, STUCK_READS_ENV, SIGNAL_IN_FORK_ENV)
+    prefixes += (SLOW_EXIT_ENV,)
     if any(name.startswith(prefixes) for name in os.environ):
         patches = {"imgpipe.train.models": _patch_models, "imgpipe.train.data": _patch_data}
         patches["imgpipe.loaders.stage_timer"] = _patch_stage_timer
         patches["imgpipe.format.verify"] = _patch_verify
+        if os.environ.get(STUCK_READS_ENV):
+            patches["imgpipe.loaders.torch"] = _patch_stuck_reads
+        if os.environ.get(SIGNAL_IN_FORK_ENV):
+            name, when = os.environ[SIGNAL_IN_FORK_ENV].split(",")
+            if when == "early":
+                _signal_in_first_fork(getattr(signal, name))
+            else:
+                patches["imgpipe.cli.commands"] = lambda _module: _signal_in_first_fork(getattr(signal, name))
+        if os.environ.get(SLOW_EXIT_ENV):
+            marker, where = os.environ[SLOW_EXIT_ENV].split(",")
+            patches["imgpipe.cli.commands"] = lambda _module: _slow_exit(marker, where)
         sys.meta_path.insert(0, _AfterImport(patches))
     if os.environ.get(PACK_GATE_ENV):
         sys.meta_path.insert(0, _AfterImport({"imgpipe.packing.filereads": _patch_filereads}))
@@ -101,6 +125,49 @@ def _patch_filereads(filereads: Any) -> None:
             yield data
 
     filereads.FileReads.read = gated_read
+
+
+def _patch_stuck_reads(loaders: Any) -> None:
+    get_batch = loaders.BatchDataset.__getitem__
+
+    def stuck(self: Any, request: Any) -> Any:
+        if loaders.get_worker_info() is not None:  # in a loader worker
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return get_batch(self, request)
+
+    loaders.BatchDataset.__getitem__ = stuck
+
+
+def _signal_in_first_fork(signum: int) -> None:
+    """SIGNAL to this process from inside a hook that runs in the parent right after its first fork."""
+    pid, sent = os.getpid(), []
+
+    def in_parent() -> None:
+        if os.getpid() == pid and not sent:
+            sent.append(signum)
+            signal.raise_signal(signum)  # the handler runs before raise_signal returns: inside this hook
+
+    os.register_at_fork(after_in_parent=in_parent)
+
+
+class _SlowTeardown:
+    def __init__(self, marker: str) -> None:  # what __del__ needs, held here: a module's globals are gone in the teardown
+        self.marker, self.open, self.close, self.sleep = marker, os.open, os.close, time.sleep
+        self.flags = os.O_CREAT | os.O_WRONLY
+
+    def __del__(self) -> None:
+        self.close(self.open(self.marker, self.flags))
+        self.sleep(60)
+
+
+def _slow_exit(marker: str, where: str) -> None:
+    """Make the process take a minute to end, in an exit handler or in the interpreter's teardown; touch MARKER then."""
+    if where == "handler":
+        import atexit
+
+        atexit.register(lambda: (Path(marker).touch(), time.sleep(60)))
+    else:
+        sys.modules[__name__].slow_teardown = _SlowTeardown(marker)  # collected with this module
 
 
 def fault(rank: int) -> str | None:

@@ -7,14 +7,16 @@ Prints one JSON line with rank 0's result; errors go through imgpipe's CLI-style
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import multiprocessing
 import os
 import signal
 import sys
 import threading
+import time
 
-from imgpipe.errors import ImgpipeError
+from imgpipe.errors import ImgpipeError, Stopped
 from imgpipe.train.launch import launch
 from imgpipe.train.rank import RankContext
 
@@ -33,6 +35,19 @@ def per_rank(ctx: RankContext, mode: str) -> dict:
         child = multiprocessing.get_context("fork").Process(target=threading.Event().wait, daemon=True)
         child.start()
         sys.stdout.write(f"rank {ctx.rank} left child {child.pid}\n")
+    if mode == "stuck":  # a worker that stops answering (a read on a hung mount), the rank waiting for it in a C call
+        worker = multiprocessing.get_context("fork").Process(target=_stop_self, daemon=True)
+        worker.start()
+        deadline = time.monotonic() + 60
+        while open(f"/proc/{worker.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+            assert time.monotonic() < deadline, "the worker did not stop itself"
+            time.sleep(0.01)
+        sys.stdout.write(f"rank {ctx.rank} stuck on worker {worker.pid}\n")
+        sys.stdout.flush()
+        libc, mutex = ctypes.CDLL(None), ctypes.create_string_buffer(64)  # a pthread_mutex_t fits in 64 bytes
+        libc.pthread_mutex_init(mutex, None)
+        libc.pthread_mutex_lock(mutex)
+        libc.pthread_mutex_lock(mutex)  # never returns, and no Python code runs in this thread again
     if mode == "wait":
         # one write of the whole line: under PIPE_BUF it cannot interleave with the other rank's
         # (print writes the text and the newline separately, and the test runs unbuffered)
@@ -62,6 +77,10 @@ def per_rank(ctx: RankContext, mode: str) -> dict:
     }
 
 
+def _stop_self() -> None:
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode")
@@ -73,6 +92,9 @@ def main() -> None:
     except ImgpipeError as e:
         print(f"imgpipe: error: {e}", file=sys.stderr)
         sys.exit(1)
+    except Stopped as e:
+        print(f"imgpipe: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
     print(json.dumps(result))
 
 

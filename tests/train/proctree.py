@@ -58,9 +58,19 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
+RANK_MODULE = "imgpipe.train.rank_main"
+
+
 def rank_processes(launcher: int) -> list[int]:
-    """The rank processes a spawning launcher started, in rank order."""
-    return [p for p in children(launcher) if "spawn_main" in cmdline(p)]
+    """The rank processes imgpipe's launcher started, oldest first."""
+    return [p for p in children(launcher) if RANK_MODULE in cmdline(p)]
+
+
+def stopped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return False
 
 
 def quiet_env(**extra: str) -> dict[str, str]:

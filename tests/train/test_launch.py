@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from imgpipe.train.launch import check_launcher_env
 from imgpipe.train.local_ranks import cpu_threads
 
 sys.path.insert(0, str(Path(__file__).parent))
-from proctree import descendants, quiet_env, wait_gone  # noqa: E402
+from proctree import descendants, quiet_env, rank_processes, wait_gone  # noqa: E402
 
 HELPER = str(Path(__file__).parent / "launch_helper.py")
 
@@ -163,10 +164,6 @@ def test_of_three_ranks_the_hung_one_is_named_not_the_two_that_timed_out() -> No
 @pytest.mark.timeout(180)
 def test_ranks_die_with_a_killed_launcher() -> None:
     """kill -9 of the launcher leaves no rank behind (``die_with_parent``), so no GPU stays held by an orphan."""
-    import signal
-
-    from proctree import rank_processes
-
     proc = subprocess.Popen(
         [sys.executable, HELPER, "wait", "--nproc", "2"], env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -180,3 +177,25 @@ def test_ranks_die_with_a_killed_launcher() -> None:
     for pid in survivors:  # do not leave them spinning if the check fails
         os.kill(pid, signal.SIGKILL)
     assert survivors == []
+
+
+@pytest.mark.timeout(180)
+def test_ranks_whose_workers_are_stuck_are_ended_at_the_grace_workers_and_all() -> None:
+    """Each rank waits, in a C call where no signal handler runs, on a worker that stopped answering (SIGSTOP: a read on
+    a hung mount). SIGTERM asks them to stop; at the grace (5 s here) each rank's whole process group is killed, and the
+    launcher exits with one line and 143."""
+    proc = subprocess.Popen(
+        [sys.executable, HELPER, "stuck", "--nproc", "2"], env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    workers = sorted(int(proc.stdout.readline().split()[-1]) for _ in range(2))  # both ranks wait on a stopped worker
+    seen = set(descendants(proc.pid))
+    assert set(workers) <= seen and len(rank_processes(proc.pid)) == 2
+    proc.send_signal(signal.SIGTERM)
+    start = time.monotonic()
+    _, stderr = proc.communicate(timeout=90)
+    assert time.monotonic() - start < 5 + 30  # the grace, and a loaded machine's slack
+    assert proc.returncode == 143, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last == "imgpipe: stopped by SIGTERM: ranks 0, 1 did not stop within 5 s of SIGTERM: ended them and the workers", last
+    assert wait_gone(sorted(seen), 10) == []  # the stopped workers too: no orphan left under init

@@ -33,11 +33,15 @@ def wait_until(proc: subprocess.Popen, ready, timeout: float = 120) -> set[int]:
 
 
 SLOW_SITE = (
-    "import os, threading\n"
+    "import os, pathlib, time\n"
     "marks = os.environ.get('IMGPIPE_TEST_SLOW_SITE')\n"
-    "if marks and 'spawn_main' in open('/proc/self/cmdline').read():\n"
+    "argv = open('/proc/self/cmdline').read().split(chr(0))\n"
+    "if marks and 'imgpipe.train.rank_main' in argv:\n"
     "    open(f'{marks}/{os.getpid()}', 'w').close()\n"
-    "    threading.Event().wait(60)  # held, as on a slow shared home, until the launcher stops it (a minute at most)\n"
+    "    stop = pathlib.Path(argv[argv.index('imgpipe.train.rank_main') + 1]) / 'stop'\n"
+    "    deadline = time.monotonic() + 60  # held, as on a slow shared home, until the launcher asks the ranks to stop\n"
+    "    while not stop.exists() and time.monotonic() < deadline:\n"
+    "        time.sleep(0.02)\n"
 )
 
 
@@ -58,7 +62,7 @@ def slow_interpreter_start(tmp_path: Path) -> dict[str, str]:
     [
         (signal.SIGTERM, "spawned", 2),  # the ranks exist, still importing torch
         (signal.SIGTERM, "built", 2),  # the model is built (config.yaml written), the first steps not run
-        (signal.SIGINT, "spawned", 2),  # Ctrl-C in a terminal: to the launcher and the ranks at once
+        (signal.SIGINT, "spawned", 2),  # Ctrl-C in a terminal: to the launcher's process group (the ranks have their own)
         (signal.SIGINT, "interpreter", 2),  # Ctrl-C while the ranks' interpreters still import site: no handler can run yet
         (signal.SIGTERM, "importing", 1),  # one process: the launcher is the rank
     ],
@@ -80,11 +84,7 @@ def test_a_signal_during_start_up_exits_as_a_stop(packed: Path, tmp_path: Path, 
             seen = wait_until(proc, lambda: (tmp_path / "run" / "config.yaml").exists())
         else:
             seen = wait_until(proc, lambda: "libtorch" in Path(f"/proc/{proc.pid}/maps").read_text())  # importing torch
-        if moment == "interpreter":  # the ranks get the group's Ctrl-C before the launcher gets to act on it
-            for rank in rank_processes(proc.pid):
-                os.kill(rank, signum)  # they start with SIGINT ignored: it is gone when kill returns
-            os.kill(proc.pid, signum)
-        elif signum == signal.SIGINT:
+        if signum == signal.SIGINT:
             os.killpg(proc.pid, signum)
         else:
             proc.send_signal(signum)
