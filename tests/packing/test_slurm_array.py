@@ -291,3 +291,40 @@ def test_finalize_while_a_part_is_being_written_says_so_with_its_pid(synth_tree:
         writer.wait(timeout=30)
     with pytest.raises(PackError, match=r"part\(s\) 2 of 3 are missing; resubmit array task\(s\) 2"):
         finalize(synth_tree, dst)
+
+
+HOLD_PART_WRITING = """
+import sys
+from pathlib import Path
+from imgpipe.packing.journal import Journal
+dst = Path(sys.argv[1])
+fd = Journal(dst).lock(int(sys.argv[2]))
+for name in sys.argv[3:]:
+    (dst / name).write_bytes(b"half a shard")
+print("writing", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_finalize_leaves_the_temp_files_of_a_part_being_written(synth_tree: Path, tmp_path: Path, single: dict[str, bytes]) -> None:
+    """Task 2 holds its lock and writes its shards' temp files (a shard being compacted, the journal entry's atomic
+    write): --finalize says to wait and deletes none of them (task 2 renames them into place next). Task 2, killed
+    instead, removes its own when rerun."""
+    dst = tmp_path / "out"
+    for task in (0, 1):
+        pack_task(synth_tree, dst, task)
+    temps = [".train-00002-of-00003.rec.tmp", ".train-00002-of-00003.idx.tmp", f"{JOURNAL_DIR}/.train-00002-of-00003.json.x1.tmp"]
+    writer = subprocess.Popen(
+        [sys.executable, "-c", HOLD_PART_WRITING, str(dst), "2", *temps], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
+        with pytest.raises(PackError, match=rf"part 2 of 3 is still being written \(pid {writer.pid}\); wait for it to finish"):
+            finalize(synth_tree, dst)
+        assert [name for name in temps if not (dst / name).exists()] == []
+    finally:
+        writer.kill()
+        writer.wait(timeout=30)
+    assert pack_task(synth_tree, dst, 2).manifest is not None
+    assert outputs(dst) == single
