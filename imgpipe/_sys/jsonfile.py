@@ -15,8 +15,9 @@ import math
 import os
 import types
 import typing
-from pathlib import Path
 from typing import Any, Callable, TypeVar
+
+from imgpipe._sys.regular import read_regular
 
 T = TypeVar("T")
 
@@ -54,10 +55,10 @@ def parse_json(
 
 
 def read_json(path: str | os.PathLike, what: str, fix: str, error: Callable[[str], Exception], into: Callable[[Any], T] | None = None) -> T:
-    """``parse_json`` of the file at ``path``. FileNotFoundError and NotADirectoryError pass through (the caller
-    knows what a missing file means); any other OSError is one ``error`` as well."""
+    """``parse_json`` of the regular file at ``path``. FileNotFoundError and NotADirectoryError pass through (the
+    caller knows what a missing file means); any other OSError (a FIFO or a device there too) is one ``error`` as well."""
     try:
-        data = Path(path).read_bytes()
+        data = read_regular(path)
     except (FileNotFoundError, NotADirectoryError):
         raise
     except OSError as e:

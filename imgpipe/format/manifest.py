@@ -17,6 +17,7 @@ from typing import Any
 
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe._sys.jsonfile import parse_json
+from imgpipe._sys.regular import read_regular
 from imgpipe.errors import DatasetError
 from imgpipe.format.layout import MANIFEST_NAME
 from imgpipe.format.unfinished import JOURNAL_DIR, PLAN_NAME, incomplete_folder  # noqa: F401  (imgpipe.packing.journal imports the names from here)
@@ -198,7 +199,7 @@ def load_manifest(folder: str | os.PathLike) -> Manifest:
         return read_manifest(open_source(folder))
     path = manifest_path(folder)
     try:
-        text = path.read_bytes()
+        text = read_regular(path)
     except (FileNotFoundError, NotADirectoryError):
         raise DatasetError(incomplete_folder(folder) or f"{path}: no manifest; is {folder} a folder made by 'imgpipe pack'?") from None
     except OSError as e:
