@@ -97,6 +97,23 @@ def test_a_splits_record_count_unlike_its_shards_is_refused_by_verify_and_openin
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("key", ['"splits"', '"version"', '"train-00000-of-00002.rec"'])
+def test_a_manifest_giving_a_key_twice_is_refused(packed_dir: Path, tmp_path: Path, key: str) -> None:
+    """json.loads keeps the last of the two (a split, a shard, the version); imgpipe never writes one twice."""
+    twice = {'"splits"': '"splits": {}, "splits"', '"version"': '"version": 1, "version"', '"train-00000-of-00002.rec"': ""}
+
+    def edit(text: str, manifest: dict) -> str:
+        if key.startswith('"train'):  # a shard's name given twice inside its entry
+            return text.replace(f'"name": {key}', f'"name": "val-00000-of-00001.rec", "name": {key}', 1)
+        return text.replace(f"{key}:", f"{twice[key]}:", 1)
+
+    dst = edited(packed_dir, tmp_path, edit)
+    for call in (lambda: verify(dst, workers=1, progress=False), lambda: open_shards(dst, "train"), lambda: describe(dst)):
+        with pytest.raises(DatasetError, match=rf"^{dst / 'manifest.json'}: unreadable manifest \(not valid JSON: key .* twice\); rerun"):
+            call()
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("where", ["in its split", "in another split", "as an index"])
 def test_a_manifest_listing_a_shard_twice_is_refused_when_opened(packed_dir: Path, tmp_path: Path, where: str) -> None:
     """Opening it served a wrong record, then failed; now every reader refuses it, as verify did."""
