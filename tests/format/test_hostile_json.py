@@ -5,6 +5,7 @@ and the fix, or, where the file is only a hint, ignored; never a traceback."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -93,6 +94,29 @@ def test_a_splits_record_count_unlike_its_shards_is_refused_by_verify_and_openin
     for call in (lambda: verify(dst, workers=1, progress=False), lambda: open_shards(dst, "train"), lambda: describe(dst)):
         refused = rf"^{dst / 'manifest.json'}: .*(split train has records|not valid JSON).*; rerun 'imgpipe pack'"
         with pytest.raises(DatasetError, match=refused):
+            call()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("key", "value", "refused"),
+    [
+        ("classes", "abcd", "Manifest classes is 'abcd', not list"),  # was read as 4 classes: 'a', 'b', 'c', 'd'
+        ("classes", {"n01": 0, "n02": 1}, "Manifest classes is {'n01': 0, 'n02': 1}, not list"),
+        ("source", ["/data"], "Manifest source is ['/data'], not str"),
+        ("fingerprint", 5, "Manifest fingerprint is 5, not str"),
+        ("layout", None, "Manifest layout is None, not str"),
+        ("options", "abc", "Manifest options is 'abc', not dict"),
+        ("version", True, "manifest version True is not supported"),
+        ("version", 1.0, "manifest version 1.0 is not supported"),
+    ],
+)
+def test_a_manifest_field_of_another_json_type_is_refused_not_converted(
+    packed_dir: Path, tmp_path: Path, key: str, value: object, refused: str
+) -> None:
+    dst = edited(packed_dir, tmp_path, lambda text, manifest: json.dumps({**manifest, key: value}))
+    for call in (lambda: verify(dst, workers=1, progress=False), lambda: open_shards(dst, "train"), lambda: describe(dst)):
+        with pytest.raises(DatasetError, match=rf"^{dst / 'manifest.json'}: .*{re.escape(refused)}"):
             call()
 
 
