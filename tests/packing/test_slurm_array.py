@@ -165,6 +165,15 @@ def test_array_tasks_one_killed_and_rerun_alone_then_finalize_equal_one_machine(
     assert "last.jpg" in (dst / "manifest.json").read_text()  # the FIFO's bytes were skipped, alike in both packs
 
 
+@pytest.mark.timeout(10)
+def test_a_task_outside_an_array_of_a_trillion_parts_is_one_line_at_once() -> None:
+    """The refusal names the array's task ids as sbatch takes them, without listing them one by one."""
+    recorded = Parts(10**12, 0, 2, 1)  # parts.json of a first run under SLURM_ARRAY_TASK_COUNT=1000000000000
+    with pytest.raises(PackError, match=r"is not one of this pack's 1000000000000 part\(s\) \(array tasks 0-1999999999998:2\)"):
+        choose_part(1, 0, ArrayTask(1, 1, 1, 1), recorded)
+    assert Parts(2, 5, 3, 1).task_ids(range(2)) == "5,8" and Parts(3, 5, 3, 2).task_ids(range(6)) == "5-11:3"
+
+
 @pytest.mark.parametrize("step", ["0", "-2"])
 def test_an_array_step_below_one_is_one_line(step: str) -> None:
     with pytest.raises(PackError, match=rf"SLURM_ARRAY_TASK_STEP={step} is not an array's step \(1 or more\); give --num-nodes"):
