@@ -30,7 +30,7 @@ def open_regular(path: str | os.PathLike) -> BinaryIO:
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
         if not stat.S_ISREG(mode):
-            kind = next((kind for test, kind in _KINDS if test(mode)), "not a file")
+            kind = next((kind for test, kind in _KINDS if test(mode)), f"a file of type {stat.S_IFMT(mode):#o}")
             raise NotRegularFile(None, f"not a regular file but {kind}", os.fspath(path))
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
