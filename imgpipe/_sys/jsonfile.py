@@ -1,7 +1,8 @@
 """The one reader of the JSON files imgpipe writes and reads back (journals, manifests, checkpoints, cache state).
 
-``json.loads`` alone lets ``Infinity``, ``NaN`` and ``1e400`` through as floats, raises RecursionError on
-arrays nested thousands deep, and leaves wrong types to fail later as TypeError or OverflowError. Here any
+``json.loads`` alone lets ``Infinity``, ``NaN`` and ``1e400`` through as floats, keeps the last of a key given
+twice, raises RecursionError on arrays nested thousands deep, and leaves wrong types to fail later as TypeError
+or OverflowError. Here any
 bytes that are not what imgpipe wrote, and any value not of the declared types, are one error that names
 the file, what is wrong and what to do.
 """
@@ -15,8 +16,9 @@ import math
 import os
 import types
 import typing
-from pathlib import Path
 from typing import Any, Callable, TypeVar
+
+from imgpipe._sys.regular import read_regular
 
 T = TypeVar("T")
 
@@ -25,7 +27,7 @@ def loads(data: bytes | bytearray | memoryview | str) -> Any:
     """The value of JSON text ``data``; a ValueError with a short reason for anything else (never another exception)."""
     try:
         text = data if isinstance(data, str) else bytes(data).decode("utf-8")
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float, object_pairs_hook=_unique_keys)
     except UnicodeDecodeError as e:
         raise ValueError(f"not UTF-8 text: byte 0x{e.object[e.start]:02x} at {e.start}") from None
     except RecursionError:
@@ -54,10 +56,10 @@ def parse_json(
 
 
 def read_json(path: str | os.PathLike, what: str, fix: str, error: Callable[[str], Exception], into: Callable[[Any], T] | None = None) -> T:
-    """``parse_json`` of the file at ``path``. FileNotFoundError and NotADirectoryError pass through (the caller
-    knows what a missing file means); any other OSError is one ``error`` as well."""
+    """``parse_json`` of the regular file at ``path``. FileNotFoundError and NotADirectoryError pass through (the
+    caller knows what a missing file means); any other OSError (a FIFO or a device there too) is one ``error`` as well."""
     try:
-        data = Path(path).read_bytes()
+        data = read_regular(path)
     except (FileNotFoundError, NotADirectoryError):
         raise
     except OSError as e:
@@ -136,6 +138,16 @@ def _name(hint: Any) -> str:
 def _show(value: Any) -> str:
     text = "null" if value is None else repr(value)
     return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys differ (json.loads alone keeps the last of a key given twice)."""
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            raise ValueError(f"key {_show(key)} twice")
+        value[key] = item
+    return value
 
 
 def _refuse_constant(name: str) -> float:

@@ -23,6 +23,7 @@ from imgpipe._sys.diskinfo import format_bytes, free_bytes
 from imgpipe._sys.jsonfile import loads
 from imgpipe._sys.oserrors import describe
 from imgpipe._sys.pidlock import lock_file, locked
+from imgpipe._sys.regular import read_regular
 from imgpipe.cache.nodecache import SOURCE_NAME, STATE_DIR, NodeCache, cached_version, writable_again
 from imgpipe.errors import ConfigError, DatasetError
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, parse_manifest
@@ -67,8 +68,8 @@ def attach(folder: str | os.PathLike) -> NodeCache | None:
     """The cache a process of this node opened in ``folder`` (for its background filler), or None if it is gone."""
     state = Path(folder) / STATE_DIR
     try:
-        source = loads((state / SOURCE_NAME).read_bytes())
-        manifest_bytes = (state / MANIFEST_NAME).read_bytes()
+        source = loads(read_regular(state / SOURCE_NAME))
+        manifest_bytes = read_regular(state / MANIFEST_NAME)
     except (OSError, ValueError):
         return None
     if not isinstance(source, dict):

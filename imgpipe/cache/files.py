@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 from imgpipe._sys.atomic import atomic_write, fsync_dir
 from imgpipe._sys.checksum import sha256_file
 from imgpipe._sys.pidlock import locked
+from imgpipe._sys.regular import read_regular
 from imgpipe.cache.checkout import INIT_LOCK_NAME
 from imgpipe.cache.nodecache import NodeCache, warn_unwritable
 from imgpipe.errors import DatasetError
@@ -91,7 +92,7 @@ def _local_files(cache: NodeCache, names: Sequence[str]) -> list[bytes | None]:
     blobs: list[bytes | None] = []
     for name in names:
         try:
-            data = (cache.folder / name).read_bytes()
+            data = read_regular(cache.folder / name)
         except OSError:
             data = None
         blobs.append(data if data is not None and _matches(cache, name, data) else None)

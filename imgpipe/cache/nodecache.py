@@ -19,6 +19,7 @@ import numpy as np
 
 from imgpipe._sys.jsonfile import loads
 from imgpipe._sys.oserrors import NO_SPACE, describe
+from imgpipe._sys.regular import read_regular
 from imgpipe.cache.shared import SharedArray
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, SplitInfo
 from imgpipe.format.unfinished import CACHE_STATE_DIR
@@ -101,7 +102,7 @@ class NodeCache:
 def cached_version(folder: Path) -> str | None:
     """The version (manifest sha256) the cache folder holds, or None."""
     try:
-        return str(loads((folder / STATE_DIR / SOURCE_NAME).read_bytes())["manifest_sha256"])
+        return str(loads(read_regular(folder / STATE_DIR / SOURCE_NAME))["manifest_sha256"])
     except (OSError, ValueError, KeyError, TypeError):  # no version, or a state file damaged: the cache starts afresh
         return None
 

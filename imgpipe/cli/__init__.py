@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import sys
 
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> None:
     the process ends within a few seconds of either, whatever its threads do (``stopping``).
     """
     guard = StopGuard().install()
+    if isinstance(sys.stdout, io.TextIOWrapper):  # a name not UTF-8 (a surrogate escape) is printed escaped, not a traceback
+        sys.stdout.reconfigure(errors="backslashreplace")
     try:
         code = _run(argv)
     except SystemExit as e:  # a command's own exit code (verify's problems, train's stop)

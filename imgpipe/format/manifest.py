@@ -17,6 +17,7 @@ from typing import Any
 
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe._sys.jsonfile import parse_json
+from imgpipe._sys.regular import read_regular
 from imgpipe.errors import DatasetError
 from imgpipe.format.layout import MANIFEST_NAME
 from imgpipe.format.unfinished import JOURNAL_DIR, PLAN_NAME, incomplete_folder  # noqa: F401  (imgpipe.packing.journal imports the names from here)
@@ -103,7 +104,7 @@ class Manifest:
         """Build and validate a Manifest; a DatasetError names what is wrong."""
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise DatasetError(f"{where}: not an imgpipe manifest (format {data.get('format') if isinstance(data, dict) else None!r})")
-        if data.get("version") != FORMAT_VERSION:
+        if type(data.get("version")) is not int or data["version"] != FORMAT_VERSION:
             raise DatasetError(
                 f"{where}: manifest version {data.get('version')!r} is not supported (this imgpipe reads {FORMAT_VERSION}); "
                 "repack with this version of imgpipe"
@@ -124,13 +125,13 @@ class Manifest:
                 for name, split in data["splits"].items()
             }
             manifest = cls(
-                classes=list(data["classes"]),
+                classes=data["classes"],
                 splits=splits,
-                options=dict(data["options"]),
-                source=str(data["source"]),
+                options=data["options"],
+                source=data["source"],
                 skipped=[Skipped(**s) for s in data.get("skipped", [])],
-                fingerprint=str(data.get("fingerprint", "")),
-                layout=str(data.get("layout", "")),
+                fingerprint=data.get("fingerprint", ""),
+                layout=data.get("layout", ""),
             )
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise DatasetError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
@@ -160,11 +161,11 @@ class Manifest:
         return manifest
 
 
-_FIELD_TYPES = {"int": int, "str": str}
+_FIELD_TYPES = {"int": int, "str": str, "list[str]": list, "dict[str, Any]": dict}  # list[str]'s items: from_dict checks them
 
 
 def _check_field_types(item: object, where: object) -> None:
-    """Refuse a number or name of the wrong JSON type (``"records": "x"``, ``"bytes": null``, 8.5 records)."""
+    """Refuse a value of the wrong JSON type (``"records": "x"``, ``"bytes": null``, 8.5 records, ``"classes": "abcd"``)."""
     for f in fields(item):  # type: ignore[arg-type]
         expected = _FIELD_TYPES.get(str(f.type))  # the annotation's text (from __future__ import annotations)
         value = getattr(item, f.name)
@@ -198,7 +199,7 @@ def load_manifest(folder: str | os.PathLike) -> Manifest:
         return read_manifest(open_source(folder))
     path = manifest_path(folder)
     try:
-        text = path.read_bytes()
+        text = read_regular(path)
     except (FileNotFoundError, NotADirectoryError):
         raise DatasetError(incomplete_folder(folder) or f"{path}: no manifest; is {folder} a folder made by 'imgpipe pack'?") from None
     except OSError as e:

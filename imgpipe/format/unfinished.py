@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from imgpipe._sys.jsonfile import loads
+from imgpipe._sys.regular import read_regular
 from imgpipe.format.layout import MANIFEST_NAME, SHARD_FILE
 
 JOURNAL_DIR = ".imgpipe-pack"
@@ -34,7 +35,7 @@ def unfinished_pack(folder: str | os.PathLike) -> str | None:
         return None
     done = sum(1 for p in journal.iterdir() if (m := SHARD_FILE.match(p.name)) and m["ext"] == "json")
     try:
-        plan = loads((journal / PLAN_NAME).read_bytes())
+        plan = loads(read_regular(journal / PLAN_NAME))
     except OSError:
         if not done:  # only the lock of a pack that stopped before planning (e.g. refused this DST)
             return None

@@ -24,6 +24,7 @@ from imgpipe._sys.checksum import crc32, sha256_file
 from imgpipe._sys.distenv import available_cpus
 from imgpipe._sys.oserrors import describe
 from imgpipe._sys.procs import map_in_processes
+from imgpipe._sys.regular import open_regular
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError
 from imgpipe.format.layout import SidecarError, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, read_manifest, stays_inside_source_root
@@ -280,6 +281,8 @@ def _check_shard(check: ShardCheck) -> ShardOutcome:
     if not check.rec.exists():
         what = f" ({expected.records} records, {expected.bytes} bytes expected)" if expected else ""
         return ShardOutcome([Problem(name, f"missing shard{what}")], 0, 0)
+    for path in (check.rec, check.idx) if check.idx.exists() else (check.rec,):
+        open_regular(path).close()  # a FIFO or a device there is a finding (check_shard's), never read
     size = check.rec.stat().st_size
     if expected is not None:
         if size != expected.bytes:

@@ -28,6 +28,13 @@ from imgpipe.loaders.geometry import EVAL_CROP_FRACTION
 from imgpipe.loaders.options import CURRENT_DEVICE, DEFAULT_PREFETCH_FACTOR, LoaderOptions, check_int
 
 INSTALL_HINT = "pip install 'imgpipe[dali]'"
+
+
+class _Default(int):
+    """A default value, told apart from the same value given (``prefetch_factor=2`` beside the deprecated ``prefetch``)."""
+
+
+_DEFAULT_PREFETCH = _Default(DEFAULT_PREFETCH_FACTOR)
 _DECODING_OPERATORS = ("decoders", "ImageSlice")  # in DALI's message when a record did not decode
 
 
@@ -270,7 +277,7 @@ def make_dali_loader(
     shuffle: bool | None = None,
     block_shuffle: int | None = None,
     shuffle_window: int | None = None,
-    prefetch_factor: int = DEFAULT_PREFETCH_FACTOR,
+    prefetch_factor: int = _DEFAULT_PREFETCH,
     on_corrupt: str = "raise",
     cache_dir: str | os.PathLike | None = None,
     prefetch: int | None = None,
@@ -291,7 +298,7 @@ def make_dali_loader(
     _import_dali()
     arguments = {name: value for name, value in locals().items() if name not in ("path", "prefetch")}
     if prefetch is not None:
-        if prefetch_factor != DEFAULT_PREFETCH_FACTOR:
+        if prefetch_factor is not _DEFAULT_PREFETCH:
             raise ConfigError("prefetch is the deprecated name of prefetch_factor: give prefetch_factor alone")
         warnings.warn("make_dali_loader's prefetch is deprecated: call it prefetch_factor, as the torch loader does", DeprecationWarning, 2)
         arguments["prefetch_factor"] = check_int("prefetch", prefetch, minimum=1)

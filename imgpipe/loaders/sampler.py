@@ -29,10 +29,11 @@ def epoch_order(
     rng = order_rng(seed, epoch)
     if not block_size or block_size <= 1:
         return rng.permutation(n).astype(np.int64)
+    block_size = min(block_size, max(n, 1))  # a block beyond the split is the split (and 2**70 fits no int64)
     blocks = -(-n // block_size)
     order = (rng.permutation(blocks).astype(np.int64)[:, None] * block_size + np.arange(block_size, dtype=np.int64)).ravel()
     order = order[order < n]
-    window = window or block_size
+    window = min(window or block_size, max(n, 1))
     if window > 1:
         keys = rng.random(n)
         order = order[np.lexsort((keys, np.arange(n) // window))]

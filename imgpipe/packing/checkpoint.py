@@ -20,6 +20,7 @@ import numpy as np
 
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe._sys.jsonfile import loads
+from imgpipe._sys.regular import open_regular
 from imgpipe.packing.slots import ACTIONS, ItemResults, SideFile, SlotLayout
 
 logger = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class Checkpoints:
         """Take the records a killed run wrote (none in the shards whose slot files are ``fresh``); the items taken."""
         taken = np.zeros(0, np.int64)
         try:
-            with np.load(self.path, allow_pickle=False) as data:
+            with open_regular(self.path) as f, np.load(f, allow_pickle=False) as data:
                 meta = loads(data["meta"].tobytes())
                 arrays = {name: data[name] for name in ARRAYS}
             if meta.get("fingerprint") == self.fingerprint:

@@ -178,7 +178,7 @@ def pack(
                 journal.record_parts(split)
             report = PackReport(dst=dst_path, shards_total=len(plan.shards))
             mine = [] if finalize else [s for k, s in enumerate(plan.shards) if k % num_nodes == node_rank]
-            _remove_stale_tmp(dst_path, mine, everything=num_nodes == 1)
+            _remove_stale_tmp(dst_path, mine, everything=num_nodes == 1 and not finalize)  # --finalize writes no shard
             published = _published(plan, journal)
             todo = [s for s in mine if not _finished(journal, dst_path, s, published)]
             report.shards_reused = len(mine) - len(todo)
@@ -211,7 +211,7 @@ def pack(
             report.seconds = time.monotonic() - started
             report.shards_pending = pending
             if not pending:
-                if num_nodes > 1:  # every shard is journaled; what is left is a killed node's atomic-write temp file
+                if num_nodes > 1 or finalize:  # every shard is journaled; what is left is a killed node's atomic-write temp file
                     _remove_stale_tmp(dst_path, plan.shards, everything=False, older_than_s=STALE_TMP_S)
                 try:
                     _finalize(plan, journal, src_path, dst_path, report)

@@ -72,18 +72,29 @@ class Parts:
         part = index * self.nodes + task.node_id
         if rest or task.nodes != self.nodes or not 0 <= part < self.count:
             raise PackError(
-                f"{task.describe()} is not one of this pack's {self.count} part(s) (array tasks {self.task_ids(range(self.count))}"
+                f"{task.describe()} is not one of this pack's {self.count} part(s) (array tasks {self.every_task_id()}"
                 f"{f', {self.nodes} nodes each' if self.nodes > 1 else ''}); submit those task ids, or give --num-nodes and --node-rank"
             )
         return part
 
     def task_ids(self, parts: Iterable[int]) -> str:
         """The array task ids that write ``parts``, as sbatch's --array takes them (``3,5`` or ``0-7``)."""
-        assert self.first_id is not None
-        ids = sorted({self.first_id + (part // self.nodes) * self.step for part in parts})
+        ids = sorted({self._task_id(part) for part in parts})
         if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + self.step, self.step)):
-            return f"{ids[0]}-{ids[-1]}" + (f":{self.step}" if self.step > 1 else "")
+            return self._span(ids[0], ids[-1])
         return ",".join(map(str, ids))
+
+    def every_task_id(self) -> str:
+        """``task_ids`` of every part, from the first and the last (an array may count a trillion tasks)."""
+        first, last = self._task_id(0), self._task_id(self.count - 1)
+        return self._span(first, last) if last - first > self.step else ",".join(map(str, sorted({first, last})))
+
+    def _task_id(self, part: int) -> int:
+        assert self.first_id is not None
+        return self.first_id + (part // self.nodes) * self.step
+
+    def _span(self, first: int, last: int) -> str:
+        return f"{first}-{last}" + (f":{self.step}" if self.step > 1 else "")
 
     def to_json(self) -> bytes:
         fields = {"count": self.count, "first_id": self.first_id, "step": self.step, "nodes": self.nodes}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from imgpipe._sys.atomic import atomic_write_bytes, fsync_dir
 from imgpipe._sys.oserrors import describe, write_probe
+from imgpipe._sys.regular import read_regular
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import MANIFEST_NAME
 from imgpipe.format.unfinished import STAGE_DIR, STAGED_SUFFIX
@@ -71,10 +72,13 @@ class LocalTarget:
             raise DatasetError(f"{self.folder}: cannot write there: {describe(refused, writing=True)}; or choose another DST")
 
     def manifest_bytes(self) -> bytes | None:
+        path = self.folder / MANIFEST_NAME
         try:
-            return (self.folder / MANIFEST_NAME).read_bytes()
+            return read_regular(path)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as e:
+            raise DatasetError(f"{path}: cannot read it ({e.strerror}); move it away, or choose another DST") from None
 
     def sizes(self) -> dict[str, int]:
         """The files directly in DST and their sizes."""

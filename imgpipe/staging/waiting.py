@@ -20,6 +20,7 @@ from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe._sys.jsonfile import loads
 from imgpipe._sys.pidlock import describe_holder, holder_alive, is_held, lock_holder, try_lock
 from imgpipe._sys.procs import process_start_time
+from imgpipe._sys.regular import read_regular
 from imgpipe.errors import DatasetError
 from imgpipe.staging.target import LocalTarget
 
@@ -106,7 +107,7 @@ class _Progress:
 def _read_failure(target: LocalTarget, since: float) -> str | None:
     """The error a stage of this launch recorded (written after ``since``), if any."""
     try:
-        record = loads(target.failure_path.read_bytes())
+        record = loads(read_regular(target.failure_path))
         return str(record["error"]) if float(record["time"]) >= since else None
     except (OSError, ValueError, KeyError, TypeError, OverflowError):  # OverflowError: a time of 400 digits
         return None

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from imgpipe._sys.forks import reset_after_fork
+from imgpipe._sys.regular import read_regular
 from imgpipe._sys.writes import write_at
 from imgpipe.errors import DatasetError, ImgpipeError
 from imgpipe.storage.source import COPY_BLOCK_BYTES, ByteRange, ByteSource, RangeCheck, RangeError
@@ -30,7 +31,7 @@ class LocalSource(ByteSource):
         return str(self.path(name))
 
     def read_file(self, name: str) -> bytes:
-        return self.path(name).read_bytes()
+        return read_regular(self.path(name))
 
     def size(self, name: str) -> int:
         return self.path(name).stat().st_size

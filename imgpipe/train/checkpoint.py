@@ -22,6 +22,7 @@ import torch
 
 from imgpipe._sys.atomic import atomic_write
 from imgpipe._sys.oserrors import describe
+from imgpipe._sys.regular import open_regular
 from imgpipe.errors import ConfigError, TrainError
 
 logger = logging.getLogger(__name__)
@@ -73,11 +74,15 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Read a checkpoint with ``weights_only=True``; a ConfigError says what is wrong with it."""
     path = Path(path)
     try:
-        with warnings.catch_warnings():  # a foreign pickle's protocol warning would precede the one-line error
-            warnings.simplefilter("ignore")
-            state = torch.load(path, map_location="cpu", weights_only=True)
+        file = open_regular(path)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no checkpoint to resume from; start without --resume") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the checkpoint ({e.strerror}); move it away and train without --resume") from None
+    try:
+        with file, warnings.catch_warnings():  # a foreign pickle's protocol warning would precede the one-line error
+            warnings.simplefilter("ignore")
+            state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:  # unpickling errors come in many types; torch's text may advise weights_only=False: never pass that on
         raise ConfigError(
             f"{path}: not a readable imgpipe checkpoint ({type(e).__name__}: damaged, truncated, or not written by imgpipe train); "

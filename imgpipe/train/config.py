@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_WARMUP_EPOCHS = 5.0  # before cosine and step (Goyal et al.'s gradual warm-up)
 Auto = bool | Literal["auto"]  # true, false, or decided on the device (see precision.py) or by the checkpoint's presence
-Text = typing.Annotated[str, Field(strict=False)]  # a path or name; a number such as `--set output.dir=1` is its text
+Text = typing.Annotated[str, Field(strict=False)]  # a path or name; a number such as `--set output.dir=0755` is its text as written
 LEGACY_RESUME = {"yes": True, "no": False}  # output.resume's strings in configs and checkpoints written before it was a boolean
 
 
@@ -288,22 +288,76 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not a text file in UTF-8 (byte {e.start}); give a YAML config file") from None
     try:
-        loaded = yaml.safe_load(text)
+        loaded, node = _parse_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (data, model, optim, train, output)")
+    for section_node, keys_node in node.value if loaded else ():  # type: ignore[union-attr]  # a number where text goes: its text
+        section = loaded.get(section_node.value)
+        if isinstance(section, dict) and isinstance(keys_node, yaml.MappingNode):
+            for key_node, value_node in keys_node.value:
+                if key_node.value in section:
+                    section[key_node.value] = _as_text(section_node.value, key_node.value, section[key_node.value], value_node)
     return loaded or {}
 
 
+class _Loader(yaml.SafeLoader):
+    """yaml.safe_load's loader, but a key given twice in one mapping is an error (yaml keeps the last: a whole
+    section lost), and a date is its text (no key takes a date; 2024-13-45 raised ValueError)."""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        lines: dict[Any, int] = {}  # key -> the line it is on
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # a merged key may be overridden
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, typing.Hashable):
+                continue  # yaml's own error
+            if key in lines:
+                twice = f"key {key!r} given twice: lines {lines[key]} and {key_node.start_mark.line + 1}"
+                raise yaml.constructor.ConstructorError(problem=twice)
+            lines[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def _parse_yaml(text: str) -> tuple[Any, yaml.Node | None]:
+    """The value of the YAML ``text`` and its node (for the text of its scalars); a yaml.YAMLError for anything
+    it cannot be (a RecursionError or int()'s ValueError from yaml alone)."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        return (None if node is None else loader.construct_document(node)), node
+    except RecursionError:
+        raise yaml.YAMLError("nested too deep") from None
+    except ValueError as e:
+        raise yaml.YAMLError("a number of thousands of digits" if str(e).startswith("Exceeds the limit") else str(e)) from None
+    finally:
+        loader.dispose()
+
+
+def _as_text(section: str, key: str, value: Any, node: yaml.Node | None) -> Any:
+    """``value``, or where ``section.key`` takes text (a path, a name) and YAML read a number, the number's text as
+    written (0755, 1.50, 12:30: not 493, 1.5 and 750)."""
+    number = isinstance(node, yaml.ScalarNode) and node.tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+    model = TrainConfig.model_fields[section].annotation if section in TrainConfig.model_fields else None
+    field = model.model_fields.get(key) if model is not None else None
+    return node.value if number and field is not None and field.annotation is str else value  # type: ignore[union-attr]
+
+
 def apply_override(raw: dict[str, Any], item: str) -> str:
-    """Apply one ``section.key=value`` (value parsed with yaml.safe_load) to a raw config dict; return ``section.key``."""
+    """Apply one ``section.key=value`` (the value read as YAML, as in a file) to a raw config dict; return ``section.key``."""
     key, sep, value = item.partition("=")
     section, dot, name = key.strip().partition(".")
     if not sep or not dot or not section or not name:
         raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. train.batch_size=128")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
+        parsed = _as_text(section, name, *_parse_yaml(value)) if value.strip() else ""
     except yaml.YAMLError:
         parsed = value
     target = raw.setdefault(section, {})

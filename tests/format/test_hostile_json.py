@@ -5,6 +5,7 @@ and the fix, or, where the file is only a hint, ignored; never a traceback."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -93,6 +94,46 @@ def test_a_splits_record_count_unlike_its_shards_is_refused_by_verify_and_openin
     for call in (lambda: verify(dst, workers=1, progress=False), lambda: open_shards(dst, "train"), lambda: describe(dst)):
         refused = rf"^{dst / 'manifest.json'}: .*(split train has records|not valid JSON).*; rerun 'imgpipe pack'"
         with pytest.raises(DatasetError, match=refused):
+            call()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("key", "value", "refused"),
+    [
+        ("classes", "abcd", "Manifest classes is 'abcd', not list"),  # was read as 4 classes: 'a', 'b', 'c', 'd'
+        ("classes", {"n01": 0, "n02": 1}, "Manifest classes is {'n01': 0, 'n02': 1}, not list"),
+        ("source", ["/data"], "Manifest source is ['/data'], not str"),
+        ("fingerprint", 5, "Manifest fingerprint is 5, not str"),
+        ("layout", None, "Manifest layout is None, not str"),
+        ("options", "abc", "Manifest options is 'abc', not dict"),
+        ("version", True, "manifest version True is not supported"),
+        ("version", 1.0, "manifest version 1.0 is not supported"),
+    ],
+)
+def test_a_manifest_field_of_another_json_type_is_refused_not_converted(
+    packed_dir: Path, tmp_path: Path, key: str, value: object, refused: str
+) -> None:
+    dst = edited(packed_dir, tmp_path, lambda text, manifest: json.dumps({**manifest, key: value}))
+    for call in (lambda: verify(dst, workers=1, progress=False), lambda: open_shards(dst, "train"), lambda: describe(dst)):
+        with pytest.raises(DatasetError, match=rf"^{dst / 'manifest.json'}: .*{re.escape(refused)}"):
+            call()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("key", ['"splits"', '"version"', '"train-00000-of-00002.rec"'])
+def test_a_manifest_giving_a_key_twice_is_refused(packed_dir: Path, tmp_path: Path, key: str) -> None:
+    """json.loads keeps the last of the two (a split, a shard, the version); imgpipe never writes one twice."""
+    twice = {'"splits"': '"splits": {}, "splits"', '"version"': '"version": 1, "version"', '"train-00000-of-00002.rec"': ""}
+
+    def edit(text: str, manifest: dict) -> str:
+        if key.startswith('"train'):  # a shard's name given twice inside its entry
+            return text.replace(f'"name": {key}', f'"name": "val-00000-of-00001.rec", "name": {key}', 1)
+        return text.replace(f"{key}:", f"{twice[key]}:", 1)
+
+    dst = edited(packed_dir, tmp_path, edit)
+    for call in (lambda: verify(dst, workers=1, progress=False), lambda: open_shards(dst, "train"), lambda: describe(dst)):
+        with pytest.raises(DatasetError, match=rf"^{dst / 'manifest.json'}: unreadable manifest \(not valid JSON: key .* twice\); rerun"):
             call()
 
 

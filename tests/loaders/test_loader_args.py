@@ -166,3 +166,12 @@ def test_a_bare_cuda_device_resolves_to_the_current_index(packed_dir: Path) -> N
     assert loader.device == torch.device("cuda", torch.cuda.current_device())
     images, _ = next(iter(loader))
     assert images.device == loader.device
+
+
+@pytest.mark.dali
+def test_dalis_prefetch_beside_the_default_prefetch_factor_is_refused_too(packed_dir: Path, request: pytest.FixtureRequest) -> None:
+    """prefetch_factor=2 is its default, given all the same: which of the two was meant is not known either."""
+    kwargs = {"batch_size": 4, "image_size": 32, "workers": 1, "rank": 0, "world_size": 1, "device": None}
+    with pytest.raises(ConfigError, match="give prefetch_factor alone"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        factory("dali", request)(packed_dir, prefetch=3, prefetch_factor=2, **kwargs)

@@ -93,6 +93,20 @@ def test_block_shuffle_keeps_reads_local_and_still_shuffles() -> None:
     assert len(np.unique(np.concatenate(parts))) == sum(len(p) for p in parts)
 
 
+@pytest.mark.parametrize("huge", [2**62, 2**70])
+def test_a_block_or_a_window_beyond_the_split_is_the_whole_split(huge: int) -> None:
+    """block_shuffle=2**70 raised OverflowError, 2**62 'array is too big', at the loader's first batch: a block or a
+    window larger than the split orders it as one exactly as large does."""
+    for n in (1, 7, 1003):
+        whole = epoch_order(n, 3, 2, block_size=n, window=n)
+        assert np.array_equal(epoch_order(n, 3, 2, block_size=huge), whole)
+        assert np.array_equal(epoch_order(n, 3, 2, block_size=huge, window=huge), whole)
+        assert np.array_equal(epoch_order(n, 3, 2, block_size=5, window=huge), epoch_order(n, 3, 2, block_size=5, window=n))
+    sampler = EpochSampler(48, batch_size=4, seed=1, rank=0, world_size=2, block_size=huge, window=huge)
+    exact = EpochSampler(48, batch_size=4, seed=1, rank=0, world_size=2, block_size=48, window=48)
+    assert [b.tolist() for b in sampler] == [b.tolist() for b in exact]
+
+
 def test_epochs_advance_by_themselves_and_set_epoch_overrides() -> None:
     s = EpochSampler(40, batch_size=4, seed=1, rank=0, world_size=2)
     e0, e1 = [b.tolist() for b in s], [b.tolist() for b in s]

@@ -40,6 +40,8 @@ HOSTILE: dict[str, Callable[[bytes], bytes]] = {
     "a list": lambda good: b"[1, 2]",
     "a wrong type": lambda good: good.replace(b'"count": 2', b'"count": "2"').replace(b'"shards": 8', b'"shards": [8]')
     .replace(b'"records":12', b'"records":true'),
+    "a key twice": lambda good: good.replace(b'"count": 2', b'"count": 1, "count": 2').replace(b'"shards": 8', b'"shards": 1, "shards": 8')
+    .replace(b'"records":12', b'"records":0,"records":12'),
     "a float count": lambda good: good.replace(b'"count": 2', b'"count": 2.5').replace(b'"shards": 8', b'"shards": 8.5')
     .replace(b'"records":12', b'"records":12.5'),
 }  # fmt: skip

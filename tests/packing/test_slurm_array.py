@@ -144,6 +144,15 @@ def test_array_tasks_one_killed_and_rerun_alone_then_finalize_equal_one_machine(
     assert "last.jpg" in (dst / "manifest.json").read_text()  # skipped, alike in both packs
 
 
+@pytest.mark.timeout(10)
+def test_a_task_outside_an_array_of_a_trillion_parts_is_one_line_at_once() -> None:
+    """The refusal names the array's task ids as sbatch takes them, without listing them one by one."""
+    recorded = Parts(10**12, 0, 2, 1)  # parts.json of a first run under SLURM_ARRAY_TASK_COUNT=1000000000000
+    with pytest.raises(PackError, match=r"is not one of this pack's 1000000000000 part\(s\) \(array tasks 0-1999999999998:2\)"):
+        choose_part(1, 0, ArrayTask(1, 1, 1, 1), recorded)
+    assert Parts(2, 5, 3, 1).task_ids(range(2)) == "5,8" and Parts(3, 5, 3, 2).task_ids(range(6)) == "5-11:3"
+
+
 @pytest.mark.parametrize("step", ["0", "-2"])
 def test_an_array_step_below_one_is_one_line(step: str) -> None:
     with pytest.raises(PackError, match=rf"SLURM_ARRAY_TASK_STEP={step} is not an array's step \(1 or more\); give --num-nodes"):
@@ -270,3 +279,40 @@ def test_finalize_while_a_part_is_being_written_says_so_with_its_pid(synth_tree:
         writer.wait(timeout=30)
     with pytest.raises(PackError, match=r"part\(s\) 2 of 3 are missing; resubmit array task\(s\) 2"):
         finalize(synth_tree, dst)
+
+
+HOLD_PART_WRITING = """
+import sys
+from pathlib import Path
+from imgpipe.packing.journal import Journal
+dst = Path(sys.argv[1])
+fd = Journal(dst).lock(int(sys.argv[2]))
+for name in sys.argv[3:]:
+    (dst / name).write_bytes(b"half a shard")
+print("writing", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_finalize_leaves_the_temp_files_of_a_part_being_written(synth_tree: Path, tmp_path: Path, single: dict[str, bytes]) -> None:
+    """Task 2 holds its lock and writes its shards' temp files (a shard being compacted, the journal entry's atomic
+    write): --finalize says to wait and deletes none of them (task 2 renames them into place next). Task 2, killed
+    instead, removes its own when rerun."""
+    dst = tmp_path / "out"
+    for task in (0, 1):
+        pack_task(synth_tree, dst, task)
+    temps = [".train-00002-of-00003.rec.tmp", ".train-00002-of-00003.idx.tmp", f"{JOURNAL_DIR}/.train-00002-of-00003.json.x1.tmp"]
+    writer = subprocess.Popen(
+        [sys.executable, "-c", HOLD_PART_WRITING, str(dst), "2", *temps], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
+        with pytest.raises(PackError, match=rf"part 2 of 3 is still being written \(pid {writer.pid}\); wait for it to finish"):
+            finalize(synth_tree, dst)
+        assert [name for name in temps if not (dst / name).exists()] == []
+    finally:
+        writer.kill()
+        writer.wait(timeout=30)
+    assert pack_task(synth_tree, dst, 2).manifest is not None
+    assert outputs(dst) == single

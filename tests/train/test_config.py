@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -155,6 +156,41 @@ def test_a_bad_recipe_value_blames_the_recipe_and_a_bad_file_value_over_it_the_f
     with pytest.raises(ConfigError) as error:
         load_config(write(tmp_path, "model: {blurpool: 1}\n"), recipe="rn18-16ep")
     assert str(error.value) == f"{tmp_path / 'cfg.yaml'}: model.blurpool must be true or false, got 1"
+
+
+@pytest.mark.parametrize("text", ["0x10", "0755", "1_000", "1.50", "+1", ".5", "12:30", "2024-06-01", "2024-13-45", "1e3"])
+def test_a_path_or_name_that_yaml_reads_as_a_number_or_a_date_keeps_its_text(tmp_path: Path, text: str) -> None:
+    """YAML 1.1 reads 0755 as 493, 12:30 as 750, 1.50 as 1.5 and 2024-06-01 as a date (2024-13-45 raised ValueError):
+    a folder or a name is the text as written, from --set and from a file alike, and --print-config keeps it."""
+    keys = ("data.path", "data.train_split", "model.name", "output.dir")
+    config = load_config(None, [f"{key}={text}" for key in keys])
+    assert {key: getattr(getattr(config, key.split(".")[0]), key.split(".")[1]) for key in keys} == dict.fromkeys(keys, text)
+    path = write(tmp_path, f"data: {{path: {text}, train_split: {text}}}\nmodel: {{name: {text}}}\noutput:\n  dir: {text}\n")
+    assert load_config(path) == config and load_config(write(tmp_path, config.to_yaml())) == config
+    if text not in ("2024-06-01", "2024-13-45", "1e3"):  # a number where a number goes is still that number
+        assert load_config(None, [f"train.timeout_s={text}"]).train.timeout_s == yaml.safe_load(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("data: {path: /data}\ntrain: {epochs: 3}\ndata: {workers: 2}\n", "not valid YAML (key 'data' given twice: lines 1 and 3)"),
+        ("train:\n  epochs: 3\n  epochs: 30\n", "not valid YAML (key 'epochs' given twice: lines 2 and 3)"),
+        ("data: {resolution: " + "[" * 5000 + "]" * 5000 + "}\n", "not valid YAML (nested too deep)"),
+        ("train: {epochs: " + "9" * 5000 + "}\n", "not valid YAML (a number of thousands of digits)"),
+    ],
+)
+def test_a_key_twice_deep_nesting_or_a_huge_number_in_a_config_file_is_one_line(tmp_path: Path, text: str, message: str) -> None:
+    """yaml.safe_load kept the last of a key given twice (a whole section lost), and raised RecursionError or ValueError."""
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == f"{path}: {message}"
+    for item in ("data.resolution=" + "[" * 5000 + "]" * 5000, "train.epochs=" + "9" * 5000):
+        with pytest.raises(ConfigError, match=rf"^--set {re.escape(item[:20])}"):
+            load_config(None, [item])
+    merged = load_config(write(tmp_path, "train:\n  <<: {epochs: 3, batch_size: 8}\n  epochs: 5\n"))  # a merged key overridden
+    assert (merged.train.epochs, merged.train.batch_size) == (5, 8)
 
 
 def test_a_config_file_not_in_utf8_is_one_line(tmp_path: Path) -> None:
