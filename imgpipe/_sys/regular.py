@@ -12,7 +12,21 @@ import os
 import stat
 from typing import BinaryIO
 
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISDIR, "a folder"),
+)
+
+
+def file_kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in words ("a FIFO", "a character device", ...)."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((kind for test, kind in _KINDS if test(mode)), f"a file of type {stat.S_IFMT(mode):#o}")
 
 
 class NotRegularFile(OSError):
@@ -30,8 +44,7 @@ def open_regular(path: str | os.PathLike) -> BinaryIO:
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
         if not stat.S_ISREG(mode):
-            kind = next((kind for test, kind in _KINDS if test(mode)), f"a file of type {stat.S_IFMT(mode):#o}")
-            raise NotRegularFile(None, f"not a regular file but {kind}", os.fspath(path))
+            raise NotRegularFile(None, f"not a regular file but {file_kind(mode)}", os.fspath(path))
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:

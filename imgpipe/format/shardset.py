@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from imgpipe._sys.checksum import crc32
+from imgpipe._sys.regular import read_regular
 from imgpipe.errors import DatasetError, ImgpipeError, RecordIOError, RemoteError
 from imgpipe.format import recordio
 from imgpipe.format.layout import SHARD_FILE, SidecarError, SourceLines, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
@@ -580,7 +581,7 @@ def _record_ends(offsets: np.ndarray, size: int) -> np.ndarray:
 
 def _read_local(path: Path, what: str) -> bytes:
     try:
-        return path.read_bytes()
+        return read_regular(path)
     except FileNotFoundError:
         raise DatasetError(f"{path}: {what} is missing; rerun 'imgpipe pack'") from None
     except OSError as e:

@@ -8,16 +8,9 @@ import stat
 import tarfile
 import zipfile
 
+from imgpipe._sys.regular import file_kind
 from imgpipe.ingest.tarwalk import TarEntry
 
-_MODE_KINDS = (
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISLNK, "a symbolic link"),
-    (stat.S_ISDIR, "a folder"),
-)
 _TAR_KINDS = {
     tarfile.SYMTYPE: "a symbolic link",
     tarfile.LNKTYPE: "a hard link",
@@ -37,7 +30,7 @@ def mode_reason(mode: int) -> str | None:
     """Why a file of this ``st_mode`` is not read, or None for a regular file."""
     if stat.S_ISREG(mode):
         return None
-    return not_regular(next((kind for test, kind in _MODE_KINDS if test(mode)), f"file type {stat.S_IFMT(mode):#o}"))
+    return not_regular(file_kind(mode))
 
 
 def tar_reason(member: TarEntry) -> str | None:

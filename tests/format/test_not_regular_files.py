@@ -111,3 +111,14 @@ def test_a_training_checkpoint_is_one_line(tmp_path: Path, kind: str) -> None:
     what = not_a_file(path, kind)
     with pytest.raises(ConfigError, match=rf"^{path}: cannot read the checkpoint \({what}\); move it away"):
         load_checkpoint(path)
+
+
+@pytest.mark.parametrize("name", ["train.labels.npy", "train.index.npy"])
+def test_a_sidecar_opened_by_the_loaders_is_one_line(packed_dir: Path, tmp_path: Path, kind: str, name: str) -> None:
+    """open_shards (what both loaders open) reads the index and labels sidecars back only as regular files."""
+    from imgpipe.format.shardset import open_shards
+
+    dst = copy(packed_dir, tmp_path)
+    what = not_a_file(dst / name, kind)
+    with pytest.raises(DatasetError, match=rf"^{dst / name}: unreadable .* sidecar \({what}: .*\); rerun 'imgpipe pack'$"):
+        open_shards(dst, "train")
