@@ -110,9 +110,13 @@ def test_a_signal_that_arrives_while_the_command_forks_its_workers_stops_it_at_o
         args = ["verify", str(packed_dir), "--workers", "2", "--no-progress"]
     run = imgpipe_command(*args, IMGPIPE_TEST_SIGNAL_IN_FORK=f"SIGTERM,{when}")
     seen: set[int] = set()
-    while run.poll() is None:
+    deadline = time.monotonic() + 60
+    while run.poll() is None and time.monotonic() < deadline:
         seen.update(descendants(run.pid))
         time.sleep(0.02)
+    if run.poll() is None:
+        run.kill()
+        pytest.fail("the signal did not end the command within 60 s")
     err = run.stderr.read()
     assert run.returncode == 143, err
     assert "Exception ignored" not in err and "Traceback" not in err, err

@@ -157,7 +157,7 @@ class _SlowTeardown:
 
     def __del__(self) -> None:
         self.close(self.open(self.marker, self.flags))
-        self.sleep(60)
+        self.sleep(60)  # a slow teardown: the elapsed time is what the stop must not wait for
 
 
 def _slow_exit(marker: str, where: str) -> None:
@@ -165,7 +165,7 @@ def _slow_exit(marker: str, where: str) -> None:
     if where == "handler":
         import atexit
 
-        atexit.register(lambda: (Path(marker).touch(), time.sleep(60)))
+        atexit.register(lambda: (Path(marker).touch(), time.sleep(60)))  # a slow exit handler: elapsed time is the point
     else:
         sys.modules[__name__].slow_teardown = _SlowTeardown(marker)  # collected with this module
 
