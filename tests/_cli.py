@@ -20,6 +20,22 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
         assert fragment in errors[0], errors[0]
 
 
+def run_in_group(command: list[str], timeout: float, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(command, capture_output=True, text=True)`` in a process group of its own, killed whole when
+    the command ends or times out (or the test is stopped): no rank or worker it started outlives the test."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if process.poll() is None:
+            process.communicate()
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
 def slow_pack_command(src: Path, dst: Path, program: tuple[str, ...] = ("-m", "imgpipe"), *options: str) -> list[str]:
     """``imgpipe pack`` resizing into 8 shards with 2 workers: each shard takes a while, so a kill lands mid-work."""
     slow = ("--shards", "8", "--resize", "64", "--workers", "2", "--no-progress")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 from imgpipe.loaders.sampler import rank_indices
 from imgpipe.loaders.torch import make_torch_loader
+from tests._cli import run_in_group
 from tests._packs import INDEXED_RECORDS as RECORDS  # one label each, so labels name the records; odd: eval parts differ by one
 
 pytest.importorskip("accelerate", reason="accelerate is a dev dependency: pip install -e '.[dev]'")
@@ -55,9 +55,7 @@ def test_accelerate_ddp_trains_two_epochs_on_the_global_stream_and_resumes(index
         "--main_process_port",
         "0",
     ]
-    run = subprocess.run(
-        [*launch, str(SCRIPT), str(indexed), str(out), backend], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=380
-    )
+    run = run_in_group([*launch, str(SCRIPT), str(indexed), str(out), backend], 380, cwd=tmp_path, env=env)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 from imgpipe.loaders.torch import make_torch_loader
+from tests._cli import run_in_group
 from tests._packs import INDEXED_RECORDS as RECORDS  # one label per record, so labels name the records
 
 pytest.importorskip("lightning", reason="lightning is a dev dependency: pip install -e '.[dev]'")
@@ -30,9 +30,7 @@ def launch(data: Path, out: Path, backend: str, *mode: str) -> None:
     """Run lightning_ddp.py (2 DDP ranks, fresh processes) with its labels in ``out``."""
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT), str(data), str(out), backend, *mode], cwd=out, env=env, capture_output=True, text=True, timeout=190
-    )
+    run = run_in_group([sys.executable, str(SCRIPT), str(data), str(out), backend, *mode], 190, cwd=out, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
 
 
@@ -52,9 +50,7 @@ def test_lightning_ddp_trains_two_epochs_and_validates_every_sample_once(indexed
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT), str(indexed), str(out), backend], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170
-    )
+    run = run_in_group([sys.executable, str(SCRIPT), str(indexed), str(out), backend], 170, cwd=tmp_path, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     for epoch in (0, 1):
         val = seen(out, f"val-{epoch}")
