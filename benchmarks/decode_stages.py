@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from imgpipe.format.shardset import open_shards
+from imgpipe.format.shardset import open_shardset
 from imgpipe.image.jpeg import jpeg_size
 from imgpipe.loaders import pixels
 from imgpipe.loaders.geometry import TrainGeometry, sample_crop
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.rec.is_dir():
         sys.exit(f"{a.rec} does not exist: run benchmarks/loaders.py once (it packs the data), or pass --rec")
     torch.set_num_threads(1)
-    shards = open_shards(a.rec, "train")
+    shards = open_shardset(a.rec, "train")
     count = min(a.images, len(shards))
     passes = [one_pass(shards, count, a.image_size) for _ in range(a.passes)]
     print(f"{count} train records of {a.rec}, {a.image_size} px, one thread; microseconds per image, median of {a.passes} passes")

@@ -56,7 +56,7 @@ from PIL import Image
 
 import imgpipe
 from imgpipe.format.manifest import manifest_path
-from imgpipe.format.shardset import open_shards
+from imgpipe.format.shardset import open_shardset
 from imgpipe.loaders.dali_index import write_dali_index
 from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, EvalGeometry
 from imgpipe.loaders.pixels import describe_jpeg_decoder, region_decoder
@@ -194,7 +194,7 @@ class PlainDali:
         from nvidia.dali import Pipeline, fn, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-        shards = open_shards(rec, "train" if train else "val")
+        shards = open_shardset(rec, "train" if train else "val")
         size = s["image_size"]
         pipe = Pipeline(batch_size=s["batch_size"], num_threads=max(1, s["workers"]), device_id=None, seed=0)
         with pipe:
@@ -280,7 +280,7 @@ def decode_all(payloads: list[bytes]) -> None:
 def decode_in_child(rec: Path, repeats: int, start: Any, results: Any) -> None:
     """(Forked child) read every train JPEG, wait for ``start``, decode them ``repeats`` times; send
     (images/s, images per CPU-second) of each pass through ``results``."""
-    shards = open_shards(rec, "train")
+    shards = open_shardset(rec, "train")
     payloads = [shards.read(i)[1] for i in range(len(shards))]
     start.wait()
     for _ in range(repeats):
@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     src, rec = prepare(a)
     ffcv = {"beton": str(prepare_ffcv(a, src)), "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)} if a.ffcv_python else {}
     shape = describe_tree(src / "train") if a.data == "imagenet" else "imgpipe synth"
-    print(f"data: {len(open_shards(rec, 'train'))} train JPEGs ({shape}; {src}); batch {a.batch_size}, size {a.image_size}, "
+    print(f"data: {len(open_shardset(rec, 'train'))} train JPEGs ({shape}; {src}); batch {a.batch_size}, size {a.image_size}, "
           f"workers {workers}, {cpus} CPUs; {a.epochs} epochs per process, medians of {a.rounds} rounds")  # fmt: skip
     print(f"imgpipe-torch decodes JPEGs: {describe_jpeg_decoder()}")
     loaders = [*names, FFCV] if ffcv else names

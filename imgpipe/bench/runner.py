@@ -25,7 +25,7 @@ from imgpipe.bench.config import BACKENDS, BenchConfig
 from imgpipe.bench.stats import RankStats, StepTimes, StoreIO, store_io
 from imgpipe.bench.system import SystemSampler, SystemSummary, diskstats_name, summarize
 from imgpipe.errors import ConfigError
-from imgpipe.format.shardset import ShardSet, open_shards
+from imgpipe.format.shardset import ShardSet, open_shardset
 from imgpipe.loaders.pixels import region_decoder
 from imgpipe.loaders.stage_timer import BatchTimes, StageTimer
 from imgpipe.storage.source import url_scheme
@@ -127,7 +127,7 @@ def run_bench(config: BenchConfig) -> BenchResult | None:
     _check_gpus(config)
     from imgpipe.train.launch import launch
 
-    shards = open_shards(config.data, config.split)  # a bad DATA fails here, in one line
+    shards = open_shardset(config.data, config.split)  # a bad DATA fails here, in one line
     if len(shards) < config.batch_size * config.ranks:
         raise ConfigError(
             f"{config.data}: split {config.split!r} has {len(shards)} records, not one batch of {config.batch_size} "
@@ -183,7 +183,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> list[RunResult] | None:
 
     if ctx.device.type == "cpu" and ctx.world_size > 1:  # ranks share the cores
         torch.set_num_threads(max(1, available_cpus() // ctx.world_size))
-    shards = open_shards(config.data, config.split)
+    shards = open_shardset(config.data, config.split)
     files = shard_files(shards) if ctx.is_main else []  # only rank 0 evicts and measures the page cache
     compute = Compute(config, ctx, len(shards.classes or []) or 1000)
     runs: list[RunResult] = []
