@@ -26,8 +26,8 @@ from imgpipe.bench.stats import RankStats, StepTimes, StoreIO, store_io
 from imgpipe.bench.system import SystemSampler, SystemSummary, diskstats_name, summarize
 from imgpipe.errors import ConfigError
 from imgpipe.format.shardset import ShardSet, open_shardset
+from imgpipe.loaders.phase_timer import BatchTimes, PhaseTimer
 from imgpipe.loaders.pixels import region_decoder
-from imgpipe.loaders.stage_timer import BatchTimes, StageTimer
 from imgpipe.storage.source import url_scheme
 from imgpipe.train.metrics import gather_objects
 
@@ -215,7 +215,7 @@ def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, compute:
     from imgpipe.bench.probes import endless, make_loader
 
     stats = RankStats(ctx.rank, config.batch_size, timed_stages=backend == "torch")
-    timer = StageTimer() if backend == "torch" else None
+    timer = PhaseTimer() if backend == "torch" else None
     loader = make_loader(backend, config.train_config(workers, ctx.device), ctx, timer)
     clock = StageClock(ctx.device)
     try:
@@ -232,7 +232,7 @@ def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, compute:
     return stats
 
 
-def _step(iterator: Iterator[tuple[Any, Any]], compute: Compute, clock: StageClock, timer: StageTimer | None, origin: float) -> StepTimes:
+def _step(iterator: Iterator[tuple[Any, Any]], compute: Compute, clock: StageClock, timer: PhaseTimer | None, origin: float) -> StepTimes:
     """One training step, timed stage by stage; ``start`` is relative to ``origin``.
 
     The stages add up to the step's wall time: the loader's ``collate`` happens inside ``next()``
