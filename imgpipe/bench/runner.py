@@ -5,7 +5,7 @@ Ranks are started by the trainer's launcher (:func:`imgpipe.train.launch.launch`
 the same order: before each, rank 0 evicts DATA from the page cache (``--cold``) and measures its
 residency, each rank warms its loader up, and all start measuring together at a barrier; rank 0
 gathers the results. A step is ``wait`` -> ``h2d`` -> ``compute`` -> ``sync`` (:mod:`.compute`), each
-ending on a :class:`~.clock.StageClock` reading; the loaders are the real ones (:mod:`.probes`).
+ending on a :class:`~.clock.PhaseClock` reading; the loaders are the real ones (:mod:`.probes`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from imgpipe._sys.diskinfo import DiskInfo, device_for_path
 from imgpipe._sys.distenv import available_cpus
 from imgpipe.bench import cache
-from imgpipe.bench.clock import StageClock
+from imgpipe.bench.clock import PhaseClock
 from imgpipe.bench.compute import Compute, trainer_cudnn
 from imgpipe.bench.config import BACKENDS, BenchConfig
 from imgpipe.bench.stats import RankStats, StepTimes, StoreIO, store_io
@@ -214,10 +214,10 @@ def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, compute:
     """Warm up, line the ranks up at a barrier, then measure ``config.steps`` steps."""
     from imgpipe.bench.probes import endless, make_loader
 
-    stats = RankStats(ctx.rank, config.batch_size, timed_stages=backend == "torch")
+    stats = RankStats(ctx.rank, config.batch_size, timed_phases=backend == "torch")
     timer = PhaseTimer() if backend == "torch" else None
     loader = make_loader(backend, config.train_config(workers, ctx.device), ctx, timer)
-    clock = StageClock(ctx.device)
+    clock = PhaseClock(ctx.device)
     try:
         iterator = endless(loader)
         warm_start = time.perf_counter()
@@ -232,10 +232,10 @@ def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, compute:
     return stats
 
 
-def _step(iterator: Iterator[tuple[Any, Any]], compute: Compute, clock: StageClock, timer: PhaseTimer | None, origin: float) -> StepTimes:
-    """One training step, timed stage by stage; ``start`` is relative to ``origin``.
+def _step(iterator: Iterator[tuple[Any, Any]], compute: Compute, clock: PhaseClock, timer: PhaseTimer | None, origin: float) -> StepTimes:
+    """One training step, timed phase by phase; ``start`` is relative to ``origin``.
 
-    The stages add up to the step's wall time: the loader's ``collate`` happens inside ``next()``
+    The phases add up to the step's wall time: the loader's ``collate`` happens inside ``next()``
     and is taken out of ``wait``. (On a GPU the torch loader prepares the next batch inside that
     call; the collate taken out is the previous batch's, the same on average.)
     """
