@@ -279,7 +279,7 @@ def test_an_index_sidecar_that_differs_from_the_idx_files_is_located(dataset: Pa
     import hashlib
     import json
 
-    from imgpipe.format.layout import index_bytes, parse_index_sidecar
+    from imgpipe.format.files import index_bytes, parse_index_sidecar
 
     path = dataset / "train.index.npy"
     keys, offsets = parse_index_sidecar(path.read_bytes(), open_shardset(dataset).labels.size)

@@ -22,7 +22,7 @@ import numpy as np
 from imgpipe._sys.checksum import crc32
 from imgpipe.errors import DatasetError, ImgpipeError, RecordIOError, RemoteError
 from imgpipe.format import recordio
-from imgpipe.format.layout import SHARD_FILE, SidecarError, SourceLines, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
+from imgpipe.format.files import SHARD_FILE, SidecarError, SourceLines, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, SplitInfo, fetch_manifest, load_manifest, manifest_path
 from imgpipe.format.unfinished import incomplete_folder
 from imgpipe.storage.local import LocalSource

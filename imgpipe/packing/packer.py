@@ -31,7 +31,7 @@ from imgpipe._sys.oserrors import describe, write_probe
 from imgpipe._sys.validate import MAX_SEED
 from imgpipe.errors import DatasetError, PackError, RecordIOError
 from imgpipe.format import recordio
-from imgpipe.format.layout import (
+from imgpipe.format.files import (
     SIDECAR_SUFFIXES,
     checksums_bytes,
     checksums_name,

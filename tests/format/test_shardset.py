@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from _packs import INDEXED_RECORDS, im2rec_labels, with_payloads, without_index_sidecar  # noqa: E402
 
 from imgpipe.errors import DatasetError, RecordIOError  # noqa: E402
-from imgpipe.format.layout import index_bytes, parse_index_sidecar  # noqa: E402
+from imgpipe.format.files import index_bytes, parse_index_sidecar  # noqa: E402
 from imgpipe.format.manifest import ShardInfo, SplitInfo  # noqa: E402
 from imgpipe.format.recordio import MAGIC_BYTES, read_index, read_record_at, unpack_header  # noqa: E402
 from imgpipe.format.shardset import open_shardset, sidecar_index  # noqa: E402

@@ -198,7 +198,7 @@ def _uint64_sidecar(packed_dir: Path, dst: Path) -> Path:
     import hashlib
     import json
 
-    from imgpipe.format.layout import _npy_bytes
+    from imgpipe.format.files import _npy_bytes
 
     shutil.copytree(packed_dir, dst)
     array = np.load(dst / "train.index.npy").astype(np.uint64)
