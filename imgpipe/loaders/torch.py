@@ -414,13 +414,13 @@ class TorchLoader(SampledLoader):
             self._phase_timer.record(dataclasses.replace(built.times, collate=time.perf_counter() - start))
 
     def _finish_on_gpu(self, images: torch.Tensor) -> torch.Tensor:
-        """A uint8 batch on the GPU as yielded: float32 normalized, or uint8, in the layout asked
+        """A uint8 batch on the GPU as yielded: float32 normalized, or uint8, in the memory format asked
         (workers build channels_last (HWC) batches for a GPU: one memcpy per image)."""
-        layout = torch.channels_last if self.options.channels_last else torch.contiguous_format
+        memory_format = torch.channels_last if self.options.channels_last else torch.contiguous_format
         if not self.options.normalize:
-            return images.contiguous(memory_format=layout)
-        out = torch.empty(images.shape, dtype=torch.float32, device=images.device, memory_format=layout)
-        return out.copy_(images).mul_(self._scale).add_(self._bias)  # the copy converts dtype and layout in one pass
+            return images.contiguous(memory_format=memory_format)
+        out = torch.empty(images.shape, dtype=torch.float32, device=images.device, memory_format=memory_format)
+        return out.copy_(images).mul_(self._scale).add_(self._bias)  # the copy converts dtype and memory format in one pass
 
     def _cuda_batches(self, built_batches: Iterator[BuiltBatch]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Copy one batch ahead on a side stream; convert and normalize there; hand over safely.
