@@ -48,10 +48,10 @@ from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped,
 from imgpipe.image import codec, shrink
 from imgpipe.image.extensions import INSTALL_FIX
 from imgpipe.ingest.scan import scan
-from imgpipe.packing.checkpoint import CHECKPOINT_S
 from imgpipe.packing.journal import JOURNAL_DIR, Journal, ShardResult, StoredPlan
 from imgpipe.packing.parts import ArrayTask, Parts, choose_part, missing_parts_advice, rerun_parts_advice
 from imgpipe.packing.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size, published_names
+from imgpipe.packing.progress import CHECKPOINT_S
 from imgpipe.packing.scatter import Scatter
 from imgpipe.packing.slots import tmp_names
 

@@ -139,7 +139,7 @@ class SideFile:
         return offset
 
     def keep(self, size: int) -> None:
-        """Keep the first ``size`` bytes (those a checkpoint holds), drop the rest."""
+        """Keep the first ``size`` bytes (those the progress file holds), drop the rest."""
         os.ftruncate(self.fd, size)
         self.size = size
 

@@ -17,10 +17,10 @@ import pytest
 from _fs import tmpfs
 
 from imgpipe._sys.fiemap import UNSUPPORTED, first_extent
-from imgpipe.packing.checkpoint import Checkpoints, checkpoint_path
 from imgpipe.packing.filereads import READ_THREADS
 from imgpipe.packing.journal import JOURNAL_DIR
 from imgpipe.packing.packer import _plan, pack
+from imgpipe.packing.progress import ProgressFile, progress_path
 from imgpipe.packing.readorder import JOBS_PER_WORKER, MemberReads, ReadOrder
 from imgpipe.packing.slots import ItemResults, SideFile, SlotLayout
 from imgpipe.synth.tree import make_synthetic
@@ -120,14 +120,14 @@ def test_a_checkpoint_that_names_a_record_outside_its_slots_is_not_used(tree: Pa
     folder = tmp_path / JOURNAL_DIR
     folder.mkdir()
     layout = SlotLayout.of(plan, plan.shards, folder / "slots")
-    path = checkpoint_path(folder, 0)
+    path = progress_path(folder, 0)
     fresh = np.zeros(len(layout.shards), bool)
 
     def saved(**changes: object) -> tuple[int, ItemResults]:
         results = ItemResults.empty(len(layout))
         results.done[:5], results.length[:5] = True, layout.lengths[:5]
         side = SideFile(folder / "side")
-        Checkpoints(path, plan.fingerprint, layout, results, side, 0).save(np.ones(len(layout.shards), bool))
+        ProgressFile(path, plan.fingerprint, layout, results, side, 0).save(np.ones(len(layout.shards), bool))
         if changes:
             with np.load(path) as data:
                 arrays = {name: data[name] for name in data.files}
@@ -135,7 +135,7 @@ def test_a_checkpoint_that_names_a_record_outside_its_slots_is_not_used(tree: Pa
                 arrays[name] = np.asarray(value, arrays[name].dtype) if name != "meta" else value
             np.savez(path, **arrays)  # type: ignore[arg-type]
         loaded = ItemResults.empty(len(layout))
-        taken = Checkpoints(path, plan.fingerprint, layout, loaded, side, 0).load(fresh)
+        taken = ProgressFile(path, plan.fingerprint, layout, loaded, side, 0).load(fresh)
         side.close()
         return len(taken), loaded
 

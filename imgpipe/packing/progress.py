@@ -1,10 +1,11 @@
-"""Resume a pack killed at any moment: which records are written, in a checkpoint beside the journal.
+"""Resume a pack killed at any moment: which records are written, in a progress file beside the journal.
 
 Every ``every_s`` seconds (``--checkpoint-every``; 0: whenever results arrive) the parent fsyncs the slot
-files and the side file, then writes ``.imgpipe-pack/checkpoint-node<rank>.npz`` atomically: per record
-written its shard, position, action, framed length, crc32, side-file offset and source bytes, and how
-much of the side file is valid; a rerun of the same plan reads only the other records. Nothing in the
-file is trusted: a record outside its shard or its slot, or a slot file laid out again, drops what it says.
+files and the side file, then atomically writes the progress file, ``.imgpipe-pack/checkpoint-node<rank>.npz``
+(the pack's checkpoint, in cli.md's words): per record written its shard, position, action, framed length,
+crc32, side-file offset and source bytes, and how much of the side file is valid; a rerun of the same plan
+reads only the other records. Nothing in the file is trusted: a record outside its shard or its slot, or a
+slot file laid out again, drops what it says.
 """
 
 from __future__ import annotations
@@ -28,18 +29,18 @@ CHECKPOINT_S = 30.0
 ARRAYS = ("shard", "position", "action", "length", "crc", "side", "read")
 
 
-def checkpoint_path(journal_folder: Path, node_rank: int) -> Path:
+def progress_path(journal_folder: Path, node_rank: int) -> Path:
     return journal_folder / f"checkpoint-node{node_rank}.npz"
 
 
-class Checkpoints:
+class ProgressFile:
     """Save and load the written records of a layout's items (``results``) for one node."""
 
     def __init__(self, path: Path, fingerprint: str, layout: SlotLayout, results: ItemResults, side: SideFile, every_s: float) -> None:
         self.path, self.fingerprint, self.layout, self.results, self.side = path, fingerprint, layout, results, side
         self.every_s = every_s
         self.last = time.monotonic()
-        self.recorded = False  # results taken since the last checkpoint
+        self.recorded = False  # results taken since the last save
 
     def due(self) -> bool:
         return self.recorded and time.monotonic() - self.last >= self.every_s
