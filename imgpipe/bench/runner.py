@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from imgpipe._sys.cpus import available_cpus
 from imgpipe._sys.diskinfo import DiskInfo, device_for_path
-from imgpipe._sys.distenv import available_cpus
 from imgpipe.bench import cache
 from imgpipe.bench.clock import PhaseClock
 from imgpipe.bench.compute import Compute, trainer_cudnn

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 
 from imgpipe._sys.checksum import crc32, sha256_file
-from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.cpus import available_cpus
 from imgpipe._sys.oserrors import describe
 from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError

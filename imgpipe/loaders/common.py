@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from imgpipe._sys.distenv import DistEnv, available_cpus
+from imgpipe._sys.cpus import available_cpus
+from imgpipe._sys.distenv import DistEnv
 from imgpipe.cache.opening import open_shards
 from imgpipe.errors import ConfigError, DatasetError
 from imgpipe.format.shardset import ShardSet

@@ -25,8 +25,8 @@ from tqdm import tqdm
 
 from imgpipe._sys.atomic import fsync_dir
 from imgpipe._sys.checksum import sha256_file
+from imgpipe._sys.cpus import available_cpus
 from imgpipe._sys.diskinfo import check_free_space, warn_if_slow
-from imgpipe._sys.distenv import available_cpus
 from imgpipe._sys.oserrors import describe, write_probe
 from imgpipe._sys.validate import MAX_SEED
 from imgpipe.errors import DatasetError, PackError, RecordIOError

@@ -21,7 +21,7 @@ import numpy as np
 
 from imgpipe._sys.atomic import atomic_write_bytes, fsync_dir
 from imgpipe._sys.checksum import sha256_file
-from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.cpus import available_cpus
 from imgpipe._sys.oserrors import NO_SPACE, describe
 from imgpipe.errors import PackError
 from imgpipe.format.recordio import IndexedRecordWriter, format_index_line

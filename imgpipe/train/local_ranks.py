@@ -26,7 +26,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.cpus import available_cpus
 from imgpipe.errors import DistributedError, Stopped
 from imgpipe.train import rank_main
 
