@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from imgpipe._sys.distenv import DistEnv
 from imgpipe._sys.procs import die_with_parent
 from imgpipe._sys.torch_private import free_dead_shared_storages, shutdown_persistent_workers
+from imgpipe.distenv import DistEnv
 from imgpipe.errors import DatasetError, RecordIOError, RemoteError
 from imgpipe.format.shardset import PathLike, Records, ShardSet
 from imgpipe.image.extensions import warn_if_no_region_decoder

@@ -22,7 +22,7 @@ def run(config: TrainConfig, *, gpus: int | None = None, nproc: int | None = Non
     import os
     import sys
 
-    from imgpipe._sys.distenv import DistEnv
+    from imgpipe.distenv import DistEnv
     from imgpipe.train.launch import check_launcher_env, launch
     from imgpipe.train.rundir import claim_output_dir
 
