@@ -328,7 +328,7 @@ def median_ratio(mine: list[dict[str, Any]], theirs: list[dict[str, Any]], key: 
     return statistics.median(rounds), rounds
 
 
-def verdict(value: float, goal: float | None) -> str:
+def goal_check(value: float, goal: float | None) -> str:
     return "" if goal is None else f"goal >= {goal}x: {'PASS' if value >= goal else 'MISS'}"
 
 
@@ -372,7 +372,7 @@ def report(
                 per_cpu, _ = median_ratio(runs[k_mine], runs[k_theirs], "steady_per_cpu_s")
                 goal = goal if split == "train" else None
                 print(f"  {mine} / {theirs:20s} {dtype:7s} {split:5s} {w:2d} workers {steady:5.2f}x "
-                      f"({first:4.2f}x, per CPU-s {per_cpu:4.2f}x)  {verdict(steady, goal):18s} "
+                      f"({first:4.2f}x, per CPU-s {per_cpu:4.2f}x)  {goal_check(steady, goal):18s} "
                       f"rounds {', '.join(f'{x:.2f}' for x in rounds)}")  # fmt: skip
                 figures[f"ratio {mine}/{theirs} {dtype} {split} {w}"] = {
                     "steady": steady,
@@ -387,7 +387,7 @@ def report(
                 per_core = statistics.median(pairs)
                 per_cpu = statistics.median(rates(x)["steady_per_cpu_s"] / cpu for x, (_, cpu) in zip(runs[k], decode))
                 print(f"  imgpipe-torch per core / Pillow decode-only   uint8   train {w:2d} workers {per_core:5.2f}x "
-                      f"(per CPU-s {per_cpu:4.2f}x)  {verdict(per_core, PER_CORE_GOAL):18s} "
+                      f"(per CPU-s {per_cpu:4.2f}x)  {goal_check(per_core, PER_CORE_GOAL):18s} "
                       f"rounds {', '.join(f'{x:.2f}' for x in pairs)}")  # fmt: skip
                 figures[f"ratio per core / decode-only uint8 train {w}"] = {"steady": per_core, "per_cpu_s": per_cpu, "rounds": pairs}
     return figures
