@@ -1,5 +1,5 @@
-"""Helpers on the packs the session fixtures make with ``imgpipe.pack`` (conftest.py): damaged copies, the
-older layout without an index sidecar, and one noisy JPEG for the decode tests."""
+"""Helpers on the packs the session fixtures make with ``imgpipe.pack`` (conftest.py): damaged copies, an
+older pack's files (no index sidecar), and one noisy JPEG for the decode tests."""
 
 from __future__ import annotations
 
