@@ -35,7 +35,7 @@ from imgpipe.packing.plan import PackPlan, ShardSpec
 from imgpipe.packing.progress import CHECKPOINT_S, ProgressFile, progress_path
 from imgpipe.packing.publish import Publisher, write_failure
 from imgpipe.packing.readorder import Entry, ReadJob, ReadOrder
-from imgpipe.packing.slots import ACTIONS, SKIPPED, SLOTS_DIR, ItemResults, SideFile, SlotLayout
+from imgpipe.packing.slots import ACTIONS, SKIPPED, SLOTS_DIR, ItemResults, SideFile, SlotMap
 
 logger = logging.getLogger(__name__)
 
@@ -98,20 +98,20 @@ class Scatter:
         self.plan, self.dst, self.node_rank, self.checkpoint_s = plan, dst, node_rank, checkpoint_s
         self.advance, self.collect = advance, collect
         self.journal = Journal(dst)
-        self.layout = SlotLayout.of(plan, todo, self.journal.folder / SLOTS_DIR)
-        self.order = ReadOrder(plan, self.layout, root)
-        self.results = ItemResults.empty(len(self.layout))
-        self.setup = WorkerSetup(dst, self.layout.slot_files(), resize, quality)
+        self.slot_map = SlotMap.of(plan, todo, self.journal.folder / SLOTS_DIR)
+        self.order = ReadOrder(plan, self.slot_map, root)
+        self.results = ItemResults.empty(len(self.slot_map))
+        self.setup = WorkerSetup(dst, self.slot_map.slot_files(), resize, quality)
 
     def run(self, workers: int) -> None:
         try:
-            fresh = self.layout.lay_out(self.journal)
-            self.side = SideFile(self.layout.folder / f"node{self.node_rank}.side")
+            fresh = self.slot_map.make_slot_files(self.journal)
+            self.side = SideFile(self.slot_map.folder / f"node{self.node_rank}.side")
         except OSError as e:
             raise write_failure(self.dst, "laying out the shards", e) from e
         path = progress_path(self.journal.folder, self.node_rank)
-        self.progress_file = ProgressFile(path, self.plan.fingerprint, self.layout, self.results, self.side, self.checkpoint_s)
-        self.publisher = Publisher(self.layout, self.results, self.side, self.dst, self.collect)
+        self.progress_file = ProgressFile(path, self.plan.fingerprint, self.slot_map, self.results, self.side, self.checkpoint_s)
+        self.publisher = Publisher(self.slot_map, self.results, self.side, self.dst, self.collect)
         try:
             self.publisher.taken(self.progress_file.load(fresh))
             self.publisher.publish_ready()
@@ -252,9 +252,9 @@ class Scatter:
         """Every shard is published: the slots, the side file and the progress file go."""
         progress.unlink(missing_ok=True)
         self.side.path.unlink(missing_ok=True)
-        self.layout.remove()
+        self.slot_map.remove()
         try:
-            self.layout.folder.rmdir()
+            self.slot_map.folder.rmdir()
         except OSError:  # another node's side file or slots are still there
             pass
 
