@@ -102,7 +102,7 @@ def tiny_jpeg() -> bytes:
 
 def build(folder: Path, records: int, classes: int, per_shard: int) -> None:
     """Write the packed split: every record is the same JPEG behind its own IRHeader, so a shard is one numpy array."""
-    from imgpipe.format.layout import checksums_bytes, index_bytes, labels_bytes
+    from imgpipe.format.files import checksums_bytes, index_bytes, labels_bytes
     from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, write_manifest
     from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, MAGIC
 

@@ -56,7 +56,7 @@ from PIL import Image
 
 import imgpipe
 from imgpipe.format.manifest import manifest_path
-from imgpipe.format.shardset import open_shards
+from imgpipe.format.shardset import open_shardset
 from imgpipe.loaders.dali_index import write_dali_index
 from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, EvalGeometry
 from imgpipe.loaders.pixels import describe_jpeg_decoder, region_decoder
@@ -194,7 +194,7 @@ class PlainDali:
         from nvidia.dali import Pipeline, fn, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-        shards = open_shards(rec, "train" if train else "val")
+        shards = open_shardset(rec, "train" if train else "val")
         size = s["image_size"]
         pipe = Pipeline(batch_size=s["batch_size"], num_threads=max(1, s["workers"]), device_id=None, seed=0)
         with pipe:
@@ -280,7 +280,7 @@ def decode_all(payloads: list[bytes]) -> None:
 def decode_in_child(rec: Path, repeats: int, start: Any, results: Any) -> None:
     """(Forked child) read every train JPEG, wait for ``start``, decode them ``repeats`` times; send
     (images/s, images per CPU-second) of each pass through ``results``."""
-    shards = open_shards(rec, "train")
+    shards = open_shardset(rec, "train")
     payloads = [shards.read(i)[1] for i in range(len(shards))]
     start.wait()
     for _ in range(repeats):
@@ -328,7 +328,7 @@ def median_ratio(mine: list[dict[str, Any]], theirs: list[dict[str, Any]], key: 
     return statistics.median(rounds), rounds
 
 
-def verdict(value: float, goal: float | None) -> str:
+def goal_check(value: float, goal: float | None) -> str:
     return "" if goal is None else f"goal >= {goal}x: {'PASS' if value >= goal else 'MISS'}"
 
 
@@ -372,7 +372,7 @@ def report(
                 per_cpu, _ = median_ratio(runs[k_mine], runs[k_theirs], "steady_per_cpu_s")
                 goal = goal if split == "train" else None
                 print(f"  {mine} / {theirs:20s} {dtype:7s} {split:5s} {w:2d} workers {steady:5.2f}x "
-                      f"({first:4.2f}x, per CPU-s {per_cpu:4.2f}x)  {verdict(steady, goal):18s} "
+                      f"({first:4.2f}x, per CPU-s {per_cpu:4.2f}x)  {goal_check(steady, goal):18s} "
                       f"rounds {', '.join(f'{x:.2f}' for x in rounds)}")  # fmt: skip
                 figures[f"ratio {mine}/{theirs} {dtype} {split} {w}"] = {
                     "steady": steady,
@@ -387,7 +387,7 @@ def report(
                 per_core = statistics.median(pairs)
                 per_cpu = statistics.median(rates(x)["steady_per_cpu_s"] / cpu for x, (_, cpu) in zip(runs[k], decode))
                 print(f"  imgpipe-torch per core / Pillow decode-only   uint8   train {w:2d} workers {per_core:5.2f}x "
-                      f"(per CPU-s {per_cpu:4.2f}x)  {verdict(per_core, PER_CORE_GOAL):18s} "
+                      f"(per CPU-s {per_cpu:4.2f}x)  {goal_check(per_core, PER_CORE_GOAL):18s} "
                       f"rounds {', '.join(f'{x:.2f}' for x in pairs)}")  # fmt: skip
                 figures[f"ratio per core / decode-only uint8 train {w}"] = {"steady": per_core, "per_cpu_s": per_cpu, "rounds": pairs}
     return figures
@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     src, rec = prepare(a)
     ffcv = {"beton": str(prepare_ffcv(a, src)), "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)} if a.ffcv_python else {}
     shape = describe_tree(src / "train") if a.data == "imagenet" else "imgpipe synth"
-    print(f"data: {len(open_shards(rec, 'train'))} train JPEGs ({shape}; {src}); batch {a.batch_size}, size {a.image_size}, "
+    print(f"data: {len(open_shardset(rec, 'train'))} train JPEGs ({shape}; {src}); batch {a.batch_size}, size {a.image_size}, "
           f"workers {workers}, {cpus} CPUs; {a.epochs} epochs per process, medians of {a.rounds} rounds")  # fmt: skip
     print(f"imgpipe-torch decodes JPEGs: {describe_jpeg_decoder()}")
     loaders = [*names, FFCV] if ffcv else names

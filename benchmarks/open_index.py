@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 
 from imgpipe.format import recordio
-from imgpipe.format.layout import index_bytes
+from imgpipe.format.files import index_bytes
 from imgpipe.format.manifest import Manifest, ShardInfo, SplitInfo, write_manifest
 
 PROBE = r"""

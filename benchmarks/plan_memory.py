@@ -90,8 +90,8 @@ def main() -> None:
         print(f"{name:26s} {int(runs[0]['files']):>10,d} {seconds:>8.2f} {peak:>12.1f}")
     seconds, peak = results["imgpipe scan + plan"]
     tv_seconds, tv_peak = results["torchvision ImageFolder"]
-    verdict = "met" if peak < 1024 else "MISSED"
-    print(f"\ngoal (scan + plan of {args.files:,} files well under 1 GB): {peak:.0f} MB peak RSS: {verdict}")
+    outcome = "met" if peak < 1024 else "MISSED"
+    print(f"\ngoal (scan + plan of {args.files:,} files well under 1 GB): {peak:.0f} MB peak RSS: {outcome}")
     print(f"imgpipe vs torchvision ImageFolder indexing: {tv_seconds / seconds:.2f}x the speed, {tv_peak / peak:.2f}x less peak RSS")
 
 

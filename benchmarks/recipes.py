@@ -184,11 +184,11 @@ def main() -> None:
     print(f"fixed {args.size} px, seeds 0-{args.rounds - 1}: median top-1 {top1_fixed:.4f}, median wall {wall_fixed:.1f} s")
     print(f"progressive {args.start}->{args.size} px, val {args.val_size} px: median top-1 {top1_prog:.4f}, median wall {wall_prog:.1f} s")
     gap = 100 * (top1_fixed - top1_prog)
-    verdict = "met" if gap <= 2.0 and ratio <= 0.8 else "NOT met"
+    outcome = "met" if gap <= 2.0 and ratio <= 0.8 else "NOT met"
     print(
         f"progressive vs fixed: {-gap:+.1f} points of top-1, {ratio:.2f}x the wall time (median of {args.rounds} round ratio(s)), "
         f"{statistics.median(cpu_ratios):.2f}x the CPU time (whole processes: less disturbed by other work on the machine); "
-        f"goal (within 2 points, <= 0.8x the wall time): {verdict}; load average now {os.getloadavg()[0]:.1f}"
+        f"goal (within 2 points, <= 0.8x the wall time): {outcome}; load average now {os.getloadavg()[0]:.1f}"
     )
 
 

@@ -358,12 +358,12 @@ def report_epochs(runs: dict[str, list[dict[str, Any] | None]], a: argparse.Name
     print("\nratios (median over rounds of the ratio within each round)")
     for what, value, goal in goals:  # a negative goal is an upper bound
         if goal is None:
-            verdict = ""
+            goal_note = ""
         elif goal < 0:
-            verdict = f"  goal <= {-goal}: {'met' if value <= -goal else 'MISSED'}"
+            goal_note = f"  goal <= {-goal}: {'met' if value <= -goal else 'MISSED'}"
         else:
-            verdict = f"  goal >= {goal}: {'met' if value >= goal else 'MISSED'}"
-        print(f"  {what:75s} {value:5.2f}x{verdict}")
+            goal_note = f"  goal >= {goal}: {'met' if value >= goal else 'MISSED'}"
+        print(f"  {what:75s} {value:5.2f}x{goal_note}")
 
 
 def report_stage(stage: dict[str, Any], runs: dict[str, list[dict[str, Any] | None]]) -> None:

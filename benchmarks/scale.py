@@ -1,9 +1,9 @@
-"""The cost of every stage as the dataset grows: per-record time and peak RSS at 13 k, 128 k and 1.33 M files.
+"""The cost of every phase as the dataset grows: per-record time and peak RSS at 13 k, 128 k and 1.33 M files.
 
 Writes (once per size, under ``--work``, a tmpfs by default) an ImageNet-shaped tree of tiny
 JPEGs (24-40 px, a few hundred bytes: only the file count is large): ``train/<wnid>/*.JPEG`` in
 1,000 classes and a flat ``val/`` with ``LOC_val_solution.csv``, in ImageNet's proportions
-(1,281,167 + 50,000 at full size). Then runs each stage in a fresh interpreter, timed after its
+(1,281,167 + 50,000 at full size). Then runs each phase in a fresh interpreter, timed after its
 imports, and records its wall and CPU seconds (its own and its reaped workers') and its peak RSS
 (VmHWM of the process, and the largest of its workers'):
 
@@ -25,7 +25,7 @@ steadier figure); the growth ratio is the largest size's per-record cost over th
 Goals (issue 31): every ratio <= 1.25, pack peak RSS <= 1 GB at 1.33 M, first batch <= 10 s,
 resume exact, eval exactly once.
 
-    python benchmarks/scale.py [--sizes 13000,128000,1331167] [--stages all] [--work DIR] [--keep]
+    python benchmarks/scale.py [--sizes 13000,128000,1331167] [--phases all] [--work DIR] [--keep]
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FULL_TRAIN, FULL_VAL = 1_281_167, 50_000
 CLASSES = 1000
 POOL = 2048  # distinct tiny JPEGs, dealt out to the files
-STAGES = ("scan", "plan", "pack", "verify", "info", "open_shards", "loader", "epoch", "resume", "eval", "stage", "cache_fill")
-LOADER_STAGES = ("loader", "epoch", "resume", "eval")
+PHASES = ("scan", "plan", "pack", "verify", "info", "open_shards", "loader", "epoch", "resume", "eval", "stage", "cache_fill")
+LOADER_PHASES = ("loader", "epoch", "resume", "eval")
 BATCH, IMAGE_SIZE = 256, 32
 GOAL_RATIO, GOAL_PACK_RSS_MB, GOAL_FIRST_BATCH_S = 1.25, 1000, 10.0
 
@@ -104,7 +104,7 @@ def make_tree(root: Path, files: int) -> Path:
     return root
 
 
-# ----------------------------------------------------------------------------- stages (each in a fresh child)
+# ----------------------------------------------------------------------------- phases (each in a fresh child)
 
 
 def hwm_mb() -> float:
@@ -143,7 +143,7 @@ def loader(dst: Path, workers: int, **kw: Any) -> Any:
     return make_torch_loader(dst, **{**args, **kw})
 
 
-def stage_scan(a: argparse.Namespace) -> dict[str, Any]:
+def phase_scan(a: argparse.Namespace) -> dict[str, Any]:
     from imgpipe.ingest.scan import scan
 
     t0, c0 = time.perf_counter(), cpu_s()
@@ -151,7 +151,7 @@ def stage_scan(a: argparse.Namespace) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - t0, "cpu": cpu_s() - c0, "records": sum(len(s) for s in tree.splits.values())}
 
 
-def stage_plan(a: argparse.Namespace) -> dict[str, Any]:
+def phase_plan(a: argparse.Namespace) -> dict[str, Any]:
     from imgpipe.packing import packer
 
     scanning = [0.0, 0.0]
@@ -171,7 +171,7 @@ def stage_plan(a: argparse.Namespace) -> dict[str, Any]:
     return {"seconds": seconds, "cpu": cpu, "records": sum(len(s.paths) for s in plan.splits.values()), "shards": len(plan.shards)}
 
 
-def stage_pack(a: argparse.Namespace) -> dict[str, Any]:
+def phase_pack(a: argparse.Namespace) -> dict[str, Any]:
     import imgpipe
 
     peak = [0.0]
@@ -195,7 +195,7 @@ def stage_pack(a: argparse.Namespace) -> dict[str, Any]:
     return {"seconds": seconds, "cpu": cpu, "records": sum(report.records.values()), "workers_peak_mb": workers_peak}
 
 
-def stage_verify(a: argparse.Namespace) -> dict[str, Any]:
+def phase_verify(a: argparse.Namespace) -> dict[str, Any]:
     import imgpipe
 
     t0, c0 = time.perf_counter(), cpu_s()
@@ -204,7 +204,7 @@ def stage_verify(a: argparse.Namespace) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - t0, "cpu": cpu_s() - c0, "records": a.records}
 
 
-def stage_info(a: argparse.Namespace) -> dict[str, Any]:
+def phase_info(a: argparse.Namespace) -> dict[str, Any]:
     from imgpipe.format.info import describe, format_info
 
     t0, c0 = time.perf_counter(), cpu_s()
@@ -213,7 +213,7 @@ def stage_info(a: argparse.Namespace) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - t0, "cpu": cpu_s() - c0, "records": a.records}
 
 
-def stage_open_shards(a: argparse.Namespace) -> dict[str, Any]:
+def phase_open_shards(a: argparse.Namespace) -> dict[str, Any]:
     import imgpipe
 
     t0, c0 = time.perf_counter(), cpu_s()
@@ -221,7 +221,7 @@ def stage_open_shards(a: argparse.Namespace) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - t0, "cpu": cpu_s() - c0, "records": len(shards)}
 
 
-def stage_loader(a: argparse.Namespace) -> dict[str, Any]:
+def phase_loader(a: argparse.Namespace) -> dict[str, Any]:
     t0, c0 = time.perf_counter(), cpu_s()
     train = loader(a.dst, a.workers)
     built = time.perf_counter() - t0
@@ -234,7 +234,7 @@ def stage_loader(a: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def stage_epoch(a: argparse.Namespace) -> dict[str, Any]:
+def phase_epoch(a: argparse.Namespace) -> dict[str, Any]:
     train = loader(a.dst, a.workers)
     images = 0
     t0 = c0 = 0.0
@@ -248,7 +248,7 @@ def stage_epoch(a: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def stage_resume(a: argparse.Namespace) -> dict[str, Any]:
+def phase_resume(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     first = loader(a.dst, a.workers)
@@ -271,7 +271,7 @@ def stage_resume(a: argparse.Namespace) -> dict[str, Any]:
     return {"seconds": seconds, "cpu": cpu, "records": a.train, "exact": exact}
 
 
-def stage_eval(a: argparse.Namespace) -> dict[str, Any]:
+def phase_eval(a: argparse.Namespace) -> dict[str, Any]:
     seen: list[np.ndarray] = []
     t0, c0 = time.perf_counter(), cpu_s()
     for rank in (0, 1):
@@ -285,7 +285,7 @@ def stage_eval(a: argparse.Namespace) -> dict[str, Any]:
     return {"seconds": seconds, "cpu": cpu, "records": int(records.size), "exactly_once": once}
 
 
-def stage_stage(a: argparse.Namespace) -> dict[str, Any]:
+def phase_stage(a: argparse.Namespace) -> dict[str, Any]:
     import imgpipe
 
     copy = a.work / "staged"
@@ -297,7 +297,7 @@ def stage_stage(a: argparse.Namespace) -> dict[str, Any]:
     return {"seconds": seconds, "cpu": cpu, "records": a.records}
 
 
-def stage_cache_fill(a: argparse.Namespace) -> dict[str, Any]:
+def phase_cache_fill(a: argparse.Namespace) -> dict[str, Any]:
     import imgpipe
 
     cache = a.work / "cache"
@@ -315,17 +315,17 @@ def stage_cache_fill(a: argparse.Namespace) -> dict[str, Any]:
     return {"seconds": seconds, "cpu": cpu, "records": a.records, "workers_peak_mb": peak}
 
 
-STAGE_FUNCTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {name: globals()[f"stage_{name}"] for name in STAGES}
+PHASE_FUNCTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {name: globals()[f"phase_{name}"] for name in PHASES}
 
 
 def child(spec: dict[str, Any]) -> None:
     a = argparse.Namespace(**spec)
-    if a.stage in LOADER_STAGES:
+    if a.phase in LOADER_PHASES:
         import torch
 
         torch.set_num_threads(1)
     a.src, a.dst, a.work = Path(a.src), Path(a.dst), Path(a.work)
-    result = STAGE_FUNCTIONS[a.stage](a)
+    result = PHASE_FUNCTIONS[a.phase](a)
     result["peak_mb"] = hwm_mb()
     print(json.dumps(result), flush=True)
 
@@ -333,11 +333,11 @@ def child(spec: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- driver
 
 
-def run_stage(stage: str, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--child", json.dumps({**spec, "stage": stage})]
+def run_phase(phase: str, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", json.dumps({**spec, "phase": phase})]
     done = subprocess.run(command, capture_output=True, text=True, timeout=3600, env=env)
     if done.returncode != 0:
-        raise SystemExit(f"{stage} at {spec['records']:,} files failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"{phase} at {spec['records']:,} files failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -346,15 +346,15 @@ def per_record(r: dict[str, Any]) -> float:
     return 1e6 * r["cpu"] / max(r["records"], 1)
 
 
-def table(results: dict[int, dict[str, dict[str, Any]]], stages: list[str]) -> list[str]:
+def table(results: dict[int, dict[str, dict[str, Any]]], phases: list[str]) -> list[str]:
     sizes = sorted(results)
-    head = f"| stage | {' | '.join(f'{n:,} files: us/record CPU (wall), peak RSS MB' for n in sizes)} | growth, last two sizes |"
+    head = f"| phase | {' | '.join(f'{n:,} files: us/record CPU (wall), peak RSS MB' for n in sizes)} | growth, last two sizes |"
     lines = [head, "| --- |" + " --- |" * (len(sizes) + 1)]
     ratios: dict[str, float] = {}
-    for stage in stages:
+    for phase in phases:
         cells, per = [], []
         for n in sizes:
-            r = results[n].get(stage)
+            r = results[n].get(phase)
             if r is None:
                 cells.append("-")
                 per.append(None)
@@ -365,8 +365,8 @@ def table(results: dict[int, dict[str, dict[str, Any]]], stages: list[str]) -> l
             per.append(us_cpu)
         known = [p for p in per if p is not None]
         ratio = known[-1] / known[-2] if len(known) >= 2 and known[-2] > 0 else float("nan")
-        ratios[stage] = ratio
-        lines.append(f"| {stage} | {' | '.join(cells)} | {ratio:.2f}x |")
+        ratios[phase] = ratio
+        lines.append(f"| {phase} | {' | '.join(cells)} | {ratio:.2f}x |")
     return lines
 
 
@@ -395,7 +395,7 @@ def _met(ok: bool) -> str:
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians of a stage's runs (every check must hold in every run)."""
+    """Medians of a phase's runs (every check must hold in every run)."""
     out: dict[str, Any] = {}
     for key in runs[0]:
         values = [r[key] for r in runs if key in r]
@@ -407,7 +407,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="13000,128000,1331167", help="files per dataset (train + val), comma-separated")
-    p.add_argument("--stages", default="all", help=f"comma-separated, of: {', '.join(STAGES)}")
+    p.add_argument("--phases", default="all", help=f"comma-separated, of: {', '.join(PHASES)}")
     p.add_argument("--rounds", type=int, default=1, help="rounds over the sizes (alternating their order); medians are shown")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--shard-size", default="1MB", help="about 1,300 of these tiny records per shard, as ImageNet's 1,024 shards")
@@ -425,16 +425,16 @@ def main(argv: list[str] | None = None) -> int:
     from s3_server import S3Server
 
     compile_bytecode()
-    stages = list(STAGES) if a.stages == "all" else [s.strip() for s in a.stages.split(",")]
-    unknown = set(stages) - set(STAGES)
+    phases = list(PHASES) if a.phases == "all" else [s.strip() for s in a.phases.split(",")]
+    unknown = set(phases) - set(PHASES)
     if unknown:
-        p.error(f"unknown stage(s): {', '.join(sorted(unknown))}")
+        p.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
     sizes = [int(s) for s in a.sizes.split(",")]
     work = a.work or Path(tempfile.mkdtemp(prefix="imgpipe-scale.", dir="/dev/shm"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     runs: dict[int, dict[str, list[dict[str, Any]]]] = {}
     if a.json and a.json.is_file():
-        runs = {int(n): stages_runs for n, stages_runs in json.loads(a.json.read_text()).items()}
+        runs = {int(n): phases_runs for n, phases_runs in json.loads(a.json.read_text()).items()}
     try:
         with S3Server(lifetime_s=7200) as server:
             env.update(server.env())
@@ -450,22 +450,22 @@ def main(argv: list[str] | None = None) -> int:
             for round_ in range(a.rounds):
                 for files in sizes if round_ % 2 == 0 else sizes[::-1]:
                     spec = specs[files]
-                    for stage in stages:
-                        if stage == "cache_fill" and files not in urls:
+                    for phase in phases:
+                        if phase == "cache_fill" and files not in urls:
                             urls[files] = server.upload(spec["dst"], "imgpipe-scale", str(files))
                         spec["url"] = urls.get(files, "")
-                        r = run_stage(stage, spec, env)
-                        runs.setdefault(files, {}).setdefault(stage, []).append(r)
+                        r = run_phase(phase, spec, env)
+                        runs.setdefault(files, {}).setdefault(phase, []).append(r)
                         extra = f", workers {r['workers_peak_mb']:.0f} MB" if r.get("workers_peak_mb") else ""
-                        print(f"  round {round_ + 1}, {files:,} files: {stage:12s} {r['seconds']:8.2f} s, {r['cpu']:8.2f} CPU s, "
+                        print(f"  round {round_ + 1}, {files:,} files: {phase:12s} {r['seconds']:8.2f} s, {r['cpu']:8.2f} CPU s, "
                               f"{per_record(r):7.2f} us/record, peak {r['peak_mb']:6.0f} MB{extra}", flush=True)  # fmt: skip
                     if a.json:
                         a.json.write_text(json.dumps({str(k): v for k, v in sorted(runs.items())}, indent=1))
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
-    results = {n: {stage: summary(r) for stage, r in by_stage.items()} for n, by_stage in runs.items()}
-    shown = [stage for stage in STAGES if any(stage in by_stage for by_stage in results.values())]
+    results = {n: {phase: summary(r) for phase, r in by_phase.items()} for n, by_phase in runs.items()}
+    shown = [phase for phase in PHASES if any(phase in by_phase for by_phase in results.values())]
     print("\n" + "\n".join(table(results, shown)))
     print("\n" + "\n".join(goals(results)))
     return 0

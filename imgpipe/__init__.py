@@ -18,7 +18,7 @@ _PUBLIC = {
     "pack": "imgpipe.packing.packer",
     "verify": "imgpipe.format.verify",
     "stage": "imgpipe.staging.stager",
-    "DistEnv": "imgpipe._sys.distenv",
+    "DistEnv": "imgpipe.distenv",
     "ImgpipeError": "imgpipe.errors",
 }
 

@@ -1,5 +1,5 @@
-"""Helpers on the packs the session fixtures make with ``imgpipe.pack`` (conftest.py): damaged copies, the
-older layout without an index sidecar, and one noisy JPEG for the decode tests."""
+"""Helpers on the packs the session fixtures make with ``imgpipe.pack`` (conftest.py): damaged copies, an
+older pack's files (no index sidecar), and one noisy JPEG for the decode tests."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image
 
 from imgpipe.format.recordio import IRHeader, frame_parts, pack_header
-from imgpipe.format.shardset import open_shards
+from imgpipe.format.shardset import open_shardset
 
 INDEXED_RECORDS = 37  # the records of conftest's ``indexed`` pack
 NOT_AN_IMAGE = b"definitely not a JPEG" * 3
@@ -23,7 +23,7 @@ def with_payloads(pack: Path, dst: Path, payloads: dict[int, bytes], split: str 
     framed where its record was (it must fit there), so the index still finds every record; the shard's sha256 and
     the crc32 sidecar no longer match, as after damage on the disk."""
     shutil.copytree(pack, dst)
-    shards = open_shards(dst, split)
+    shards = open_shardset(dst, split)
     for record, payload in payloads.items():
         shard, start, end = shards.location(record)
         header, _ = shards.read(record)

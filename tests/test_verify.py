@@ -18,7 +18,7 @@ from _hooks.faults import VERIFY_HOLD_ENV, hook_env
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import load_manifest
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, read_index
-from imgpipe.format.shardset import open_shards
+from imgpipe.format.shardset import open_shardset
 from imgpipe.format.verify import verify
 from tests.train.proctree import descendants, wait_gone
 
@@ -248,7 +248,7 @@ def test_float_labels_are_reported_like_open_shards_reports_them(dataset: Path) 
     np.save(labels, np.load(labels).astype(np.float32))
     assert "train.labels.npy: must be a 1-D integer array, got float32 (48,)" in problem_lines(dataset)
     with pytest.raises(DatasetError, match="must be a 1-D integer array, got float32"):
-        open_shards(dataset, "train")
+        open_shardset(dataset, "train")
 
 
 @pytest.mark.timeout(120)
@@ -279,10 +279,10 @@ def test_an_index_sidecar_that_differs_from_the_idx_files_is_located(dataset: Pa
     import hashlib
     import json
 
-    from imgpipe.format.layout import index_bytes, parse_index_sidecar
+    from imgpipe.format.files import index_bytes, parse_index_sidecar
 
     path = dataset / "train.index.npy"
-    keys, offsets = parse_index_sidecar(path.read_bytes(), open_shards(dataset).labels.size)
+    keys, offsets = parse_index_sidecar(path.read_bytes(), open_shardset(dataset).labels.size)
     rec, idx, first = shard(dataset, "train", 1)
     offsets = offsets.copy()
     offsets[first + 2] += 4  # a consistent forgery: the manifest's sha256 follows the sidecar

@@ -256,7 +256,7 @@ def last_epoch(name):
     return (epochs(name) or [None])[-1]
 print(f"gpu_check results ({model}, batch {batch} per rank, {' and '.join(map(str, sizes))} px, {max(gpus, 1)} rank(s) on {'the GPU' if gpus else 'the CPU'}; last epoch of each run)")
 print((work / "decoder.txt").read_text().strip() if (work / "decoder.txt").exists() else "JPEG decoding: unknown (the decoder step failed)")
-print(f"{'run':<12} {'px':>4} {'amp, layout':<22} {'images/s':>9} {'vs ceiling':>10}  {'val samples':>11}  data-wait % per rank")
+print(f"{'run':<12} {'px':>4} {'amp, memory format':<22} {'images/s':>9} {'vs ceiling':>10}  {'val samples':>11}  data-wait % per rank")
 names = [name for size in sizes for name in (f"ceiling-{size}", f"torch-{size}")] + ["ramp", "fp16", "resume", "dali"]
 for name in names:
     record = last_epoch(name)
@@ -270,8 +270,8 @@ for name in names:
     ceiling = last_epoch(f"ceiling-{record.get('resolution')}") or last_epoch(f"ceiling-{sizes[0]}")
     ratio = record["images_per_s"] / ceiling["images_per_s"] if ceiling and ceiling["images_per_s"] else float("nan")
     waits = ", ".join(f"rank {r['rank']}: {100 * r['data_wait_frac']:.1f}" for r in record["ranks"])
-    layout = f"{record.get('amp')}, {'channels_last' if record.get('channels_last') else 'NCHW'}"
-    print(f"{name:<12} {record.get('resolution', '-'):>4} {layout:<22} {record['images_per_s']:>9.1f} {ratio:>10.2f}  {record.get('val_samples', '-'):>11}  {waits}")
+    memory_format = f"{record.get('amp')}, {'channels_last' if record.get('channels_last') else 'NCHW'}"
+    print(f"{name:<12} {record.get('resolution', '-'):>4} {memory_format:<22} {record['images_per_s']:>9.1f} {ratio:>10.2f}  {record.get('val_samples', '-'):>11}  {waits}")
 for size in sizes:
     loader, ceiling = last_epoch(f"torch-{size}"), last_epoch(f"ceiling-{size}")
     if loader and ceiling and ceiling["images_per_s"]:

@@ -1,8 +1,8 @@
-"""Stage boundaries that hold on a GPU: a clock read only once the queued device work is done.
+"""Phase boundaries that hold on a GPU: a clock read only once the queued device work is done.
 
 CUDA kernels, copies and NCCL collectives return before they finish, so host timestamps around them
-measure only the launch and their time is charged to whatever stage waits next. So every stage ends
-with :meth:`StageClock.now`, which first waits for the work queued on the device's current stream (the
+measure only the launch and their time is charged to whatever phase waits next. So every phase ends
+with :meth:`PhaseClock.now`, which first waits for the work queued on the device's current stream (the
 loader's side-stream copy of the next batch keeps running), then reads ``time.perf_counter``; on the
 CPU it is ``perf_counter`` alone.
 """
@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable
 
 
-class StageClock:
+class PhaseClock:
     """``now()``: seconds (``perf_counter``) after ``settle()`` has waited for the work queued so far.
 
     ``settle`` defaults to synchronizing ``device``'s current CUDA stream, and to nothing on the CPU.

@@ -93,7 +93,7 @@ class BenchConfig:
     def train_config(self, workers: int | None = None, device: Any = None) -> TrainConfig:
         """The trainer's config this bench runs as: ``train_config_path``, ``train_recipe`` and ``train_overrides``,
         then the bench's own options (data, split, image size (one, no ramp), batch size, seed, model, ``workers``);
-        with a ``device``, ``auto`` precision and layout resolved for it as the trainer resolves them."""
+        with a ``device``, ``auto`` precision and memory format resolved for it as the trainer resolves them."""
         from imgpipe.train.config import load_config
         from imgpipe.train.precision import resolve_auto
 

@@ -41,11 +41,11 @@ class Thresholds:
 
     data_bound_wait: float = 0.20  # the job's data-wait fraction from which it is input bound
     straggler_wait_gap: float = 0.15  # a straggler waits this much more of its step time than every other rank
-    slow_stage_ratio: float = 3.0  # ... and its read or decode takes this many times the others' median
+    slow_phase_ratio: float = 3.0  # ... and its read or decode takes this many times the others' median
     iowait_high_pct: float = 20.0  # system iowait from which I/O is the evidence
     read_share_io: float = 0.5  # reading's share of the loader's worker time from which it is I/O (or remote) bound
     warm_cache: float = 0.9  # DATA's fraction in the page cache from which the disk was barely measured
-    min_stage_ms: float = 0.05  # stage times below this are noise: a floor for the ratios
+    min_phase_ms: float = 0.05  # phase times below this are noise: a floor for the ratios
     min_consume_ms: float = 1.0  # a rank's own time per batch below this: too small to size workers from
     latency_bound_mb_s: float = 20.0  # a store request bringing its bytes slower than this waits on round trips
     max_batches_ahead: int = FETCH_THREADS - 1  # a process fetches at most this many batches ahead of the one it reads
@@ -77,7 +77,7 @@ class LoaderMs(NamedTuple):
 @dataclass(frozen=True)
 class Evidence:
     """What every verdict rests on: ``data_wait``, the job's data-wait fraction (per step, the longest wait of
-    any rank, over the step time), and the loader's stage times (None without them, as with DALI)."""
+    any rank, over the step time), and the loader's phase times (None without them, as with DALI)."""
 
     data_wait: float
     loader_ms: LoaderMs | None
@@ -85,15 +85,15 @@ class Evidence:
 
 @dataclass(frozen=True)
 class StragglerEvidence(Evidence):
-    """Rank ``rank`` waits ``wait`` of its time against at most ``others_wait`` on the others, and its ``stage``
-    ("read" or "decode") takes ``stage_ms`` per batch against the others' median ``others_ms``; ``iowait_pct``
-    (on ``disk``) when it is high and the cause is I/O."""
+    """Rank ``rank`` waits ``wait`` of its time against at most ``others_wait`` on the others, and its ``phase``
+    ("read" or "decode") takes ``phase_ms`` per batch against the others' median ``others_ms``; ``iowait_pct``
+    (on ``disk``) when it is high and the cause is I/O. bench.json calls ``phase`` and ``phase_ms`` ``stage`` and ``stage_ms``."""
 
     rank: int
     wait: float
     others_wait: float
-    stage: str
-    stage_ms: float
+    phase: str
+    phase_ms: float
     others_ms: float
     iowait_pct: float | None
     disk: str
@@ -121,7 +121,7 @@ class RemoteEvidence(Evidence):
 
 @dataclass(frozen=True)
 class ComputeEvidence(Evidence):
-    """``headroom``: workers x the rank's own time / the loader's time - 1 (None without stage times)."""
+    """``headroom``: workers x the rank's own time / the loader's time - 1 (None without phase times)."""
 
     headroom: float | None
 

@@ -1,8 +1,8 @@
 """The bench's loaders: ``make_torch_loader`` / ``make_dali_loader`` as the trainer builds them, timed.
 
-The torch loader is made inside :func:`~imgpipe.loaders.stage_timer.timing`, its hook for per-stage
+The torch loader is made inside :func:`~imgpipe.loaders.phase_timer.timing`, its hook for per-phase
 times; everything else (workers, shared-memory ring, pinning, the copy one batch ahead on a side
-stream, normalization on the device) is the loader users run. The stages (read, decode, collate, h2d,
+stream, normalization on the device) is the loader users run. The phases (read, decode, collate, h2d,
 compute, sync) and ``wait``, the data-wait the GPU sees, are defined in docs/bench-json.md.
 """
 
@@ -11,15 +11,15 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any, Iterator
 
-from imgpipe.loaders.stage_timer import StageTimer, timing
+from imgpipe.loaders.phase_timer import PhaseTimer, timing
 
 if TYPE_CHECKING:
     from imgpipe.train.config import TrainConfig
 
 
-def make_loader(backend: str, train: TrainConfig, ctx: Any, timer: StageTimer | None) -> Any:
+def make_loader(backend: str, train: TrainConfig, ctx: Any, timer: PhaseTimer | None) -> Any:
     """This rank's training loader of ``backend``, built with the arguments ``imgpipe.train`` gives it for
-    ``train`` (``timer``: the torch loader's stage timer)."""
+    ``train`` (``timer``: the torch loader's phase timer)."""
     from imgpipe.train.data import loader_kwargs
 
     kwargs = {**loader_kwargs(train, ctx), "image_size": train.data.image_size}

@@ -15,7 +15,7 @@ from typing import Any
 from imgpipe import __version__
 from imgpipe._sys.atomic import atomic_write, atomic_write_bytes
 from imgpipe.bench.runner import BenchResult, RunResult
-from imgpipe.bench.stats import STAGES, RankStats
+from imgpipe.bench.stats import PHASES, RankStats
 from imgpipe.bench.system import describe_disk
 from imgpipe.bench.verdict import Verdict
 from imgpipe.bench.wording import plural
@@ -126,7 +126,7 @@ def _rank_dict(rank: RankStats) -> dict[str, Any]:
         "batch_ms_p95": 1000 * summary.step_p95_s,
         "steps": summary.steps,
         "images": summary.images,
-        "stages_ms": rank.stage_ms(),
+        "stages_ms": rank.phase_ms(),  # the key bench.json (schema 1) was published with
         "timeline": [[s.start, s.wait, s.collate + s.h2d + s.compute, s.sync] for s in rank.steps],
     }
 
@@ -142,7 +142,7 @@ def write_json(path: str | os.PathLike, document: dict[str, Any]) -> Path:
 
 
 def format_report(result: BenchResult, verdict: Verdict) -> str:
-    """The terminal report: runs, the judged run's ranks and stages, the verdict and notes."""
+    """The terminal report: runs, the judged run's ranks and phases, the verdict and notes."""
     config = result.config
     lines = [
         f"imgpipe bench: {config.data} ({config.split}, {result.records} records, {result.data_bytes / 1e6:.1f} MB) "
@@ -164,15 +164,15 @@ def format_report(result: BenchResult, verdict: Verdict) -> str:
     judged = next(r for r in result.runs if r.backend == verdict.backend and r.workers == verdict.workers)
     lines += [
         "",
-        f"ranks of {judged.backend} with {plural(judged.workers, 'worker')} (stage times: ms per batch; read and decode are worker time)",
+        f"ranks of {judged.backend} with {plural(judged.workers, 'worker')} (phase times: ms per batch; read and decode are worker time)",
     ]
-    lines.append(f"{'rank':>4} {'images/s':>9} {'wait %':>6} {'p50 ms':>7} {'p95 ms':>7} " + " ".join(f"{s:>7}" for s in STAGES))
+    lines.append(f"{'rank':>4} {'images/s':>9} {'wait %':>6} {'p50 ms':>7} {'p95 ms':>7} " + " ".join(f"{s:>7}" for s in PHASES))
     for rank in judged.ranks:
         summary = rank.summary()
-        stages = rank.stage_ms()
+        phases = rank.phase_ms()
         lines.append(
             f"{rank.rank:>4} {summary.images_per_s:>9.1f} {100 * summary.data_wait_frac:>6.1f} "
-            f"{1000 * summary.step_p50_s:>7.1f} {1000 * summary.step_p95_s:>7.1f} " + " ".join(_num(stages[s], 7) for s in STAGES)
+            f"{1000 * summary.step_p50_s:>7.1f} {1000 * summary.step_p95_s:>7.1f} " + " ".join(_num(phases[p], 7) for p in PHASES)
         )
     io = judged.store_io
     if io is not None:

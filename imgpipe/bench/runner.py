@@ -5,7 +5,7 @@ Ranks are started by the trainer's launcher (:func:`imgpipe.train.launch.launch`
 the same order: before each, rank 0 evicts DATA from the page cache (``--cold``) and measures its
 residency, each rank warms its loader up, and all start measuring together at a barrier; rank 0
 gathers the results. A step is ``wait`` -> ``h2d`` -> ``compute`` -> ``sync`` (:mod:`.compute`), each
-ending on a :class:`~.clock.StageClock` reading; the loaders are the real ones (:mod:`.probes`).
+ending on a :class:`~.clock.PhaseClock` reading; the loaders are the real ones (:mod:`.probes`).
 """
 
 from __future__ import annotations
@@ -16,18 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from imgpipe._sys.cpus import available_cpus
 from imgpipe._sys.diskinfo import DiskInfo, device_for_path
-from imgpipe._sys.distenv import available_cpus
 from imgpipe.bench import cache
-from imgpipe.bench.clock import StageClock
+from imgpipe.bench.clock import PhaseClock
 from imgpipe.bench.compute import Compute, trainer_cudnn
 from imgpipe.bench.config import BACKENDS, BenchConfig
 from imgpipe.bench.stats import RankStats, StepTimes, StoreIO, store_io
 from imgpipe.bench.system import SystemSampler, SystemSummary, diskstats_name, summarize
 from imgpipe.errors import ConfigError
-from imgpipe.format.shardset import ShardSet, open_shards
+from imgpipe.format.shardset import ShardSet, open_shardset
+from imgpipe.loaders.phase_timer import BatchTimes, PhaseTimer
 from imgpipe.loaders.pixels import region_decoder
-from imgpipe.loaders.stage_timer import BatchTimes, StageTimer
 from imgpipe.storage.source import url_scheme
 from imgpipe.train.metrics import gather_objects
 
@@ -127,7 +127,7 @@ def run_bench(config: BenchConfig) -> BenchResult | None:
     _check_gpus(config)
     from imgpipe.train.launch import launch
 
-    shards = open_shards(config.data, config.split)  # a bad DATA fails here, in one line
+    shards = open_shardset(config.data, config.split)  # a bad DATA fails here, in one line
     if len(shards) < config.batch_size * config.ranks:
         raise ConfigError(
             f"{config.data}: split {config.split!r} has {len(shards)} records, not one batch of {config.batch_size} "
@@ -183,7 +183,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> list[RunResult] | None:
 
     if ctx.device.type == "cpu" and ctx.world_size > 1:  # ranks share the cores
         torch.set_num_threads(max(1, available_cpus() // ctx.world_size))
-    shards = open_shards(config.data, config.split)
+    shards = open_shardset(config.data, config.split)
     files = shard_files(shards) if ctx.is_main else []  # only rank 0 evicts and measures the page cache
     compute = Compute(config, ctx, len(shards.classes or []) or 1000)
     runs: list[RunResult] = []
@@ -214,10 +214,10 @@ def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, compute:
     """Warm up, line the ranks up at a barrier, then measure ``config.steps`` steps."""
     from imgpipe.bench.probes import endless, make_loader
 
-    stats = RankStats(ctx.rank, config.batch_size, timed_stages=backend == "torch")
-    timer = StageTimer() if backend == "torch" else None
+    stats = RankStats(ctx.rank, config.batch_size, timed_phases=backend == "torch")
+    timer = PhaseTimer() if backend == "torch" else None
     loader = make_loader(backend, config.train_config(workers, ctx.device), ctx, timer)
-    clock = StageClock(ctx.device)
+    clock = PhaseClock(ctx.device)
     try:
         iterator = endless(loader)
         warm_start = time.perf_counter()
@@ -232,10 +232,10 @@ def _run_one(ctx: Any, config: BenchConfig, backend: str, workers: int, compute:
     return stats
 
 
-def _step(iterator: Iterator[tuple[Any, Any]], compute: Compute, clock: StageClock, timer: StageTimer | None, origin: float) -> StepTimes:
-    """One training step, timed stage by stage; ``start`` is relative to ``origin``.
+def _step(iterator: Iterator[tuple[Any, Any]], compute: Compute, clock: PhaseClock, timer: PhaseTimer | None, origin: float) -> StepTimes:
+    """One training step, timed phase by phase; ``start`` is relative to ``origin``.
 
-    The stages add up to the step's wall time: the loader's ``collate`` happens inside ``next()``
+    The phases add up to the step's wall time: the loader's ``collate`` happens inside ``next()``
     and is taken out of ``wait``. (On a GPU the torch loader prepares the next batch inside that
     call; the collate taken out is the previous batch's, the same on average.)
     """

@@ -1,6 +1,6 @@
-"""What one rank measured: per-step stage times and their summaries (shared by verdict and report).
+"""What one rank measured: per-step phase times and their summaries (shared by verdict and report).
 
-Stages of a step, in seconds: ``wait`` (blocked in ``next(loader)``, less ``collate``), the loader
+Phases of a step, in seconds: ``wait`` (blocked in ``next(loader)``, less ``collate``), the loader
 workers' ``read`` and ``decode`` (worker time for the whole batch), then on the rank ``collate``
 (the loader's own work on the batch), ``h2d``, ``compute`` and ``sync``; see
 :mod:`imgpipe.bench.probes` for where each is timed.
@@ -14,8 +14,8 @@ import numpy as np
 
 from imgpipe.train.metrics import RankSummary, StepRecord, summarize
 
-STAGES = ("read", "decode", "collate", "h2d", "compute", "sync")
-LOADER_STAGES = ("read", "decode")  # inside the loader's workers; unknown for DALI
+PHASES = ("read", "decode", "collate", "h2d", "compute", "sync")
+LOADER_PHASES = ("read", "decode")  # inside the loader's workers; unknown for DALI
 
 
 @dataclass
@@ -46,13 +46,13 @@ class StepTimes:
 class RankStats:
     """What one rank measured in one (backend, workers) run.
 
-    ``timed_stages`` is False when the loader reads and decodes internally (DALI): those
-    stages are then unknown, not zero.
+    ``timed_phases`` is False when the loader reads and decodes internally (DALI): those
+    phases are then unknown, not zero.
     """
 
     rank: int
     batch_size: int
-    timed_stages: bool = True
+    timed_phases: bool = True
     steps: list[StepTimes] = field(default_factory=list)
 
     def summary(self) -> RankSummary:
@@ -60,11 +60,11 @@ class RankStats:
         records = [StepRecord(s.wait, s.total - s.wait, self.batch_size) for s in self.steps]
         return summarize(records, self.rank)
 
-    def stage_ms(self) -> dict[str, float | None]:
-        """Mean milliseconds per batch of each stage (read and decode are worker time); None if unknown."""
+    def phase_ms(self) -> dict[str, float | None]:
+        """Mean milliseconds per batch of each phase (read and decode are worker time); None if unknown."""
         means: dict[str, float | None] = {}
-        for name in STAGES:
-            untimed = not self.steps or (not self.timed_stages and name in LOADER_STAGES)
+        for name in PHASES:
+            untimed = not self.steps or (not self.timed_phases and name in LOADER_PHASES)
             means[name] = None if untimed else 1000 * float(np.mean([getattr(s, name) for s in self.steps]))
         return means
 

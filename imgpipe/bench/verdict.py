@@ -89,6 +89,9 @@ class Verdict:
         }
 
 
+JSON_KEYS = {"phase": "stage", "phase_ms": "stage_ms"}  # the keys bench.json (schema 1) was published with
+
+
 def _plain(value: Any) -> Any:
     """A dataclass of findings as JSON values (named tuples and nested dataclasses as objects)."""
     if isinstance(value, LoaderMs):
@@ -98,7 +101,7 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "to_dict"):
         return value.to_dict()
     if hasattr(value, "__dataclass_fields__"):
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+        return {JSON_KEYS.get(f.name, f.name): _plain(getattr(value, f.name)) for f in fields(value)}
     return value
 
 
@@ -139,16 +142,16 @@ def _high_iowait(run: RunResult) -> float | None:
     return iowait if iowait is not None and iowait >= THRESHOLDS.iowait_high_pct else None
 
 
-def _slow_stage(stages: list[dict[str, float | None]], rank: int) -> tuple[str, float, float] | None:
-    """(stage, its ms, the others' median ms) of ``rank``'s first loader stage that is ``slow_stage_ratio`` x slower."""
-    for stage in ("read", "decode"):
-        mine = stages[rank][stage]
-        rest = [s[stage] for i, s in enumerate(stages) if i != rank]
+def _slow_phase(phases: list[dict[str, float | None]], rank: int) -> tuple[str, float, float] | None:
+    """(phase, its ms, the others' median ms) of ``rank``'s first loader phase that is ``slow_phase_ratio`` x slower."""
+    for phase in ("read", "decode"):
+        mine = phases[rank][phase]
+        rest = [p[phase] for i, p in enumerate(phases) if i != rank]
         if mine is None or any(v is None for v in rest):
             continue
-        typical = max(statistics.median(rest), THRESHOLDS.min_stage_ms)
-        if mine >= THRESHOLDS.slow_stage_ratio * typical:
-            return stage, mine, typical
+        typical = max(statistics.median(rest), THRESHOLDS.min_phase_ms)
+        if mine >= THRESHOLDS.slow_phase_ratio * typical:
+            return phase, mine, typical
     return None
 
 
@@ -169,12 +172,12 @@ def _straggler(result: BenchResult, run: RunResult) -> Verdict | None:
     if uneven is None:
         return None
     slow, wait, others = uneven
-    found = _slow_stage([r.stage_ms() for r in run.ranks], slow)
+    found = _slow_phase([r.phase_ms() for r in run.ranks], slow)
     if found is None:
         return None  # it waited longer, but its own loader is no slower: an ArrivedLast observation
-    stage, mine, typical = found
+    phase, mine, typical = found
     rank = run.ranks[slow].rank
-    cause = Cause.IO if stage == "read" else Cause.DECODE
+    cause = Cause.IO if phase == "read" else Cause.DECODE
     data = str(result.config.data)
     act: Action
     if cause == Cause.DECODE:
@@ -191,8 +194,8 @@ def _straggler(result: BenchResult, run: RunResult) -> Verdict | None:
         rank=rank,
         wait=wait,
         others_wait=others,
-        stage=stage,
-        stage_ms=mine,
+        phase=phase,
+        phase_ms=mine,
         others_ms=typical,
         iowait_pct=_high_iowait(run) if cause == Cause.IO else None,
         disk=describe_disk(result.disk),
@@ -201,14 +204,14 @@ def _straggler(result: BenchResult, run: RunResult) -> Verdict | None:
 
 
 def _loader_ms(run: RunResult) -> LoaderMs | None:
-    """Mean (read, decode, consume) ms per batch over the ranks; None without stage times."""
-    stages = [r.stage_ms() for r in run.ranks]
-    if any(s["read"] is None for s in stages):
+    """Mean (read, decode, consume) ms per batch over the ranks; None without phase times."""
+    phases = [r.phase_ms() for r in run.ranks]
+    if any(p["read"] is None for p in phases):
         return None
     return LoaderMs(
-        read=statistics.mean(s["read"] for s in stages),
-        decode=statistics.mean(s["decode"] for s in stages),
-        consume=statistics.mean(s["collate"] + s["h2d"] + s["compute"] for s in stages),
+        read=statistics.mean(p["read"] for p in phases),
+        decode=statistics.mean(p["decode"] for p in phases),
+        consume=statistics.mean(p["collate"] + p["h2d"] + p["compute"] for p in phases),
     )
 
 
@@ -269,7 +272,7 @@ def _deeper_prefetch(result: BenchResult, evidence: RemoteEvidence) -> RaisePref
     if evidence.request_mb_s >= THRESHOLDS.latency_bound_mb_s:
         return None  # bandwidth bounds the requests: more of them in flight only queue
     # the decoded batches a round trip lasts
-    ahead = min(THRESHOLDS.max_batches_ahead, math.ceil(round(io.latency_ms / max(loader.decode, THRESHOLDS.min_stage_ms), 6)))
+    ahead = min(THRESHOLDS.max_batches_ahead, math.ceil(round(io.latency_ms / max(loader.decode, THRESHOLDS.min_phase_ms), 6)))
     if ahead + 1 <= result.config.train_config().data.prefetch_factor:
         return None  # the batches fetched ahead already cover a round trip
     return RaisePrefetch(ahead + 1)
@@ -307,7 +310,7 @@ def _observations(result: BenchResult, run: RunResult) -> list[Observation]:
         found.append(LoaderOnly())
     if run.resident_before is not None and run.resident_before >= THRESHOLDS.warm_cache and not result.config.cold:
         found.append(WarmCache(run.resident_before))
-    if is_url(result.config.data) and not any(r.timed_stages for r in run.ranks):
+    if is_url(result.config.data) and not any(r.timed_phases for r in run.ranks):
         found.append(DaliReadsUntimed())
     if len({r.workers for r in result.runs}) > 1:
         for backend in sorted({r.backend for r in result.runs}):

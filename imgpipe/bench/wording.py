@@ -93,9 +93,9 @@ def action(act: Action) -> str:
 
 def _straggler(evidence: Evidence, actions: Sequence[Action]) -> str:
     assert isinstance(evidence, StragglerEvidence)
-    reading = evidence.stage == "read"
+    reading = evidence.phase == "read"
     cause, verb = ("I/O", "reading its records") if reading else ("decode", "decoding its images")
-    detail = f"; {cause} cause: {verb} takes {evidence.stage_ms:.1f} ms per batch against {evidence.others_ms:.1f} ms on the others"
+    detail = f"; {cause} cause: {verb} takes {evidence.phase_ms:.1f} ms per batch against {evidence.others_ms:.1f} ms on the others"
     if evidence.iowait_pct is not None:
         detail += f" ({evidence.iowait_pct:.0f} % iowait on {evidence.disk})"
     return (

@@ -25,7 +25,7 @@ from imgpipe.cache.files import keep_if_listed, lacking, whole_files
 from imgpipe.cache.nodecache import NodeCache, warn_unwritable
 from imgpipe.cache.shardfill import SplitFill
 from imgpipe.errors import ImgpipeError
-from imgpipe.format.layout import SidecarError, parse_checksums
+from imgpipe.format.files import SidecarError, parse_checksums
 from imgpipe.format.recordio import format_index_line
 from imgpipe.format.shardset import index_files, split_index
 from imgpipe.storage.source import ByteSource

@@ -14,17 +14,16 @@ from imgpipe.cache.fill import start_filling
 from imgpipe.cache.source import CacheSource
 from imgpipe.errors import ConfigError
 from imgpipe.format.manifest import fetch_manifest
-from imgpipe.format.shardset import PathLike, ShardSet, open_packed, open_url
-from imgpipe.format.shardset import open_shards as open_uncached
+from imgpipe.format.shardset import PathLike, ShardSet, open_packed, open_shardset, open_url
 from imgpipe.storage.opening import open_source
 from imgpipe.storage.source import ByteSource, is_url
 
 
 def open_shards(path: PathLike | Sequence[PathLike], split: str = "train", *, cache_dir: PathLike | None = None) -> ShardSet:
-    """``format.shardset.open_shards``, and with ``cache_dir`` (a node-local folder) a URL read through a
+    """``format.shardset.open_shardset``, and with ``cache_dir`` (a node-local folder) a URL read through a
     cache that fills as it is read and becomes the URL's packed folder (``imgpipe.cache.nodecache``)."""
     if cache_dir is None:
-        return open_uncached(path, split)
+        return open_shardset(path, split)
     if not isinstance(cache_dir, (str, os.PathLike)) or is_url(cache_dir):
         raise ConfigError(f"cache_dir must be a local folder, got {cache_dir!r}")
     if not is_url(path):

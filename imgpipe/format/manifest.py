@@ -4,7 +4,7 @@ Records of a split are numbered 0..N-1 in shard order (a record's *index*); the 
 .idx key are the item's position in the pack plan, stable whatever was skipped (they increase through
 the split, with gaps). Every name in the manifest is a plain file name inside DST and every source path
 is relative to the source root: a manifest can never point outside its dataset folder. The files it
-lists, and their names, are ``layout``'s.
+lists, and their names, are ``files``'.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe._sys.jsonfile import parse_json
 from imgpipe._sys.regular import read_regular
 from imgpipe.errors import DatasetError
-from imgpipe.format.layout import MANIFEST_NAME
+from imgpipe.format.files import MANIFEST_NAME
 from imgpipe.format.unfinished import JOURNAL_DIR, PLAN_NAME, incomplete_folder  # noqa: F401  (imgpipe.packing.journal imports the names from here)
 from imgpipe.storage.opening import open_source
 from imgpipe.storage.source import ByteSource, is_url

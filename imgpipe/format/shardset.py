@@ -23,7 +23,7 @@ from imgpipe._sys.checksum import crc32
 from imgpipe._sys.regular import read_regular
 from imgpipe.errors import DatasetError, ImgpipeError, RecordIOError, RemoteError
 from imgpipe.format import recordio
-from imgpipe.format.layout import SHARD_FILE, SidecarError, SourceLines, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
+from imgpipe.format.files import SHARD_FILE, SidecarError, SourceLines, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, SplitInfo, fetch_manifest, load_manifest, manifest_path
 from imgpipe.format.unfinished import incomplete_folder
 from imgpipe.storage.local import LocalSource
@@ -307,7 +307,7 @@ def _read_sources(source: ByteSource, name: str, count: int) -> SourceLines:
 # ---------------------------------------------------------------------- opening
 
 
-def open_shards(path: PathLike | Sequence[PathLike], split: str = "train") -> ShardSet:
+def open_shardset(path: PathLike | Sequence[PathLike], split: str = "train") -> ShardSet:
     """Open a packed folder (with manifest.json) at a path or a URL, or bare .rec files with their .idx (path, list or glob).
 
     A URL (``s3://bucket/prefix``, ``gs://``, ``az://``, ``http(s)://``) must hold a packed folder;
@@ -315,7 +315,7 @@ def open_shards(path: PathLike | Sequence[PathLike], split: str = "train") -> Sh
     without a manifest only file names decide the split: ``{split}-NNNNN-of-NNNNN.rec`` or
     ``{split}.rec`` (im2rec's prefix). Given files or a glob, every file given is read as
     ``split``, and a shard named for another split is an error (a ``*.rec`` glob would mix them).
-    A node cache in front of a URL is ``imgpipe.cache.opening.open_shards``.
+    A node cache in front of a URL is ``imgpipe.open_shards`` (``imgpipe.cache.opening``).
     """
     if is_url(path):
         return open_url(open_source(path), split)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from imgpipe._sys.jsonfile import loads
 from imgpipe._sys.regular import read_regular
-from imgpipe.format.layout import MANIFEST_NAME, SHARD_FILE
+from imgpipe.format.files import MANIFEST_NAME, SHARD_FILE
 
 JOURNAL_DIR = ".imgpipe-pack"
 PLAN_NAME = "plan.json"  # in the pack journal: options, fingerprint, planned shard count

@@ -21,12 +21,12 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 
 from imgpipe._sys.checksum import crc32, sha256_file
-from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.cpus import available_cpus
 from imgpipe._sys.oserrors import describe
 from imgpipe._sys.procs import map_in_processes
 from imgpipe._sys.regular import open_regular
 from imgpipe.errors import ConfigError, DatasetError, RecordIOError
-from imgpipe.format.layout import SidecarError, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
+from imgpipe.format.files import SidecarError, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, read_manifest, stays_inside_source_root
 from imgpipe.format.recordio import IRHeader, iter_frames, read_index, unpack_header
 from imgpipe.format.unfinished import incomplete_folder
@@ -243,7 +243,7 @@ def _load_sources(source: ByteSource, name: str, sha: str, count: int, problems:
 def _load_sidecar(
     source: ByteSource, name: str, sha: str, problems: list[Problem], parse: Callable[[bytes], T], what: str = "sidecar"
 ) -> T | None:
-    """A sidecar parsed by its ``layout`` reader; None (and a problem) when it is missing or malformed."""
+    """A sidecar parsed by its reader in ``format.files``; None (and a problem) when it is missing or malformed."""
     data = _read_sidecar(source, name, sha, problems, what)
     if data is None:
         return None

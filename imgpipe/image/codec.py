@@ -170,7 +170,7 @@ def keep_failure(data: bytes) -> str | None:
     With the C extension, Pillow parses the headers (``Image.open``: the checks of its own JPEG
     parser) and libjpeg-turbo reads the rest as Pillow's decoder would, without making pixels
     (``scan_problem``; most JPEGs need no Huffman decoding at all). Together they pass only what
-    Pillow decodes whole; what they do not pass is decoded by Pillow, whose verdict and reason
+    Pillow decodes whole; what they do not pass is decoded by Pillow, whose outcome and reason
     stand, so the outcome and the reason are ``decode_failure``'s, at a fraction of the cost.
     """
     if _scan_problem is not None and _opens(data) and _scan_problem(data) is None:

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from imgpipe._sys.atomic import atomic_write_bytes
-from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.cpus import available_cpus
 from imgpipe._sys.procs import map_in_processes
 from imgpipe._sys.threads import DaemonPool
 from imgpipe.errors import DatasetError

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.cpus import available_cpus
 from imgpipe._sys.oserrors import describe
 from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import DatasetError
@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 TRAIN_TAR = "ILSVRC2012_img_train.tar"
 VAL_TAR = "ILSVRC2012_img_val.tar"
 ESCAPE_REASON = "member name is absolute or climbs out with '..'"
-KEEP, HIDDEN, NOT_AN_IMAGE = "keep", "hidden", "not an image"  # member_verdict's answers other than a reason to report
+KEEP, HIDDEN, NOT_AN_IMAGE = "keep", "hidden", "not an image"  # classify_member's answers other than a reason to report
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class _Listing:
     ignored: int = 0
 
 
-def member_verdict(name: str, rest: str) -> str:
+def classify_member(name: str, rest: str) -> str:
     """How the archive member ``name`` (``rest``: its part below the folder being listed) is listed: ``KEEP``,
     ``HIDDEN`` (a name or folder starting with '.': left out silently), ``NOT_AN_IMAGE`` (counted as ignored),
     or the reason it is left out and reported (a name that escapes SRC or cannot be stored)."""
@@ -311,17 +311,17 @@ def _list_images(archive: ArchiveFile, start: int, size: int, prefix: str, root:
     rejected: list[tuple[str, str]] = []
     for name, offset, length, *_ in members:
         path = f"{prefix}/{name}"
-        verdict = member_verdict(name, name)
-        if verdict == KEEP:
+        fate = classify_member(name, name)
+        if fate == KEEP:
             found.append((path, offset, length))
-        elif verdict == NOT_AN_IMAGE:
+        elif fate == NOT_AN_IMAGE:
             ignored += 1
-        elif verdict != HIDDEN:
-            rejected.append((path, verdict))
+        elif fate != HIDDEN:
+            rejected.append((path, fate))
     for name, reason in irregular:
-        verdict = member_verdict(name, name)
-        if verdict not in (HIDDEN, NOT_AN_IMAGE):
-            rejected.append((f"{prefix}/{name}", reason if verdict == KEEP else verdict))
+        fate = classify_member(name, name)
+        if fate not in (HIDDEN, NOT_AN_IMAGE):
+            rejected.append((f"{prefix}/{name}", reason if fate == KEEP else fate))
     for path, reason in rejected:
         warn_left_out(prefix, path[len(prefix) + 1 :], reason)
     found.sort(key=lambda item: item[0].rpartition("/")[::2])

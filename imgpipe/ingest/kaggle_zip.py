@@ -22,7 +22,7 @@ from imgpipe._sys.oserrors import advice, describe
 from imgpipe.errors import DatasetError
 from imgpipe.ingest.filekinds import zip_reason
 from imgpipe.ingest.folders import KAGGLE_DATA, VAL_CSV, SourceTree, SplitItems, label_flat_val, warn_left_out
-from imgpipe.ingest.imagenet_tars import HIDDEN, KEEP, NOT_AN_IMAGE, member_verdict
+from imgpipe.ingest.imagenet_tars import HIDDEN, KEEP, NOT_AN_IMAGE, classify_member
 from imgpipe.ingest.members import ZIP_DEFLATED, ZIP_LOCAL_HEADER, ZIP_STORED, ArchiveFile, MemberSpans, member_reader
 
 logger = logging.getLogger(__name__)
@@ -181,15 +181,15 @@ def _images(files: dict[str, int], irregular: list[tuple[str, str]], base: str, 
     for name in [*files, *reasons]:
         if not name.startswith(base):
             continue
-        verdict = member_verdict(name, name[len(base) :])
-        if verdict == KEEP and name in reasons:
+        fate = classify_member(name, name[len(base) :])
+        if fate == KEEP and name in reasons:
             rejected.append((name, reasons[name]))
-        elif verdict == KEEP:
+        elif fate == KEEP:
             names.append(name)
-        elif verdict == NOT_AN_IMAGE:
+        elif fate == NOT_AN_IMAGE:
             ignored += 1
-        elif verdict != HIDDEN:
-            rejected.append((name, verdict))
+        elif fate != HIDDEN:
+            rejected.append((name, fate))
     if ignored:
         logger.info("%s/%s: ignored %d members without an image extension", zip_name, base, ignored)
     return sorted(names, key=lambda name: name.rpartition("/")[::2]), rejected

@@ -1,7 +1,7 @@
 """Hugging Face's Parquet files, read by pyarrow alone: open one, check its columns' types, and read a
 row group's images (slices of its ``image.bytes`` buffer, no copy per row) and other columns.
 
-pyarrow's verdict on a file is the only one: whatever it refuses is one DatasetError naming the file
+pyarrow's judgement on a file is the only one: whatever it refuses is one DatasetError naming the file
 and the row group. Two counts pyarrow would trust are bounded first by the bytes that hold them:
 a Thrift string or container in a header is no longer than the file, and a row group claims no more
 rows than it has bytes (pyarrow sizes its buffers by that claim). A row group that reads as another

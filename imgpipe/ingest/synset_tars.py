@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.cpus import available_cpus
 from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import DatasetError
 from imgpipe.ingest.folders import SourceTree, SplitItems

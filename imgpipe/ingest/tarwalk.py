@@ -3,7 +3,7 @@
 ``walk`` decodes only a plain header's name, type, size and link (what it gains: docs/benchmarks.md);
 anything else (a GNU long name, a pax or sparse header, a base-256 number, a bad checksum, a short
 read, a field ``tarfile`` would refuse) raises ``Unsupported``, and the caller reads the archive with
-``tarfile``, whose members and verdicts stay its own. Rule: ``tarfile`` is only ever given
+``tarfile``, whose members and refusals stay its own. Rule: ``tarfile`` is only ever given
 ``CheckedTarInfo``: a header whose next offset does not move forward (a negative size, CVE-2025-8194)
 or a long name or pax header larger than any real one is an ``UnsafeHeader`` before ``tarfile`` reads it.
 """

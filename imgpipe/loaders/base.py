@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from imgpipe._sys.distenv import DistEnv
+from imgpipe.distenv import DistEnv
 from imgpipe.errors import ConfigError
 from imgpipe.loaders.common import FULL_BATCH_FIX, no_full_batch
 from imgpipe.loaders.options import check_int

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from imgpipe._sys.distenv import DistEnv, available_cpus
+from imgpipe._sys.cpus import available_cpus
 from imgpipe.cache.opening import open_shards
+from imgpipe.distenv import DistEnv
 from imgpipe.errors import ConfigError, DatasetError
 from imgpipe.format.shardset import ShardSet
 from imgpipe.loaders.geometry import EvalGeometry, TrainGeometry

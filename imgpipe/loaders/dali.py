@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from imgpipe._sys.distenv import DistEnv
+from imgpipe.distenv import DistEnv
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
 from imgpipe.format.shardset import ShardSet
 from imgpipe.loaders.base import SampledLoader

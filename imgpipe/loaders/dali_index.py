@@ -16,7 +16,7 @@ import numpy as np
 from imgpipe._sys.atomic import atomic_write_bytes
 from imgpipe.errors import DatasetError
 from imgpipe.format import recordio
-from imgpipe.format.shardset import ShardSet, open_shards
+from imgpipe.format.shardset import ShardSet, open_shardset
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 def write_dali_index(shards: ShardSet | str | os.PathLike | Sequence[str | os.PathLike], split: str = "train") -> Path:
     """One index for all .rec files, offsets running on across them in order, as DALI's mxnet reader needs.
 
-    ``shards``: a ShardSet, or what ``open_shards`` opens as ``split`` (a packed folder, a .rec
+    ``shards``: a ShardSet, or what ``open_shardset`` opens as ``split`` (a packed folder, a .rec
     file, a glob, a list of .rec files); pass DALI the ShardSet's ``rec_paths`` in that order.
     DALI's ``RecordIOLoader::ReadIndexFile`` accepts exactly one index file, sorts its
     offsets and maps each to a file by the cumulative sizes of the ``.rec`` paths in the
@@ -37,7 +37,7 @@ def write_dali_index(shards: ShardSet | str | os.PathLike | Sequence[str | os.Pa
             raise DatasetError(
                 f"shards must be a ShardSet, a packed folder, a .rec file, a glob or a list of .rec files, got {type(shards).__name__}"
             )
-        shards = open_shards(shards, split)
+        shards = open_shardset(shards, split)
     if not len(shards):
         raise DatasetError(f"split {shards.split!r} has no records: nothing for DALI to read")
     stats = [p.stat() for p in shards.rec_paths]

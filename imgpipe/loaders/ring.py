@@ -103,7 +103,7 @@ class BatchRing:
 
     def batch(self, slot: int, count: int, size: int | None = None) -> torch.Tensor:
         """``count`` images of ``size`` squared (default: the slot's) at the start of ``slot``, in the ring's
-        layout: a view into shared memory, for the worker to build in."""
+        memory format: a view into shared memory, for the worker to build in."""
         size = self.image_size if size is None else size
         if not 0 < size <= self.image_size or not 0 <= count <= self.batch_size:
             raise ValueError(f"a ring slot holds {self.batch_size} images of {self.image_size} px, not {count} of {size} px")

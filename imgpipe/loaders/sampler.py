@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from imgpipe._sys.distenv import DistEnv
+from imgpipe.distenv import DistEnv
 from imgpipe.errors import ConfigError
 from imgpipe.loaders.seeding import order_rng
 

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from imgpipe._sys.distenv import DistEnv
 from imgpipe._sys.procs import die_with_parent
 from imgpipe._sys.torch_private import free_dead_shared_storages, shutdown_persistent_workers
+from imgpipe.distenv import DistEnv
 from imgpipe.errors import DatasetError, RecordIOError, RemoteError
 from imgpipe.format.shardset import PathLike, Records, ShardSet
 from imgpipe.image.extensions import warn_if_no_region_decoder
@@ -32,9 +32,9 @@ from imgpipe.loaders.base import SampledLoader
 from imgpipe.loaders.common import RankStream, default_workers, open_rank_stream
 from imgpipe.loaders.geometry import EVAL_CROP_FRACTION, IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry, sample_crop
 from imgpipe.loaders.options import CURRENT_DEVICE, DEFAULT_PREFETCH_FACTOR, TorchLoaderOptions
+from imgpipe.loaders.phase_timer import BatchTimes, PhaseTimer, active_timer, request_delta
 from imgpipe.loaders.pixels import UndecodableImage, decode_sample, load_decoders
 from imgpipe.loaders.ring import BatchRing
-from imgpipe.loaders.stage_timer import BatchTimes, StageTimer, active_timer, request_delta
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class BuiltBatch(NamedTuple):
     uint8 (or normalized float32) NCHW tensor, in shared memory when built in a worker. ``skipped``: the
     record indices replaced (``on_corrupt="skip"``). ``error``: why the batch could not be built, raised
     by the main process as one line (a worker's own exception would arrive as torch's traceback).
-    ``times``: the batch's stage times, for a stage timer.
+    ``times``: the batch's phase times, for a phase timer.
     """
 
     images: torch.Tensor | int
@@ -111,7 +111,7 @@ class BatchDataset(Dataset):
         options: TorchLoaderOptions,
         *,
         rank: int,
-        stage_timer: StageTimer | None = None,
+        phase_timer: PhaseTimer | None = None,
     ) -> None:
         self.shards = shards
         self.geometry = geometry
@@ -123,16 +123,16 @@ class BatchDataset(Dataset):
         self.normalize = options.normalize and not on_gpu
         self.ring: BatchRing | None = None  # the loader's, set up with its workers
         self.loader_pid: int | None = None  # the process that starts the workers, their parent (None: a forkserver's)
-        self.stage_timer = stage_timer
+        self.phase_timer = phase_timer
         self._scale, self._bias = normalization(torch.device("cpu"))
-        self._read_s = 0.0  # this batch's read seconds, with a stage_timer
+        self._read_s = 0.0  # this batch's read seconds, with a phase_timer
         self._seeded: tuple[int, int] | None = None
         # resolved here, in the process that forks the workers, so they share the import: in each
         # worker it would cost ~170 MB of private memory and a second of the first epoch
         load_decoders()
 
     def __getitem__(self, request: BatchRequest | tuple[int, np.ndarray]) -> BuiltBatch:
-        if self.stage_timer is None:
+        if self.phase_timer is None:
             return self._build(request)
         self._read_s = 0.0
         source = self.shards.byte_source
@@ -209,7 +209,7 @@ class BatchDataset(Dataset):
 
     def _fetch(self, indices: np.ndarray, ahead: tuple[np.ndarray, ...]) -> Records:
         """The batch's records: one batched, checked request for remote shards (the next batches' started too)."""
-        if self.stage_timer is None:
+        if self.phase_timer is None:
             return self.shards.fetch(indices, ahead)
         start = time.perf_counter()
         try:
@@ -218,11 +218,11 @@ class BatchDataset(Dataset):
             self._read_s += time.perf_counter() - start
 
     def _read(self, records: Records, slot: int) -> tuple[Any, memoryview]:
-        if self.stage_timer is None:
+        if self.phase_timer is None:
             return records.read_view(slot)
         start = time.perf_counter()
         try:
-            return self.stage_timer.read(records, slot)
+            return self.phase_timer.read(records, slot)
         finally:
             self._read_s += time.perf_counter() - start
 
@@ -318,8 +318,8 @@ class TorchLoader(SampledLoader):
         self.shards = stream.shards
         self.device = options.device
         self.skipped = 0
-        self._stage_timer = active_timer()  # the bench's hook: None for everyone else
-        self.dataset = BatchDataset(stream.shards, stream.geometry, options, rank=stream.env.rank, stage_timer=self._stage_timer)
+        self._phase_timer = active_timer()  # the bench's hook: None for everyone else
+        self.dataset = BatchDataset(stream.shards, stream.geometry, options, rank=stream.env.rank, phase_timer=self._phase_timer)
         self._ring_size = options.ring_size  # the largest resolution the ring's slots hold
         self._set_up_workers()
         self._scale, self._bias = normalization(self.device)
@@ -409,18 +409,18 @@ class TorchLoader(SampledLoader):
         self._set_up_workers()
 
     def _record_times(self, built: BuiltBatch, start: float) -> None:
-        """Report a batch's stage times: its worker's, and this process's since ``start``."""
-        if self._stage_timer is not None and built.times is not None:
-            self._stage_timer.record(dataclasses.replace(built.times, collate=time.perf_counter() - start))
+        """Report a batch's phase times: its worker's, and this process's since ``start``."""
+        if self._phase_timer is not None and built.times is not None:
+            self._phase_timer.record(dataclasses.replace(built.times, collate=time.perf_counter() - start))
 
     def _finish_on_gpu(self, images: torch.Tensor) -> torch.Tensor:
-        """A uint8 batch on the GPU as yielded: float32 normalized, or uint8, in the layout asked
+        """A uint8 batch on the GPU as yielded: float32 normalized, or uint8, in the memory format asked
         (workers build channels_last (HWC) batches for a GPU: one memcpy per image)."""
-        layout = torch.channels_last if self.options.channels_last else torch.contiguous_format
+        memory_format = torch.channels_last if self.options.channels_last else torch.contiguous_format
         if not self.options.normalize:
-            return images.contiguous(memory_format=layout)
-        out = torch.empty(images.shape, dtype=torch.float32, device=images.device, memory_format=layout)
-        return out.copy_(images).mul_(self._scale).add_(self._bias)  # the copy converts dtype and layout in one pass
+            return images.contiguous(memory_format=memory_format)
+        out = torch.empty(images.shape, dtype=torch.float32, device=images.device, memory_format=memory_format)
+        return out.copy_(images).mul_(self._scale).add_(self._bias)  # the copy converts dtype and memory format in one pass
 
     def _cuda_batches(self, built_batches: Iterator[BuiltBatch]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Copy one batch ahead on a side stream; convert and normalize there; hand over safely.
@@ -513,7 +513,7 @@ def make_torch_loader(
     allocated once (``ConfigError`` when /dev/shm has less room free); a batch is a view of its
     slot, which is reused once the caller holds nothing on it (docs/api.md says what
     holds a slot; clone a batch before sending it to another process). ``pin_memory`` (default:
-    on CUDA) stages batches in pinned memory for the copy to the GPU; on the CPU it applies only
+    on CUDA) puts batches in pinned memory for the copy to the GPU; on the CPU it applies only
     without the ring (``persistent_workers=False`` or ``workers=0``): ring slots are not pinned,
     and one warning says so. ``persistent_workers``, ``prefetch_factor``, ``pin_memory`` and
     ``multiprocessing_context`` (default: fork where there is fork) go to the DataLoader (with

@@ -25,13 +25,13 @@ from tqdm import tqdm
 
 from imgpipe._sys.atomic import fsync_dir
 from imgpipe._sys.checksum import sha256_file
+from imgpipe._sys.cpus import available_cpus
 from imgpipe._sys.diskinfo import check_free_space, warn_if_slow
-from imgpipe._sys.distenv import available_cpus
 from imgpipe._sys.oserrors import describe, write_probe
 from imgpipe._sys.validate import MAX_SEED
 from imgpipe.errors import DatasetError, PackError, RecordIOError
 from imgpipe.format import recordio
-from imgpipe.format.layout import (
+from imgpipe.format.files import (
     SIDECAR_SUFFIXES,
     checksums_bytes,
     checksums_name,
@@ -48,10 +48,10 @@ from imgpipe.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, Skipped,
 from imgpipe.image import codec, shrink
 from imgpipe.image.extensions import INSTALL_FIX
 from imgpipe.ingest.scan import scan
-from imgpipe.packing.checkpoint import CHECKPOINT_S
 from imgpipe.packing.journal import JOURNAL_DIR, Journal, ShardResult, StoredPlan
 from imgpipe.packing.parts import ArrayTask, Parts, choose_part, missing_parts_advice, rerun_parts_advice
 from imgpipe.packing.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size, published_names
+from imgpipe.packing.progress import CHECKPOINT_S
 from imgpipe.packing.scatter import Scatter
 from imgpipe.packing.slots import tmp_names
 

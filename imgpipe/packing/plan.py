@@ -25,7 +25,7 @@ import numpy as np
 
 from imgpipe._sys.fiemap import UNSUPPORTED, first_extent
 from imgpipe.errors import PackError
-from imgpipe.format.layout import shard_stem
+from imgpipe.format.files import shard_stem
 from imgpipe.format.recordio import FRAME_HEADER, IR_SIZE, MAX_RECORD_BYTES
 from imgpipe.ingest.filekinds import mode_reason
 from imgpipe.ingest.folders import warn_left_out

@@ -21,26 +21,26 @@ import numpy as np
 
 from imgpipe._sys.atomic import atomic_write_bytes, fsync_dir
 from imgpipe._sys.checksum import sha256_file
-from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.cpus import available_cpus
 from imgpipe._sys.oserrors import NO_SPACE, describe
 from imgpipe.errors import PackError
 from imgpipe.format.recordio import IndexedRecordWriter, format_index_line
 from imgpipe.packing.journal import Journal, ShardResult
-from imgpipe.packing.slots import ACTIONS, REPAIRED, SKIPPED, ItemResults, SideFile, SlotLayout, tmp_names
+from imgpipe.packing.slots import ACTIONS, REPAIRED, SKIPPED, ItemResults, SideFile, SlotMap, tmp_names
 
 
 class Publisher:
     """Counts the records still to write per shard, and publishes each shard once it has them all."""
 
-    def __init__(self, layout: SlotLayout, results: ItemResults, side: SideFile, dst: Path, collect: Callable[[ShardResult], None]) -> None:
-        self.layout, self.results, self.side, self.dst, self.collect = layout, results, side, dst, collect
+    def __init__(self, slot_map: SlotMap, results: ItemResults, side: SideFile, dst: Path, collect: Callable[[ShardResult], None]) -> None:
+        self.slot_map, self.results, self.side, self.dst, self.collect = slot_map, results, side, dst, collect
         self.journal = Journal(dst)
-        self.remaining = np.diff(layout.starts)
-        self.finished = np.zeros(len(layout.shards), bool)
+        self.remaining = np.diff(slot_map.starts)
+        self.finished = np.zeros(len(slot_map.shards), bool)
 
     def taken(self, items: np.ndarray | list[int]) -> None:
         """``items`` are written (each once)."""
-        self.remaining -= np.bincount(self.layout.shard[np.asarray(items, np.int64)], minlength=len(self.layout.shards))
+        self.remaining -= np.bincount(self.slot_map.shard[np.asarray(items, np.int64)], minlength=len(self.slot_map.shards))
 
     def publish_ready(self) -> None:
         """Publish every shard whose records are all written; several at once in threads (sha256 and copies release the GIL)."""
@@ -56,16 +56,16 @@ class Publisher:
 
     def _publish(self, k: int) -> ShardResult:
         """Shard k: its slot file as it is when every record filled its slot, else compacted; then journal it."""
-        spec, layout, r = self.layout.shards[k], self.layout, self.results
-        items = layout.items(k)
+        spec, slot_map, r = self.slot_map.shards[k], self.slot_map, self.results
+        items = slot_map.items(k)
         kept = [g for g in items if r.action[g] != SKIPPED]
-        exact = len(kept) == len(items) and all(r.side[g] < 0 and r.length[g] == layout.lengths[g] for g in kept)
+        exact = len(kept) == len(items) and all(r.side[g] < 0 and r.length[g] == slot_map.lengths[g] for g in kept)
         rec_tmp, idx_tmp = tmp_names(self.dst, spec)
-        slot = layout.slot_file(k)
+        slot = slot_map.slot_file(k)
         try:
             if exact:
-                rec_bytes, rec_sha = layout.slot_size(k), _sha256_and_sync(slot)
-                index = "".join(format_index_line(int(layout.positions[g]), int(layout.offsets[g])) for g in kept).encode("ascii")
+                rec_bytes, rec_sha = slot_map.slot_size(k), _sha256_and_sync(slot)
+                index = "".join(format_index_line(int(slot_map.positions[g]), int(slot_map.offsets[g])) for g in kept).encode("ascii")
                 atomic_write_bytes(idx_tmp, index)
                 os.replace(slot, self.dst / spec.rec_name)
                 idx_sha, idx_bytes = hashlib.sha256(index).hexdigest(), len(index)
@@ -76,9 +76,9 @@ class Publisher:
                         framed = (
                             self.side.read(int(r.length[g]), at)
                             if at >= 0
-                            else os.pread(slots.fileno(), int(r.length[g]), int(layout.offsets[g]))
+                            else os.pread(slots.fileno(), int(r.length[g]), int(slot_map.offsets[g]))
                         )
-                        writer.write_framed(int(layout.positions[g]), framed)
+                        writer.write_framed(int(slot_map.positions[g]), framed)
                     writer.flush_to_disk()
                 os.replace(rec_tmp, self.dst / spec.rec_name)
                 rec_bytes, rec_sha, idx_sha, idx_bytes = writer.position, writer.rec_sha256, writer.idx_sha256, writer.idx_bytes
@@ -94,7 +94,7 @@ class Publisher:
         repairs = Counter(r.reasons[g] for g in kept if r.action[g] == REPAIRED and g in r.reasons)
         result = ShardResult(
             name=spec.name, records=len(kept), bytes=rec_bytes, sha256=rec_sha, index_bytes=idx_bytes, index_sha256=idx_sha,
-            skipped=[(int(layout.positions[g]), r.reasons.get(g, "unreadable image")) for g in items if r.action[g] == SKIPPED],
+            skipped=[(int(slot_map.positions[g]), r.reasons.get(g, "unreadable image")) for g in items if r.action[g] == SKIPPED],
             actions=dict(sorted(actions.items())), repairs=dict(sorted(repairs.items())), crc32=[int(r.crc[g]) for g in kept],
             source_bytes=int(r.read[items.start : items.stop].sum()),
         )  # fmt: skip

@@ -23,7 +23,7 @@ from imgpipe.ingest.members import ArchiveFile, MemberSpans, member_reader
 from imgpipe.ingest.streams import StreamItems, StreamUnit
 from imgpipe.packing.filereads import FileReads, opens_are_round_trips
 from imgpipe.packing.plan import PackPlan
-from imgpipe.packing.slots import SlotLayout
+from imgpipe.packing.slots import SlotMap
 
 JOB_ITEMS = 256
 JOBS_PER_WORKER = 4  # at least, where there are items enough: the last jobs end near together
@@ -79,20 +79,20 @@ class ReadJob:
 
 
 class ReadOrder:
-    """Where each item of a slot layout lies (kind, unit, key), and the jobs that read them in that order."""
+    """Where each item of a slot map lies (kind, unit, key), and the jobs that read them in that order."""
 
-    def __init__(self, plan: PackPlan, layout: SlotLayout, root: Path) -> None:
-        self.layout = layout
+    def __init__(self, plan: PackPlan, slot_map: SlotMap, root: Path) -> None:
+        self.slot_map = slot_map
         self.root = os.path.join(os.fspath(root), "")
-        names = list(dict.fromkeys(spec.split for spec in layout.shards))
+        names = list(dict.fromkeys(spec.split for spec in slot_map.shards))
         self.splits = [plan.splits[name] for name in names]
-        self.split_of = np.array([names.index(spec.split) for spec in layout.shards], np.int32)  # per shard
+        self.split_of = np.array([names.index(spec.split) for spec in slot_map.shards], np.int32)  # per shard
         archives: dict[ArchiveFile, int] = {}
         units: dict[StreamUnit, int] = {}
-        count = len(layout)
+        count = len(slot_map)
         self.kind, self.unit, self.key = np.zeros(count, np.int8), np.zeros(count, np.int32), np.zeros(count, np.int64)
-        for k, spec in enumerate(layout.shards):
-            split, items = plan.splits[spec.split], slice(layout.starts[k], layout.starts[k + 1])
+        for k, spec in enumerate(slot_map.shards):
+            split, items = plan.splits[spec.split], slice(slot_map.starts[k], slot_map.starts[k + 1])
             window = slice(spec.start, spec.stop)
             if isinstance(split.spans, StreamItems):
                 remap = np.array([units.setdefault(u, len(units)) for u in split.spans.units], np.int32)
@@ -119,7 +119,7 @@ class ReadOrder:
         workers = max(1, workers)
         todo = todo[np.lexsort((todo, self.key[todo], self.unit[todo], self.kind[todo]))]
         runs = np.split(todo, np.flatnonzero(np.diff(self.kind[todo]) | np.diff(self.unit[todo])) + 1) if len(todo) else []
-        streams = sorted((run for run in runs if self.kind[run[0]] == STREAMS), key=lambda run: -int(self.layout.sizes[run].sum()))
+        streams = sorted((run for run in runs if self.kind[run[0]] == STREAMS), key=lambda run: -int(self.slot_map.sizes[run].sum()))
         others = [run for run in runs if self.kind[run[0]] != STREAMS]
         size = max(1, min(JOB_ITEMS, math.ceil(sum(map(len, others)) / (JOBS_PER_WORKER * workers))))
         groups = list(streams)
@@ -133,30 +133,30 @@ class ReadOrder:
 
     def job(self, group: np.ndarray) -> ReadJob:
         """The job that reads ``group`` (one of ``groups``)."""
-        layout, kind, first = self.layout, int(self.kind[group[0]]), int(group[0])
+        slot_map, kind, first = self.slot_map, int(self.kind[group[0]]), int(group[0])
         starts = np.arange(len(group) + 1)
         if kind == STREAMS:
             ordinals, firsts = np.unique(self.key[group], return_index=True)
             unit = self.units[int(self.unit[first])]
-            reads: FileReads | MemberReads | UnitReads = UnitReads(unit, ordinals, layout.sizes[group[firsts]])
+            reads: FileReads | MemberReads | UnitReads = UnitReads(unit, ordinals, slot_map.sizes[group[firsts]])
             starts, what = np.append(firsts, len(group)), str(unit)
         elif kind == MEMBERS:
             reads, what = MemberReads(self._spans(group), self._paths(group)), str(self.archives[int(self.unit[first])])
             others = len(np.unique(self.unit[group])) - 1
             what += f" and {others:,} more archive{'s' if others > 1 else ''}" if others else ""
         else:
-            reads = FileReads(self.root, self._paths(group), layout.sizes[group], self.threads)
+            reads = FileReads(self.root, self._paths(group), slot_map.sizes[group], self.threads)
             what = f"{self.root}{reads.paths[0]}" + (f" and {len(group) - 1:,} more files" if len(group) > 1 else "")
-        return ReadJob(reads, what, starts, group, layout.labels[group], layout.positions[group], layout.shard[group],
-                       layout.offsets[group], layout.lengths[group])  # fmt: skip
+        return ReadJob(reads, what, starts, group, slot_map.labels[group], slot_map.positions[group], slot_map.shard[group],
+                       slot_map.offsets[group], slot_map.lengths[group])  # fmt: skip
 
     def _paths(self, group: np.ndarray) -> list[str]:
-        splits, positions = self.split_of[self.layout.shard[group]].tolist(), self.layout.positions[group].tolist()
+        splits, positions = self.split_of[self.slot_map.shard[group]].tolist(), self.slot_map.positions[group].tolist()
         return [self.splits[s].paths[p] for s, p in zip(splits, positions)]
 
     def _spans(self, group: np.ndarray) -> MemberSpans:
         """The spans of ``group``'s members, in its order (a zip holds train and val: they may come from two splits)."""
-        splits = self.split_of[self.layout.shard[group]]
+        splits = self.split_of[self.slot_map.shard[group]]
         picks = [np.flatnonzero(splits == s) for s in np.unique(splits).tolist()]
-        joined = MemberSpans.concat([self.splits[int(splits[pick[0]])].spans.take(self.layout.positions[group[pick]]) for pick in picks])  # type: ignore[union-attr]
+        joined = MemberSpans.concat([self.splits[int(splits[pick[0]])].spans.take(self.slot_map.positions[group[pick]]) for pick in picks])  # type: ignore[union-attr]
         return joined.take(np.argsort(np.concatenate(picks), kind="stable")) if len(picks) > 1 else joined

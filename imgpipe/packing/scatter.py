@@ -3,7 +3,7 @@
 The parts: ``slots`` lays the shards out (a sparse slot file each), ``readorder`` cuts the
 items into jobs in the order the storage holds them, workers read a job and write each record
 into its slot (``SlotWriter``), the parent takes their results, publishes each shard once its
-records are all written (``publish``) and checkpoints what is written (``checkpoint``), so a
+records are all written (``publish``) and saves which are written (``progress``), so a
 rerun after kill -9 reads only the records not written. Once every job has a worker, idle
 workers help: readers hand them members, so a few long ``.tar.gz`` streams keep all busy.
 """
@@ -30,12 +30,12 @@ from imgpipe._sys.procs import die_with_parent, pool_context
 from imgpipe.errors import ImgpipeError, PackError
 from imgpipe.format.recordio import IR_SIZE, MAX_RECORD_BYTES, IRHeader, frame_parts, pack_header
 from imgpipe.image import codec
-from imgpipe.packing.checkpoint import CHECKPOINT_S, Checkpoints, checkpoint_path
 from imgpipe.packing.journal import Journal, ShardResult
 from imgpipe.packing.plan import PackPlan, ShardSpec
+from imgpipe.packing.progress import CHECKPOINT_S, ProgressFile, progress_path
 from imgpipe.packing.publish import Publisher, write_failure
 from imgpipe.packing.readorder import Entry, ReadJob, ReadOrder
-from imgpipe.packing.slots import ACTIONS, SKIPPED, SLOTS_DIR, ItemResults, SideFile, SlotLayout
+from imgpipe.packing.slots import ACTIONS, SKIPPED, SLOTS_DIR, ItemResults, SideFile, SlotMap
 
 logger = logging.getLogger(__name__)
 
@@ -98,22 +98,22 @@ class Scatter:
         self.plan, self.dst, self.node_rank, self.checkpoint_s = plan, dst, node_rank, checkpoint_s
         self.advance, self.collect = advance, collect
         self.journal = Journal(dst)
-        self.layout = SlotLayout.of(plan, todo, self.journal.folder / SLOTS_DIR)
-        self.order = ReadOrder(plan, self.layout, root)
-        self.results = ItemResults.empty(len(self.layout))
-        self.setup = WorkerSetup(dst, self.layout.slot_files(), resize, quality)
+        self.slot_map = SlotMap.of(plan, todo, self.journal.folder / SLOTS_DIR)
+        self.order = ReadOrder(plan, self.slot_map, root)
+        self.results = ItemResults.empty(len(self.slot_map))
+        self.setup = WorkerSetup(dst, self.slot_map.slot_files(), resize, quality)
 
     def run(self, workers: int) -> None:
         try:
-            fresh = self.layout.lay_out(self.journal)
-            self.side = SideFile(self.layout.folder / f"node{self.node_rank}.side")
+            fresh = self.slot_map.make_slot_files(self.journal)
+            self.side = SideFile(self.slot_map.folder / f"node{self.node_rank}.side")
         except OSError as e:
             raise write_failure(self.dst, "laying out the shards", e) from e
-        path = checkpoint_path(self.journal.folder, self.node_rank)
-        self.checkpoints = Checkpoints(path, self.plan.fingerprint, self.layout, self.results, self.side, self.checkpoint_s)
-        self.publisher = Publisher(self.layout, self.results, self.side, self.dst, self.collect)
+        path = progress_path(self.journal.folder, self.node_rank)
+        self.progress_file = ProgressFile(path, self.plan.fingerprint, self.slot_map, self.results, self.side, self.checkpoint_s)
+        self.publisher = Publisher(self.slot_map, self.results, self.side, self.dst, self.collect)
         try:
-            self.publisher.taken(self.checkpoints.load(fresh))
+            self.publisher.taken(self.progress_file.load(fresh))
             self.publisher.publish_ready()
             groups = self.order.groups(np.flatnonzero(~self.results.done), workers)
             workers = min(workers, len(groups))
@@ -124,8 +124,8 @@ class Scatter:
                 self._run_pool(groups, workers)
             self.publisher.publish_ready()
         except BaseException as e:
-            self.checkpoints.save_on_the_way_out(self.publisher.finished)
-            if isinstance(e, OSError):  # the side file or a checkpoint
+            self.progress_file.save_on_the_way_out(self.publisher.finished)
+            if isinstance(e, OSError):  # the side file or the progress file
                 raise write_failure(self.dst, "writing shards", e) from e
             raise
         finally:
@@ -221,7 +221,7 @@ class Scatter:
     def _record(self, written: Written) -> None:
         """Take a worker's results; a record longer than its slot goes to the side file.
 
-        A failure here is DST's (the side file, a checkpoint, a journal entry), named as such even
+        A failure here is DST's (the side file, the progress file, a journal entry), named as such even
         when the reading runs in this process and its job is the one on the stack."""
         try:
             self._take(written)
@@ -242,19 +242,19 @@ class Scatter:
         r.done[g], r.action[g], r.length[g], r.crc[g], r.read[g] = True, action, length, crc, read
         if len(g):
             self.publisher.taken(g)
-            self.checkpoints.recorded = True
+            self.progress_file.recorded = True
         self.advance(len(g), int(read.sum()))
-        if self.checkpoints.due():
-            self.checkpoints.save(self.publisher.finished)
+        if self.progress_file.due():
+            self.progress_file.save(self.publisher.finished)
         self.publisher.publish_ready()
 
-    def _clean_up(self, checkpoint: Path) -> None:
-        """Every shard is published: the slots, the side file and the checkpoint go."""
-        checkpoint.unlink(missing_ok=True)
+    def _clean_up(self, progress: Path) -> None:
+        """Every shard is published: the slots, the side file and the progress file go."""
+        progress.unlink(missing_ok=True)
         self.side.path.unlink(missing_ok=True)
-        self.layout.remove()
+        self.slot_map.remove()
         try:
-            self.layout.folder.rmdir()
+            self.slot_map.folder.rmdir()
         except OSError:  # another node's side file or slots are still there
             pass
 
@@ -335,7 +335,7 @@ def read_job(
                 written, last = Written(), time.monotonic()
     except BaseException:
         with contextlib.suppress(Exception):
-            emit(written)  # the records written before a bad member count: the checkpoint keeps them
+            emit(written)  # the records written before a bad member count: the progress file keeps them
         raise
     emit(written)
 

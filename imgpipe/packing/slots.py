@@ -37,7 +37,7 @@ def tmp_names(dst: Path, spec: ShardSpec) -> tuple[Path, Path]:
 
 
 @dataclass
-class SlotLayout:
+class SlotMap:
     """The items of the shards to write, shard after shard in record order (item g = 0..G-1), and their slots."""
 
     shards: list[ShardSpec]
@@ -51,7 +51,7 @@ class SlotLayout:
     folder: Path
 
     @classmethod
-    def of(cls, plan: PackPlan, todo: Sequence[ShardSpec], folder: Path) -> "SlotLayout":
+    def of(cls, plan: PackPlan, todo: Sequence[ShardSpec], folder: Path) -> "SlotMap":
         windows = [(plan.splits[spec.split], slice(spec.start, spec.stop)) for spec in todo]
         join = lambda arrays, dtype: np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)  # noqa: E731
         sizes = join([split.sizes[window] for split, window in windows], np.int64)
@@ -80,8 +80,8 @@ class SlotLayout:
     def slot_size(self, k: int) -> int:
         return int(self.lengths[self.starts[k] : self.starts[k + 1]].sum())
 
-    def lay_out(self, journal: Journal) -> np.ndarray:
-        """A sparse slot file per shard, of its laid-out size; which of them are new (no record written yet).
+    def make_slot_files(self, journal: Journal) -> np.ndarray:
+        """A sparse slot file per shard, of its slots' size; which of them are new (no record written yet).
 
         Slot files of journaled shards (a kill after the journal entry) go.
         """
@@ -139,7 +139,7 @@ class SideFile:
         return offset
 
     def keep(self, size: int) -> None:
-        """Keep the first ``size`` bytes (those a checkpoint holds), drop the rest."""
+        """Keep the first ``size`` bytes (those the progress file holds), drop the rest."""
         os.ftruncate(self.fd, size)
         self.size = size
 

@@ -19,7 +19,7 @@ from imgpipe._sys.checksum import sha256_file
 from imgpipe._sys.oserrors import describe
 from imgpipe._sys.threads import DaemonPool
 from imgpipe.errors import DatasetError
-from imgpipe.format.layout import SidecarError
+from imgpipe.format.files import SidecarError
 from imgpipe.staging.plan import StagedFile
 from imgpipe.staging.rangefile import RangeFile
 from imgpipe.staging.target import LocalTarget, Target

@@ -12,7 +12,7 @@ from functools import partial
 from typing import Callable
 
 from imgpipe.errors import DatasetError, RecordIOError
-from imgpipe.format.layout import SidecarError, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
+from imgpipe.format.files import SidecarError, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
 from imgpipe.format.manifest import MANIFEST_NAME, Manifest
 from imgpipe.format.recordio import parse_index
 

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from imgpipe._sys.diskinfo import check_free_space, format_bytes
 from imgpipe._sys.pidlock import release
 from imgpipe.errors import ConfigError, DatasetError
-from imgpipe.format.layout import SIDECAR_SUFFIXES, is_shard_file
+from imgpipe.format.files import SIDECAR_SUFFIXES, is_shard_file
 from imgpipe.format.manifest import MANIFEST_NAME, parse_manifest
 from imgpipe.format.unfinished import JOURNAL_DIR, unfinished_pack
 from imgpipe.staging.copier import Copier

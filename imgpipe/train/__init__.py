@@ -4,7 +4,7 @@
 returns rank 0's :class:`TrainResult`. Modules: config, recipe, launch (with rank, local_ranks, rank_main and
 stopping), data, loop (the epoch loop), and the loop's parts: stepping (model, optimizer, EMA) with
 models, optim, blurpool, ema, compiling, precision; validation; runlog (metrics.jsonl, TensorBoard)
-with metrics; run_checkpoint with checkpoint and resume; failures; mixing; resolution.
+with metrics; run_checkpoint with checkpoint_file and resume; failures; mixing; resolution.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def run(config: TrainConfig, *, gpus: int | None = None, nproc: int | None = Non
     import os
     import sys
 
-    from imgpipe._sys.distenv import DistEnv
+    from imgpipe.distenv import DistEnv
     from imgpipe.train.launch import check_launcher_env, launch
     from imgpipe.train.rundir import claim_output_dir
 

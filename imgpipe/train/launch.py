@@ -13,7 +13,7 @@ import logging
 import os
 from typing import Any, Callable, TypeVar
 
-from imgpipe._sys.distenv import DistEnv
+from imgpipe.distenv import DistEnv
 from imgpipe.errors import DistributedError
 from imgpipe.train.rank import DEFAULT_TIMEOUT_S, RankContext, run_rank
 

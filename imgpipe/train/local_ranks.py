@@ -3,7 +3,7 @@
 torchrun's launch API starts each rank (:mod:`imgpipe.train.rank_main`) in a session of its own, gives
 them their c10d rendezvous, stops the others when one fails and, at its shutdown timeout, kills each
 rank's whole process group. Kept here is what it lacks (docs/training.md): one line naming the rank
-that failed, died or hung, not a peer that saw it vanish (:func:`verdict`); SIGTERM or Ctrl-C as
+that failed, died or hung, not a peer that saw it vanish (:func:`diagnose`); SIGTERM or Ctrl-C as
 checkpoint-and-stop, every rank and worker ended at the grace or on a second signal (:class:`StopRanks`);
 CPU ranks sharing the cores (:func:`cpu_threads`).
 """
@@ -26,7 +26,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.cpus import available_cpus
 from imgpipe.errors import DistributedError, Stopped
 from imgpipe.train import rank_main
 
@@ -76,7 +76,7 @@ def start_local_ranks(
             try:
                 elastic_launch(config, sys.executable)("-m", rank_main.__name__, str(folder))
             except ChildFailedError as e:
-                line, callstack = verdict(e.failures, timeout_s)
+                line, callstack = diagnose(e.failures, timeout_s)
             except SignalException as e:  # SIGHUP or SIGQUIT: torch's agent stopped the ranks
                 raise Stopped(e.sigval, "stopped every rank") from None
             else:
@@ -170,10 +170,10 @@ def cpu_threads(ranks: int, environ: Any) -> int | None:
     return max(1, available_cpus() // ranks)
 
 
-# ----------------------------------------------------------------------------- the verdict
+# ----------------------------------------------------------------------------- the rank at fault
 
 
-def verdict(failures: dict[int, Any], timeout_s: float) -> tuple[str, str]:
+def diagnose(failures: dict[int, Any], timeout_s: float) -> tuple[str, str]:
     """(the one line, a bug's traceback or "") from torch's ``ProcessFailure`` of each rank that did not end well.
 
     A rank reports its failure before it leaves the process group, and a peer fails only after that: so the

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-from imgpipe._sys.distenv import DistEnv
+from imgpipe.distenv import DistEnv
 from imgpipe.errors import DistributedError
 
 logger = logging.getLogger(__name__)

@@ -113,7 +113,7 @@ def main(folder: Path) -> None:
     # tqdm's default lock is a multiprocessing lock, a named semaphore, which the os._exit
     # below would leave to the resource tracker's "leaked semaphore" warning
     tqdm.set_lock(threading.RLock())
-    from imgpipe._sys.distenv import DistEnv
+    from imgpipe.distenv import DistEnv
 
     env = DistEnv.detect()
     prefix = "imgpipe" if env.rank == 0 else f"imgpipe[rank {env.rank}]"

@@ -14,7 +14,7 @@ from typing import Any
 
 from imgpipe.errors import ConfigError
 from imgpipe.loaders.sampler import batch_splits
-from imgpipe.train import checkpoint as ckpt
+from imgpipe.train import checkpoint_file as ckpt
 from imgpipe.train.config import TrainConfig
 from imgpipe.train.rundir import checkpoint_path
 

@@ -1,6 +1,6 @@
 """A run's checkpoint: what every rank contributes and rank 0 writes, and a run picked up again from one.
 
-The file holds plain values only (``checkpoint.py``): the model, optimizer, scheduler, scaler and
+The file holds plain values only (``checkpoint_file.py``): the model, optimizer, scheduler, scaler and
 EMA state, the position (epoch, step, the loader's place in the global stream), every rank's RNG
 states, the global batch and the config. Resuming applies the config over the saved optimizer
 (``resume.py`` converts the position to the config's global batch and grad_accum).
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imgpipe.train import checkpoint as ckpt
+from imgpipe.train import checkpoint_file as ckpt
 from imgpipe.train.config import TrainConfig
 from imgpipe.train.metrics import gather_objects
 from imgpipe.train.resume import changed_settings, resume_line, resume_position

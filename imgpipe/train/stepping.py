@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from imgpipe.train import checkpoint as ckpt
+from imgpipe.train import checkpoint_file as ckpt
 from imgpipe.train.compiling import compile_forward
 from imgpipe.train.config import TrainConfig
 from imgpipe.train.ema import EmaWeights

@@ -66,7 +66,7 @@ def install() -> None:
     prefixes += (SLOW_EXIT_ENV,)
     if any(name.startswith(prefixes) for name in os.environ):
         patches = {"imgpipe.train.models": _patch_models, "imgpipe.train.data": _patch_data}
-        patches["imgpipe.loaders.stage_timer"] = _patch_stage_timer
+        patches["imgpipe.loaders.phase_timer"] = _patch_phase_timer
         patches["imgpipe.format.verify"] = _patch_verify
         if os.environ.get(STUCK_READS_ENV):
             patches["imgpipe.loaders.torch"] = _patch_stuck_reads
@@ -292,8 +292,8 @@ def _patch_data(data: Any) -> None:
     data.build_data = build_short_data
 
 
-def _patch_stage_timer(stage_timer: Any) -> None:
-    read = stage_timer.StageTimer.read
+def _patch_phase_timer(phase_timer: Any) -> None:
+    read = phase_timer.PhaseTimer.read
 
     def slow_read(self: Any, records: Any, k: int) -> Any:
         item = read(self, records, k)
@@ -302,7 +302,7 @@ def _patch_stage_timer(stage_timer: Any) -> None:
             time.sleep(delay)  # elapsed time is what is tested: a slow disk, found by the bench
         return item
 
-    stage_timer.StageTimer.read = slow_read
+    phase_timer.PhaseTimer.read = slow_read
 
 
 def _patch_verify(verify: Any) -> None:

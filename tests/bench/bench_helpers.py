@@ -41,9 +41,9 @@ def rank_stats(
     request_s: float = 0.0,
     fetched: int = 0,
 ) -> RankStats:
-    """A rank whose every step has the given stage times (seconds) and, from a URL, store requests
+    """A rank whose every step has the given phase times (seconds) and, from a URL, store requests
     (``requests`` in as many calls, ``request_s`` seconds summed, ``fetched`` bytes)."""
-    stats = RankStats(rank, batch, timed_stages=timed)
+    stats = RankStats(rank, batch, timed_phases=timed)
     start = 0.0
     for _ in range(steps):
         stats.steps.append(StepTimes(start, wait, read, decode, 0.0, 0.0, compute, sync, requests, requests, request_s, fetched))
@@ -89,7 +89,7 @@ def run(
 
 NUM = (int, float)
 OPT_NUM = (int, float, type(None))
-STAGES = {k: OPT_NUM for k in ("read", "decode", "collate", "h2d", "compute", "sync")}
+PHASES = {k: OPT_NUM for k in ("read", "decode", "collate", "h2d", "compute", "sync")}
 RANK = {
     "rank": int,
     "images_per_s": NUM,
@@ -99,7 +99,7 @@ RANK = {
     "batch_ms_p95": NUM,
     "steps": int,
     "images": int,
-    "stages_ms": STAGES,
+    "stages_ms": PHASES,
     "timeline": list,
 }
 SYSTEM = {

@@ -84,8 +84,8 @@ def test_large_images_one_worker_no_compute_is_decode_bound(large_pack: Path) ->
     assert verdict.bound == "decode", verdict.message
     assert "--backend dali" in verdict.message and "--resize 256" in verdict.message
     rank = result.runs[0].ranks[0]
-    stages = rank.stage_ms()
-    assert stages["decode"] > 5 * stages["read"]
+    phases = rank.phase_ms()
+    assert phases["decode"] > 5 * phases["read"]
     # no compute: the step is the loader's, waited for or its own work on the batch (normalizing it)
     assert sum(s.wait + s.collate for s in rank.steps) > 0.9 * sum(s.total for s in rank.steps)
 
@@ -110,8 +110,8 @@ def test_cold_evicts_the_shards_before_the_run(packed_dir: Path) -> None:
 def test_model_compute_is_measured(packed_dir: Path) -> None:
     config = BenchConfig(data=str(packed_dir), workers=(0,), steps=2, warmup=1, batch_size=2, image_size=32, model="resnet18")
     result, verdict = bench(config)
-    stages = result.runs[0].ranks[0].stage_ms()
-    assert stages["compute"] > 0.5 and stages["sync"] < stages["compute"]
+    phases = result.runs[0].ranks[0].phase_ms()
+    assert phases["compute"] > 0.5 and phases["sync"] < phases["compute"]
     assert verdict.bound in ("compute", "decode", "io")
     with pytest.raises(ConfigError, match="not a torchvision classification model"):
         bench(BenchConfig(data=str(packed_dir), workers=(0,), steps=1, warmup=0, batch_size=2, image_size=32, model="resnet_nope"))
@@ -181,7 +181,7 @@ def test_unwritable_json_and_plot_paths_fail_before_measuring(packed_dir: Path, 
 
 @pytest.mark.dali
 @pytest.mark.timeout(180)
-def test_dali_backend_runs_and_its_internal_stages_are_unknown(packed_dir: Path) -> None:
+def test_dali_backend_runs_and_its_internal_phases_are_unknown(packed_dir: Path) -> None:
     from imgpipe.loaders.dali import dali_available
 
     if not dali_available():
@@ -191,7 +191,7 @@ def test_dali_backend_runs_and_its_internal_stages_are_unknown(packed_dir: Path)
     )
     result, verdict = bench(config)
     rank = result.runs[0].ranks[0]
-    stages = rank.stage_ms()
-    assert stages["read"] is None and stages["decode"] is None
-    assert stages["compute"] >= 5.0 and rank.summary().images == 12
+    phases = rank.phase_ms()
+    assert phases["read"] is None and phases["decode"] is None
+    assert phases["compute"] >= 5.0 and rank.summary().images == 12
     assert verdict.backend == "dali" and "--backend dali" not in verdict.message

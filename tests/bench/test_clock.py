@@ -1,4 +1,4 @@
-"""Stage times hold when the work of a stage finishes after its call returns, as on a GPU."""
+"""Phase times hold when the work of a phase finishes after its call returns, as on a GPU."""
 
 from __future__ import annotations
 
@@ -10,18 +10,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from imgpipe.bench.clock import StageClock  # noqa: E402
+from imgpipe.bench.clock import PhaseClock  # noqa: E402
 from imgpipe.bench.runner import _step  # noqa: E402
 
 
 class AsyncQueue:
-    """A fake device queue: each submitted stage runs in a thread, like a kernel after its launch returns."""
+    """A fake device queue: each submitted phase runs in a thread, like a kernel after its launch returns."""
 
     def __init__(self) -> None:
         self.running: list[threading.Thread] = []
 
     def submit(self, seconds: float) -> None:
-        thread = threading.Thread(target=time.sleep, args=(seconds,))  # elapsed time is what is tested: the stage's time on the queue
+        thread = threading.Thread(target=time.sleep, args=(seconds,))  # elapsed time is what is tested: the phase's time on the queue
         thread.start()
         self.running.append(thread)
 
@@ -31,7 +31,7 @@ class AsyncQueue:
 
 
 class AsyncCompute:
-    """The bench's Compute interface with stages that return at once and finish later."""
+    """The bench's Compute interface with phases that return at once and finish later."""
 
     def __init__(self, queue: AsyncQueue, step_s: float, sync_s: float, update_s: float) -> None:
         self.queue, self.step_s, self.sync_s, self.update_s = queue, step_s, sync_s, update_s
@@ -51,18 +51,18 @@ def batches() -> Iterator[tuple[Any, Any]]:
         yield None, None
 
 
-def test_a_slow_stage_on_the_cpu_is_timed_by_the_plain_clock() -> None:
-    clock = StageClock(torch.device("cpu"))
+def test_a_slow_phase_on_the_cpu_is_timed_by_the_plain_clock() -> None:
+    clock = PhaseClock(torch.device("cpu"))
     start = clock.now()
     time.sleep(0.03)  # elapsed time is what is tested
     assert clock.now() - start >= 0.03
 
 
-def test_each_stage_is_charged_its_own_asynchronous_work() -> None:
-    """A 60 ms all-reduce that returns at once is charged to sync, not to the next stage (issue 16 item 1)."""
+def test_each_phase_is_charged_its_own_asynchronous_work() -> None:
+    """A 60 ms all-reduce that returns at once is charged to sync, not to the next phase (issue 16 item 1)."""
     queue = AsyncQueue()
     compute = AsyncCompute(queue, step_s=0.02, sync_s=0.06, update_s=0.01)
-    clock = StageClock(torch.device("cpu"), settle=queue.settle)
+    clock = PhaseClock(torch.device("cpu"), settle=queue.settle)
     steps = [_step(batches(), compute, clock, None, 0.0) for _ in range(2)]
     for step in steps:
         assert step.sync >= 0.06
@@ -73,7 +73,7 @@ def test_each_stage_is_charged_its_own_asynchronous_work() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_cuda_now_returns_once_the_queued_kernels_are_done() -> None:
     device = torch.device("cuda", torch.cuda.current_device())
-    clock = StageClock(device)
+    clock = PhaseClock(device)
     a = torch.randn(4096, 4096, device=device)
     for _ in range(20):
         a = a @ a / 4096

@@ -25,23 +25,23 @@ def cpu_rank() -> RankContext:
     return launch(lambda ctx, _: ctx, None, gpus=0)
 
 
-def layouts(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...], bool]]:
+def memory_formats(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...], bool]]:
     return [(name, tuple(p.shape), p.is_contiguous(memory_format=CHANNELS_LAST)) for name, p in model.named_parameters() if p.ndim == 4]
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("overrides", [(), ("train.channels_last=true", "train.amp=bf16")])
-def test_model_precision_and_input_layout_follow_the_trainer_config(packed_dir: Path, overrides: tuple[str, ...]) -> None:
+def test_model_precision_and_input_memory_format_follow_the_trainer_config(packed_dir: Path, overrides: tuple[str, ...]) -> None:
     config = BenchConfig(data=str(packed_dir), model="resnet18", batch_size=4, image_size=32, train_overrides=overrides)
     ctx = cpu_rank()
     train = config.train_config(0, ctx.device)  # resolved as the trainer resolves it
     compute = Compute(config, ctx, classes=4)
     trainers, _ = build_model(train, 4, ctx)
     assert type(compute.model) is type(trainers)
-    assert layouts(compute.model) == layouts(trainers)
+    assert memory_formats(compute.model) == memory_formats(trainers)
     assert compute.dtype == amp_setup(train, ctx.device)[0]
     if overrides:  # the options reach the model: channels_last weights, a bf16 forward pass
-        assert all(is_cl for _, _, is_cl in layouts(compute.model)) and compute.dtype is torch.bfloat16
+        assert all(is_cl for _, _, is_cl in memory_formats(compute.model)) and compute.dtype is torch.bfloat16
 
     loader = make_loader("torch", train, ctx, None)
     images, labels = next(iter(loader))
@@ -59,7 +59,7 @@ def test_model_precision_and_input_layout_follow_the_trainer_config(packed_dir: 
 
 @pytest.mark.dali
 @pytest.mark.timeout(180)
-def test_dali_batches_arrive_in_the_torch_loaders_layout(packed_dir: Path) -> None:
+def test_dali_batches_arrive_in_the_torch_loaders_memory_format(packed_dir: Path) -> None:
     from imgpipe.loaders.dali import dali_available
 
     if not dali_available():

@@ -1,4 +1,4 @@
-"""The bench's torch loader is make_torch_loader with its stage-timing hook: the same batches, timed."""
+"""The bench's torch loader is make_torch_loader with its phase-timing hook: the same batches, timed."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ torch = pytest.importorskip("torch")
 
 from imgpipe.bench.config import BenchConfig  # noqa: E402
 from imgpipe.bench.probes import endless, make_loader  # noqa: E402
-from imgpipe.loaders.stage_timer import BatchTimes, StageTimer, active_timer, timing  # noqa: E402
+from imgpipe.loaders.phase_timer import BatchTimes, PhaseTimer, active_timer, timing  # noqa: E402
 from imgpipe.loaders.torch import make_torch_loader  # noqa: E402
 from imgpipe.train.launch import launch  # noqa: E402
 from imgpipe.train.rank import RankContext  # noqa: E402
 
 
-class SlowReads(StageTimer):
-    """The stage timer, each record read slowed by ``delay_s``."""
+class SlowReads(PhaseTimer):
+    """The phase timer, each record read slowed by ``delay_s``."""
 
     def __init__(self, delay_s: float) -> None:
         super().__init__()
@@ -27,7 +27,7 @@ class SlowReads(StageTimer):
 
     def read(self, records: object, k: int) -> tuple[object, memoryview]:
         item = super().read(records, k)
-        time.sleep(self.delay_s)  # elapsed time is what is tested: the read stage must count it
+        time.sleep(self.delay_s)  # elapsed time is what is tested: the read phase must count it
         return item
 
 
@@ -40,7 +40,7 @@ def cpu_rank() -> RankContext:
 @pytest.mark.parametrize("workers", [0, 1])
 def test_probe_batches_are_the_loaders_batches(packed_dir: Path, workers: int) -> None:
     """Ten batches over two epochs: identical to an untimed loader's, each with its worker's and the main process's times."""
-    timer = StageTimer()
+    timer = PhaseTimer()
     train = BenchConfig(data=str(packed_dir), batch_size=8, image_size=24, seed=3).train_config(workers, torch.device("cpu"))
     probe = make_loader("torch", train, cpu_rank(), timer)
     seen = []
@@ -62,7 +62,7 @@ def test_probe_batches_are_the_loaders_batches(packed_dir: Path, workers: int) -
 
 @pytest.mark.timeout(60)
 def test_slow_reads_are_timed_as_reads(packed_dir: Path) -> None:
-    """A slower read (the bench tests' slow-disk hook slows it so) lands in the read stage of the batch, in a worker process."""
+    """A slower read (the bench tests' slow-disk hook slows it so) lands in the read phase of the batch, in a worker process."""
     timer = SlowReads(delay_s=0.02)
     with timing(timer):
         loader = make_torch_loader(packed_dir, "train", batch_size=4, image_size=16, rank=0, world_size=1, workers=1)
@@ -75,7 +75,7 @@ def test_slow_reads_are_timed_as_reads(packed_dir: Path) -> None:
 def test_the_timer_hooks_in_only_around_the_factory_call(synth_pack: Callable[..., Path]) -> None:
     """A loader made inside ``timing`` reports to its timer for its whole life; one made after the block, to none."""
     data = synth_pack(classes=2, per_class=4, shards=1, min_side=32, max_side=48)
-    timer = StageTimer()
+    timer = PhaseTimer()
     with timing(timer):
         timed = make_torch_loader(data, "train", batch_size=4, image_size=16, rank=0, world_size=1, workers=0)
     assert active_timer() is None

@@ -139,22 +139,22 @@ def test_straggler_with_slow_reads_has_an_io_cause() -> None:
     v = decide(result([run(ranks)]))
     assert (v.bound, v.straggler, v.cause) == (Bound.STRAGGLER, 1, Cause.IO)
     e = v.evidence
-    assert isinstance(e, StragglerEvidence) and (e.rank, e.stage, e.iowait_pct) == (1, "read", None)
+    assert isinstance(e, StragglerEvidence) and (e.rank, e.phase, e.iowait_pct) == (1, "read", None)
     assert (e.wait, e.others_wait) == (approx(0.43), approx(0.024))
-    assert (e.stage_ms, e.others_ms) == (approx(160.0), approx(1.1))  # the others' median
+    assert (e.phase_ms, e.others_ms) == (approx(160.0), approx(1.1))  # the others' median
     assert v.actions == (CheckRankDisk(1),)  # on an SSD
 
 
 def test_straggler_with_slow_decode() -> None:
     decode = [rank_stats(0, wait=0.001, sync=0.02), rank_stats(1, wait=0.02, decode=0.08)]
     v = decide(result([run(decode)]))
-    assert (v.straggler, v.cause, v.evidence.stage) == (1, Cause.DECODE, "decode")
-    assert (v.evidence.stage_ms, v.evidence.others_ms) == (approx(80.0), approx(4.0))
+    assert (v.straggler, v.cause, v.evidence.phase) == (1, Cause.DECODE, "decode")
+    assert (v.evidence.phase_ms, v.evidence.others_ms) == (approx(80.0), approx(4.0))
     assert v.actions == (GiveRankCpu(1),)
 
 
-def test_a_rank_that_waits_longer_with_stages_no_slower_is_not_a_straggler() -> None:
-    # equal stages: the wait only says who arrived last at the all-reduce; high iowait is the whole machine's
+def test_a_rank_that_waits_longer_with_phases_no_slower_is_not_a_straggler() -> None:
+    # equal phases: the wait only says who arrived last at the all-reduce; high iowait is the whole machine's
     even = [rank_stats(0, wait=0.001, sync=0.02), rank_stats(1, wait=0.02)]
     for iowait in (1.0, 35.0):
         v = decide(result([run(even, iowait=iowait)]))
@@ -163,7 +163,7 @@ def test_a_rank_that_waits_longer_with_stages_no_slower_is_not_a_straggler() -> 
         assert len(arrived) == 1 and arrived[0].rank == 1 and (arrived[0].wait, arrived[0].others) == (approx(0.5), approx(0.024))
     assert decide(result([run(even, iowait=35.0)])).bound == Bound.IO
     dali = [rank_stats(0, wait=0.001, sync=0.02, timed=False), rank_stats(1, wait=0.02, timed=False)]
-    assert decide(result([run(dali, backend="dali")], backends=("dali",))).bound != Bound.STRAGGLER  # stages unknown: no evidence
+    assert decide(result([run(dali, backend="dali")], backends=("dali",))).bound != Bound.STRAGGLER  # phases unknown: no evidence
 
 
 def test_a_saturated_shared_disk_is_io_bound_whichever_rank_waited_in_the_all_reduce() -> None:
@@ -188,7 +188,7 @@ def test_a_true_straggler_on_a_saturated_disk_is_still_named() -> None:
     v = decide(result([run(ranks, iowait=60.0)], disk=HDD))
     assert (v.bound, v.straggler, v.cause) == (Bound.STRAGGLER, 1, Cause.IO)
     e = v.evidence
-    assert (e.stage_ms, e.others_ms, e.iowait_pct, e.disk) == (approx(800.0), approx(200.0), 60.0, "rotational /dev/sdb1")
+    assert (e.phase_ms, e.others_ms, e.iowait_pct, e.disk) == (approx(800.0), approx(200.0), 60.0, "rotational /dev/sdb1")
 
 
 def test_the_two_day_story_one_rank_starved_by_a_spinning_disk() -> None:

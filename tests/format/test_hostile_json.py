@@ -15,7 +15,7 @@ import pytest
 
 from imgpipe.errors import DatasetError
 from imgpipe.format.info import describe
-from imgpipe.format.shardset import open_shards
+from imgpipe.format.shardset import open_shardset
 from imgpipe.format.verify import verify
 from imgpipe.staging.target import LocalTarget
 from imgpipe.staging.waiting import _read_failure
@@ -38,7 +38,7 @@ def test_a_hostile_manifest_is_one_line_in_verify_info_and_opening(packed_dir: P
     dst = tmp_path / "out"
     shutil.copytree(packed_dir, dst)
     (dst / "manifest.json").write_bytes(HOSTILE[how])
-    for call in (lambda: verify(dst, workers=1, progress=False), lambda: describe(dst), lambda: open_shards(dst)):
+    for call in (lambda: verify(dst, workers=1, progress=False), lambda: describe(dst), lambda: open_shardset(dst)):
         with pytest.raises(DatasetError, match=rf"^{dst / 'manifest.json'}: (unreadable manifest|not an imgpipe manifest)") as info:
             call()
         assert "\n" not in str(info.value)
@@ -91,7 +91,7 @@ def edited(packed_dir: Path, tmp_path: Path, edit) -> Path:
 def test_a_splits_record_count_unlike_its_shards_is_refused_by_verify_and_opening(packed_dir: Path, tmp_path: Path, records: str) -> None:
     dst = edited(packed_dir, tmp_path, lambda text, m: text.replace('"records": 48,', f'"records": {records},', 1))
     assert f'"records": {records},' in (dst / "manifest.json").read_text()
-    for call in (lambda: verify(dst, workers=1, progress=False), lambda: open_shards(dst, "train"), lambda: describe(dst)):
+    for call in (lambda: verify(dst, workers=1, progress=False), lambda: open_shardset(dst, "train"), lambda: describe(dst)):
         refused = rf"^{dst / 'manifest.json'}: .*(split train has records|not valid JSON).*; rerun 'imgpipe pack'"
         with pytest.raises(DatasetError, match=refused):
             call()
@@ -115,7 +115,7 @@ def test_a_manifest_field_of_another_json_type_is_refused_not_converted(
     packed_dir: Path, tmp_path: Path, key: str, value: object, refused: str
 ) -> None:
     dst = edited(packed_dir, tmp_path, lambda text, manifest: json.dumps({**manifest, key: value}))
-    for call in (lambda: verify(dst, workers=1, progress=False), lambda: open_shards(dst, "train"), lambda: describe(dst)):
+    for call in (lambda: verify(dst, workers=1, progress=False), lambda: open_shardset(dst, "train"), lambda: describe(dst)):
         with pytest.raises(DatasetError, match=rf"^{dst / 'manifest.json'}: .*{re.escape(refused)}"):
             call()
 
@@ -132,7 +132,7 @@ def test_a_manifest_giving_a_key_twice_is_refused(packed_dir: Path, tmp_path: Pa
         return text.replace(f"{key}:", f"{twice[key]}:", 1)
 
     dst = edited(packed_dir, tmp_path, edit)
-    for call in (lambda: verify(dst, workers=1, progress=False), lambda: open_shards(dst, "train"), lambda: describe(dst)):
+    for call in (lambda: verify(dst, workers=1, progress=False), lambda: open_shardset(dst, "train"), lambda: describe(dst)):
         with pytest.raises(DatasetError, match=rf"^{dst / 'manifest.json'}: unreadable manifest \(not valid JSON: key .* twice\); rerun"):
             call()
 
@@ -158,7 +158,7 @@ def test_a_manifest_listing_a_shard_twice_is_refused_when_opened(packed_dir: Pat
     name = json.loads((dst / "manifest.json").read_text())["splits"]["train"]["shards"][0]["index" if where == "as an index" else "name"]
     for split in ("train", "val"):
         with pytest.raises(DatasetError, match=rf"^{dst / 'manifest.json'}: {name} is listed twice; rerun 'imgpipe pack'"):
-            open_shards(dst, split)
+            open_shardset(dst, split)
     result = subprocess.run([sys.executable, "-m", "imgpipe", "verify", str(dst)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and result.stderr.strip() == f"imgpipe: error: {dst / 'manifest.json'}: {name} is listed twice; " \
         "rerun 'imgpipe pack' to rewrite the manifest"  # fmt: skip

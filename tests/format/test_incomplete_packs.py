@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from imgpipe.errors import DatasetError
-from imgpipe.format.shardset import open_shards
+from imgpipe.format.shardset import open_shardset
 from imgpipe.packing.journal import JOURNAL_DIR
 
 
@@ -28,7 +28,7 @@ def test_verify_refuses_one_node_of_a_two_node_pack(synth_tree: Path, tmp_path: 
     assert result.returncode == 1, result.stdout
     assert f"{dst}: incomplete pack: 3 of 5 shards missing, no manifest.json; rerun the same 'imgpipe pack'" in result.stdout
     with pytest.raises(DatasetError, match="incomplete pack: 3 of 5 shards missing"):
-        open_shards(dst)
+        open_shardset(dst)
     info = imgpipe("info", dst)
     assert info.returncode == 1 and f"imgpipe: error: {dst}: incomplete pack: 3 of 5 shards missing" in info.stderr
 
@@ -48,12 +48,12 @@ def test_verify_refuses_a_pack_whose_manifest_is_gone(packed_dir: Path, tmp_path
 def test_a_folder_without_manifest_keeps_its_splits_apart(packed_dir: Path, tmp_path: Path) -> None:
     dst = tmp_path / "out"
     shutil.copytree(packed_dir, dst, ignore=shutil.ignore_patterns("manifest.json", JOURNAL_DIR))
-    train, val = open_shards(dst, "train"), open_shards(dst, "val")
+    train, val = open_shardset(dst, "train"), open_shardset(dst, "val")
     assert (len(train), len(val)) == (48, 12)
     assert {p.name.split("-")[0] for p in train.rec_paths} == {"train"}
     assert [p.name for p in val.rec_paths] == ["val-00000-of-00001.rec"]
     with pytest.raises(DatasetError, match=r"no test-NNNNN-of-NNNNN.rec or test.rec for split 'test' \(the file names give: train, val\)"):
-        open_shards(dst, "test")
+        open_shardset(dst, "test")
 
 
 def test_im2rec_names_give_the_split(packed_dir: Path, tmp_path: Path) -> None:
@@ -63,13 +63,13 @@ def test_im2rec_names_give_the_split(packed_dir: Path, tmp_path: Path) -> None:
         shard = f"{name}-00000-of-0000{2 if name == 'train' else 1}"
         shutil.copy(packed_dir / f"{shard}.rec", dst / f"{name}.rec")
         shutil.copy(packed_dir / f"{shard}.idx", dst / f"{name}.idx")
-    assert [p.name for p in open_shards(dst, "val").rec_paths] == ["val.rec"]
-    assert [p.name for p in open_shards(dst).rec_paths] == ["train.rec"]
+    assert [p.name for p in open_shardset(dst, "val").rec_paths] == ["val.rec"]
+    assert [p.name for p in open_shardset(dst).rec_paths] == ["train.rec"]
     (dst / "val.rec").rename(dst / "data.rec")
     (dst / "val.idx").rename(dst / "data.idx")
     with pytest.raises(DatasetError, match=r"the file names give: data, train\); pass the .rec files themselves"):
-        open_shards(dst, "val")
-    assert len(open_shards(dst / "data.rec", "val")) == 12
+        open_shardset(dst, "val")
+    assert len(open_shardset(dst / "data.rec", "val")) == 12
 
 
 @pytest.mark.timeout(60)
@@ -82,7 +82,7 @@ def test_a_refused_pack_leaves_bare_pairs_bare(packed_dir: Path, synth_tree: Pat
     assert refused.returncode == 1 and "from an unknown pack: pass --overwrite" in refused.stderr
     result = imgpipe("verify", dst, "--workers", "1")
     assert result.returncode == 0, result.stdout
-    assert len(open_shards(dst, "val")) == 12
+    assert len(open_shardset(dst, "val")) == 12
 
 
 @pytest.mark.timeout(60)
@@ -99,8 +99,8 @@ def test_given_files_of_another_split_are_refused(packed_dir: Path) -> None:
     with pytest.raises(
         DatasetError, match=r"val-00000-of-00001.rec: a shard of split 'val', opened as split 'train'; give only that split's files"
     ):
-        open_shards(str(packed_dir / "*.rec"))
+        open_shardset(str(packed_dir / "*.rec"))
     with pytest.raises(DatasetError, match=r"split='val'"):
-        open_shards(packed_dir / "val-00000-of-00001.rec")
-    assert len(open_shards(packed_dir / "val-00000-of-00001.rec", "val")) == 12
-    assert len(open_shards(str(packed_dir / "train-*.rec"))) == 48
+        open_shardset(packed_dir / "val-00000-of-00001.rec")
+    assert len(open_shardset(packed_dir / "val-00000-of-00001.rec", "val")) == 12
+    assert len(open_shardset(str(packed_dir / "train-*.rec"))) == 48

@@ -19,13 +19,13 @@ from imgpipe.cache.nodecache import SOURCE_NAME, STATE_DIR, cached_version
 from imgpipe.errors import ConfigError, DatasetError, PackError
 from imgpipe.format.info import describe
 from imgpipe.format.verify import verify
-from imgpipe.packing.checkpoint import checkpoint_path
 from imgpipe.packing.journal import JOURNAL_DIR, PARTS_NAME
 from imgpipe.packing.packer import pack
+from imgpipe.packing.progress import progress_path
 from imgpipe.staging.stager import stage
 from imgpipe.staging.target import LocalTarget
 from imgpipe.staging.waiting import _read_failure
-from imgpipe.train.checkpoint import load_checkpoint
+from imgpipe.train.checkpoint_file import load_checkpoint
 
 KINDS = {"fifo": "a FIFO", "device": "a character device"}
 pytestmark = [pytest.mark.timeout(60), pytest.mark.parametrize("kind", list(KINDS))]
@@ -63,7 +63,7 @@ def test_a_pack_checkpoint_is_read_past_with_a_warning(
 ) -> None:
     dst = tmp_path / "out"
     pack(synth_tree, dst, shards=4, num_nodes=2, node_rank=0, workers=1, progress=False)
-    what = not_a_file(checkpoint_path(dst / JOURNAL_DIR, 1), kind)
+    what = not_a_file(progress_path(dst / JOURNAL_DIR, 1), kind)
     with caplog.at_level(logging.WARNING):
         assert pack(synth_tree, dst, shards=4, num_nodes=2, node_rank=1, workers=1, progress=False).manifest is not None
     assert f"unreadable checkpoint ({what}: " in caplog.text
@@ -115,10 +115,10 @@ def test_a_training_checkpoint_is_one_line(tmp_path: Path, kind: str) -> None:
 
 @pytest.mark.parametrize("name", ["train.labels.npy", "train.index.npy"])
 def test_a_sidecar_opened_by_the_loaders_is_one_line(packed_dir: Path, tmp_path: Path, kind: str, name: str) -> None:
-    """open_shards (what both loaders open) reads the index and labels sidecars back only as regular files."""
-    from imgpipe.format.shardset import open_shards
+    """open_shardset (what both loaders open) reads the index and labels sidecars back only as regular files."""
+    from imgpipe.format.shardset import open_shardset
 
     dst = copy(packed_dir, tmp_path)
     what = not_a_file(dst / name, kind)
     with pytest.raises(DatasetError, match=rf"^{dst / name}: unreadable .* sidecar \({what}: .*\); rerun 'imgpipe pack'$"):
-        open_shards(dst, "train")
+        open_shardset(dst, "train")

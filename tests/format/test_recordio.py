@@ -101,14 +101,14 @@ def test_split_frames_keep_4_byte_alignment_and_only_the_last_is_padded() -> Non
 # ----------------------------------------------------------------------------- IRHeader
 
 
-def test_header_single_label_layout_and_round_trip() -> None:
+def test_header_single_label_bytes_and_round_trip() -> None:
     record = recordio.pack_header(IRHeader(7, 3.0, 12, 34), b"JPEG")
     assert record == struct.pack("<IfQQ", 0, 3.0, 12, 34) + b"JPEG"  # flag forced to 0, as mxnet.recordio.pack
     header, payload = recordio.unpack_header(record)
     assert header == IRHeader(0, 3.0, 12, 34) and payload == b"JPEG"
 
 
-def test_header_multi_label_layout_and_round_trip() -> None:
+def test_header_multi_label_bytes_and_round_trip() -> None:
     labels = [1.5, -2.0, 3.25]
     record = recordio.pack_header(IRHeader(0, labels, 2**64 - 1, 5), b"img")
     assert record[:24] == struct.pack("<IfQQ", 3, 0.0, 2**64 - 1, 5)

@@ -15,10 +15,10 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from _packs import INDEXED_RECORDS, im2rec_labels, with_payloads, without_index_sidecar  # noqa: E402
 
 from imgpipe.errors import DatasetError, RecordIOError  # noqa: E402
-from imgpipe.format.layout import index_bytes, parse_index_sidecar  # noqa: E402
+from imgpipe.format.files import index_bytes, parse_index_sidecar  # noqa: E402
 from imgpipe.format.manifest import ShardInfo, SplitInfo  # noqa: E402
 from imgpipe.format.recordio import MAGIC_BYTES, read_index, read_record_at, unpack_header  # noqa: E402
-from imgpipe.format.shardset import open_shards, sidecar_index  # noqa: E402
+from imgpipe.format.shardset import open_shardset, sidecar_index  # noqa: E402
 from imgpipe.loaders.dali_index import write_dali_index  # noqa: E402
 
 
@@ -29,7 +29,7 @@ def pack(indexed: Path, tmp_path: Path) -> Path:
 
 
 def test_packed_folder_from_the_real_packer(packed_dir: Path) -> None:
-    train, val = open_shards(packed_dir), open_shards(packed_dir, "val")
+    train, val = open_shardset(packed_dir), open_shardset(packed_dir, "val")
     assert (len(train), len(val)) == (48, 12)
     assert train.classes == val.classes == sorted(train.classes) and len(train.classes) == 4
     assert train.labels.dtype == np.int64 and np.bincount(train.labels).tolist() == [12] * 4
@@ -43,7 +43,7 @@ def test_packed_folder_from_the_real_packer(packed_dir: Path) -> None:
 
 
 def test_index_arrays_match_the_idx_files(indexed: Path) -> None:
-    s = open_shards(indexed)
+    s = open_shardset(indexed)
     assert len(s) == INDEXED_RECORDS and s.labels.tolist() == s.keys.tolist() == list(range(INDEXED_RECORDS))
     starts = 0
     for number, rec in enumerate(s.rec_paths):
@@ -65,14 +65,14 @@ def test_the_index_sidecar_is_the_idx_files_and_opens_the_same_split(packed_dir:
     shutil.copytree(packed_dir, without)
     without_index_sidecar(without)
     for split in ("train", "val"):
-        keys, offsets = parse_index_sidecar((packed_dir / f"{split}.index.npy").read_bytes(), len(open_shards(without, split)))
+        keys, offsets = parse_index_sidecar((packed_dir / f"{split}.index.npy").read_bytes(), len(open_shardset(without, split)))
         idx = [read_index(p) for p in sorted(packed_dir.glob(f"{split}-*.idx"))]
         assert keys.tolist() == np.concatenate([k for k, _ in idx]).tolist()
         assert offsets.tolist() == np.concatenate([o for _, o in idx]).tolist()
     for p in with_sidecar.glob("*.idx"):
         p.unlink()  # opened from the sidecar, a split needs none of them
     for split in ("train", "val"):
-        a, b = open_shards(with_sidecar, split), open_shards(without, split)
+        a, b = open_shardset(with_sidecar, split), open_shardset(without, split)
         assert [a.location(i) for i in range(len(a))] == [b.location(i) for i in range(len(b))]
         assert a.keys.tolist() == b.keys.tolist() and a.labels.tolist() == b.labels.tolist()
         assert all(a.read(i) == b.read(i) for i in range(len(a)))
@@ -106,7 +106,7 @@ def test_a_broken_index_sidecar_is_one_dataset_error(packed_dir: Path, tmp_path:
     shutil.copytree(packed_dir, folder)
     damage(folder)
     with pytest.raises(DatasetError, match=message) as info:
-        open_shards(folder)
+        open_shardset(folder)
     assert "\n" not in str(info.value)
 
 
@@ -114,7 +114,7 @@ def test_read_view_is_read_without_the_copy(indexed: Path, tmp_path: Path) -> No
     """The loaders' ``read_view`` gives ``read``'s header and bytes as a view of one buffer, for a
     record of one frame and for one split around the RecordIO magic (several frames)."""
     payloads = [b"\xff\xd8" + bytes(range(200)), b"\xff\xd8\x00\x00" + MAGIC_BYTES * 3 + b"tail", b"\xff\xd8"]
-    shards = open_shards(with_payloads(indexed, tmp_path / "pack", dict(enumerate(payloads))))
+    shards = open_shardset(with_payloads(indexed, tmp_path / "pack", dict(enumerate(payloads))))
     for i, payload in enumerate(payloads):
         header, data = shards.read(i)
         view_header, view = shards.read_view(i)
@@ -128,19 +128,19 @@ def test_bare_im2rec_files_as_path_list_and_glob(im2rec_files: list[Path], synth
     """The .rec files MXNet's im2rec wrote (3 chunks, no manifest): labels from their IRHeaders, the images' own bytes."""
     rows = [line.split("\t") for rec in im2rec_files for line in rec.with_suffix(".lst").read_text().splitlines()]
     for spec in (im2rec_files, [str(r) for r in im2rec_files], str(im2rec_files[0].parent / "train_*.rec")):
-        bare = open_shards(spec)
+        bare = open_shardset(spec)
         assert len(bare) == len(rows) == 48 and bare.classes is None and bare.source(11) is None
         assert bare.labels.tolist() == im2rec_labels(im2rec_files)  # read from the IRHeaders
         for i in (0, 17, 47):
             header, payload = bare.read(i)
             assert payload == (synth_tree / "train" / rows[i][2]).read_bytes() and header.id == int(rows[i][0]) == bare.keys[i]
-    one = open_shards(im2rec_files[1])
+    one = open_shardset(im2rec_files[1])
     assert len(one) == len(read_index(im2rec_files[1].with_suffix(".idx"))[0])
 
 
 def test_file_handles_are_per_process_and_not_pickled(indexed: Path) -> None:
     """The local byte source opens shards lazily in each process, reopens after a fork and pickles without them."""
-    s = open_shards(indexed)
+    s = open_shardset(indexed)
     expected = s.read(3)[1]
     local = s.byte_source
     assert local._fds  # opened lazily by the read
@@ -162,7 +162,7 @@ def test_file_handles_are_per_process_and_not_pickled(indexed: Path) -> None:
 
 
 def test_dali_index_offsets_run_on_across_files(pack: Path) -> None:
-    s = open_shards(pack)
+    s = open_shardset(pack)
     path = write_dali_index(s)
     assert path.parent == pack
     keys, offsets = read_index(path)
@@ -179,19 +179,19 @@ def test_dali_index_offsets_run_on_across_files(pack: Path) -> None:
     assert write_dali_index(s) == path and path.stat().st_mtime_ns == mtime  # reused while up to date
     with open(s.rec_paths[-1], "ab") as f:
         f.write(b"\0" * 4)
-    fresh = write_dali_index(open_shards(pack))
+    fresh = write_dali_index(open_shardset(pack))
     assert fresh != path and fresh.is_file() and not path.exists()  # the shards changed: a new index, the stale one gone
 
 
 def test_dali_index_of_a_folder_a_glob_or_rec_paths_is_that_of_their_shard_set(pack: Path) -> None:
-    s = open_shards(pack)
+    s = open_shardset(pack)
     path = write_dali_index(s)
     assert write_dali_index(pack) == write_dali_index(str(pack)) == path
     for given in (f"{pack}/*.rec", [str(p) for p in s.rec_paths], tuple(s.rec_paths)):  # bare files: the same offsets
         assert read_index(write_dali_index(given))[1].tolist() == read_index(path)[1].tolist()
     one = s.rec_paths[1]  # a single bare .rec: an index of its own, offsets from 0
     keys, offsets = read_index(write_dali_index(one))
-    assert offsets[0] == 0 and len(keys) == len(open_shards(one))
+    assert offsets[0] == 0 and len(keys) == len(open_shardset(one))
     with pytest.raises(DatasetError, match="a ShardSet, a packed folder, a .rec file, a glob or a list of .rec files, got int"):
         write_dali_index(42)  # type: ignore[arg-type]
 
@@ -199,7 +199,7 @@ def test_dali_index_of_a_folder_a_glob_or_rec_paths_is_that_of_their_shard_set(p
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
 def test_dali_index_falls_back_to_the_cache_when_read_only(pack: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    s = open_shards(pack)
+    s = open_shardset(pack)
     os.chmod(pack, 0o555)
     try:
         path = write_dali_index(s)
@@ -211,7 +211,7 @@ def test_dali_index_falls_back_to_the_cache_when_read_only(pack: Path, tmp_path:
 def test_corrupt_record_bytes_raise_recordio_error(pack: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     shutil.copytree(pack, broken)
-    s = open_shards(broken)
+    s = open_shardset(broken)
     shard, start, _ = s.location(4)
     with open(s.rec_paths[shard], "r+b") as f:
         f.seek(start)
@@ -246,19 +246,19 @@ def older(damage):
 def test_broken_folders_raise_one_line_dataset_errors(pack: Path, damage, message: str | None) -> None:
     damage(pack)
     if message is None:
-        assert len(open_shards(pack)) == INDEXED_RECORDS
+        assert len(open_shardset(pack)) == INDEXED_RECORDS
         return
     with pytest.raises(DatasetError, match=message) as info:
-        open_shards(pack)
+        open_shardset(pack)
     assert "\n" not in str(info.value)
 
 
 def test_missing_split_and_paths(pack: Path) -> None:
     with pytest.raises(DatasetError, match="no split 'val' \\(it has train\\)"):
-        open_shards(pack, "val")
+        open_shardset(pack, "val")
     with pytest.raises(DatasetError, match="matches no files"):
-        open_shards(str(pack / "nothing-*.rec"))
+        open_shardset(str(pack / "nothing-*.rec"))
     with pytest.raises(DatasetError, match="expected a .rec file"):
-        open_shards(pack / "manifest.json")
+        open_shardset(pack / "manifest.json")
     with pytest.raises(DatasetError, match="no such file or folder"):
-        open_shards(pack / "nowhere")
+        open_shardset(pack / "nowhere")

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from imgpipe.errors import DatasetError
-from imgpipe.format.layout import SidecarError, index_bytes, labels_bytes, parse_checksums, parse_index_sidecar, parse_labels
+from imgpipe.format.files import SidecarError, index_bytes, labels_bytes, parse_checksums, parse_index_sidecar, parse_labels
 from imgpipe.format.manifest import parse_manifest
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

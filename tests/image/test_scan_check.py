@@ -68,7 +68,7 @@ def test_the_check_passes_no_jpeg_that_pillows_decode_refuses(
 
 @needs_extension
 @pytest.mark.timeout(120)
-def test_keep_failure_gives_decode_failures_verdict_and_reason(files: dict[str, bytes]) -> None:
+def test_keep_failure_gives_decode_failures_outcome_and_reason(files: dict[str, bytes]) -> None:
     for name, data in files.items():
         assert keep_failure(data) == decode_failure(data), name
 
@@ -91,7 +91,7 @@ _SEEDS = (
 def test_keep_failure_is_decode_failure_on_random_damage(
     seed: bytes, edits: list[tuple[float, int]], markers: list[tuple[float, int]], cut: float
 ) -> None:
-    """Bytes changed anywhere (headers and scans), markers inserted, the end cut off: the same verdict and reason."""
+    """Bytes changed anywhere (headers and scans), markers inserted, the end cut off: the same outcome and reason."""
     data = bytearray(seed)
     for where, value in edits:
         data[int(where * len(data))] = value

@@ -98,7 +98,7 @@ def test_a_caller_keeping_only_storages_keeps_the_batches_pixels(packed_dir: Pat
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
-def test_the_slots_are_shared_memory_in_the_layout_asked(dtype: torch.dtype) -> None:
+def test_the_slots_are_shared_memory_in_the_memory_format_asked(dtype: torch.dtype) -> None:
     ring = BatchRing(2, batch_size=3, image_size=4, memory_format=torch.channels_last, dtype=dtype)
     assert len(ring.slots) == 2
     for slot in ring.slots:

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from _packs import NOT_AN_IMAGE, with_payloads  # noqa: E402
 
 from imgpipe.errors import DatasetError  # noqa: E402
-from imgpipe.format.shardset import open_shards  # noqa: E402
+from imgpipe.format.shardset import open_shardset  # noqa: E402
 from imgpipe.image.jpeg import jpeg_size  # noqa: E402
 from imgpipe.loaders.dali_feed import DaliFeed, window_of  # noqa: E402
 from imgpipe.loaders.geometry import Crop, EvalGeometry, TrainGeometry, sample_crop  # noqa: E402
@@ -28,7 +28,7 @@ def test_a_fractional_box_gets_the_whole_pixel_window_around_it_and_its_place_in
 
 @pytest.mark.parametrize("train", [True, False])
 def test_a_batch_holds_each_records_bytes_and_its_own_crop(indexed: Path, train: bool) -> None:
-    shards = open_shards(indexed, "train")
+    shards = open_shardset(indexed, "train")
     geometry = TrainGeometry(image_size=16) if train else EvalGeometry(image_size=16)
     feed = DaliFeed(shards, geometry, seed=4)
     indices = np.array([7, 2, 5])
@@ -49,7 +49,7 @@ def test_a_batch_holds_each_records_bytes_and_its_own_crop(indexed: Path, train:
 
 
 def test_batches_prepared_ahead_come_in_order_and_a_new_start_drops_them(indexed: Path) -> None:
-    shards = open_shards(indexed, "train")
+    shards = open_shardset(indexed, "train")
     feed = DaliFeed(shards, TrainGeometry(image_size=16), seed=1)
     batches = [np.array([i, i + 1]) for i in range(0, 12, 2)]
     feed.start(0, batches)
@@ -71,7 +71,7 @@ def test_batches_prepared_ahead_come_in_order_and_a_new_start_drops_them(indexed
 
 
 def test_a_batch_that_cannot_be_prepared_raises_when_dali_asks_for_it(indexed: Path, tmp_path: Path) -> None:
-    shards = open_shards(with_payloads(indexed, tmp_path / "t", {3: NOT_AN_IMAGE}), "train")
+    shards = open_shardset(with_payloads(indexed, tmp_path / "t", {3: NOT_AN_IMAGE}), "train")
     feed = DaliFeed(shards, TrainGeometry(image_size=16), seed=1)
     feed.start(0, [np.array([0, 1]), np.array([2, 3]), np.array([4, 5])])
     assert len(feed()[0]) == 2  # the batch before the bad record still comes

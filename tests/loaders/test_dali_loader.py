@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from imgpipe.errors import ConfigError, DatasetError, ImgpipeError
-from imgpipe.format.shardset import open_shards
+from imgpipe.format.shardset import open_shardset
 from imgpipe.loaders.sampler import rank_indices
 from imgpipe.loaders.torch import make_torch_loader
 from tests._packs import INDEXED_RECORDS, NOT_AN_IMAGE, im2rec_labels, with_payloads
@@ -249,7 +249,7 @@ def test_a_record_that_does_not_decode_is_named_in_one_line(
     with pytest.raises(DatasetError) as info:
         list(dl)
     message = str(info.value)
-    shards = open_shards(folder)
+    shards = open_shardset(folder)
     shard, offset, _ = shards.location(bad)
     assert f"cannot decode {shards.rec_names[shard]} record {bad} (id {bad}, offset {offset}" in message, message
     assert f"source {shards.source(bad)}): not an image" in message
@@ -259,7 +259,7 @@ def test_a_record_that_does_not_decode_is_named_in_one_line(
 @pytest.mark.timeout(120)
 def test_a_jpeg_that_dali_fails_to_decode_is_named_in_one_line(indexed: Path, tmp_path: Path) -> None:
     """A readable header but a cut scan: DALI's own decoder fails, and the batch in flight is searched for the record."""
-    jpeg = open_shards(indexed).read(5)[1]
+    jpeg = open_shardset(indexed).read(5)[1]
     folder = with_payloads(indexed, tmp_path / "c", {5: jpeg[: jpeg.index(b"\xff\xda") + 14] + bytes(5)})  # the scan cut short
     dl = loader(folder, batch_size=4, train=False)
     with pytest.raises(DatasetError) as info:
@@ -274,10 +274,10 @@ def test_raw_readers_mxnet_reads_every_record_through_the_cumulative_index(index
     """For users who drive DALI's own reader: ``write_dali_index()`` maps all 3 .rec files as one, in record order."""
     from nvidia.dali import Pipeline, fn
 
-    from imgpipe.format.shardset import open_shards
+    from imgpipe.format.shardset import open_shardset
     from imgpipe.loaders.dali_index import write_dali_index
 
-    shards = open_shards(indexed, "train")
+    shards = open_shardset(indexed, "train")
     pipe = Pipeline(batch_size=5, num_threads=1, device_id=None)
     with pipe:
         _, labels = fn.readers.mxnet(

@@ -27,7 +27,7 @@ import torch
 import torchvision.transforms as T
 from PIL import Image
 
-from imgpipe.format.shardset import open_shards
+from imgpipe.format.shardset import open_shardset
 from imgpipe.loaders import geometry
 from imgpipe.loaders.dali import dali_available, dali_geometry
 from imgpipe.loaders.torch import make_torch_loader
@@ -80,7 +80,7 @@ def test_val_outputs_of_both_loaders_agree(packed_dir: Path) -> None:
     assert float(mad.mean()) < MAX_MEAN_MAD
 
     reference = T.Compose([T.Resize(round(SIZE / 0.875)), T.CenterCrop(SIZE), T.PILToTensor()])
-    shards = open_shards(packed_dir, "val")
+    shards = open_shardset(packed_dir, "val")
     expected = torch.stack([reference(Image.open(io.BytesIO(shards.read(i)[1])).convert("RGB")) for i in range(len(shards))])
     to_reference = (theirs - expected.float()).abs().mean(dim=(1, 2, 3))
     assert float(to_reference.max()) < MAX_REFERENCE_MAD, f"per-image MAD to torchvision {to_reference.tolist()}"

@@ -111,7 +111,7 @@ def test_each_factory_argument_is_an_option_with_the_same_default(factory_name: 
     fields = {f.name: "required" if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(options)}
     own = {p.name: "required" if p.default is p.empty else p.default for p in parameters.values() if p.name not in ("path", "prefetch")}
     assert own == fields
-    assert "stage_timer" not in parameters  # the bench's timer hooks in through stage_timer.timing
+    assert "phase_timer" not in parameters  # the bench's timer hooks in through phase_timer.timing
 
 
 @pytest.mark.dali

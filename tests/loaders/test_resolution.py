@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from _packs import INDEXED_RECORDS as RECORDS  # noqa: E402  (label = record index; no world size or batch size here divides it)
 
 from imgpipe.errors import ConfigError  # noqa: E402
-from imgpipe.format.shardset import open_shards  # noqa: E402
+from imgpipe.format.shardset import open_shardset  # noqa: E402
 from imgpipe.loaders.geometry import EvalGeometry, TrainGeometry, sample_crop  # noqa: E402
 from imgpipe.loaders.pixels import decode_sample  # noqa: E402
 from imgpipe.loaders.sampler import rank_indices  # noqa: E402
@@ -87,7 +87,7 @@ def test_both_backends_give_the_same_records_and_nearly_the_same_pixels_through_
 def test_only_the_output_size_changes_with_the_resolution(indexed: Path) -> None:
     """Each image is its record's crop from (seed, epoch, record), resized to the epoch's size; the
     geometry of a train box never reads the size."""
-    shards = open_shards(indexed, "train")
+    shards = open_shardset(indexed, "train")
     loader = make_torch_loader(indexed, batch_size=4, image_size=16, workers=1, normalize=False, rank=0, world_size=1, seed=SEED)
     for size in (16, 40, 24):
         loader.set_resolution(size)
@@ -155,7 +155,7 @@ def test_the_state_records_the_resolution_and_a_bad_one_is_refused(indexed: Path
 
 
 def test_eval_center_crops_with_the_crop_ratio_at_its_own_size(indexed: Path) -> None:
-    shards = open_shards(indexed, "train")
+    shards = open_shardset(indexed, "train")
     for ratio in (0.875, 0.5):
         loader = make_torch_loader(
             indexed, batch_size=5, train=False, image_size=16, crop_ratio=ratio, workers=0, normalize=False, rank=0, world_size=1

@@ -27,7 +27,7 @@ from _packs import INDEXED_RECORDS, NOT_AN_IMAGE, im2rec_labels, noisy_jpeg, wit
 from train.proctree import descendants, wait_gone  # noqa: E402
 
 from imgpipe.errors import DatasetError  # noqa: E402
-from imgpipe.format.shardset import open_shards  # noqa: E402
+from imgpipe.format.shardset import open_shardset  # noqa: E402
 from imgpipe.loaders.geometry import IMAGENET_MEAN, IMAGENET_STD, Crop, EvalGeometry, TrainGeometry  # noqa: E402
 from imgpipe.loaders.pixels import UndecodableImage, decode_sample  # noqa: E402
 from imgpipe.loaders.seeding import sample_rng  # noqa: E402
@@ -77,7 +77,7 @@ def test_output_contract_normalized_and_uint8(packed_dir: Path) -> None:
     mean = np.array(IMAGENET_MEAN, np.float32).reshape(1, 3, 1, 1)
     std = np.array(IMAGENET_STD, np.float32).reshape(1, 3, 1, 1)
     np.testing.assert_allclose(xf, (x8.astype(np.float32) - mean) / std, rtol=1e-5, atol=1e-5)
-    labels = open_shards(packed_dir).labels
+    labels = open_shardset(packed_dir).labels
     order = np.concatenate(raw.sampler.batches(0))
     assert np.concatenate([b[1] for b in raw_batches]).tolist() == labels[order].tolist()
 
@@ -105,7 +105,7 @@ def test_train_pixels_are_the_seeded_crop_of_the_record(packed_dir: Path) -> Non
     loader = _uint8(packed_dir, seed=11)
     images, _ = next(iter(loader))
     index = int(loader.sampler.batches(0)[0][0])
-    payload = open_shards(packed_dir).read(index)[1]
+    payload = open_shardset(packed_dir).read(index)[1]
     crop = TrainGeometry(image_size=SIZE).sample(*Image.open(io.BytesIO(payload)).size, sample_rng(11, 0, index))
     assert _mad(images[0], _pillow_reference(payload, crop)) < 4  # equal, up to decoding at reduced size in the DCT domain
 
@@ -210,7 +210,7 @@ def test_eval_matches_torchvision_resize_and_center_crop(packed_dir: Path) -> No
     from torchvision import transforms as T
 
     loader = make_torch_loader(packed_dir, batch_size=8, train=False, image_size=SIZE, workers=0, normalize=False, rank=0, world_size=1)
-    shards = open_shards(packed_dir)
+    shards = open_shardset(packed_dir)
     geometry = EvalGeometry(image_size=SIZE)
     reference = T.Compose([T.Resize(geometry.resize_shorter, antialias=True), T.CenterCrop(SIZE), T.PILToTensor()])
     seen, differences = [], []
@@ -423,7 +423,7 @@ def test_corrupt_record_raises_naming_shard_record_and_source(corrupt: Path) -> 
         _run(loader)
     loader.close()
     message = str(info.value)
-    shards = open_shards(corrupt)
+    shards = open_shardset(corrupt)
     assert "\n" not in message
     assert f"train-00000-of-00002.rec record 5 (id {shards.keys[5]}" in message and f"source {shards.source(5)}" in message
 
@@ -447,7 +447,7 @@ def test_a_batch_is_a_named_result_whose_error_is_a_typed_value(corrupt: Path) -
     loader = make_torch_loader(corrupt, batch_size=4, image_size=SIZE, workers=0, rank=0, world_size=1, normalize=False)
     good = loader.dataset[BatchRequest(0, np.arange(0, 4))]
     assert isinstance(good, BuiltBatch) and good.error is None and good.times is None and len(good.skipped) == 0
-    assert good.images.shape == (4, 3, SIZE, SIZE) and good.labels.tolist() == open_shards(corrupt, "train").labels[:4].tolist()
+    assert good.images.shape == (4, 3, SIZE, SIZE) and good.labels.tolist() == open_shardset(corrupt, "train").labels[:4].tolist()
     bad = loader.dataset[BatchRequest(0, np.arange(4, 8))]  # record 5 does not decode
     assert isinstance(bad.error, DatasetError) and "record 5 " in str(bad.error)
     with pytest.raises(TypeError):
@@ -458,7 +458,7 @@ def test_a_record_whose_framing_is_broken_is_skipped_or_named(packed_dir: Path, 
     """A RecordIO framing error of one record (its magic overwritten on disk) is that record's failure, like an undecodable image."""
     folder = tmp_path / "framing"
     shutil.copytree(packed_dir, folder)
-    shards = open_shards(folder, "train")
+    shards = open_shardset(folder, "train")
     shard, start, _ = shards.location(3)
     with open(shards.rec_paths[shard], "r+b") as rec:
         rec.seek(start)

@@ -12,7 +12,7 @@ from PIL import Image
 
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import load_manifest
-from imgpipe.format.shardset import open_shards
+from imgpipe.format.shardset import open_shardset
 from imgpipe.format.verify import verify
 from imgpipe.loaders.dali_index import write_dali_index
 
@@ -60,7 +60,7 @@ def test_a_shard_of_only_skipped_images_is_left_out_and_the_rest_renumbered(midd
     assert again.returncode == 0, again.stderr
     assert "shards: 0 written, 3 already done" in again.stdout
     assert state() == before
-    shards = open_shards(dst)
+    shards = open_shardset(dst)
     assert len(shards) == 4 and shards.labels.tolist() == [0, 0, 2, 2]
 
 
@@ -104,7 +104,7 @@ def test_an_empty_bare_shard_is_one_line_for_dali(packed_dir: Path, tmp_path: Pa
     for ext in ("rec", "idx"):
         shutil.copy(packed_dir / f"train-00000-of-00002.{ext}", tmp_path / f"train-00000-of-00002.{ext}")
         (tmp_path / f"train-00001-of-00002.{ext}").write_bytes(b"")  # the second shard empty
-    shards = open_shards(tmp_path)
+    shards = open_shardset(tmp_path)
     assert len(shards) == 24  # the torch loader reads around it
     with pytest.raises(DatasetError, match=r"train-00001-of-00002.rec: empty shard \(no records\): DALI cannot map an empty file"):
         write_dali_index(shards)

@@ -19,9 +19,9 @@ from _cli import assert_one_line_error
 from imgpipe.errors import DatasetError, PackError
 from imgpipe.format.info import describe
 from imgpipe.format.verify import verify
-from imgpipe.packing.checkpoint import checkpoint_path
 from imgpipe.packing.journal import JOURNAL_DIR, PARTS_NAME
 from imgpipe.packing.packer import pack
+from imgpipe.packing.progress import progress_path
 
 SHARDS = 4  # train 4, val 4: node 0 of 2 writes shards 0, 2, 4 and 6
 ENTRY = "train-00000-of-00004.json"
@@ -127,7 +127,7 @@ def test_a_hostile_checkpoint_is_read_past_with_a_warning(
     arrays = {name: np.zeros(0, np.int64) for name in ("shard", "position", "action", "length", "crc", "side", "read")}
     buffer = io.BytesIO()
     np.savez(buffer, meta=np.frombuffer(meta, np.uint8), **arrays)
-    checkpoint_path(dst / JOURNAL_DIR, 1).write_bytes(buffer.getvalue())
+    progress_path(dst / JOURNAL_DIR, 1).write_bytes(buffer.getvalue())
     with caplog.at_level(logging.WARNING):
         report = pack(synth_tree, dst, shards=SHARDS, num_nodes=2, node_rank=1, workers=1, progress=False)
     assert report.manifest is not None and verify(dst, workers=1, progress=False).ok

@@ -23,10 +23,10 @@ from imgpipe._sys.diskinfo import Mount, check_free_space, device_for_path, form
 from imgpipe.errors import DatasetError, PackError
 from imgpipe.format.manifest import load_manifest
 from imgpipe.format.unfinished import PLAN_NAME
-from imgpipe.packing.checkpoint import Checkpoints
 from imgpipe.packing.journal import JOURNAL_DIR
 from imgpipe.packing.packer import pack
 from imgpipe.packing.plan import RECORD_OVERHEAD, parse_shard_counts, parse_size
+from imgpipe.packing.progress import ProgressFile
 from imgpipe.synth.tree import make_synthetic
 
 
@@ -326,10 +326,10 @@ def test_a_full_disk_at_a_checkpoint_of_an_inline_pack_names_dst_not_the_read(
 ) -> None:
     """With one worker the reading runs in the parent, under the job's name; a checkpoint's ENOSPC is DST's."""
 
-    def disk_full(self: Checkpoints, finished: np.ndarray) -> None:
+    def disk_full(self: ProgressFile, finished: np.ndarray) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
 
-    monkeypatch.setattr(Checkpoints, "save", disk_full)
+    monkeypatch.setattr(ProgressFile, "save", disk_full)
     with pytest.raises(PackError, match=r"^DST .*: writing shards failed: No space left on device \(ENOSPC\)") as raised:
         pack(synth_tree, tmp_path / "out", shards=2, workers=1, checkpoint_s=0, progress=False)
     assert "reading" not in str(raised.value) and "rerun the same command to resume" in str(raised.value)

@@ -17,12 +17,12 @@ import pytest
 from _fs import tmpfs
 
 from imgpipe._sys.fiemap import UNSUPPORTED, first_extent
-from imgpipe.packing.checkpoint import Checkpoints, checkpoint_path
 from imgpipe.packing.filereads import READ_THREADS
 from imgpipe.packing.journal import JOURNAL_DIR
 from imgpipe.packing.packer import _plan, pack
+from imgpipe.packing.progress import ProgressFile, progress_path
 from imgpipe.packing.readorder import JOBS_PER_WORKER, MemberReads, ReadOrder
-from imgpipe.packing.slots import ItemResults, SideFile, SlotLayout
+from imgpipe.packing.slots import ItemResults, SideFile, SlotMap
 from imgpipe.synth.tree import make_synthetic
 
 SYNTH = dict(classes=5, per_class=24, val_per_class=4, seed=3, quirks=True, min_side=24, max_side=40, progress=False)
@@ -90,21 +90,21 @@ def test_a_tree_on_a_tmpfs_is_read_by_inode_and_packs_the_same(tree: Path, tmp_p
 @pytest.mark.parametrize("workers", [1, 2, 16])
 def test_one_shard_is_read_in_jobs_for_every_worker(tree: Path, workers: int) -> None:
     plan, root = plan_of(tree, shards=1)
-    layout = SlotLayout.of(plan, plan.shards, tree / "unused")
-    groups = ReadOrder(plan, layout, root).groups(np.arange(len(layout)), workers)
-    assert len(groups) >= min(len(layout), workers)
-    assert max(map(len, groups)) == math.ceil(len(layout) / (workers * JOBS_PER_WORKER))  # the last jobs end near together
-    assert sorted(np.concatenate(groups).tolist()) == list(range(len(layout)))
+    slot_map = SlotMap.of(plan, plan.shards, tree / "unused")
+    groups = ReadOrder(plan, slot_map, root).groups(np.arange(len(slot_map)), workers)
+    assert len(groups) >= min(len(slot_map), workers)
+    assert max(map(len, groups)) == math.ceil(len(slot_map) / (workers * JOBS_PER_WORKER))  # the last jobs end near together
+    assert sorted(np.concatenate(groups).tolist()) == list(range(len(slot_map)))
 
 
 @pytest.mark.parametrize("layout_name", ["wds", "kaggle-zip", "split-tar"])
 def test_archive_members_are_read_front_to_back(layout_name: str, tmp_path: Path) -> None:
     make_synthetic(tmp_path / "src", layout=layout_name, **SYNTH)  # type: ignore[arg-type]
     plan, root = plan_of(tmp_path / "src", shards="train=3,val=2")
-    layout = SlotLayout.of(plan, plan.shards, tmp_path / "unused")
-    order = ReadOrder(plan, layout, root)
-    groups = order.groups(np.arange(len(layout)), 2)
-    assert sorted(np.concatenate(groups).tolist()) == list(range(len(layout)))
+    slot_map = SlotMap.of(plan, plan.shards, tmp_path / "unused")
+    order = ReadOrder(plan, slot_map, root)
+    groups = order.groups(np.arange(len(slot_map)), 2)
+    assert sorted(np.concatenate(groups).tolist()) == list(range(len(slot_map)))
     read: list[tuple[str, int]] = []
     for group in groups:
         reads = order.job(group).reads
@@ -119,33 +119,33 @@ def test_a_checkpoint_that_names_a_record_outside_its_slots_is_not_used(tree: Pa
     plan, _ = plan_of(tree, shards=2)
     folder = tmp_path / JOURNAL_DIR
     folder.mkdir()
-    layout = SlotLayout.of(plan, plan.shards, folder / "slots")
-    path = checkpoint_path(folder, 0)
-    fresh = np.zeros(len(layout.shards), bool)
+    slot_map = SlotMap.of(plan, plan.shards, folder / "slots")
+    path = progress_path(folder, 0)
+    fresh = np.zeros(len(slot_map.shards), bool)
 
     def saved(**changes: object) -> tuple[int, ItemResults]:
-        results = ItemResults.empty(len(layout))
-        results.done[:5], results.length[:5] = True, layout.lengths[:5]
+        results = ItemResults.empty(len(slot_map))
+        results.done[:5], results.length[:5] = True, slot_map.lengths[:5]
         side = SideFile(folder / "side")
-        Checkpoints(path, plan.fingerprint, layout, results, side, 0).save(np.ones(len(layout.shards), bool))
+        ProgressFile(path, plan.fingerprint, slot_map, results, side, 0).save(np.ones(len(slot_map.shards), bool))
         if changes:
             with np.load(path) as data:
                 arrays = {name: data[name] for name in data.files}
             for name, value in changes.items():
                 arrays[name] = np.asarray(value, arrays[name].dtype) if name != "meta" else value
             np.savez(path, **arrays)  # type: ignore[arg-type]
-        loaded = ItemResults.empty(len(layout))
-        taken = Checkpoints(path, plan.fingerprint, layout, loaded, side, 0).load(fresh)
+        loaded = ItemResults.empty(len(slot_map))
+        taken = ProgressFile(path, plan.fingerprint, slot_map, loaded, side, 0).load(fresh)
         side.close()
         return len(taken), loaded
 
     assert saved()[0] == 5
-    assert saved(length=[*layout.lengths[:4], layout.lengths[4] + 1])[0] == 0  # longer than its slot, not in the side file
+    assert saved(length=[*slot_map.lengths[:4], slot_map.lengths[4] + 1])[0] == 0  # longer than its slot, not in the side file
     assert saved(position=[0, 1, 2, 3, 10**9])[0] == 0  # outside its shard
     assert saved(side=[0, -1, -1, -1, -1])[0] == 0  # in a side file that holds nothing
-    meta = {"fingerprint": "another plan", "side_bytes": 0, "shards": [s.name for s in layout.shards], "reasons": {}}
+    meta = {"fingerprint": "another plan", "side_bytes": 0, "shards": [s.name for s in slot_map.shards], "reasons": {}}
     assert saved(meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))[0] == 0
-    fresh[layout.shard[0]] = True  # its slot file was laid out again: what it held is gone
+    fresh[slot_map.shard[0]] = True  # its slot file was laid out again: what it held is gone
     count, loaded = saved()
     assert count == 0 and not loaded.done.any()
 
@@ -163,11 +163,11 @@ def test_the_members_of_many_small_archives_share_jobs_and_pack_the_same(tree: P
             for image in images[2 * k : 2 * k + 2]:
                 archive.add(image, image.name)
     plan, root = plan_of(src, shards=3)
-    layout = SlotLayout.of(plan, plan.shards, tmp_path / "unused")
-    order = ReadOrder(plan, layout, root)
-    groups = order.groups(np.arange(len(layout)), 2)
+    slot_map = SlotMap.of(plan, plan.shards, tmp_path / "unused")
+    order = ReadOrder(plan, slot_map, root)
+    groups = order.groups(np.arange(len(slot_map)), 2)
     assert len(groups) == 2 * JOBS_PER_WORKER  # 120 members in 8 jobs, not 60
-    assert sorted(np.concatenate(groups).tolist()) == list(range(len(layout)))
+    assert sorted(np.concatenate(groups).tolist()) == list(range(len(slot_map)))
     read = [(str(reads.spans.archives[a]), int(o)) for reads in (order.job(g).reads for g in groups)
             for a, o in zip(reads.spans.archive, reads.spans.offsets)]  # type: ignore[union-attr]  # fmt: skip
     assert read == sorted(read)  # archive after archive, each front to back

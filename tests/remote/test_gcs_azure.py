@@ -18,7 +18,7 @@ from remote_env import BUCKET, GCS_BUCKET, cloud_env
 from s3_server import NoCredentials, S3Server, free_port
 
 from imgpipe.errors import RemoteError
-from imgpipe.format.shardset import open_shards
+from imgpipe.format.shardset import open_shardset
 from imgpipe.loaders.torch import make_torch_loader
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
@@ -58,7 +58,7 @@ def test_gs_and_az_urls_are_read_by_their_own_clients_as_the_folder(
     """AWS_ENDPOINT_URL is a closed port here: only the scheme's own client reaches the server."""
     cloud_env(monkeypatch, scheme, s3_server.endpoint, tmp_path)
     url = cloud_packed[scheme]
-    local, remote = open_shards(packed_dir), open_shards(url)
+    local, remote = open_shardset(packed_dir), open_shardset(url)
     assert len(remote) == len(local) and np.array_equal(remote.labels, local.labels)
     records = remote.fetch(np.arange(len(remote)))
     assert all(records.read_view(i)[1] == local.read(i)[1] for i in range(len(local)))
@@ -81,7 +81,7 @@ def test_missing_gs_or_az_credentials_are_one_line_naming_the_url_and_the_variab
         monkeypatch.setenv("IMGPIPE_REMOTE_TIMEOUT", str(RETRY_S))
         start = time.monotonic()
         with pytest.raises(RemoteError) as info:
-            open_shards(url)
+            open_shardset(url)
         assert time.monotonic() - start < BOUND_S
         message = str(info.value)
         assert message.startswith(f"{url}: no credentials: ") and variable in message and "\n" not in message
@@ -103,7 +103,7 @@ def test_an_unreachable_gs_or_az_endpoint_is_one_line_within_the_retry_time(
     url = URLS[scheme]
     start = time.monotonic()
     with pytest.raises(RemoteError) as info:
-        open_shards(url)
+        open_shardset(url)
     assert time.monotonic() - start < BOUND_S
     message = str(info.value)
     assert message.startswith(url) and "\n" not in message

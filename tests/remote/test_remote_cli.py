@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
 from _cli import assert_one_line_error  # noqa: E402
 from proctree import descendants, wait_gone  # noqa: E402
 
-from imgpipe.format.shardset import open_shards  # noqa: E402
+from imgpipe.format.shardset import open_shardset  # noqa: E402
 
 
 def imgpipe(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
@@ -48,7 +48,7 @@ def test_verify_a_url_passes_then_names_the_shard_with_a_flipped_byte(s3_env: S3
         done.stdout.strip()
         == f"{url}: OK: checked 60 records in 3 shard(s), {sum(p.stat().st_size for p in packed_dir.glob('*.rec')) / 1e6:.1f} MB"
     )
-    local = open_shards(packed_dir)
+    local = open_shardset(packed_dir)
     shard, start, end = local.location(30)
     name = local.rec_names[shard]
     data = bytearray((packed_dir / name).read_bytes())

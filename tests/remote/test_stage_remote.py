@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from _cli import assert_one_line_error  # noqa: E402
 
 from imgpipe.errors import DatasetError  # noqa: E402
-from imgpipe.format.shardset import open_shards  # noqa: E402
+from imgpipe.format.shardset import open_shardset  # noqa: E402
 
 STAGE_JOURNAL = ".imgpipe-stage"
 
@@ -108,7 +108,7 @@ def test_stage_from_the_bucket_through_faults_is_byte_identical(
 @pytest.mark.timeout(180)
 def test_a_flipped_byte_in_a_remote_shard_is_named_and_nothing_is_committed(s3_env: S3Server, packed_dir: Path, tmp_path: Path) -> None:
     url = s3_env.upload(packed_dir, BUCKET, "damaged")
-    shard = open_shards(packed_dir).rec_names[1]
+    shard = open_shardset(packed_dir).rec_names[1]
     data = bytearray((packed_dir / shard).read_bytes())
     data[len(data) // 2] ^= 0x01
     s3_env.put(BUCKET, f"damaged/{shard}", bytes(data))
@@ -118,7 +118,7 @@ def test_a_flipped_byte_in_a_remote_shard_is_named_and_nothing_is_committed(s3_e
     )
     assert not (dst / "manifest.json").exists()
     with pytest.raises(DatasetError, match="incomplete copy"):
-        open_shards(dst)
+        open_shardset(dst)
     verified = imgpipe("verify", url, "--workers", "1")
     assert verified.returncode == 1 and f"{shard}: sha256 differs from the manifest" in verified.stdout
 
@@ -147,8 +147,8 @@ def test_a_stage_killed_with_sigkill_resumes_to_a_byte_identical_copy(
     )  # journaled files are trusted, not hashed again (one may have been renamed just before the kill)
     assert_same_files(packed_dir, dst)
     resumed_shard_gets = fault_proxy.counts.matching_gets - shard_gets
-    assert resumed_shard_gets < len(open_shards(packed_dir).rec_names) + len(
-        open_shards(packed_dir, "val").rec_names
+    assert resumed_shard_gets < len(open_shardset(packed_dir).rec_names) + len(
+        open_shardset(packed_dir, "val").rec_names
     )  # journaled shards were not fetched again
     assert list((dst / STAGE_JOURNAL).iterdir()) == [dst / STAGE_JOURNAL / "lock"]
 

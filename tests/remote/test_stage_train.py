@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
 from proctree import quiet_env  # noqa: E402
 from train_cli import free_port, one_line_error, write_config  # noqa: E402
 
-from imgpipe.format.shardset import open_shards  # noqa: E402
+from imgpipe.format.shardset import open_shardset  # noqa: E402
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 
@@ -81,7 +81,7 @@ def test_when_local_rank_0_cannot_stage_every_rank_says_why_in_one_line(s3_env: 
     """Two ranks started as ``srun --ntasks 2`` starts them on one node: rank 0 meets a damaged shard; rank 1, waiting
     for its copy, fails with rank 0's reason instead of waiting on."""
     url = s3_env.upload(packed_dir, BUCKET, "damaged-for-train")
-    shard = open_shards(packed_dir).rec_names[0]
+    shard = open_shardset(packed_dir).rec_names[0]
     data = bytearray((packed_dir / shard).read_bytes())
     data[100] ^= 0x01
     s3_env.put(BUCKET, f"damaged-for-train/{shard}", bytes(data))

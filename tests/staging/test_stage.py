@@ -18,7 +18,7 @@ from _cli import assert_one_line_error  # noqa: E402
 from _fs import tmpfs  # noqa: E402
 
 from imgpipe.errors import DatasetError  # noqa: E402
-from imgpipe.format.shardset import open_shards  # noqa: E402
+from imgpipe.format.shardset import open_shardset  # noqa: E402
 from imgpipe.staging.target import entry_name, parse_entry  # noqa: E402
 
 
@@ -68,7 +68,7 @@ def test_a_folder_is_staged_byte_identical_and_a_rerun_copies_nothing(packed_dir
 def test_a_file_changed_at_the_source_is_named_and_the_copy_stays_incomplete(packed_dir: Path, tmp_path: Path) -> None:
     src = tmp_path / "mount"
     shutil.copytree(packed_dir, src)
-    shard = open_shards(src).rec_names[1]
+    shard = open_shardset(src).rec_names[1]
     flip_a_byte(src / shard, 1000)
     dst = tmp_path / "local"
     assert_one_line_error(
@@ -78,7 +78,7 @@ def test_a_file_changed_at_the_source_is_named_and_the_copy_stays_incomplete(pac
     with pytest.raises(
         DatasetError, match=r"incomplete copy: \d+ file\(s\) staged and checked, no manifest.json; rerun the same 'imgpipe stage"
     ):
-        open_shards(dst)
+        open_shardset(dst)
     verified = imgpipe("verify", str(dst), "--workers", "1")
     assert verified.returncode == 1 and "incomplete copy" in verified.stdout
 
@@ -87,7 +87,7 @@ def test_a_file_changed_at_the_source_is_named_and_the_copy_stays_incomplete(pac
 def test_a_shard_of_the_wrong_size_or_missing_at_the_source_is_one_line_before_any_copy(packed_dir: Path, tmp_path: Path) -> None:
     src = tmp_path / "mount"
     shutil.copytree(packed_dir, src)
-    shard = open_shards(src).rec_names[0]
+    shard = open_shardset(src).rec_names[0]
     with open(src / shard, "ab") as f:
         f.write(b"x")
     dst = tmp_path / "local"
@@ -159,7 +159,7 @@ def test_files_in_place_but_not_journaled_are_hashed_not_copied(packed_dir: Path
     for name in packed_files(packed_dir):
         if name != "manifest.json":
             shutil.copyfile(packed_dir / name, dst / name)
-    shard = open_shards(packed_dir).rec_names[0]
+    shard = open_shardset(packed_dir).rec_names[0]
     flip_a_byte(dst / shard, 500)
     done = imgpipe("stage", str(packed_dir), str(dst))
     assert done.returncode == 0, done.stderr

@@ -14,7 +14,7 @@ def test_resnet50_gets_the_blur_before_its_strided_convolutions_of_16_inputs_or_
     strided = {name for name, m in model.named_modules() if isinstance(m, torch.nn.Conv2d) and max(m.stride) > 1}
     assert apply_blurpool(model) == 6
     wrapped = {name for name, m in model.named_modules() if isinstance(m, BlurPoolConv2d)}
-    # torchvision's ResNet-50 (v1.5) strides in conv2 of each stage's first block and in its downsample
+    # torchvision's ResNet-50 (v1.5) strides in conv2 of each layer's first block and in its downsample
     assert wrapped == {f"layer{i}.0.{part}" for i in (2, 3, 4) for part in ("conv2", "downsample.0")}
     assert strided == wrapped | {"conv1"}  # the stem (3 input channels) is left alone, as FFCV leaves it
     assert isinstance(model.conv1, torch.nn.Conv2d)

@@ -392,8 +392,8 @@ def test_linear_ramp_needs_its_peak_before_the_last_epoch() -> None:
 
 def test_data_prefetch_factor_reaches_the_trainers_and_the_benchs_torch_loaders(packed_dir: Path) -> None:
     """From a URL each worker then fetches the records of data.prefetch_factor - 1 batches ahead (tests/remote)."""
-    from imgpipe._sys.distenv import DistEnv
     from imgpipe.bench.probes import make_loader
+    from imgpipe.distenv import DistEnv
     from imgpipe.train.data import build_data
     from imgpipe.train.precision import resolve_auto
     from imgpipe.train.rank import RankContext

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from _hooks.faults import recorded_illegal_memory_access
 from train_cli import free_port
 
-from imgpipe._sys.distenv import DistEnv
+from imgpipe.distenv import DistEnv
 from imgpipe.errors import TrainError
 from imgpipe.train.config import load_config
 from imgpipe.train.failures import explain_failure

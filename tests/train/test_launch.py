@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.cpus import available_cpus
 from imgpipe.errors import DistributedError
 from imgpipe.train.launch import check_launcher_env
 from imgpipe.train.local_ranks import cpu_threads

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from imgpipe._sys.distenv import DistEnv
+from imgpipe.distenv import DistEnv
 from imgpipe.loaders.common import open_for_rank
 from imgpipe.loaders.options import LoaderOptions
 

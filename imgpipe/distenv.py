@@ -62,13 +62,6 @@ class DistEnv:
         return cls()
 
 
-def available_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one), at least 1."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
-
-
 def _local_world_size(env: Mapping[str, str], world_size: int) -> int:
     """Ranks on this node: torchrun's LOCAL_WORLD_SIZE, else SLURM's tasks per node (srun sets no
     LOCAL_WORLD_SIZE), else the whole world; never more than the world."""

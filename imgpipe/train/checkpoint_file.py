@@ -1,4 +1,4 @@
-"""Training checkpoints: written atomically by rank 0, read back with ``torch.load(weights_only=True)``.
+"""The training checkpoint's file: written atomically by rank 0, read back with ``torch.load(weights_only=True)``.
 
 A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts (nothing that needs
 pickle's code execution): model, optimizer, scheduler and scaler state, the epoch and step, the

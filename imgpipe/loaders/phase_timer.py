@@ -1,10 +1,10 @@
-"""The torch loader's timing hook, for tools that attribute a batch's time to its stages (``imgpipe bench``).
+"""The torch loader's timing hook, for tools that attribute a batch's time to its phases (``imgpipe bench``).
 
-A torch loader made by ``make_torch_loader`` inside ``with timing(StageTimer()):`` is timed: the worker
+A torch loader made by ``make_torch_loader`` inside ``with timing(PhaseTimer()):`` is timed: the worker
 that builds a batch measures its record reads and the rest of its work (decode, crop, flip, writing into
 the batch), and from a URL its store requests, bytes and seconds; the main process adds its own time on
 the batch (copy out of the ring and normalization on the CPU; pinning and queueing the copy on a GPU) and
-hands them to :meth:`StageTimer.record`, in the order the batches are built. The loader runs exactly as
+hands them to :meth:`PhaseTimer.record`, in the order the batches are built. The loader runs exactly as
 without the hook, and no public argument names it.
 """
 
@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 @dataclass
 class BatchTimes:
-    """Seconds one batch spent in each loader stage."""
+    """Seconds one batch spent in each loader phase."""
 
     read: float = 0.0  # worker: fetching the batch's records and reading each
     decode: float = 0.0  # worker: everything else it did for the batch (decode, crop, flip, write)
@@ -42,7 +42,7 @@ def request_delta(before: dict[str, float] | None, after: dict[str, float] | Non
     }
 
 
-class StageTimer:
+class PhaseTimer:
     """Collects each batch's :class:`BatchTimes`; :meth:`take` returns them oldest first.
 
     :meth:`read` is how the loader's workers read a record while timed: a subclass may slow it
@@ -66,12 +66,12 @@ class StageTimer:
         return self._times.popleft() if self._times else BatchTimes()
 
 
-_ACTIVE: contextvars.ContextVar[StageTimer | None] = contextvars.ContextVar("imgpipe_stage_timer", default=None)
+_ACTIVE: contextvars.ContextVar[PhaseTimer | None] = contextvars.ContextVar("imgpipe_phase_timer", default=None)
 
 
 @contextlib.contextmanager
-def timing(timer: StageTimer) -> Iterator[StageTimer]:
-    """Torch loaders made inside this block report each batch's stage times to ``timer``, for their whole life."""
+def timing(timer: PhaseTimer) -> Iterator[PhaseTimer]:
+    """Torch loaders made inside this block report each batch's phase times to ``timer``, for their whole life."""
     token = _ACTIVE.set(timer)
     try:
         yield timer
@@ -79,6 +79,6 @@ def timing(timer: StageTimer) -> Iterator[StageTimer]:
         _ACTIVE.reset(token)
 
 
-def active_timer() -> StageTimer | None:
+def active_timer() -> PhaseTimer | None:
     """The timer of the innermost ``timing`` block around this call, if any (what a new torch loader reports to)."""
     return _ACTIVE.get()

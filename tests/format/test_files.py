@@ -11,28 +11,28 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from imgpipe.format import layout
-from imgpipe.format.layout import SidecarError, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
+from imgpipe.format import files
+from imgpipe.format.files import SidecarError, parse_checksums, parse_index_sidecar, parse_labels, parse_sources
 
 
 def test_names_of_shards_and_sidecars() -> None:
-    assert layout.shard_stem("train", 3, 12) == "train-00003-of-00012"
-    assert layout.is_shard_file("train-00003-of-00012.rec") and layout.is_shard_file("val-00000-of-00001.idx")
-    assert not layout.is_shard_file("train-00003-of-00012.json") and not layout.is_shard_file("train.rec")
-    names = (layout.sources_name("val"), layout.labels_name("val"), layout.checksums_name("val"), layout.index_name("val"))
+    assert files.shard_stem("train", 3, 12) == "train-00003-of-00012"
+    assert files.is_shard_file("train-00003-of-00012.rec") and files.is_shard_file("val-00000-of-00001.idx")
+    assert not files.is_shard_file("train-00003-of-00012.json") and not files.is_shard_file("train.rec")
+    names = (files.sources_name("val"), files.labels_name("val"), files.checksums_name("val"), files.index_name("val"))
     assert names == ("val.sources.txt", "val.labels.npy", "val.crc32.npy", "val.index.npy")
-    assert all(name.endswith(layout.SIDECAR_SUFFIXES) for name in names)
+    assert all(name.endswith(files.SIDECAR_SUFFIXES) for name in names)
 
 
 def test_writers_and_readers_round_trip() -> None:
     paths = ["a/x.JPEG", "b/caf\udce9.jpg", "c/with\rreturn.jpg"]
-    assert list(parse_sources(layout.sources_bytes(paths), 3)) == paths
+    assert list(parse_sources(files.sources_bytes(paths), 3)) == paths
     labels = np.array([0, 3, 1])
-    assert parse_labels(layout.labels_bytes(labels), 3, 4).tolist() == [0, 3, 1]
+    assert parse_labels(files.labels_bytes(labels), 3, 4).tolist() == [0, 3, 1]
     crcs = np.array([0, 0xFFFFFFFF, 7], dtype=np.uint32)
-    assert parse_checksums(layout.checksums_bytes(crcs), 3).tolist() == crcs.tolist()
+    assert parse_checksums(files.checksums_bytes(crcs), 3).tolist() == crcs.tolist()
     assert len(parse_sources(b"a\nb", 2)) == 2 and len(parse_sources(b"", 0)) == 0
-    keys, offsets = parse_index_sidecar(layout.index_bytes(np.array([5, 9, 2]), np.array([0, 4096, 1 << 40])), 3)
+    keys, offsets = parse_index_sidecar(files.index_bytes(np.array([5, 9, 2]), np.array([0, 4096, 1 << 40])), 3)
     assert keys.dtype == offsets.dtype == np.int64
     assert keys.tolist() == [5, 9, 2] and offsets.tolist() == [0, 4096, 1 << 40]
 
@@ -40,13 +40,13 @@ def test_writers_and_readers_round_trip() -> None:
 @pytest.mark.parametrize(
     "data,message",
     [
-        (layout.index_bytes(np.arange(2), np.arange(2)), r"holds a \(2, 2\) array, expected \(2, 3\)"),
-        (layout._npy_bytes(np.zeros((3, 2), np.int64)), r"holds a \(3, 2\) array"),
-        (layout._npy_bytes(np.zeros(6, np.int64)), "must be a 2-D integer array"),
-        (layout._npy_bytes(np.asfortranarray(np.zeros((2, 3), np.int64))), "Fortran order"),
-        (layout.index_bytes(np.arange(3), np.array([0, -8, 16])), "record 1: negative offset -8"),
-        (layout._npy_bytes(np.array([[0, 1, 2], [0, 2**64 - 16, 16]], np.uint64)), "record 1: offset 18446744073709551600 is beyond"),
-        (layout._npy_bytes(np.array([[0, 2**63, 2], [0, 8, 16]], np.uint64)), "record 1: key 9223372036854775808 is beyond"),
+        (files.index_bytes(np.arange(2), np.arange(2)), r"holds a \(2, 2\) array, expected \(2, 3\)"),
+        (files._npy_bytes(np.zeros((3, 2), np.int64)), r"holds a \(3, 2\) array"),
+        (files._npy_bytes(np.zeros(6, np.int64)), "must be a 2-D integer array"),
+        (files._npy_bytes(np.asfortranarray(np.zeros((2, 3), np.int64))), "Fortran order"),
+        (files.index_bytes(np.arange(3), np.array([0, -8, 16])), "record 1: negative offset -8"),
+        (files._npy_bytes(np.array([[0, 1, 2], [0, 2**64 - 16, 16]], np.uint64)), "record 1: offset 18446744073709551600 is beyond"),
+        (files._npy_bytes(np.array([[0, 2**63, 2], [0, 8, 16]], np.uint64)), "record 1: key 9223372036854775808 is beyond"),
     ],
 )
 def test_a_bad_index_sidecar_is_one_error(data: bytes, message: str) -> None:
@@ -75,11 +75,11 @@ def test_a_header_that_claims_more_than_follows_allocates_nothing(parse: Callabl
 @pytest.mark.parametrize(
     "data,message,record",
     [
-        (layout.labels_bytes(np.zeros(2)), "holds 2 values, the manifest counts 3 records", None),
-        (layout._npy_bytes(np.zeros(3, np.float32)), "must be a 1-D integer array, got float32", None),
-        (layout._npy_bytes(np.zeros((3, 1), np.int32)), "must be a 1-D integer array", None),
+        (files.labels_bytes(np.zeros(2)), "holds 2 values, the manifest counts 3 records", None),
+        (files._npy_bytes(np.zeros(3, np.float32)), "must be a 1-D integer array, got float32", None),
+        (files._npy_bytes(np.zeros((3, 1), np.int32)), "must be a 1-D integer array", None),
         (b"not npy", "not a readable .npy file", None),
-        (layout.labels_bytes(np.array([0, 1, 4])), "label 4 is outside 0..3", 2),
+        (files.labels_bytes(np.array([0, 1, 4])), "label 4 is outside 0..3", 2),
     ],
 )
 def test_a_bad_labels_sidecar_is_one_error(data: bytes, message: str, record: int | None) -> None:
@@ -97,7 +97,7 @@ def test_every_flipped_bit_of_a_labels_header_is_a_sidecar_error_or_reads_the_sa
     """Damage anywhere in the .npy header (numpy parses it with literal_eval) is one SidecarError, never another
     exception, and never other labels read as if nothing happened."""
     labels = np.arange(12) % 4
-    data = layout.labels_bytes(labels)
+    data = files.labels_bytes(labels)
     outcomes: Counter[str] = Counter()
     for position in range(len(data) - 4 * labels.size):  # the magic, the version and the header, not the values
         for bit in range(8):

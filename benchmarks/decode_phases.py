@@ -1,6 +1,6 @@
-"""Where one train sample's time goes in the torch loader, stage by stage, against Pillow's whole decode.
+"""Where one train sample's time goes in the torch loader, phase by phase, against Pillow's whole decode.
 
-One process, one thread, the same records: for each, the stages of ``imgpipe.loaders.pixels``'
+One process, one thread, the same records: for each, the phases of ``imgpipe.loaders.pixels``'
 train path (read the record without a copy, JPEG header, crop draw, region decode, resize, store
 into a batch slot, normalize to float32), then the whole path as the workers run it
 (``decode_sample``), Pillow's whole decode (the per-core reference of ``loaders.py``) and the
@@ -8,7 +8,7 @@ region decoder asked for the whole image. Records whose crop shrinks 2x or more 
 (DCT-scaled) path and are timed only as part of ``decode_sample``. Prints microseconds per image,
 the median of ``--passes`` passes.
 
-    python benchmarks/decode_stages.py                  # the ImageNet-shaped pack loaders.py made
+    python benchmarks/decode_phases.py                  # the ImageNet-shaped pack loaders.py made
 """
 
 from __future__ import annotations
@@ -24,23 +24,23 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from imgpipe.format.shardset import open_shards
+from imgpipe.format.shardset import open_shardset
 from imgpipe.image.jpeg import jpeg_size
 from imgpipe.loaders import pixels
 from imgpipe.loaders.geometry import TrainGeometry, sample_crop
 from imgpipe.loaders.torch import normalization
 
-STAGES = ("read", "header", "crop draw", "region decode", "resize", "store uint8", "normalize float32")
+PHASES = ("read", "header", "crop draw", "region decode", "resize", "store uint8", "normalize float32")
 
 
 def one_pass(shards, count: int, size: int) -> dict[str, float]:
-    """Seconds per stage over the first ``count`` records (the integral-box records for the stages)."""
+    """Seconds per phase over the first ``count`` records (the integral-box records for the phases)."""
     geometry = TrainGeometry(image_size=size)
     decode = pixels.region_decoder()
     scale, bias = normalization(torch.device("cpu"))
     slot, slot_float = torch.empty((3, size, size), dtype=torch.uint8), torch.empty((3, size, size))
-    total = dict.fromkeys(STAGES, 0.0)
-    staged = 0
+    total = dict.fromkeys(PHASES, 0.0)
+    timed = 0
     for i in range(count):
         t0 = time.perf_counter()
         _, payload = shards.read_view(i)
@@ -60,10 +60,10 @@ def one_pass(shards, count: int, size: int) -> dict[str, float]:
         t6 = time.perf_counter()
         slot_float.copy_(slot).mul_(scale).add_(bias)
         t7 = time.perf_counter()
-        for stage, seconds in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6)):
-            total[stage] += seconds
-        staged += 1
-    per_image = {stage: seconds / staged for stage, seconds in total.items()}
+        for phase, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6)):
+            total[phase] += seconds
+        timed += 1
+    per_image = {phase: seconds / timed for phase, seconds in total.items()}
     payloads = [shards.read_view(i)[1] for i in range(count)]
     start = time.perf_counter()
     for i, payload in enumerate(payloads):
@@ -93,12 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     if not a.rec.is_dir():
         sys.exit(f"{a.rec} does not exist: run benchmarks/loaders.py once (it packs the data), or pass --rec")
     torch.set_num_threads(1)
-    shards = open_shards(a.rec, "train")
+    shards = open_shardset(a.rec, "train")
     count = min(a.images, len(shards))
     passes = [one_pass(shards, count, a.image_size) for _ in range(a.passes)]
     print(f"{count} train records of {a.rec}, {a.image_size} px, one thread; microseconds per image, median of {a.passes} passes")
-    for stage in passes[0]:
-        print(f"  {stage:30s} {statistics.median(p[stage] for p in passes) * 1e6:7.0f}")
+    for phase in passes[0]:
+        print(f"  {phase:30s} {statistics.median(p[phase] for p in passes) * 1e6:7.0f}")
     return 0
 
 

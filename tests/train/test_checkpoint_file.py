@@ -1,4 +1,4 @@
-"""Checkpoints: atomic writes, a round trip that loads with weights_only, RNG states, and refusals."""
+"""The checkpoint file: atomic writes, a round trip that loads with weights_only, RNG states, and refusals."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from imgpipe.errors import ConfigError
-from imgpipe.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from imgpipe.train.checkpoint_file import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 
 
 def test_checkpoint_round_trip_with_weights_only_and_rng(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""Where one image's time goes in ``imgpipe pack`` without ``--resize`` (keep the bytes), stage by stage.
+"""Where one image's time goes in ``imgpipe pack`` without ``--resize`` (keep the bytes), phase by phase.
 
-One process, the same source files: for each, the stages of the keep path as ``pack.scatter``
+One process, the same source files: for each, the phases of the keep path as ``pack.scatter``
 runs them (read the file, walk the JPEG headers, Pillow's header parse and the scan check that
 ``codec.keep_failure`` makes, frame the record, its crc32, the shard's sha256, the write), then
 Pillow's whole decode (the check the keep path made before), and ``Scatter`` itself with one
@@ -8,7 +8,7 @@ worker over the same files (reading with its threads, checking, framing, writing
 hashing, fsync and the journal entry). Prints CPU microseconds per image, the median of
 ``--passes`` passes, and the wall time of ``Scatter``, whose fsync waits for the disk.
 
-    python benchmarks/pack_stages.py            # the ImageNet-shaped tree pack_vs_im2rec.py made
+    python benchmarks/pack_phases.py            # the ImageNet-shaped tree pack_vs_im2rec.py made
 """
 
 from __future__ import annotations
@@ -32,15 +32,15 @@ from imgpipe.packing.journal import Journal
 from imgpipe.packing.plan import make_plan
 from imgpipe.packing.scatter import Scatter
 
-STAGES = ("read", "JPEG header walk", "Pillow header parse", "scan check", "record framing", "crc32", "sha256", "write")
+PHASES = ("read", "JPEG header walk", "Pillow header parse", "scan check", "record framing", "crc32", "sha256", "write")
 
 
 def one_pass(paths: list[Path], out: Path) -> dict[str, float]:
-    """CPU seconds per image of each stage, and of ``Scatter`` (with its wall seconds) over ``paths``."""
-    total = dict.fromkeys(STAGES, 0.0)
+    """CPU seconds per image of each phase, and of ``Scatter`` (with its wall seconds) over ``paths``."""
+    total = dict.fromkeys(PHASES, 0.0)
     clock = time.thread_time
     rec_hash = hashlib.sha256()
-    with open(out / "stages.rec", "wb") as rec:
+    with open(out / "phases.rec", "wb") as rec:
         for key, path in enumerate(paths):
             t0 = clock()
             with open(path, "rb") as f:
@@ -65,9 +65,9 @@ def one_pass(paths: list[Path], out: Path) -> dict[str, float]:
                 rec.write(part)
             t8 = clock()
             assert info is not None and opened and problem is None, f"{path}: not a JPEG the keep path keeps"
-            for stage, seconds in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6, t8 - t7)):
-                total[stage] += seconds
-    per_image = {stage: seconds / len(paths) for stage, seconds in total.items()}
+            for phase, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6, t8 - t7)):
+                total[phase] += seconds
+    per_image = {phase: seconds / len(paths) for phase, seconds in total.items()}
     payloads = [path.read_bytes() for path in paths]
     start = clock()
     for payload in payloads:
@@ -104,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     checker = "libjpeg-turbo (imgpipe's extension)" if codec._scan_problem is not None else "Pillow's whole decode (no extension)"
     print(f"{len(kept)} kept JPEGs of {a.src}/train ({len(paths)} read), one thread, scan check by {checker};"
           f" CPU microseconds per image, median of {a.passes} passes")  # fmt: skip
-    for stage in passes[0]:
-        print(f"  {stage:38s} {statistics.median(p[stage] for p in passes) * 1e6:7.0f}")
+    for phase in passes[0]:
+        print(f"  {phase:38s} {statistics.median(p[phase] for p in passes) * 1e6:7.0f}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The names of a packed folder's files, and one reader and one writer per sidecar.
+"""The files of a packed folder: their names, and one reader and one writer per sidecar.
 
 The files are listed in docs/format.md. The readers take the sidecar's bytes (so verify can hash the
 same bytes it parses) and raise :class:`SidecarError` without the path; each caller turns that into its
