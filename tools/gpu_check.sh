@@ -102,7 +102,7 @@ skip() {  # skip NAME REASON: a step that is not run here, said in one line (and
 
 missing=$(timeout -k "$KILL_AFTER" 60 "$PY" - <<'EOF'
 import importlib.util
-needed = {"click": "click", "tqdm": "tqdm", "yaml": "PyYAML", "numpy": "numpy", "PIL": "Pillow", "torch": "torch", "torchvision": "torchvision"}
+needed = {"click": "click", "tqdm": "tqdm", "yaml": "PyYAML", "numpy": "numpy", "PIL": "Pillow", "psutil": "psutil", "pydantic": "pydantic", "torch": "torch", "torchvision": "torchvision"}
 print(" ".join(pkg for module, pkg in needed.items() if importlib.util.find_spec(module) is None))
 EOF
 )
