@@ -109,11 +109,11 @@ def test_info_on_a_rec_file_is_a_one_line_error(packed_dir: Path) -> None:
     ("edit", "named"),
     [
         (lambda m: m["splits"]["train"]["shards"][0].update(records="x"), "ShardInfo records is 'x', not int"),
-        (lambda m: m["splits"]["train"]["shards"][0].update(bytes=None), "ShardInfo bytes is None, not int"),
+        (lambda m: m["splits"]["train"]["shards"][0].update(bytes=None), "ShardInfo bytes is null, not int"),
         (lambda m: m["splits"]["train"]["shards"][0].update(records=8.5), "ShardInfo records is 8.5, not int"),
         (lambda m: m["splits"]["train"].update(labels=7), "SplitInfo labels is 7, not str"),
         (lambda m: m.update(options=["abc"]), "Manifest options is ['abc'], not dict"),
-        (lambda m: m.update(classes=[1, 2]), "classes must be names"),
+        (lambda m: m.update(classes=[1, 2]), "Manifest classes[0] is 1, not str"),
     ],
 )
 def test_a_manifest_field_of_the_wrong_type_is_one_line_naming_it(packed_dir: Path, tmp_path: Path, edit: Any, named: str) -> None:

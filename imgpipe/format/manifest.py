@@ -13,10 +13,10 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from imgpipe._sys.atomic import atomic_write_bytes
-from imgpipe._sys.jsonfile import parse_json
+from imgpipe._sys.jsonfile import as_dataclass, parse_json
 from imgpipe._sys.regular import read_regular
 from imgpipe.errors import DatasetError
 from imgpipe.format.files import MANIFEST_NAME
@@ -26,6 +26,8 @@ from imgpipe.storage.source import ByteSource, is_url
 
 FORMAT = "imgpipe-recordio"
 FORMAT_VERSION = 1
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -111,34 +113,15 @@ class Manifest:
             )
         try:
             splits = {
-                name: SplitInfo(
-                    shards=[ShardInfo(**shard) for shard in split["shards"]],
-                    sources=split["sources"],
-                    sources_sha256=split["sources_sha256"],
-                    labels=split["labels"],
-                    labels_sha256=split["labels_sha256"],
-                    checksums=split.get("checksums", ""),
-                    checksums_sha256=split.get("checksums_sha256", ""),
-                    index_sidecar=split.get("index_sidecar", ""),
-                    index_sidecar_sha256=split.get("index_sidecar_sha256", ""),
+                name: _from_json(
+                    SplitInfo, {**_known(SplitInfo, split), "shards": [_from_json(ShardInfo, s, where) for s in split["shards"]]}, where
                 )
                 for name, split in data["splits"].items()
             }
-            manifest = cls(
-                classes=data["classes"],
-                splits=splits,
-                options=data["options"],
-                source=data["source"],
-                skipped=[Skipped(**s) for s in data.get("skipped", [])],
-                fingerprint=data.get("fingerprint", ""),
-                layout=data.get("layout", ""),
-            )
-        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            skipped = [_from_json(Skipped, s, where) for s in data.get("skipped", [])]
+        except (KeyError, TypeError, AttributeError) as e:
             raise DatasetError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
-        for item in (manifest, *manifest.skipped, *(s for split in splits.values() for s in (split, *split.shards))):
-            _check_field_types(item, where)
-        if not all(isinstance(c, str) for c in manifest.classes):
-            raise DatasetError(f"{where}: malformed manifest (classes must be names, got {manifest.classes[:3]!r}...)")
+        manifest = _from_json(cls, {**_known(cls, data), "splits": splits, "skipped": skipped}, where)
         listed: set[str] = set()
         for name, split in manifest.splits.items():
             check_plain_name(name, where)
@@ -161,17 +144,20 @@ class Manifest:
         return manifest
 
 
-_FIELD_TYPES = {"int": int, "str": str, "list[str]": list, "dict[str, Any]": dict}  # list[str]'s items: from_dict checks them
+def _from_json(cls: type[T], value: Any, where: object) -> T:
+    """``cls`` from its JSON object, each field of its declared type (``as_dataclass``): ``"records": "x"``, 8.5 records,
+    ``"classes": "abcd"`` are refused, not converted."""
+    try:
+        return as_dataclass(cls, value)
+    except ValueError as e:
+        raise DatasetError(f"{where}: malformed manifest ({cls.__name__} {e}); rerun 'imgpipe pack' to rewrite it") from None
 
 
-def _check_field_types(item: object, where: object) -> None:
-    """Refuse a value of the wrong JSON type (``"records": "x"``, ``"bytes": null``, 8.5 records, ``"classes": "abcd"``)."""
-    for f in fields(item):  # type: ignore[arg-type]
-        expected = _FIELD_TYPES.get(str(f.type))  # the annotation's text (from __future__ import annotations)
-        value = getattr(item, f.name)
-        if expected is not None and (not isinstance(value, expected) or isinstance(value, bool)):
-            what = f"{type(item).__name__} {f.name} is {value!r}, not {f.type}"
-            raise DatasetError(f"{where}: malformed manifest ({what}); rerun 'imgpipe pack' to rewrite it")
+def _known(cls: type, value: dict[str, Any]) -> dict[str, Any]:
+    """The keys of ``value`` that are fields of ``cls``: the manifest's and a split's other keys (a split's ``records``
+    and ``bytes``, checked against its shards; those a newer imgpipe may add) are left out."""
+    names = {f.name for f in fields(cls)}
+    return {key: item for key, item in value.items() if key in names}
 
 
 def check_plain_name(name: str, where: object = MANIFEST_NAME) -> str:

@@ -197,7 +197,5 @@ class SampledLoader:
 
         The state may come from either backend and any world size and worker count with the same global batch G.
         """
-        if not isinstance(state, dict):
-            raise ConfigError(f"cannot resume: a loader state is the dict loader.state_dict() returned, got {type(state).__name__}")
         self._find_place()
         self.sampler.load_state_dict(state)

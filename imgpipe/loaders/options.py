@@ -18,12 +18,12 @@ import numpy as np
 
 from imgpipe.errors import ConfigError
 from imgpipe.loaders.geometry import EVAL_CROP_FRACTION
-from imgpipe.loaders.sampler import REMAINDER_POLICIES
 
 if TYPE_CHECKING:
     import torch
 
 ON_CORRUPT = ("raise", "skip")  # what a loader does with a record it cannot decode
+REMAINDER_POLICIES = ("drop", "pad")  # what a train pass does with the records that do not fill a global batch
 DEFAULT_PREFETCH_FACTOR = 2  # batches prepared ahead: per worker (torch), DALI's queue depth
 
 

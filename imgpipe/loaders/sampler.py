@@ -15,9 +15,8 @@ import numpy as np
 
 from imgpipe.distenv import DistEnv
 from imgpipe.errors import ConfigError
+from imgpipe.loaders.options import REMAINDER_POLICIES, check_int
 from imgpipe.loaders.seeding import order_rng
-
-REMAINDER_POLICIES = ("drop", "pad")
 
 
 def epoch_order(
@@ -286,36 +285,50 @@ class EpochSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next ``iter()`` yields the batches after ``state['batches']`` global batches of ``state['epoch']``."""
-        if "seed" in state and state["seed"] != self.seed:
+        counts = _read_state(state)
+        if "seed" in counts and counts["seed"] != self.seed:
             raise ConfigError(
-                f"cannot resume: the saved loader state is a position in the record order of seed={state['seed']}, but this loader "
-                f"has seed={self.seed}; make the loader with seed={state['seed']} to resume (another seed is another order)"
+                f"cannot resume: the saved loader state is a position in the record order of seed={counts['seed']}, but this loader "
+                f"has seed={self.seed}; make the loader with seed={counts['seed']} to resume (another seed is another order)"
             )
-        if "records" in state and state["records"] != self.n:
+        if "records" in counts and counts["records"] != self.n:
             raise ConfigError(
-                f"cannot resume: the saved loader state is a position in a split of {state['records']} records, but this loader "
+                f"cannot resume: the saved loader state is a position in a split of {counts['records']} records, but this loader "
                 f"reads {self.n}; load it into a loader over the split it was saved from"
             )
-        saved_world = state.get("world_size", self.world_size)
-        saved_global = state.get("global_batch", state.get("batch_size", self.batch_size) * saved_world)
+        saved_world = counts.get("world_size", self.world_size)
+        saved_global = counts.get("global_batch", counts.get("batch_size", self.batch_size) * saved_world)
         if saved_global != self.global_batch:
-            raise ConfigError(resume_mismatch(int(saved_global), self.batch_size, self.world_size))
+            raise ConfigError(resume_mismatch(saved_global, self.batch_size, self.world_size))
         if not self.train and saved_world != self.world_size:
             raise ConfigError(f"cannot resume: an evaluation state saved on {saved_world} ranks does not carry over to {self.world_size}")
-        try:
-            epoch, consumed = int(state["epoch"]), int(state["batches"])
-        except (KeyError, TypeError, ValueError):
-            raise ConfigError("cannot resume: the loader state needs integer 'epoch' and 'batches'") from None
-        if epoch < 0 or not 0 <= consumed <= len(self):
+        epoch, consumed = counts["epoch"], counts["batches"]
+        if consumed > len(self):
             raise ConfigError(f"cannot resume: epoch {epoch} batch {consumed} is outside this loader ({len(self)} batches per epoch)")
-        resolution = state.get("resolution")
-        if resolution is not None and (isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 1):
-            raise ConfigError(f"cannot resume: the loader state's resolution must be a size in pixels, got {resolution!r}")
         if consumed == len(self):
             epoch, consumed = epoch + 1, 0
         self._next_epoch, self._resume_batches, self._active = epoch, consumed, False
-        if resolution is not None:
-            self._next_resolution = int(resolution)
+        if "resolution" in counts:
+            self._next_resolution = counts["resolution"]
+
+
+STATE_COUNTS = {"epoch": 0, "batches": 0, "seed": 0, "records": 0, "global_batch": 1, "world_size": 1, "batch_size": 1, "resolution": 1}
+
+
+def _read_state(state: object) -> dict[str, int]:
+    """The counts of a loader state (``STATE_COUNTS``, each with its minimum), as ints. A state comes from a checkpoint,
+    so anything else (a string, a bool, 2.5 or 2.0, a count below its minimum) is one ConfigError naming the key and the value.
+    ``epoch`` and ``batches`` are required; the others may be absent (states saved before they were recorded), and
+    ``resolution`` None."""
+    if not isinstance(state, dict):
+        raise ConfigError(f"cannot resume: a loader state is the dict loader.state_dict() returned, got {type(state).__name__}")
+    if "epoch" not in state or "batches" not in state:
+        raise ConfigError("cannot resume: the loader state needs integer 'epoch' and 'batches'")
+    return {
+        key: check_int(f"cannot resume: the loader state's {key}", state[key], minimum=minimum)
+        for key, minimum in STATE_COUNTS.items()
+        if key in state and not (key == "resolution" and state[key] is None)
+    }
 
 
 def batch_splits(global_batch: int) -> str:

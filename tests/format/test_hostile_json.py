@@ -105,7 +105,7 @@ def test_a_splits_record_count_unlike_its_shards_is_refused_by_verify_and_openin
         ("classes", {"n01": 0, "n02": 1}, "Manifest classes is {'n01': 0, 'n02': 1}, not list"),
         ("source", ["/data"], "Manifest source is ['/data'], not str"),
         ("fingerprint", 5, "Manifest fingerprint is 5, not str"),
-        ("layout", None, "Manifest layout is None, not str"),
+        ("layout", None, "Manifest layout is null, not str"),
         ("options", "abc", "Manifest options is 'abc', not dict"),
         ("version", True, "manifest version True is not supported"),
         ("version", 1.0, "manifest version 1.0 is not supported"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -195,6 +197,35 @@ def test_resume_names_the_batch_sizes_that_fit_another_global_batch() -> None:
         EpochSampler(49, batch_size=6, rank=0, world_size=2).load_state_dict(state)
     old = {k: v for k, v in state.items() if k != "global_batch"}  # states saved before global_batch was stored
     EpochSampler(50, batch_size=3, rank=0, world_size=4).load_state_dict(old)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "refused"),
+    [
+        ("epoch", "1", "must be an integer >= 0, got '1' (str)"),
+        ("epoch", 2.0, "must be an integer >= 0, got 2.0 (float)"),
+        ("epoch", -1, "must be >= 0, got -1"),
+        ("batches", True, "must be an integer >= 0, got True (bool)"),
+        ("batches", 2.5, "must be an integer >= 0, got 2.5 (float)"),  # was 2 batches, silently
+        ("seed", "0", "must be an integer >= 0, got '0' (str)"),
+        ("records", 50.0, "must be an integer >= 0, got 50.0 (float)"),
+        ("global_batch", "x", "must be an integer >= 1, got 'x' (str)"),  # was a ValueError traceback
+        ("world_size", 0, "must be >= 1, got 0"),
+        ("batch_size", 6.0, "must be an integer >= 1, got 6.0 (float)"),
+        ("resolution", True, "must be an integer >= 1, got True (bool)"),
+    ],
+)
+def test_a_loader_state_count_that_is_not_an_int_in_range_is_one_config_error_naming_it(key: str, value: object, refused: str) -> None:
+    """A loader state is read from a checkpoint: a count of another type is refused, not converted, and nothing of it is taken."""
+    saved = EpochSampler(50, batch_size=6, seed=0, rank=0, world_size=2)
+    saved.set_epoch(1)
+    state = {**saved.state_dict(), "batches": 2}
+    s = EpochSampler(50, batch_size=6, seed=0, rank=0, world_size=2)
+    with pytest.raises(ConfigError, match=rf"^cannot resume: the loader state's {key} {re.escape(refused)}$"):
+        s.load_state_dict({**state, key: value})
+    assert s.state_dict() == EpochSampler(50, batch_size=6, seed=0, rank=0, world_size=2).state_dict()
+    s.load_state_dict(state)  # the same state with that count as the int it was saved as
+    assert (s.state_dict()["epoch"], s.state_dict()["batches"]) == (1, 2)
 
 
 def test_rank_and_world_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
