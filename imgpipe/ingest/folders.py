@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from imgpipe.errors import DatasetError
+from imgpipe.ingest.filekinds import is_source_file
 
 if TYPE_CHECKING:
     from imgpipe.ingest.members import MemberSpans
@@ -326,7 +327,7 @@ def _find_val_csv(root: Path, val: Path) -> Path:
     if val.parent.parts[-3:] == KAGGLE_DATA:  # inside a Kaggle download: its CSV lies beside ILSVRC/
         folders.append(val.parent.parents[2])
     for candidate in (folder / VAL_CSV for folder in folders):
-        if candidate.is_file():
+        if is_source_file(candidate):
             return candidate
     instead = ", or pack only train (--splits train)" if (val.parent / "train").is_dir() else ""
     raise DatasetError(
