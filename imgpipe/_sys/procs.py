@@ -1,4 +1,5 @@
-"""Process helpers, one copy each: the start method, dying with the parent, a pool with a progress bar.
+"""Process helpers, one copy each: the start method, dying with the parent, ending what a dead child leaves, a pool
+with a progress bar.
 
 Fork where the platform has it (workers inherit the parent's imports and open nothing twice),
 spawn elsewhere. Every process imgpipe starts calls ``die_with_parent``, so a killed run leaves
@@ -8,6 +9,7 @@ no orphan writing files or holding memory.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing as mp
 import os
 import signal
@@ -18,6 +20,7 @@ from multiprocessing.context import BaseContext
 from typing import Callable, Iterable, Iterator, TypeVar
 
 PARENT_CHECK_S = 0.2  # how often a child looks whether its parent is still there
+PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37  # prctl(2), Linux 3.4 on
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -84,6 +87,31 @@ def _kill(processes: list) -> None:
     for process in processes:
         with contextlib.suppress(psutil.Error):
             process.kill()
+
+
+@contextlib.contextmanager
+def ending_orphans(name: str, value: str) -> Iterator[None]:
+    """Within the block, a process whose parent dies is re-parented to this one, not to init (Linux's child subreaper),
+    so that what a dead child leaves behind (a worker stuck in a read, stopped, which nothing else would end) stays in
+    reach; on leaving, every child of this process whose environment holds ``name=value`` (those the block started, and
+    what they left behind) is SIGKILLed with its descendants, and reaped."""
+    import psutil
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    was = ctypes.c_int(0)
+    adopting = prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0) == 0 and prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    try:
+        yield
+    finally:
+        left = []
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):
+                if child.environ().get(name) == value:
+                    left += [child, *child.children(recursive=True)]
+        _kill(left)
+        psutil.wait_procs(left, timeout=5.0)  # the children reaped: no zombie
+        if adopting:
+            prctl(PR_SET_CHILD_SUBREAPER, was.value, 0, 0, 0)
 
 
 def process_start_time() -> float | None:

@@ -5,7 +5,8 @@ them their c10d rendezvous, stops the others when one fails and, at its shutdown
 rank's whole process group. Kept here is what it lacks (docs/training.md): one line naming the rank
 that failed, died or hung, not a peer that saw it vanish (:func:`verdict`); SIGTERM or Ctrl-C as
 checkpoint-and-stop, every rank and worker ended at the grace or on a second signal (:class:`StopRanks`);
-CPU ranks sharing the cores (:func:`cpu_threads`).
+what a rank that died leaves behind (its stuck workers) ended too (``ending_orphans``); CPU ranks sharing
+the cores (:func:`cpu_threads`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from imgpipe._sys.distenv import available_cpus
+from imgpipe._sys.procs import ending_orphans
 from imgpipe.errors import DistributedError, Stopped
 from imgpipe.train import rank_main
 
@@ -57,11 +59,12 @@ def start_local_ranks(
         level = logging.getLogger().getEffectiveLevel()
         options = rank_main.RankOptions(os.getpid(), level, use_cuda, backend, timeout_s, grace_s, threads)
         rank_main.write_call(folder, fn, arg, options)
+        run_id = f"imgpipe-{uuid.uuid4().hex}"
         config = LaunchConfig(
             min_nodes=1,
             max_nodes=1,
             nproc_per_node=ranks,
-            run_id=f"imgpipe-{uuid.uuid4().hex}",
+            run_id=run_id,
             role="imgpipe",
             rdzv_backend="c10d",
             rdzv_endpoint="127.0.0.1:0",
@@ -72,7 +75,7 @@ def start_local_ranks(
             signals_to_handle=TORCH_SIGNALS,
             **shutdown,
         )
-        with StopRanks(folder, grace_s) as stop, _torch_launcher_state():
+        with StopRanks(folder, grace_s) as stop, _torch_launcher_state(), ending_orphans("TORCHELASTIC_RUN_ID", run_id):
             try:
                 elastic_launch(config, sys.executable)("-m", rank_main.__name__, str(folder))
             except ChildFailedError as e:
