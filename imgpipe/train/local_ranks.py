@@ -180,12 +180,13 @@ def verdict(failures: dict[int, Any], timeout_s: float) -> tuple[str, str]:
     """(the one line, a bug's traceback or "") from torch's ``ProcessFailure`` of each rank that did not end well.
 
     A rank reports its failure before it leaves the process group, and a peer fails only after that: so the
-    rank at fault is one that died without a report (killed, or crashed in C), else the earliest report. When
+    rank at fault is the first that died without a report (killed, or crashed in C; the others may have been killed
+    after it, by torch's agent or their grace), else the earliest report. When
     that is a collective that timed out, the hung ranks are those that did not time out in one: they were
     elsewhere when torch's agent stopped every rank, and failed then or did not stop within their grace.
     """
     reports = {rank: rank_main.read_report(failure) for rank, failure in failures.items()}
-    died = sorted(rank for rank, report in reports.items() if report is None)
+    died = sorted((rank for rank, report in reports.items() if report is None), key=lambda rank: (failures[rank].timestamp, rank))
     if died:
         code = failures[died[0]].exitcode
         how = f" (killed by {signal.Signals(-code).name})" if code < 0 else ""

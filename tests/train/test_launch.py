@@ -14,11 +14,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from imgpipe._sys.distenv import available_cpus
 from imgpipe.errors import DistributedError
 from imgpipe.train.launch import check_launcher_env
-from imgpipe.train.local_ranks import cpu_threads
+from imgpipe.train.local_ranks import cpu_threads, verdict
 
 sys.path.insert(0, str(Path(__file__).parent))
 from proctree import descendants, quiet_env, rank_processes, wait_gone  # noqa: E402
@@ -259,3 +260,13 @@ def test_a_rank_killed_with_sigkill_is_named_and_leaves_none_of_its_stuck_worker
     assert proc.returncode == 1, stderr[-3000:]
     assert stderr.strip().splitlines()[-1] == "imgpipe: error: rank 1 exited with code -9 (killed by SIGKILL)", stderr[-3000:]
     assert left == []
+
+
+def test_of_ranks_that_died_without_a_report_the_first_to_die_is_named(tmp_path: Path) -> None:
+    """Rank 1 killed with SIGKILL; rank 0, stuck, killed by torch's agent 30 s later (its own grace, 30 s too, came
+    second): both died without a report, and the line named rank 0, the lower number."""
+    failures = {}
+    for rank, died_at in ((0, 1_000_030), (1, 1_000_000)):
+        failures[rank] = ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=-9, error_file=str(tmp_path / f"none-{rank}.json"))
+        failures[rank].timestamp = died_at  # when torch's agent saw it: no error file to read it from
+    assert verdict(failures, 60.0) == ("rank 1 exited with code -9 (killed by SIGKILL)", "")
