@@ -79,7 +79,7 @@ def start_local_ranks(
             try:
                 elastic_launch(config, sys.executable)("-m", rank_main.__name__, str(folder))
             except ChildFailedError as e:
-                line, callstack = verdict(e.failures, timeout_s)
+                line, callstack = verdict(e.failures, timeout_s, stopping=stop.signum is not None)
             except SignalException as e:  # SIGHUP or SIGQUIT: torch's agent stopped the ranks
                 raise Stopped(e.sigval, "stopped every rank") from None
             else:
@@ -176,7 +176,7 @@ def cpu_threads(ranks: int, environ: Any) -> int | None:
 # ----------------------------------------------------------------------------- the verdict
 
 
-def verdict(failures: dict[int, Any], timeout_s: float) -> tuple[str, str]:
+def verdict(failures: dict[int, Any], timeout_s: float, stopping: bool = False) -> tuple[str, str]:
     """(the one line, a bug's traceback or "") from torch's ``ProcessFailure`` of each rank that did not end well.
 
     A rank reports its failure before it leaves the process group, and a peer fails only after that: so the
@@ -184,8 +184,9 @@ def verdict(failures: dict[int, Any], timeout_s: float) -> tuple[str, str]:
     after it, by torch's agent or their grace), else the earliest report. When
     that is a collective that timed out, the hung ranks are those that did not time out in one: they were
     elsewhere when torch's agent stopped every rank, and failed then or did not stop within their grace.
+    ``stopping``: the launcher was asked to stop the run.
     """
-    reports = {rank: rank_main.read_report(failure) for rank, failure in failures.items()}
+    reports = {rank: rank_main.read_report(failure) or _ended_by_the_stop(failure, stopping) for rank, failure in failures.items()}
     died = sorted((rank for rank, report in reports.items() if report is None), key=lambda rank: (failures[rank].timestamp, rank))
     if died:
         code = failures[died[0]].exitcode
@@ -195,7 +196,7 @@ def verdict(failures: dict[int, Any], timeout_s: float) -> tuple[str, str]:
     stuck = sorted(rank for rank, report in reports.items() if report["kind"] == "stuck")
     if not failed:  # stopped by a signal, and ended at the grace
         if not stuck:
-            return f"stopped every rank ({reports[min(reports)]['line']})", ""
+            return "stopped every rank" if stopping else f"stopped every rank ({reports[min(reports)]['line']})", ""
         return f"{_ranks(stuck)} {reports[stuck[0]]['line']}: ended {'them' if len(stuck) > 1 else 'it'} and the workers", ""
     first = reports[failed[0][1]]
     waited = sorted(rank for rank, report in reports.items() if report.get("timed_out"))
@@ -204,6 +205,14 @@ def verdict(failures: dict[int, Any], timeout_s: float) -> tuple[str, str]:
         return _hang_message(hung, waited, timeout_s), ""
     callstack = failures[failed[0][1]].error_file_data["message"]["extraInfo"]["py_callstack"]
     return f"rank {failed[0][1]} failed: {first['line']}", callstack
+
+
+def _ended_by_the_stop(failure: Any, stopping: bool) -> dict[str, Any] | None:
+    """The report of a rank that a stop signal's default action ended while the launcher stopped the run (it was still
+    starting, without a handler of its own: torch's agent ends the others with SIGTERM), else None."""
+    if stopping and -failure.exitcode in rank_main.STOP_SIGNALS:
+        return {"kind": "stopped", "line": f"stopped by {signal.Signals(-failure.exitcode).name}", "time": 0.0, "timed_out": False}
+    return None
 
 
 def _ranks(group: list[int]) -> str:

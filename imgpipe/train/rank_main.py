@@ -122,7 +122,7 @@ def main(folder: Path) -> None:
     for signum in STOP_SIGNALS:  # until the trainer's loop takes them (train.stopping): stop now, with a report
         signal.signal(signum, _stop_now)
     Grace(options.grace_s, report).watch.install()
-    _register(folder, env.rank)
+    _register(folder, env.rank, report)
     _exit_now(_run(fn, arg, env, options, folder, report))
 
 
@@ -133,13 +133,14 @@ def _stop_now(signum: int, _frame: object) -> None:
     raise Stopped(signum)
 
 
-def _register(folder: Path, rank: int) -> None:
-    """Make this rank's pid known to the launcher; a stop it asked for before then ends the rank now."""
+def _register(folder: Path, rank: int, report: Report) -> None:
+    """Make this rank's pid known to the launcher; a stop it asked for before then ends the rank now, reported as a stop."""
     atomic_write_bytes(folder / f"rank-{rank}.pid", str(os.getpid()).encode())
     try:
         signum = int((folder / STOP).read_text())
     except (OSError, ValueError):
         return
+    report.write("stopped", f"stopped by {signal.Signals(signum).name}")
     _exit_now(128 + signum)
 
 
