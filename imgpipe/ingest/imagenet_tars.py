@@ -374,10 +374,13 @@ def _listed(walk: TarWalk | TarfileWalk, source: OpenArchive, start: int, size: 
     try:
         for member in walk:
             name = _clean(member.name)
+            if member.type == tarfile.GNUTYPE_SPARSE:  # its size is the file's, not the bytes stored: before the check on it
+                raise DatasetError(
+                    f"{where}: member {name} is stored as a sparse file (GNU tar -S), which pack does not read in place "
+                    f"(ImageNet's tars hold none): download {download} again, or make it without -S"
+                )
             if member.offset + member.size > size:
                 raise DatasetError(_broken(where, f"ends inside member {name}", _holding(source, download, start + size)))
-            if member.type == tarfile.GNUTYPE_SPARSE:
-                raise DatasetError(f"{where}: member {member.name} is a sparse file; ImageNet tars have none: download {download} again")
             members.append(TarEntry(name, start + member.offset, member.size, member.type, member.linkname))
             last = f"member {name}"
             following = member.offset + (-(-member.size // BLOCK) * BLOCK if member.type in tarfile.REGULAR_TYPES else 0)
