@@ -31,9 +31,10 @@ def pool_context() -> BaseContext:
     return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
 
 
-def die_with_parent(parent_pid: int, whole_group: bool = False) -> None:
+def die_with_parent(parent_pid: int, whole_group: bool = False, last: Callable[[], object] | None = None) -> None:
     """SIGKILL this process (``whole_group``: its process group, which it leads) within ``PARENT_CHECK_S``
-    of its parent process ``parent_pid`` ending, and only then; exit now if that parent is already gone.
+    of its parent process ``parent_pid`` ending, and only then, calling ``last()`` first (what the parent
+    would have cleaned up); exit now if that parent is already gone.
 
     A daemon thread watches ``getppid()``, which changes only when the whole parent process is
     gone (the child is then re-parented to init or a subreaper). Linux's ``PR_SET_PDEATHSIG``
@@ -44,12 +45,16 @@ def die_with_parent(parent_pid: int, whole_group: bool = False) -> None:
         raise ValueError("whole_group: this process does not lead its process group")
     if os.getppid() != parent_pid:
         os._exit(1)
-    threading.Thread(target=_watch_parent, args=(parent_pid, whole_group), name="imgpipe-parent-watch", daemon=True).start()
+    watch = threading.Thread(target=_watch_parent, args=(parent_pid, whole_group, last), name="imgpipe-parent-watch", daemon=True)
+    watch.start()
 
 
-def _watch_parent(parent_pid: int, whole_group: bool) -> None:
+def _watch_parent(parent_pid: int, whole_group: bool, last: Callable[[], object] | None) -> None:
     while os.getppid() == parent_pid:
         time.sleep(PARENT_CHECK_S)
+    if last is not None:
+        with contextlib.suppress(Exception):
+            last()
     if whole_group:
         os.killpg(0, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import pickle
+import shutil
 import signal
 import sys
 import threading
@@ -107,7 +108,7 @@ def main(folder: Path) -> None:
         fn, arg, options = pickle.load(f)
     if os.getpgrp() != os.getpid():  # torch starts ranks in a session of their own; be sure of it, for killpg below
         os.setsid()
-    die_with_parent(options.launcher_pid, whole_group=True)
+    die_with_parent(options.launcher_pid, whole_group=True, last=lambda: shutil.rmtree(folder, ignore_errors=True))  # the launcher's
     from tqdm import tqdm
 
     # tqdm's default lock is a multiprocessing lock, a named semaphore, which the os._exit

@@ -167,7 +167,8 @@ def test_of_three_ranks_the_hung_one_is_named_not_the_two_that_timed_out() -> No
 
 @pytest.mark.timeout(180)
 def test_ranks_die_with_a_killed_launcher() -> None:
-    """kill -9 of the launcher leaves no rank behind (``die_with_parent``), so no GPU stays held by an orphan."""
+    """kill -9 of the launcher leaves no rank behind (``die_with_parent``), so no GPU stays held by an orphan, nor the
+    launcher's folder of the run (the call, with its config, and the ranks' logs) in the temporary folder."""
     proc = subprocess.Popen(
         [sys.executable, HELPER, "wait", "--nproc", "2"], env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -175,12 +176,15 @@ def test_ranks_die_with_a_killed_launcher() -> None:
     assert waiting == {"rank 0 waiting", "rank 1 waiting"}
     ranks = rank_processes(proc.pid)
     assert len(ranks) == 2
+    folder = Path(psutil.Process(ranks[0]).cmdline()[-1])  # python -m imgpipe.train.rank_main FOLDER
+    assert (folder / "call.pkl").is_file()
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     survivors = wait_gone(ranks, 15)
     for pid in survivors:  # do not leave them spinning if the check fails
         os.kill(pid, signal.SIGKILL)
     assert survivors == []
+    assert not folder.exists()
 
 
 @pytest.mark.timeout(180)
