@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Any
 
+from imgpipe._sys.procs import exit_now
 from imgpipe._sys.signalwatch import SignalWatch
 from imgpipe.errors import Stopped
 
@@ -129,22 +130,13 @@ class StopGuard:
                 _write_line(f"imgpipe: stopped by {signal.Signals(stop).name}")
             code = 128 + stop
         self._kill_descendants()
-        _exit_now(code or 0)
+        exit_now(code or 0)
 
     def _at_exit(self) -> None:
         """The last exit handler: end the process now, without the interpreter's teardown (not in a forked child)."""
         if os.getpid() == self._pid:
             logging.shutdown()  # its own exit handler, registered before this one, would come after
-            _exit_now(self._code or 0)
-
-
-def _exit_now(code: int) -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+            exit_now(self._code or 0)
 
 
 def _write_line(line: str) -> None:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
 from imgpipe._sys.atomic import atomic_write, atomic_write_bytes
-from imgpipe._sys.procs import die_with_parent, end_descendants
+from imgpipe._sys.procs import die_with_parent, end_descendants, exit_now
 from imgpipe._sys.signalwatch import SignalWatch
 
 CALL = "call.pkl"
@@ -171,13 +171,11 @@ def _run(fn: Callable, arg: Any, env: Any, options: RankOptions, folder: Path, r
 
 
 def _exit_now(code: int) -> None:
-    """End this rank: its worker processes, then ``os._exit`` with the logs and output flushed. No interpreter teardown,
-    where torch's and gloo's threads can abort a rank that has done its work ("terminate called without an active exception")."""
+    """End this rank: its worker processes, then the process with the logs and output flushed (``exit_now``: no teardown,
+    where torch's and gloo's threads can abort a rank that has done its work, "terminate called without an active exception")."""
     end_descendants(grace_s=1.0)
     logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(code)
+    exit_now(code)
 
 
 class Report(ErrorHandler):
