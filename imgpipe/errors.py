@@ -47,9 +47,9 @@ class TrainError(ImgpipeError):
 
 
 class Stopped(BaseException):
-    """SIGTERM or SIGINT stopped the work. Like KeyboardInterrupt it is no ``Exception``, so no
+    """SIGTERM or SIGINT (or SIGHUP) stopped the work. Like KeyboardInterrupt it is no ``Exception``, so no
     ``except Exception`` turns it into another error on its way up; the CLI prints it as one line
-    and exits 128 + the signal's number (143, 130), as a process killed by it would."""
+    and exits 128 + the signal's number (143, 130, 129), as a process killed by it would."""
 
     def __init__(self, signum: int, detail: str = "") -> None:
         self.signum = int(signum)

@@ -1,5 +1,5 @@
-"""Every command stops within a few seconds of SIGTERM (143) or SIGINT (130) with one line, whatever its threads
-are doing: a real ``imgpipe pack`` whose Parquet listing never ends and whose threads keep it from ending."""
+"""Every command stops within a few seconds of SIGTERM (143), SIGINT (130) or SIGHUP (129) with one line, whatever its
+threads are doing: a real ``imgpipe pack`` whose Parquet listing never ends and whose threads keep it from ending."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def parquet_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["spinning", "blocked", "main-in-c", "workers"])
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])  # SIGHUP: the terminal closed
 def test_a_command_whose_threads_never_end_stops_within_seconds(kind: str, signum: int, parquet_src: Path, tmp_path: Path) -> None:
     marker = tmp_path / "stuck"
     run = subprocess.Popen(
@@ -69,6 +69,31 @@ def test_a_command_whose_threads_never_end_stops_within_seconds(kind: str, signu
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"workers {left} outlived the command"
+
+
+@pytest.mark.timeout(60)
+def test_under_nohup_sighup_is_left_ignored(parquet_src: Path, tmp_path: Path) -> None:
+    """nohup (SIGHUP ignored) keeps a command running when its terminal closes: the command does not take SIGHUP back."""
+    marker = tmp_path / "stuck"
+    run = subprocess.Popen(
+        [sys.executable, str(HERE / "_stuck_command.py"), "blocked", str(marker), "pack", str(parquet_src), str(tmp_path / "out"),
+         "--workers", "1", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.02)
+    assert marker.exists(), run.communicate()[1]
+    run.send_signal(signal.SIGHUP)
+    run.send_signal(signal.SIGTERM)  # the SIGHUP, sent first and a lower number, is handled (or not) before it
+    try:
+        _, err = run.communicate(timeout=STOPPED_WITHIN_S)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 143, err
+    assert "imgpipe: stopped by SIGTERM" in err and "SIGHUP" not in err, err
 
 
 def test_a_library_call_leaves_the_signal_handlers_as_it_found_them(parquet_src: Path, tmp_path: Path) -> None:

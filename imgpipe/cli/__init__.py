@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     if isinstance(sys.stdout, io.TextIOWrapper):  # a name not UTF-8 (a surrogate escape) is printed escaped, not a traceback
         sys.stdout.reconfigure(errors="backslashreplace")
     try:
-        code = _run(argv)
+        code = _run(argv, guard)
     except SystemExit as e:  # a command's own exit code (verify's problems, train's stop)
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, (int, type(None))):
@@ -42,11 +42,13 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code)
 
 
-def _run(argv: list[str] | None) -> int:
+def _run(argv: list[str] | None, guard: StopGuard) -> int:
     """Run the command; its exit code, its one line printed where it failed or was stopped.
 
     The command runs through click's ``make_context`` and ``invoke``, not its ``main``, which prints an
-    empty line before it turns Ctrl-C into ``Abort``.
+    empty line before it turns Ctrl-C into ``Abort``. The guard hears of the line as it is printed: what
+    the exception's frames release next (a loader whose worker is stuck) may block, and then the process
+    ends within ``EXIT_GRACE_S``, its line not printed twice.
     """
     try:
         from imgpipe.cli import commands  # noqa: F401  (registers the sub-commands)
@@ -54,19 +56,23 @@ def _run(argv: list[str] | None) -> int:
         with cli.make_context("imgpipe", list(sys.argv[1:] if argv is None else argv)) as ctx:
             cli.invoke(ctx)
     except Stopped as e:
-        click.echo(f"imgpipe: {e}", err=True)
-        return e.exit_code
+        return _said(guard, f"imgpipe: {e}", e.exit_code)
     except (KeyboardInterrupt, click.exceptions.Abort):
-        click.echo("imgpipe: aborted", err=True)
-        return 130
+        return _said(guard, "imgpipe: aborted", 130)
     except click.exceptions.Exit as e:  # --help
         return e.exit_code
     except click.ClickException as e:
         e.show()
+        guard.finish(e.exit_code)
         return e.exit_code
     except ImgpipeError as e:
-        click.echo(f"imgpipe: error: {e}", err=True)
-        return e.exit_code
+        return _said(guard, f"imgpipe: error: {e}", e.exit_code)
     except BrokenPipeError:  # output piped into a reader that stopped reading (imgpipe info | head)
         return 1
     return 0
+
+
+def _said(guard: StopGuard, line: str, code: int) -> int:
+    click.echo(line, err=True)
+    guard.finish(code)
+    return code

@@ -94,6 +94,8 @@ def bench_command(
     from imgpipe.bench import BenchConfig, bench
     from imgpipe.bench.report import check_output_path, format_report, require_matplotlib, to_dict, write_json, write_plot
     from imgpipe.bench.runner import resolve_backends
+    from imgpipe.cli.stopping import STOP_GRACE_S, command_stops_within
+    from imgpipe.train.launch import DEFAULT_GRACE_S
 
     for option, path in (("--json", json_path), ("--plot", plot_path)):
         if path:
@@ -130,6 +132,7 @@ def bench_command(
         train_overrides=tuple(overrides),
         train_recipe=recipe,
     ).with_trainer_model()
+    command_stops_within(DEFAULT_GRACE_S + STOP_GRACE_S)  # ranks started here: their grace, then the launcher's
     outcome = bench(config)
     if outcome is None:  # a non-zero rank under torchrun/SLURM: rank 0 reports
         return

@@ -1,4 +1,4 @@
-"""How every command stops: within a grace of SIGTERM or SIGINT, with one line and exit code 143 or 130,
+"""How every command stops: within a grace of SIGTERM, SIGINT or SIGHUP, with one line and exit code 143, 130 or 129,
 whatever its threads and processes are doing.
 
 The signal unwinds the main thread as Ctrl-C does (``Stopped`` for SIGTERM), so the command stops its
@@ -23,12 +23,13 @@ import threading
 import time
 from typing import Any
 
+from imgpipe._sys.procs import exit_now
 from imgpipe._sys.signalwatch import SignalWatch
 from imgpipe.errors import Stopped
 
 STOP_GRACE_S = 5.0  # from the first signal: the command stops its workers and prints its line
 EXIT_GRACE_S = 2.0  # from a failing or stopped command's line: what Python joins at exit ends
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # SIGHUP: the terminal closed (left ignored under nohup)
 _command_grace_s: float | None = None  # set by a command that handles SIGTERM/SIGINT itself
 
 
@@ -55,7 +56,8 @@ class StopGuard:
     def install(self) -> StopGuard:
         self.watch.install()
         for signum in STOP_SIGNALS:
-            signal.signal(signum, self._on_signal)
+            if signum != signal.SIGHUP or signal.getsignal(signum) != signal.SIG_IGN:
+                signal.signal(signum, self._on_signal)
         os.register_at_fork(before=self._fork_begins, after_in_parent=self._fork_ends)
         self._unraisable, sys.unraisablehook = sys.unraisablehook, self._on_unraisable
         atexit.register(self._at_exit)  # registered before multiprocessing's (imported below), so it runs after it
@@ -128,22 +130,13 @@ class StopGuard:
                 _write_line(f"imgpipe: stopped by {signal.Signals(stop).name}")
             code = 128 + stop
         self._kill_descendants()
-        _exit_now(code or 0)
+        exit_now(code or 0)
 
     def _at_exit(self) -> None:
         """The last exit handler: end the process now, without the interpreter's teardown (not in a forked child)."""
         if os.getpid() == self._pid:
             logging.shutdown()  # its own exit handler, registered before this one, would come after
-            _exit_now(self._code or 0)
-
-
-def _exit_now(code: int) -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+            exit_now(self._code or 0)
 
 
 def _write_line(line: str) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from imgpipe.errors import DatasetError
+from imgpipe.ingest.filekinds import is_source_file
 
 if TYPE_CHECKING:
     from imgpipe.ingest.members import MemberSpans
@@ -45,6 +46,7 @@ NEVER_CLASSES = {  # folder names of the layouts above, never a class: what each
     **{name: f"part of the Kaggle download; give the folder that holds {KAGGLE_DATA[0]}/ as SRC"
        for name in (*KAGGLE_DATA[1:], "Annotations", "ImageSets")},
 }  # fmt: skip
+SPLIT_FOLDERS = frozenset({"train", "val", *IN21K_P.values(), IN21K_P_SMALL, IN21K_P_DOWNLOAD, KAGGLE_DATA[0]})  # never inside a split
 ACCEPTED_LAYOUTS = (
     "SRC/train/<wnid>/* and/or SRC/val/ (class folders, or flat with LOC_val_solution.csv); "
     "the Kaggle download SRC/ILSVRC/Data/CLS-LOC/{train,val} with SRC/LOC_val_solution.csv; "
@@ -173,12 +175,25 @@ def _subdirs(folder: Path) -> list[str]:
 def _classes(root: Path, split_dirs: dict[str, Path]) -> list[str]:
     """Class names in label order: the train folders, else the val folders, else the val CSV's wnids."""
     if "train" in split_dirs:
-        return _subdirs(split_dirs["train"])
+        return _class_folders(split_dirs["train"])
     val = split_dirs["val"]
-    names = _subdirs(val)
+    names = _class_folders(val)
     if names:
         return names
     return sorted({wnid for wnid, _ in read_val_csv(_find_val_csv(root, val)).values()})
+
+
+def _class_folders(split: Path) -> list[str]:
+    """The sub-folders of a split folder, its classes; one named as a layout's split or download folder is a DatasetError,
+    never a class (``train/train/<wnid>/`` would pack every image under one label, "train")."""
+    names = _subdirs(split)
+    nested = next((name for name in names if name in SPLIT_FOLDERS), None)
+    if nested is not None:
+        raise DatasetError(
+            f"{split / nested}: not a class folder: a download's {nested}/ folder inside {split.name}/ (extracted one level too "
+            f"deep?); give {split} as SRC, or move what {nested}/ holds up one level"
+        )
+    return names
 
 
 def is_image_name(name: str) -> bool:
@@ -294,7 +309,7 @@ def _scan_class_folders(root: Path, folder: Path, index: dict[str, int], split: 
     labels: list[np.ndarray] = []
     rejected: list[tuple[str, str]] = []
     ignored = 0
-    names = _subdirs(folder)
+    names = _class_folders(folder)
     inside = os.path.realpath(folder)
     classes: dict[tuple[int, int], str] = {}
     for name in names:
@@ -326,7 +341,7 @@ def _find_val_csv(root: Path, val: Path) -> Path:
     if val.parent.parts[-3:] == KAGGLE_DATA:  # inside a Kaggle download: its CSV lies beside ILSVRC/
         folders.append(val.parent.parents[2])
     for candidate in (folder / VAL_CSV for folder in folders):
-        if candidate.is_file():
+        if is_source_file(candidate):
             return candidate
     instead = ", or pack only train (--splits train)" if (val.parent / "train").is_dir() else ""
     raise DatasetError(

@@ -28,7 +28,7 @@ from imgpipe._sys.threads import DaemonPool
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.ingest.classnames import names_for_indices
-from imgpipe.ingest.filekinds import tar_reason
+from imgpipe.ingest.filekinds import is_source_file, tar_reason
 from imgpipe.ingest.folders import NEWLINE_REASON, SourceTree, SplitItems, match_archive_name, warn_left_out
 from imgpipe.ingest.imagenet_tars import ESCAPE_REASON
 from imgpipe.ingest.parquet import (
@@ -94,7 +94,7 @@ def find_hf(src: str | os.PathLike | Sequence[str | os.PathLike]) -> HfFiles | N
         splits: dict[str, list[Path]] = {}
         matched = [(p, match_archive_name(pattern, p)) for p in paths]
         for p, match in matched:
-            if match and match["split"] in SPLITS and p.is_file():
+            if match and match["split"] in SPLITS and is_source_file(p):
                 splits.setdefault(SPLITS[match["split"]], []).append(p)
         if splits and (isinstance(src, (str, os.PathLike)) or all(m for _, m in matched)):
             ordered = {s: sorted(splits[s]) for s in ("train", "val") if s in splits}

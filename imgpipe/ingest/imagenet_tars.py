@@ -28,7 +28,7 @@ from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.ingest.devkit import DEVKIT_NAME, META, Devkit, can_read_meta, read_devkit
-from imgpipe.ingest.filekinds import tar_reason
+from imgpipe.ingest.filekinds import is_source_file, tar_reason
 from imgpipe.ingest.folders import (
     NEWLINE_REASON,
     VAL_CSV,
@@ -111,16 +111,17 @@ def _tars_in_folder(root: Path) -> TarFiles | None:
     if (root / "train").is_dir() or (root / "ILSVRC").is_dir():
         return None
     val = root / VAL_TAR
-    train = ArchiveFile.of(root / TRAIN_TAR) if (root / TRAIN_TAR).is_file() else _parts_in_folder(root, TRAIN_TAR)
-    if train is None and not val.is_file():
+    train = ArchiveFile.of(root / TRAIN_TAR) if is_source_file(root / TRAIN_TAR) else _parts_in_folder(root, TRAIN_TAR)
+    has_val = is_source_file(val)
+    if train is None and not has_val:
         return None
-    return TarFiles(root, train, ArchiveFile.of(val) if val.is_file() else None, *_labels_beside(root))
+    return TarFiles(root, train, ArchiveFile.of(val) if has_val else None, *_labels_beside(root))
 
 
 def _parts_in_folder(root: Path, name: str) -> ArchiveFile | None:
     """``root/name.001``, ``.002``, ... as one archive, or None when there are none."""
     part_name = re.compile(re.escape(name) + r"\.[0-9]+")
-    parts = [p for p in root.glob(f"{name}.*") if match_archive_name(part_name, p) and p.is_file()]
+    parts = [p for p in root.glob(f"{name}.*") if match_archive_name(part_name, p) and is_source_file(p)]
     return _joined_parts(parts) if parts else None
 
 
@@ -141,7 +142,7 @@ def _joined_parts(parts: list[Path]) -> ArchiveFile:
 
 def _labels_beside(folder: Path) -> tuple[Path | None, Path | None]:
     devkit, csv = folder / DEVKIT_NAME, folder / VAL_CSV
-    return (devkit if devkit.is_file() else None), (csv if csv.is_file() else None)
+    return (devkit if is_source_file(devkit) else None), (csv if is_source_file(csv) else None)
 
 
 def _classify(paths: list[Path]) -> TarFiles:
@@ -149,7 +150,7 @@ def _classify(paths: list[Path]) -> TarFiles:
     roles: dict[str, Path] = {}
     parts: list[Path] = []
     for path in paths:
-        if not path.is_file():
+        if not is_source_file(path):
             what = "is a folder" if path.is_dir() else "no such file"
             raise DatasetError(f"{path}: {what}; among several SRCs name only the train tar, the val tar, the devkit or {VAL_CSV}")
         name = path.name.lower()
@@ -373,10 +374,13 @@ def _listed(walk: TarWalk | TarfileWalk, source: OpenArchive, start: int, size: 
     try:
         for member in walk:
             name = _clean(member.name)
+            if member.type == tarfile.GNUTYPE_SPARSE:  # its size is the file's, not the bytes stored: before the check on it
+                raise DatasetError(
+                    f"{where}: member {name} is stored as a sparse file (GNU tar -S), which pack does not read in place "
+                    f"(ImageNet's tars hold none): download {download} again, or make it without -S"
+                )
             if member.offset + member.size > size:
                 raise DatasetError(_broken(where, f"ends inside member {name}", _holding(source, download, start + size)))
-            if member.type == tarfile.GNUTYPE_SPARSE:
-                raise DatasetError(f"{where}: member {member.name} is a sparse file; ImageNet tars have none: download {download} again")
             members.append(TarEntry(name, start + member.offset, member.size, member.type, member.linkname))
             last = f"member {name}"
             following = member.offset + (-(-member.size // BLOCK) * BLOCK if member.type in tarfile.REGULAR_TYPES else 0)

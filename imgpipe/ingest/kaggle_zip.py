@@ -20,7 +20,7 @@ import numpy as np
 
 from imgpipe._sys.oserrors import advice, describe
 from imgpipe.errors import DatasetError
-from imgpipe.ingest.filekinds import zip_reason
+from imgpipe.ingest.filekinds import is_source_file, zip_reason
 from imgpipe.ingest.folders import KAGGLE_DATA, VAL_CSV, SourceTree, SplitItems, label_flat_val, warn_left_out
 from imgpipe.ingest.imagenet_tars import HIDDEN, KEEP, NOT_AN_IMAGE, classify_member
 from imgpipe.ingest.members import ZIP_DEFLATED, ZIP_LOCAL_HEADER, ZIP_STORED, ArchiveFile, MemberSpans, member_reader
@@ -40,11 +40,13 @@ def find_zip(src: str | os.PathLike | Sequence[str | os.PathLike]) -> Path | Non
         paths = [Path(os.path.abspath(p)) for p in src]
         return paths[0] if len(paths) == 1 and paths[0].suffix.lower() == ".zip" else None
     path = Path(os.path.abspath(src))
+    if path.suffix.lower() == ".zip" and is_source_file(path):
+        return path
     if path.is_file():
-        return path if path.suffix.lower() == ".zip" else None
+        return None
     if not path.is_dir() or (path / "train").is_dir() or (path / "ILSVRC").is_dir():
         return None
-    if (path / KAGGLE_ZIP).is_file():
+    if is_source_file(path / KAGGLE_ZIP):
         return path / KAGGLE_ZIP
     entries = [p for p in path.iterdir() if not p.name.startswith(".")]
     zips = [p for p in entries if p.suffix.lower() == ".zip" and p.is_file()]
@@ -212,7 +214,7 @@ def _val_labels(
             data = read(0, f"{path.name}/{inside}")
         return label_flat_val(path.parent, shown, path / inside, index, data)
     beside = path.parent / VAL_CSV
-    if beside.is_file():
+    if is_source_file(beside):
         return label_flat_val(path.parent, shown, beside, index)
     raise DatasetError(
         f"{path}: flat val but no {VAL_CSV} in the zip or beside it; put it beside the zip, or pack only train (--splits train)"

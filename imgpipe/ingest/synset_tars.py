@@ -21,6 +21,7 @@ import numpy as np
 from imgpipe._sys.cpus import available_cpus
 from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import DatasetError
+from imgpipe.ingest.filekinds import is_source_file
 from imgpipe.ingest.folders import SourceTree, SplitItems
 from imgpipe.ingest.imagenet_tars import _list_images, _Listing
 from imgpipe.ingest.members import ArchiveFile, MemberSpans
@@ -41,7 +42,7 @@ def find_synset_tars(src: str | os.PathLike | Sequence[str | os.PathLike]) -> li
     tars, folders = [], []
     with os.scandir(root) as entries:
         for entry in entries:
-            if SYNSET_TAR.fullmatch(entry.name) and entry.is_file():
+            if SYNSET_TAR.fullmatch(entry.name) and is_source_file(Path(entry.path)):
                 tars.append(Path(entry.path))
             elif not entry.name.startswith(".") and entry.is_dir():
                 folders.append(entry.name)

@@ -25,7 +25,7 @@ from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import stays_inside_source_root
 from imgpipe.ingest.classnames import names_for_indices
-from imgpipe.ingest.filekinds import tar_reason
+from imgpipe.ingest.filekinds import is_source_file, tar_reason
 from imgpipe.ingest.folders import NEWLINE_REASON, SourceTree, SplitItems, match_archive_name, warn_left_out
 from imgpipe.ingest.imagenet_tars import ESCAPE_REASON, list_tar
 from imgpipe.ingest.members import ArchiveFile, MemberSpans, OpenArchive
@@ -87,7 +87,7 @@ def find_shards(src: str | os.PathLike | Sequence[str | os.PathLike]) -> WdsShar
     shards: dict[str, list[Path]] = {}
     for path in paths:
         match = match_archive_name(SHARD_NAME, path)
-        if match and path.is_file():
+        if match and is_source_file(path):
             shards.setdefault(SPLITS[match["split"]], []).append(path)
         elif not isinstance(src, (str, os.PathLike)):
             return None
@@ -119,7 +119,7 @@ def _from_info(root: Path, info: Path) -> WdsShards | None:
                 f"{info}: split {name!r} lists {outside!r}, outside {root}; list the shards by their paths inside that folder"
             )
         paths = [root / f for f in filenames]
-        absent = next((p for p in paths if not p.is_file()), None)
+        absent = next((p for p in paths if not is_source_file(p)), None)
         if absent is not None:
             raise DatasetError(
                 f"{info}: split {name!r} lists {absent.name}, which is not in {absent.parent}; download it (timm reads every shard listed)"

@@ -5,7 +5,8 @@ them their c10d rendezvous, stops the others when one fails and, at its shutdown
 rank's whole process group. Kept here is what it lacks (docs/training.md): one line naming the rank
 that failed, died or hung, not a peer that saw it vanish (:func:`diagnose`); SIGTERM or Ctrl-C as
 checkpoint-and-stop, every rank and worker ended at the grace or on a second signal (:class:`StopRanks`);
-CPU ranks sharing the cores (:func:`cpu_threads`).
+what a rank that died leaves behind (its stuck workers) ended too (``ending_orphans``); CPU ranks sharing
+the cores (:func:`cpu_threads`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from imgpipe._sys.cpus import available_cpus
+from imgpipe._sys.procs import ending_orphans
 from imgpipe.errors import DistributedError, Stopped
 from imgpipe.train import rank_main
 
@@ -57,11 +59,12 @@ def start_local_ranks(
         level = logging.getLogger().getEffectiveLevel()
         options = rank_main.RankOptions(os.getpid(), level, use_cuda, backend, timeout_s, grace_s, threads)
         rank_main.write_call(folder, fn, arg, options)
+        run_id = f"imgpipe-{uuid.uuid4().hex}"
         config = LaunchConfig(
             min_nodes=1,
             max_nodes=1,
             nproc_per_node=ranks,
-            run_id=f"imgpipe-{uuid.uuid4().hex}",
+            run_id=run_id,
             role="imgpipe",
             rdzv_backend="c10d",
             rdzv_endpoint="127.0.0.1:0",
@@ -72,11 +75,11 @@ def start_local_ranks(
             signals_to_handle=TORCH_SIGNALS,
             **shutdown,
         )
-        with StopRanks(folder, grace_s) as stop, _torch_launcher_state():
+        with StopRanks(folder, grace_s) as stop, _torch_launcher_state(), ending_orphans("TORCHELASTIC_RUN_ID", run_id):
             try:
                 elastic_launch(config, sys.executable)("-m", rank_main.__name__, str(folder))
             except ChildFailedError as e:
-                line, callstack = diagnose(e.failures, timeout_s)
+                line, callstack = diagnose(e.failures, timeout_s, stopping=stop.signum is not None)
             except SignalException as e:  # SIGHUP or SIGQUIT: torch's agent stopped the ranks
                 raise Stopped(e.sigval, "stopped every rank") from None
             else:
@@ -173,16 +176,18 @@ def cpu_threads(ranks: int, environ: Any) -> int | None:
 # ----------------------------------------------------------------------------- the rank at fault
 
 
-def diagnose(failures: dict[int, Any], timeout_s: float) -> tuple[str, str]:
+def diagnose(failures: dict[int, Any], timeout_s: float, stopping: bool = False) -> tuple[str, str]:
     """(the one line, a bug's traceback or "") from torch's ``ProcessFailure`` of each rank that did not end well.
 
     A rank reports its failure before it leaves the process group, and a peer fails only after that: so the
-    rank at fault is one that died without a report (killed, or crashed in C), else the earliest report. When
+    rank at fault is the first that died without a report (killed, or crashed in C; the others may have been killed
+    after it, by torch's agent or their grace), else the earliest report. When
     that is a collective that timed out, the hung ranks are those that did not time out in one: they were
     elsewhere when torch's agent stopped every rank, and failed then or did not stop within their grace.
+    ``stopping``: the launcher was asked to stop the run.
     """
-    reports = {rank: rank_main.read_report(failure) for rank, failure in failures.items()}
-    died = sorted(rank for rank, report in reports.items() if report is None)
+    reports = {rank: rank_main.read_report(failure) or _ended_by_the_stop(failure, stopping) for rank, failure in failures.items()}
+    died = sorted((rank for rank, report in reports.items() if report is None), key=lambda rank: (failures[rank].timestamp, rank))
     if died:
         code = failures[died[0]].exitcode
         how = f" (killed by {signal.Signals(-code).name})" if code < 0 else ""
@@ -191,7 +196,7 @@ def diagnose(failures: dict[int, Any], timeout_s: float) -> tuple[str, str]:
     stuck = sorted(rank for rank, report in reports.items() if report["kind"] == "stuck")
     if not failed:  # stopped by a signal, and ended at the grace
         if not stuck:
-            return f"stopped every rank ({reports[min(reports)]['line']})", ""
+            return "stopped every rank" if stopping else f"stopped every rank ({reports[min(reports)]['line']})", ""
         return f"{_ranks(stuck)} {reports[stuck[0]]['line']}: ended {'them' if len(stuck) > 1 else 'it'} and the workers", ""
     first = reports[failed[0][1]]
     waited = sorted(rank for rank, report in reports.items() if report.get("timed_out"))
@@ -200,6 +205,14 @@ def diagnose(failures: dict[int, Any], timeout_s: float) -> tuple[str, str]:
         return _hang_message(hung, waited, timeout_s), ""
     callstack = failures[failed[0][1]].error_file_data["message"]["extraInfo"]["py_callstack"]
     return f"rank {failed[0][1]} failed: {first['line']}", callstack
+
+
+def _ended_by_the_stop(failure: Any, stopping: bool) -> dict[str, Any] | None:
+    """The report of a rank that a stop signal's default action ended while the launcher stopped the run (it was still
+    starting, without a handler of its own: torch's agent ends the others with SIGTERM), else None."""
+    if stopping and -failure.exitcode in rank_main.STOP_SIGNALS:
+        return {"kind": "stopped", "line": f"stopped by {signal.Signals(-failure.exitcode).name}", "time": 0.0, "timed_out": False}
+    return None
 
 
 def _ranks(group: list[int]) -> str:

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import pickle
+import shutil
 import signal
 import sys
 import threading
@@ -29,7 +30,7 @@ from typing import Any, Callable
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
 from imgpipe._sys.atomic import atomic_write, atomic_write_bytes
-from imgpipe._sys.procs import die_with_parent, end_descendants
+from imgpipe._sys.procs import die_with_parent, end_descendants, exit_now
 from imgpipe._sys.signalwatch import SignalWatch
 
 CALL = "call.pkl"
@@ -107,7 +108,7 @@ def main(folder: Path) -> None:
         fn, arg, options = pickle.load(f)
     if os.getpgrp() != os.getpid():  # torch starts ranks in a session of their own; be sure of it, for killpg below
         os.setsid()
-    die_with_parent(options.launcher_pid, whole_group=True)
+    die_with_parent(options.launcher_pid, whole_group=True, last=lambda: shutil.rmtree(folder, ignore_errors=True))  # the launcher's
     from tqdm import tqdm
 
     # tqdm's default lock is a multiprocessing lock, a named semaphore, which the os._exit
@@ -122,7 +123,7 @@ def main(folder: Path) -> None:
     for signum in STOP_SIGNALS:  # until the trainer's loop takes them (train.stopping): stop now, with a report
         signal.signal(signum, _stop_now)
     Grace(options.grace_s, report).watch.install()
-    _register(folder, env.rank)
+    _register(folder, env.rank, report)
     _exit_now(_run(fn, arg, env, options, folder, report))
 
 
@@ -133,13 +134,14 @@ def _stop_now(signum: int, _frame: object) -> None:
     raise Stopped(signum)
 
 
-def _register(folder: Path, rank: int) -> None:
-    """Make this rank's pid known to the launcher; a stop it asked for before then ends the rank now."""
+def _register(folder: Path, rank: int, report: Report) -> None:
+    """Make this rank's pid known to the launcher; a stop it asked for before then ends the rank now, reported as a stop."""
     atomic_write_bytes(folder / f"rank-{rank}.pid", str(os.getpid()).encode())
     try:
         signum = int((folder / STOP).read_text())
     except (OSError, ValueError):
         return
+    report.write("stopped", f"stopped by {signal.Signals(signum).name}")
     _exit_now(128 + signum)
 
 
@@ -169,13 +171,11 @@ def _run(fn: Callable, arg: Any, env: Any, options: RankOptions, folder: Path, r
 
 
 def _exit_now(code: int) -> None:
-    """End this rank: its worker processes, then ``os._exit`` with the logs and output flushed. No interpreter teardown,
-    where torch's and gloo's threads can abort a rank that has done its work ("terminate called without an active exception")."""
+    """End this rank: its worker processes, then the process with the logs and output flushed (``exit_now``: no teardown,
+    where torch's and gloo's threads can abort a rank that has done its work, "terminate called without an active exception")."""
     end_descendants(grace_s=1.0)
     logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(code)
+    exit_now(code)
 
 
 class Report(ErrorHandler):

@@ -104,3 +104,27 @@ def test_exits_at_once_when_the_parent_is_already_gone() -> None:
     # the parent of this interpreter is not pid 1, so it must exit with status 1 and print nothing
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stdout == ""
+
+
+ORPHANS = """
+import os, signal, subprocess, sys
+import psutil
+from imgpipe._sys.procs import ending_orphans
+
+LEAVES_ONE = "import os, signal\\nif os.fork() == 0:\\n    os.closerange(0, 3)\\n    os.kill(os.getpid(), signal.SIGSTOP)"
+with ending_orphans("IMGPIPE_TEST_RUN", "mine"):
+    other = subprocess.Popen([sys.executable, "-c", "import threading; threading.Event().wait(60)"])  # not the block's
+    marked = {**os.environ, "IMGPIPE_TEST_RUN": "mine"}
+    middle = subprocess.run([sys.executable, "-c", LEAVES_ONE], env=marked, capture_output=True, text=True, check=True)
+    orphan = next(p for p in psutil.Process().children() if p.pid not in (other.pid,))  # what the middle one left
+    print(orphan.ppid() == os.getpid(), flush=True)  # adopted here, not by init
+print(psutil.pid_exists(orphan.pid), other.poll() is None, flush=True)  # ended and reaped; the other left alone
+other.kill()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_what_a_dead_child_leaves_behind_is_adopted_and_ended_and_nothing_else() -> None:
+    done = subprocess.run([sys.executable, "-c", ORPHANS], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False", "True"]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -195,3 +197,35 @@ def test_dali_backend_runs_and_its_internal_phases_are_unknown(packed_dir: Path)
     assert phases["read"] is None and phases["decode"] is None
     assert phases["compute"] >= 5.0 and rank.summary().images == 12
     assert verdict.backend == "dali" and "--backend dali" not in verdict.message
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ranks_whose_workers_are_stuck_get_their_grace_and_leave_nothing_behind(packed_dir: Path, tmp_path: Path) -> None:
+    """bench --nproc 2, every loader worker stopped (a read on a hung mount), one SIGTERM: the command, not told the
+    ranks' grace, ended itself 5 s later, the ranks (whose loaders wait 5 s on a stuck worker as they stop) killed
+    before they could say so and the launcher's folder of the run left in the temporary folder."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
+    from proctree import descendants, stopped, wait_gone
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    env = hook_env(dict(os.environ), IMGPIPE_TEST_STUCK_READS="1", TMPDIR=str(temporary), OMP_NUM_THREADS="1")
+    args = ["bench", str(packed_dir), "--gpus", "0", "--nproc", "2", "--workers", "1", "--batch-size", "4", "--image-size", "32"]
+    proc = subprocess.Popen([sys.executable, "-m", "imgpipe", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while sum(stopped(pid) for pid in descendants(proc.pid)) < 2:  # both ranks' workers are stuck
+            assert proc.poll() is None and time.monotonic() < deadline, "the loader workers did not get stuck"
+            time.sleep(0.05)
+        seen = descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last == "imgpipe: stopped by SIGTERM: stopped every rank", last  # each rank unwound, its worker killed, in ~5 s
+    assert wait_gone(seen, 10) == []
+    assert list(temporary.glob("imgpipe-ranks-*")) == []

@@ -425,3 +425,30 @@ def test_an_empty_archive_is_called_an_empty_file(make, named: str, tmp_path: Pa
     result = bounded_imgpipe("pack", *make(src), tmp_path / "out", "--workers", "1", "--no-progress")
     assert_one_line_error(result, named)
     assert "first member" not in result.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(subprocess.run(["tar", "--version"], capture_output=True, text=True).stdout.find("GNU tar") < 0, reason="GNU tar -S")
+def test_a_sparse_member_is_named_as_such_not_as_a_truncated_tar(tmp_path: Path) -> None:
+    """A member GNU tar stored sparse (-S) holds fewer bytes than its size: it was called 'truncated or corrupt tar:
+    ends inside member ...; download it again', about a whole tar."""
+    folder = tmp_path / "files"
+    folder.mkdir()
+    with open(folder / "a.jpg", "wb") as image:  # the JPEG's bytes with a 1 MiB hole inside: what tar -S stores sparse
+        image.write(JPEG[:512])
+        image.seek(512 + (1 << 20))
+        image.write(JPEG[512:])
+    (folder / "a.cls").write_text("0")
+    src = tmp_path / "src"
+    src.mkdir()
+    subprocess.run(
+        ["tar", "-S", "--format=gnu", "-cf", str(src / "imagenet1k-train-0000.tar"), "-C", str(folder), "a.jpg", "a.cls"], check=True
+    )
+    with tarfile.open(src / "imagenet1k-train-0000.tar") as archive:
+        assert archive.getmember("a.jpg").issparse()  # the file system kept the hole, and tar stored it sparse
+    with pytest.raises(DatasetError) as error:
+        scan(src)
+    assert str(error.value) == (
+        f"{src / 'imagenet1k-train-0000.tar'}: member a.jpg is stored as a sparse file (GNU tar -S), which pack does not read in "
+        "place (ImageNet's tars hold none): download imagenet1k-train-0000.tar again, or make it without -S"
+    )

@@ -133,3 +133,22 @@ def test_a_layout_missing_its_split_folders_is_one_line_saying_what_is_missing(
         scan(src)
     assert message in str(error.value) and "\n" not in str(error.value)
     assert "--splits train" not in str(error.value)  # there is no train/ to pack instead
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "split, nested",
+    [("train", "train"), ("val", "val"), ("train", "val"), ("val", "train"), ("imagenet21k_train", "imagenet21k_train"),
+     ("train", "imagenet21k_val"), ("train", "ILSVRC")],
+)  # fmt: skip
+def test_a_layouts_folder_inside_a_split_folder_is_one_line_never_a_class(split: str, nested: str, trees: Path, tmp_path: Path) -> None:
+    """``train/train/<wnid>/`` (a download extracted one level too deep) was packed as one class named "train", exit 0."""
+    src = tmp_path / "src"
+    shutil.copytree(trees / "sorted" / "train", src / split / nested)
+    if split == "val" and nested == "train":
+        shutil.copytree(trees / "sorted" / "train", src / "train")  # beside it, the train split the val classes come from
+    with pytest.raises(DatasetError) as error:
+        pack(src, tmp_path / "out", **OPTIONS)  # type: ignore[arg-type]
+    assert str(error.value).startswith(f"{src / split / nested}: not a class folder: a download's {nested}/ folder inside {split}/")
+    assert f"give {src / split} as SRC" in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "out" / "manifest.json").exists()

@@ -20,6 +20,7 @@ from typing import Callable
 
 import pytest
 
+from imgpipe.errors import DatasetError
 from imgpipe.format.manifest import load_manifest
 from imgpipe.format.verify import verify
 from imgpipe.packing.packer import pack
@@ -183,3 +184,59 @@ def test_gnu_tars_links_are_listed_and_a_repeated_name_keeps_its_last_member(lay
     assert {k: v for k, v in shard_files(tmp_path / "from-tar").items() if not k.endswith(".txt")} == {
         k: v for k, v in shard_files(tmp_path / "from-tree").items() if not k.endswith(".txt")
     }
+
+
+ARCHIVE_LAYOUTS = ("tarballs", "split-tar", "hf-parquet", "hf-tar", "wds", "kaggle-zip")
+
+
+@pytest.fixture(scope="module")
+def archives(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Each archive layout of one synthetic tree (``<layout>/``), and a folder of its synset tars (``synset-tars/``)."""
+    base = tmp_path_factory.mktemp("archives")
+    make_synthetic(base / "tree", **SYNTH)  # type: ignore[arg-type]
+    for name in ARCHIVE_LAYOUTS:
+        make_synthetic(base / name, layout=name, source=base / "tree", **SYNTH)  # type: ignore[arg-type]
+    (base / "synset-tars").mkdir()
+    for folder in sorted((base / "tree" / "train").iterdir()):
+        with tarfile.open(base / "synset-tars" / f"{folder.name}.tar", "w") as archive:
+            for image in sorted(folder.iterdir()):
+                archive.add(image, image.name)
+    return base
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "layout, name, kind",
+    [
+        ("tarballs", "ILSVRC2012_img_val.tar", "a link to /dev/zero"),
+        ("tarballs", "ILSVRC2012_devkit_t12.tar.gz", "a FIFO"),
+        ("split-tar", "ILSVRC2012_img_train.tar.002", "a link to nothing"),
+        ("hf-parquet", "data/train-00001-of-00002.parquet", "a link to /dev/zero"),
+        ("hf-tar", "data/val_images.tar.gz", "a FIFO"),
+        ("wds", "imagenet1k-train-0001.tar", "a link to nothing"),
+        ("kaggle-zip", "imagenet-object-localization-challenge.zip", "a link to /dev/zero"),
+        ("synset-tars", "n*.tar", "a FIFO"),  # the last of them
+    ],
+)
+def test_a_layouts_archive_that_is_not_a_regular_file_is_one_line_never_passed_over(
+    layout: str, name: str, kind: str, archives: Path, tmp_path: Path
+) -> None:
+    """It was passed over without a word: the val tar or a shard of train left out of a pack that exited 0."""
+    src = Path(shutil.copytree(archives / layout, tmp_path / layout))
+    name = sorted(src.glob(name))[-1].relative_to(src).as_posix()
+    (src / name).unlink()
+    if kind == "a FIFO":
+        os.mkfifo(src / name)
+    else:
+        os.symlink("/dev/zero" if kind == "a link to /dev/zero" else "nowhere", src / name)
+    with pytest.raises(DatasetError) as error:
+        pack(src, tmp_path / "out", **OPTIONS)  # type: ignore[arg-type]
+    line = str(error.value)
+    what = {
+        "a FIFO": "not a regular file (a FIFO)",
+        "a link to /dev/zero": "not a regular file (a character device)",
+        "a link to nothing": "a symbolic link to 'nowhere', which does not exist",
+    }[kind]
+    assert line.startswith(f"{src / name}: {what}"), line
+    assert "\n" not in line and "put the file itself there, or move it out of SRC" in line
+    assert not (tmp_path / "out" / "manifest.json").exists()

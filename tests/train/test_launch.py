@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from imgpipe._sys.cpus import available_cpus
 from imgpipe.errors import DistributedError
 from imgpipe.train.launch import check_launcher_env
-from imgpipe.train.local_ranks import cpu_threads
+from imgpipe.train.local_ranks import cpu_threads, diagnose
 
 sys.path.insert(0, str(Path(__file__).parent))
 from proctree import descendants, quiet_env, rank_processes, wait_gone  # noqa: E402
@@ -163,7 +167,8 @@ def test_of_three_ranks_the_hung_one_is_named_not_the_two_that_timed_out() -> No
 
 @pytest.mark.timeout(180)
 def test_ranks_die_with_a_killed_launcher() -> None:
-    """kill -9 of the launcher leaves no rank behind (``die_with_parent``), so no GPU stays held by an orphan."""
+    """kill -9 of the launcher leaves no rank behind (``die_with_parent``), so no GPU stays held by an orphan, nor the
+    launcher's folder of the run (the call, with its config, and the ranks' logs) in the temporary folder."""
     proc = subprocess.Popen(
         [sys.executable, HELPER, "wait", "--nproc", "2"], env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -171,12 +176,15 @@ def test_ranks_die_with_a_killed_launcher() -> None:
     assert waiting == {"rank 0 waiting", "rank 1 waiting"}
     ranks = rank_processes(proc.pid)
     assert len(ranks) == 2
+    folder = Path(psutil.Process(ranks[0]).cmdline()[-1])  # python -m imgpipe.train.rank_main FOLDER
+    assert (folder / "call.pkl").is_file()
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     survivors = wait_gone(ranks, 15)
     for pid in survivors:  # do not leave them spinning if the check fails
         os.kill(pid, signal.SIGKILL)
     assert survivors == []
+    assert not folder.exists()
 
 
 @pytest.mark.timeout(180)
@@ -199,3 +207,70 @@ def test_ranks_whose_workers_are_stuck_are_ended_at_the_grace_workers_and_all() 
     last = stderr.strip().splitlines()[-1]
     assert last == "imgpipe: stopped by SIGTERM: ranks 0, 1 did not stop within 5 s of SIGTERM: ended them and the workers", last
     assert wait_gone(sorted(seen), 10) == []  # the stopped workers too: no orphan left under init
+
+
+def start_stuck_ranks() -> tuple[subprocess.Popen, dict[int, int], set[int]]:
+    """The helper's 2 ranks, each waiting in a C call on a worker that stopped answering; (the launcher, rank -> its
+    worker's pid, every descendant of the launcher)."""
+    proc = subprocess.Popen(
+        [sys.executable, HELPER, "stuck", "--nproc", "2"], env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    workers = {}
+    for _ in range(2):
+        words = proc.stdout.readline().split()  # "rank R stuck on worker PID"
+        workers[int(words[1])] = int(words[-1])
+    seen = set(descendants(proc.pid))
+    assert set(workers.values()) <= seen and len(rank_processes(proc.pid)) == 2
+    return proc, workers, seen
+
+
+def ended(proc: subprocess.Popen, seen: set[int]) -> tuple[str, list[int]]:
+    """The launcher's stderr once it exited, and those of ``seen`` still alive 10 s later (killed then: nothing is left
+    behind when the check fails). Its stderr is read to the launcher's exit, not to EOF, which a leftover would hold off."""
+    errors: list[str] = []
+    reader = threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=90)
+        reader.join(timeout=5)
+        left = wait_gone(sorted(seen), 10)
+    finally:
+        for pid in [proc.pid, *seen]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    return "".join(errors), left
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGQUIT])
+def test_a_signal_torchs_agent_stops_the_ranks_on_leaves_none_of_their_stuck_workers(signum: int) -> None:
+    """torch's agent ends the ranks on SIGHUP or SIGQUIT with that signal; the ranks died of it at once and their stuck
+    workers, which it cannot reach, were left stopped under init."""
+    proc, _, seen = start_stuck_ranks()
+    proc.send_signal(signum)
+    stderr, left = ended(proc, seen)
+    assert proc.returncode == 128 + signum, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == f"imgpipe: stopped by {signal.Signals(signum).name}: stopped every rank", stderr[-3000:]
+    assert left == []
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_killed_with_sigkill_is_named_and_leaves_none_of_its_stuck_workers() -> None:
+    """The rank killed (by a user, the OOM killer) cannot end its worker, stopped in a read; nor can torch's agent, which
+    signals only the ranks still running. Its worker was left stopped under init."""
+    proc, workers, seen = start_stuck_ranks()
+    os.kill(psutil.Process(workers[1]).ppid(), signal.SIGKILL)
+    stderr, left = ended(proc, seen)
+    assert proc.returncode == 1, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == "imgpipe: error: rank 1 exited with code -9 (killed by SIGKILL)", stderr[-3000:]
+    assert left == []
+
+
+def test_of_ranks_that_died_without_a_report_the_first_to_die_is_named(tmp_path: Path) -> None:
+    """Rank 1 killed with SIGKILL; rank 0, stuck, killed by torch's agent 30 s later (its own grace, 30 s too, came
+    second): both died without a report, and the line named rank 0, the lower number."""
+    failures = {}
+    for rank, died_at in ((0, 1_000_030), (1, 1_000_000)):
+        failures[rank] = ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=-9, error_file=str(tmp_path / f"none-{rank}.json"))
+        failures[rank].timestamp = died_at  # when torch's agent saw it: no error file to read it from
+    assert diagnose(failures, 60.0) == ("rank 1 exited with code -9 (killed by SIGKILL)", "")

@@ -90,3 +90,21 @@ def test_ranks_whose_workers_are_stuck_are_ended_whole_on_a_second_sigterm(packe
     assert "Traceback" not in stderr, stderr[-3000:]
     assert stderr.strip().splitlines()[-1].startswith("imgpipe: stopped by SIGTERM"), stderr[-3000:]
     assert wait_gone(sorted(seen), 10) == []  # ranks and their stopped workers: no zombie, no orphan under init
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_one_process_whose_worker_is_stuck_ends_on_sighup_with_one_line(packed: Path, tmp_path: Path) -> None:
+    """SIGHUP (the terminal closed) killed the process without a word, 129 as -1, and left the stopped worker under init;
+    then, once handled, its line came twice: printed as the command unwound, again at the grace the stuck worker ran to."""
+    proc = start_stuck_run(write_config(tmp_path, packed, workers=1, epochs=50, validate=False))
+    try:
+        seen = wait_for_stuck_workers(proc, 1)
+        proc.send_signal(signal.SIGHUP)
+        _, stderr = proc.communicate(timeout=ENDED_WITHIN_S + 60)
+    finally:
+        kill_all(proc)
+    assert proc.returncode == 129, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert [line for line in stderr.splitlines() if "stopped by" in line] == ["imgpipe: stopped by SIGHUP"], stderr[-3000:]
+    assert wait_gone(sorted(seen), 10) == []
