@@ -140,11 +140,16 @@ def check_shared_memory(size: int, slots: int, folder: str = SHARED_MEMORY_DIR, 
     free = stats.f_bavail * stats.f_frsize
     if size > free:
         raise shared_memory_error(size, slots, f"{folder} has {free / 2**20:.0f} MiB free")
+    check_memory(size, f"{slots} shared-memory batches", "batch_size, workers or prefetch_factor", available)
+
+
+def check_memory(size: int, what: str, lower: str, available: int | None = None) -> None:
+    """Refuse ``what`` (``size`` bytes) larger than the memory available: torch's allocator would fail
+    with a traceback, or the OOM killer end the process. ``lower``: the options that make it smaller."""
     memory = available_memory() if available is None else available
     if memory is not None and size > memory:
         raise ConfigError(
-            f"the torch loader's {slots} shared-memory batches need {size / 2**20:.0f} MiB but only "
-            f"{memory / 2**20:.0f} MiB of memory is available; lower batch_size, workers or prefetch_factor"
+            f"the torch loader's {what} need {size / 2**20:.0f} MiB but only {memory / 2**20:.0f} MiB of memory is available; lower {lower}"
         )
 
 

@@ -34,7 +34,7 @@ from imgpipe.loaders.geometry import EVAL_CROP_FRACTION, IMAGENET_MEAN, IMAGENET
 from imgpipe.loaders.options import CURRENT_DEVICE, DEFAULT_PREFETCH_FACTOR, TorchLoaderOptions
 from imgpipe.loaders.phase_timer import BatchTimes, PhaseTimer, active_timer, request_delta
 from imgpipe.loaders.pixels import UndecodableImage, decode_sample, load_decoders
-from imgpipe.loaders.ring import BatchRing
+from imgpipe.loaders.ring import HANDOVER_SLOTS, BatchRing, check_memory, check_shared_memory
 
 logger = logging.getLogger(__name__)
 
@@ -371,6 +371,8 @@ class TorchLoader(SampledLoader):
     def _batches(self, epoch: int, batches: list[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         size = self.sampler.resolution
         self._fit_ring(size)
+        if self._ring is None:
+            self._check_batch_room(size or self.options.image_size)
         self._requests.start_pass(epoch, batches, size)
         context = self._loader.multiprocessing_context
         self.dataset.loader_pid = None if context is None or context.get_start_method() == "forkserver" else os.getpid()
@@ -407,6 +409,17 @@ class TorchLoader(SampledLoader):
         self._ring_size = size
         del self._loader, self._requests  # and the ring they hold: its memory goes before the new ring is allocated
         self._set_up_workers()
+
+    def _check_batch_room(self, size: int) -> None:
+        """Without a ring: one line, not the allocator's traceback in a worker or here, where the batches
+        of ``size`` px do not fit in shared memory (workers build them there) or in memory (``workers=0``)."""
+        batch = self.sampler.batch_size * 3 * size * size * (4 if self.dataset.normalize else 1)
+        workers = self._loader.num_workers
+        if workers:
+            slots = workers * self.options.prefetch_factor + HANDOVER_SLOTS
+            check_shared_memory(batch * slots, slots)
+        else:
+            check_memory(batch, f"batches of {self.sampler.batch_size} images of {size} px", "batch_size or image_size")
 
     def _record_times(self, built: BuiltBatch, start: float) -> None:
         """Report a batch's phase times: its worker's, and this process's since ``start``."""

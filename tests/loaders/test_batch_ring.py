@@ -222,3 +222,23 @@ def test_rings_are_checked_and_allocated_one_at_a_time(tmp_path: Path) -> None:
     thread.join()
     with allocation_lock(str(tmp_path / "missing")):  # no folder for the lock file: no lock, no error
         pass
+
+
+HUGE = 1_000_000  # px: a batch of 4 needs 11 TiB, more than any machine's memory or /dev/shm
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["workers=0", "workers=0, resolution saved", "workers, not persistent"])
+def test_batches_built_without_a_ring_that_cannot_fit_are_one_line(packed_dir: Path, how: str) -> None:
+    """Without a ring a batch is allocated as it is built, here or in a worker: too large for the memory
+    (or /dev/shm) it is one ConfigError naming the size, not the allocator's traceback."""
+    workers = {"workers": 1, "persistent_workers": False} if how.startswith("workers,") else {"workers": 0}
+    if how.endswith("saved"):
+        state = _loader(packed_dir, **workers).state_dict()
+        loader = _loader(packed_dir, **workers)
+        loader.load_state_dict({**state, "resolution": HUGE})
+    else:
+        loader = make_torch_loader(packed_dir, batch_size=4, image_size=HUGE, rank=0, world_size=1, **workers)
+    where = "/dev/shm has .* MiB free" if how.startswith("workers,") else f"batches of 4 images of {HUGE} px need .* MiB but only"
+    with pytest.raises(ConfigError, match=where):
+        next(iter(loader))
