@@ -17,6 +17,7 @@ class Bound(str, Enum):
     IO = "io"
     REMOTE = "remote"
     DECODE = "decode"
+    INPUT = "input"  # input bound, read and decode untimed (DALI): which of the two is unknown
     COMPUTE = "compute"
     STRAGGLER = "straggler"
 
@@ -267,7 +268,7 @@ class WarmCache:
 
 @dataclass(frozen=True)
 class DaliReadsUntimed:
-    """From a URL with DALI: waiting for the store and decoding cannot be told apart."""
+    """DALI reads and decodes inside its pipeline, untimed: reading (a disk, the store) and decoding cannot be told apart."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 The run judged is the fastest one (the best backend and worker count). The rules, in order: a
 straggler (a rank whose own reads or decodes are slower, not one that merely waited longer), input
-bound (remote I/O, I/O or decode, each with its next action), else compute bound with the loader's
+bound (remote I/O, I/O or decode, each with its next action; without phase times, as with DALI, only
+what holds either way), else compute bound with the loader's
 headroom; observations add what the rules do not decide. Every threshold is a field of ``Thresholds``;
 the rules in full are in docs/bench-json.md ("How the verdict is reached"); ``wording`` says it in words.
 """
@@ -112,7 +113,7 @@ def decide(result: BenchResult) -> Verdict:
     uneven = _uneven_waits(run)
     if uneven is not None and verdict.bound != Bound.STRAGGLER:
         verdict.observations.append(ArrivedLast(run.ranks[uneven[0]].rank, uneven[1], uneven[2]))
-    verdict.observations.extend(_observations(result, run))
+    verdict.observations.extend(_observations(result, run, verdict.bound))
     return verdict
 
 
@@ -233,22 +234,34 @@ def _input_bound(result: BenchResult, run: RunResult) -> Verdict | None:
             evidence = IoEvidence(wait, loader, describe_disk(result.disk), iowait, None if iowait is not None else read_share)
             act = PackToSsd(data) if slow_disk else MoreReadsInFlight()
             return Verdict(Bound.IO, run.backend, run.workers, evidence, (act,), cause=Cause.IO)
+    if loader is None:
+        return _untimed_input_bound(result, run, wait)
     return _decode_bound(result, run, wait, loader)
 
 
-def _decode_bound(result: BenchResult, run: RunResult, wait: float, loader: LoaderMs | None) -> Verdict:
+def _more_workers(result: BenchResult, run: RunResult, loader: LoaderMs | None) -> Action:
+    """More workers (how many, where the loader's times say), or more CPUs where a run with more workers was slower."""
     tried = _more_workers_tried(result, run)
-    more: Action
     if tried is not None:
-        more = AddCpus(tried.workers, tried.images_per_s, run.workers, run.images_per_s, result.cpus)
-    else:
-        target = _workers_needed(run, loader)
-        cores = max(1, result.cpus // max(1, len(run.ranks)))
-        more = RaiseWorkers(target, cores if target is not None and target > cores else None)
-    actions: list[Action] = [more] + ([UseDali()] if run.backend != "dali" else []) + [PackResized()]
+        return AddCpus(tried.workers, tried.images_per_s, run.workers, run.images_per_s, result.cpus)
+    target = _workers_needed(run, loader)
+    cores = max(1, result.cpus // max(1, len(run.ranks)))
+    return RaiseWorkers(target, cores if target is not None and target > cores else None)
+
+
+def _decode_bound(result: BenchResult, run: RunResult, wait: float, loader: LoaderMs) -> Verdict:
+    actions: list[Action] = [_more_workers(result, run, loader)] + ([UseDali()] if run.backend != "dali" else []) + [PackResized()]
     if run.backend == "torch" and not result.region_decoder:
         actions.insert(0, BuildRegionDecoder())
     return Verdict(Bound.DECODE, run.backend, run.workers, Evidence(wait, loader), tuple(actions), cause=Cause.DECODE)
+
+
+def _untimed_input_bound(result: BenchResult, run: RunResult, wait: float) -> Verdict:
+    """Input bound with no phase times (DALI): reading and decoding cannot be told apart, so only the
+    actions that help either: the data on the node (from a URL), more workers, smaller images."""
+    data = str(result.config.data)
+    actions = ([KeepDataLocal(data)] if is_url(data) else []) + [_more_workers(result, run, None), PackResized()]
+    return Verdict(Bound.INPUT, run.backend, run.workers, Evidence(wait, None), tuple(actions))
 
 
 def _remote_bound(result: BenchResult, run: RunResult, wait: float, loader: LoaderMs) -> Verdict:
@@ -304,13 +317,13 @@ def _compute_bound(run: RunResult) -> Verdict:
     return Verdict(Bound.COMPUTE, run.backend, run.workers, ComputeEvidence(job_wait(run), loader, headroom))
 
 
-def _observations(result: BenchResult, run: RunResult) -> list[Observation]:
+def _observations(result: BenchResult, run: RunResult, bound: Bound) -> list[Observation]:
     found: list[Observation] = []
     if not result.config.model and not result.config.compute_ms:
         found.append(LoaderOnly())
     if run.resident_before is not None and run.resident_before >= THRESHOLDS.warm_cache and not result.config.cold:
         found.append(WarmCache(run.resident_before))
-    if is_url(result.config.data) and not any(r.timed_phases for r in run.ranks):
+    if is_url(result.config.data) and not any(r.timed_phases for r in run.ranks) and bound != Bound.INPUT:  # INPUT's message says it
         found.append(DaliReadsUntimed())
     if len({r.workers for r in result.runs}) > 1:
         for backend in sorted({r.backend for r in result.runs}):

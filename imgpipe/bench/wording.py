@@ -69,9 +69,9 @@ def action(act: Action) -> str:
         return f"keep the data on each node: {local_copy(act.data)}"
     if isinstance(act, RaiseWorkers):
         if act.to is None:
-            return "raise workers"
+            return "raise --workers"
         beyond = f" (more than the {act.cores_per_rank} core(s) per rank here: add CPUs)" if act.cores_per_rank is not None else ""
-        return f"raise workers to {act.to}{beyond}"
+        return f"raise --workers to {act.to}{beyond}"
     if isinstance(act, AddCpus):
         return (
             f"not more workers ({plural(act.tried_workers, 'worker')} gave {act.tried_images_per_s:.0f} images/s against "
@@ -128,8 +128,7 @@ def _remote(evidence: Evidence, actions: Sequence[Action]) -> str:
     parts = []
     for act in actions:
         if isinstance(act, RaiseWorkers):
-            more = f"raise --workers to {act.to}" if act.to is not None else "raise --workers"
-            parts.append(f"or {more} (each worker keeps the requests of its next prefetch_factor - 1 batches in flight)")
+            parts.append(f"or {action(act)} (each worker keeps the requests of its next prefetch_factor - 1 batches in flight)")
         elif isinstance(act, RaisePrefetch):
             assert io is not None and evidence.loader_ms is not None
             parts.append(
@@ -153,6 +152,14 @@ def _decode(evidence: Evidence, actions: Sequence[Action]) -> str:
     )
 
 
+def _input(evidence: Evidence, actions: Sequence[Action]) -> str:
+    return (
+        f"input bound: ranks wait for data {pct(evidence.data_wait)} of the time; the DALI loader reads and decodes inside its "
+        "pipeline, untimed, so whether reading or decoding holds it back is unknown (`--backend torch` measures both); "
+        + "; ".join(map(action, actions))
+    )
+
+
 def _compute(evidence: Evidence, actions: Sequence[Action]) -> str:
     assert isinstance(evidence, ComputeEvidence)
     waiting = f"ranks wait for data {pct(evidence.data_wait)} of the time"
@@ -168,6 +175,7 @@ _MESSAGES: dict[Bound, Callable[[Evidence, Sequence[Action]], str]] = {
     Bound.IO: _io,
     Bound.REMOTE: _remote,
     Bound.DECODE: _decode,
+    Bound.INPUT: _input,
     Bound.COMPUTE: _compute,
 }
 

@@ -81,14 +81,25 @@ def test_a_loader_only_run_does_not_size_workers_from_a_zero_compute_step() -> N
     assert v.bound == Bound.DECODE and v.actions[0] == RaiseWorkers(None)
 
 
-def test_decode_bound_beyond_the_cores_says_so_and_dali_runs_are_not_told_to_use_dali() -> None:
+def test_decode_bound_beyond_the_cores_says_so() -> None:
     ranks = [rank_stats(0, wait=0.05, read=0.001, decode=0.30, compute=0.02)]
     v = decide(result([run(ranks, workers=2)], cpus=4))
     assert v.actions[0] == RaiseWorkers(16, cores_per_rank=4)  # 301 ms of loader work per 20 ms step
+
+
+def test_a_starved_dali_run_is_input_bound_with_only_what_helps_reads_and_decodes_alike() -> None:
+    """DALI times neither phase: not 'decode bound' (no evidence says so), no cause, no advice to use DALI; from a URL the
+    data on the node comes first, and the untimed reads are said in the message, not again in a note."""
     dali = [rank_stats(0, wait=0.05, timed=False)]
     v = decide(result([run(dali, backend="dali")], cpus=4, backends=("dali",)))
-    assert v.bound == Bound.DECODE and v.evidence.loader_ms is None
+    assert (v.bound, v.cause, v.evidence.loader_ms) == (Bound.INPUT, None, None)
     assert v.actions == (RaiseWorkers(None), PackResized(256))
+    untimed = remote_run(read=0.0, decode=0.0, backend="dali", timed=False)
+    remote = decide(result([untimed], disk=data_disk(URL), data=URL, backends=("dali",)))
+    assert (remote.bound, remote.actions) == (Bound.INPUT, (KeepDataLocal(URL), RaiseWorkers(None), PackResized(256)))
+    assert DaliReadsUntimed() not in remote.observations
+    iowait = decide(result([run(dali, backend="dali", iowait=47.0)], disk=HDD, backends=("dali",)))
+    assert (iowait.bound, iowait.actions) == (Bound.IO, (PackToSsd(LOCAL),))  # iowait is evidence without phase times
 
 
 def test_decode_bound_after_more_workers_measured_slower_says_not_more_workers_but_more_cpus() -> None:
@@ -284,8 +295,10 @@ def test_the_same_measurements_from_a_local_folder_are_io_bound_not_remote() -> 
 
 
 def test_dali_from_a_url_says_its_reads_are_not_timed() -> None:
-    v = decide(result([remote_run(read=0.0, decode=0.0, backend="dali", timed=False)], disk=data_disk(URL), data=URL, backends=("dali",)))
-    assert v.observations == [DaliReadsUntimed()]
+    # the loader keeps up: compute bound, and a note says what the DALI loader's times cannot show
+    ranks = [rank_stats(r, wait=0.0001, read=0.0, decode=0.0, timed=False) for r in range(2)]
+    v = decide(result([run(ranks, workers=2, backend="dali")], disk=data_disk(URL), data=URL, backends=("dali",)))
+    assert v.bound == Bound.COMPUTE and v.observations == [DaliReadsUntimed()]
 
 
 def test_the_words_of_every_bound_action_and_observation() -> None:
@@ -344,13 +357,19 @@ def test_the_words_of_every_bound_action_and_observation() -> None:
         "decode bound: ranks wait for data 71 % of the time while decoding dominates the loader; install imgpipe's manylinux wheel "
         "(libjpeg-turbo inside; `make wheel` builds it), or install a C compiler and libjpeg-turbo's headers (Debian/Ubuntu "
         "libjpeg62-turbo-dev or libjpeg-turbo8-dev, RHEL/Fedora libjpeg-turbo-devel, conda-forge libjpeg-turbo) and reinstall "
-        "imgpipe from source, so the torch loader decodes only each crop, raise workers to 16 "
+        "imgpipe from source, so the torch loader decodes only each crop, raise --workers to 16 "
         "(more than the 4 core(s) per rank here: add CPUs), "
         "use `--backend dali`, or pack with `--resize 256`"
     )
     assert said(Bound.DECODE, Evidence(0.33, ms), AddCpus(2, 229.4, 1, 266.7, 2), RaiseWorkers(None), RaiseWorkers(6), PackResized()) == (
         "decode bound: ranks wait for data 33 % of the time while decoding dominates the loader; not more workers (2 workers gave "
-        "229 images/s against 267 with 1: the 2 core(s) are busy, add CPUs), raise workers, raise workers to 6, or pack with `--resize 256`"
+        "229 images/s against 267 with 1: the 2 core(s) are busy, add CPUs), raise --workers, raise --workers to 6, "
+        "or pack with `--resize 256`"
+    )
+    assert said(Bound.INPUT, Evidence(0.71, None), KeepDataLocal(URL), RaiseWorkers(None), PackResized(256)) == (
+        "input bound: ranks wait for data 71 % of the time; the DALI loader reads and decodes inside its pipeline, untimed, so whether "
+        "reading or decoding holds it back is unknown (`--backend torch` measures both); keep the data on each node: " + local + "; "
+        "raise --workers; pack with `--resize 256`"
     )
     assert (
         said(Bound.COMPUTE, ComputeEvidence(0.05, ms, 3.0))
