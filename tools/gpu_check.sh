@@ -154,7 +154,7 @@ import imgpipe
 packed, size = Path(sys.argv[1]) / "packed", int(sys.argv[2])
 common = dict(batch_size=16, train=True, image_size=size, workers=4, seed=0)  # 30 batches: each of the 9 ring slots reused
 for normalize, pin in ((True, True), (False, True), (True, False)):
-    cpu = list(itertools.islice(imgpipe.make_torch_loader(packed, "train", normalize=normalize, **common), 30))
+    cpu = list(itertools.islice(imgpipe.make_torch_loader(packed, "train", device="cpu", normalize=normalize, **common), 30))
     gpu = list(itertools.islice(imgpipe.make_torch_loader(packed, "train", device="cuda", channels_last=True, normalize=normalize, pin_memory=pin, **common), 30))
     diff = 0.0
     for (xc, yc), (xg, yg) in zip(cpu, gpu, strict=True):  # every GPU batch kept until now: none overwritten
@@ -229,7 +229,7 @@ if __name__ == "__main__":
         sys.exit(f"imgpipe: error: {e}")
     print(f"done: {result.epochs_completed} epoch(s), {result.step} steps in a spawned rank")
 EOF
-step spawn "$RUN_TIMEOUT" "$PY" "$WORK/spawn.py" "$WORK" "$GPUS" > "$WORK/run-spawn.out" 2> "$WORK/run-spawn.err" || tail -n 5 "$WORK/run-spawn.err"
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" step spawn "$RUN_TIMEOUT" "$PY" "$WORK/spawn.py" "$WORK" "$GPUS" > "$WORK/run-spawn.out" 2> "$WORK/run-spawn.err" || tail -n 5 "$WORK/run-spawn.err"
 tail -n 1 "$WORK/run-spawn.out"
 
 echo "gpu_check: bench: imgpipe bench on $([ "$GPUS" -gt 0 ] && echo "the GPU" || echo "the CPU")"
