@@ -181,6 +181,22 @@ def test_the_command_ends_with_its_exit_handlers_not_in_the_teardown_where_a_sig
 
 
 @pytest.mark.timeout(120)
+def test_a_command_ends_after_multiprocessing_has_ended_its_daemonic_children(packed_dir: Path, tmp_path: Path) -> None:
+    """The command's own exit handler ends the process after multiprocessing's, which ends the daemonic children left
+    running, not before it (a child of 60 s was left orphaned)."""
+    marker = tmp_path / "daemon.pid"
+    run = imgpipe_command("info", str(packed_dir), IMGPIPE_TEST_SLOW_EXIT=f"{marker},daemon")
+    assert run.wait(timeout=60) == 0  # info's output is small: it fits the pipe unread
+    child = int(marker.read_text())
+    try:
+        assert wait_gone([child], timeout=10) == [], "the daemonic child outlived the command"
+    finally:
+        if wait_gone([child], timeout=0):
+            os.kill(child, signal.SIGKILL)
+        run.communicate(timeout=30)
+
+
+@pytest.mark.timeout(120)
 def test_a_signal_during_the_exit_handlers_is_one_line_and_143(packed_dir: Path, tmp_path: Path) -> None:
     marker = tmp_path / "exiting"
     run = imgpipe_command("info", str(packed_dir), IMGPIPE_TEST_SLOW_EXIT=f"{marker},handler")

@@ -23,7 +23,6 @@ import threading
 import time
 from typing import Any
 
-from imgpipe._sys.procs import exit_now
 from imgpipe._sys.signalwatch import SignalWatch
 from imgpipe.errors import Stopped
 
@@ -63,9 +62,9 @@ class StopGuard:
         atexit.register(self._at_exit)  # registered before multiprocessing's (imported below), so it runs after it
         import psutil  # noqa: F401  (imported now: _end may run in the exit handlers, where an import can fail)
 
-        from imgpipe._sys.procs import kill_descendants
+        from imgpipe._sys.procs import exit_now, kill_descendants  # here, not above: procs imports multiprocessing
 
-        self._kill_descendants = kill_descendants
+        self._kill_descendants, self._exit_now = kill_descendants, exit_now
         return self
 
     def finish(self, code: int) -> None:
@@ -130,13 +129,13 @@ class StopGuard:
                 _write_line(f"imgpipe: stopped by {signal.Signals(stop).name}")
             code = 128 + stop
         self._kill_descendants()
-        exit_now(code or 0)
+        self._exit_now(code or 0)
 
     def _at_exit(self) -> None:
         """The last exit handler: end the process now, without the interpreter's teardown (not in a forked child)."""
         if os.getpid() == self._pid:
             logging.shutdown()  # its own exit handler, registered before this one, would come after
-            exit_now(self._code or 0)
+            self._exit_now(self._code or 0)
 
 
 def _write_line(line: str) -> None:

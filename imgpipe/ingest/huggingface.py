@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import tarfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -248,7 +249,7 @@ def _listed(task: tuple[Any, Path, Path | None]) -> bytes:
             data = cached.read_bytes()
             _load_listing(path, data)
             return data
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # EOFError: an empty file
             logger.info("%s: unreadable listing cache, listing again", cached)
     data = _listing_bytes(*lister(path))
     if cached is not None:

@@ -31,7 +31,6 @@ from imgpipe.loaders.geometry import Crop
 
 DRAFT_MIN_REDUCTION = 2  # decode reduced when the box shrinks by at least this factor
 WHOLE_RESIZE_MAX_AREA = 16  # a fractional box resampled by resizing the whole image: at most this many box areas
-DECODER_ERRORS = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)  # what Pillow raises on bad bytes
 
 
 class UndecodableImage(DatasetError):
@@ -45,7 +44,9 @@ def decoding() -> Iterator[None]:
         yield
     except UnidentifiedImageError as e:
         raise UndecodableImage("not a decodable image") from e
-    except DECODER_ERRORS as e:
+    except MemoryError:
+        raise
+    except Exception as e:  # Pillow raises many types for bad bytes (NotImplementedError too): any means "cannot decode", as in codec
         raise UndecodableImage(str(e)) from e
 
 

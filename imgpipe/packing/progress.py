@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -95,7 +96,7 @@ class ProgressFile:
                 taken = self._take(meta, arrays, fresh)
         except FileNotFoundError:
             pass
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, EOFError, zipfile.BadZipFile) as e:  # EOFError: empty
             logger.warning("%s: unreadable checkpoint (%s); reading every record again", self.path, e)
             taken = np.zeros(0, np.int64)
             self.results.done[:] = False

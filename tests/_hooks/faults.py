@@ -25,7 +25,8 @@ A process started with :func:`hook_env`'s environment has this folder on its PYT
   before the ``imgpipe`` command starts, ``late`` one registered as imgpipe.cli.commands is imported.
 - ``IMGPIPE_TEST_SLOW_EXIT=MARKER,WHERE``: as imgpipe.cli.commands is imported, something that touches
   MARKER and then takes 60 s, where the process ends: WHERE ``handler`` is an exit handler (``atexit``),
-  ``teardown`` an object collected in the interpreter's teardown, after the exit handlers.
+  ``teardown`` an object collected in the interpreter's teardown, after the exit handlers, ``daemon`` a daemonic
+  multiprocessing child (its pid in MARKER) left running, which multiprocessing's exit handler ends.
 """
 
 from __future__ import annotations
@@ -166,6 +167,12 @@ def _slow_exit(marker: str, where: str) -> None:
         import atexit
 
         atexit.register(lambda: (Path(marker).touch(), time.sleep(60)))  # a slow exit handler: elapsed time is the point
+    elif where == "daemon":
+        import multiprocessing
+
+        child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,), daemon=True)
+        child.start()
+        Path(marker).write_text(str(child.pid))
     else:
         sys.modules[__name__].slow_teardown = _SlowTeardown(marker)  # collected with this module
 

@@ -27,6 +27,7 @@ from _cli import assert_one_line_error, kill_once_durable, slow_pack_command
 
 from imgpipe.format.manifest import load_manifest
 from imgpipe.ingest.classnames import ilsvrc2012_wnids, names_for_indices
+from imgpipe.ingest.scan import scan
 from imgpipe.packing.journal import JOURNAL_DIR
 from imgpipe.packing.packer import PackReport, pack
 from imgpipe.synth.layouts import LAYOUTS
@@ -101,6 +102,25 @@ def test_stream_layouts_resized_and_with_one_shard_per_record(layout: str, datas
         packed = pack(datasets / layout, tmp_path / "out", workers=2, progress=False, overwrite=True, **options)  # type: ignore[arg-type]
         assert shard_files(tmp_path / "out") == shard_files(tmp_path / "tree")
         assert packed.records == tree.records
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("layout", STREAMS)
+@pytest.mark.parametrize("how", ["empty", "a bit flipped"])
+def test_a_damaged_listing_cache_is_listed_again(
+    layout: str, how: str, datasets: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A kept listing whose bytes are damaged (numpy's EOFError, zipfile's BadZipFile) is listed again, not a traceback."""
+    cache = tmp_path / "listings"
+    first = scan(datasets / layout, workers=1, cache=cache)
+    for kept in cache.iterdir():
+        data = bytearray(kept.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        kept.write_bytes(b"" if how == "empty" else bytes(data))
+    with caplog.at_level(logging.INFO):
+        again = scan(datasets / layout, workers=1, cache=cache)
+    assert "unreadable listing cache, listing again" in caplog.text
+    assert {name: split.paths for name, split in again.splits.items()} == {name: split.paths for name, split in first.splits.items()}
 
 
 def test_verify_decodes_a_pack_from_parquet(datasets: Path, tmp_path: Path) -> None:

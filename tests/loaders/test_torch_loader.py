@@ -206,6 +206,17 @@ def test_a_truncated_jpeg_fails_with_pillows_reason() -> None:
         decode_sample(payload[: len(payload) // 2], lambda w, h: Crop(0.0, 0.0, float(w), float(h)), SIZE)
 
 
+def test_bytes_pillow_refuses_with_a_type_of_its_own_are_an_undecodable_image() -> None:
+    """Pillow raises more than OSError and ValueError on bad bytes (a DDS header of unknown pixel format flags:
+    NotImplementedError); pack and verify call any of them undecodable, and so does the loader."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, "DDS")
+    dds = bytearray(buffer.getvalue())
+    dds[80:84] = (145).to_bytes(4, "little")  # the pixel format's flags
+    with pytest.raises(UndecodableImage, match="Unknown pixel format flags 145"):
+        decode_sample(bytes(dds), lambda w, h: Crop(0.0, 0.0, float(w), float(h)), SIZE)
+
+
 def test_eval_matches_torchvision_resize_and_center_crop(packed_dir: Path) -> None:
     from torchvision import transforms as T
 

@@ -134,6 +134,30 @@ def test_a_hostile_checkpoint_is_read_past_with_a_warning(
     assert "unreadable checkpoint" in caplog.text
 
 
+def _flipped_npz() -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, meta=np.frombuffer(b'{"side_bytes": 0}', np.uint8))
+    data = bytearray(buffer.getvalue())
+    data[data.index(b"{")] ^= 1  # inside the stored member: its crc32 no longer matches
+    return bytes(data)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["empty", "not a zip", "a bit flipped"])
+def test_a_damaged_checkpoint_file_is_read_past_with_a_warning(
+    half_packed: Path, synth_tree: Path, tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The progress file's own bytes damaged (numpy and zipfile raise EOFError and BadZipFile): read past, as its metadata."""
+    dst = tmp_path / "out"
+    shutil.copytree(half_packed, dst)
+    damaged_bytes = {"empty": b"", "not a zip": b"PK\x03\x04" + bytes(60), "a bit flipped": _flipped_npz()}[how]
+    progress_path(dst / JOURNAL_DIR, 1).write_bytes(damaged_bytes)
+    with caplog.at_level(logging.WARNING):
+        report = pack(synth_tree, dst, shards=SHARDS, num_nodes=2, node_rank=1, workers=1, progress=False)
+    assert report.manifest is not None and verify(dst, workers=1, progress=False).ok
+    assert "unreadable checkpoint" in caplog.text
+
+
 def test_a_journal_entry_that_does_not_fit_its_shard_is_refused_before_the_manifest(
     half_packed: Path, synth_tree: Path, tmp_path: Path
 ) -> None:
