@@ -21,7 +21,7 @@ from PIL import Image
 
 from imgpipe._sys.diskinfo import Mount, check_free_space, device_for_path, format_bytes, warn_if_slow
 from imgpipe.errors import DatasetError, PackError
-from imgpipe.format.manifest import load_manifest
+from imgpipe.format.manifest import MANIFEST_NAME, load_manifest
 from imgpipe.format.unfinished import PLAN_NAME
 from imgpipe.packing.journal import JOURNAL_DIR
 from imgpipe.packing.packer import pack
@@ -517,3 +517,21 @@ def test_an_image_too_large_for_a_record_is_skipped_with_the_reason_and_the_pack
     report = pack(src, tmp_path / "dst", workers=2, progress=False)
     assert [(s.path.rsplit("/", 1)[-1], s.reason) for s in report.skipped] == [("big.JPEG", scatter.TOO_LARGE_REASON)]
     assert verify(tmp_path / "dst").ok
+
+
+@pytest.mark.timeout(60)
+def test_a_rerun_of_a_finished_pack_reads_no_shard_again(synth_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shards were checked before the manifest was first written: a rerun (scripts rerun a pack) checks their sizes
+    and ends, not after hashing every shard again (140 GB for ImageNet); a resumed pack still hashes what others wrote."""
+    from imgpipe.packing import finalize
+
+    dst = tmp_path / "out"
+    pack(synth_tree, dst, shards=2, workers=1, progress=False)
+    hashed: list[str] = []
+    sha256_file = finalize.sha256_file
+    monkeypatch.setattr(finalize, "sha256_file", lambda path: hashed.append(Path(path).name) or sha256_file(path))
+    again = pack(synth_tree, dst, shards=2, workers=1, progress=False)
+    assert (again.shards_written, again.shards_reused, hashed) == (0, 4, [])
+    (dst / MANIFEST_NAME).unlink()  # as a pack killed before its manifest: the shards of that run are checked in full
+    resumed = pack(synth_tree, dst, shards=2, workers=1, progress=False)
+    assert resumed.shards_written == 0 and len(hashed) == 8 and (dst / MANIFEST_NAME).is_file()
