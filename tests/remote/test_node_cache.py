@@ -686,7 +686,7 @@ def test_data_cache_under_two_torchrun_nodes_each_with_its_own_folder(s3_env: S3
     with its own ``data.cache``: the two ranks of a node share their folder, and each folder ends as
     the whole dataset."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
-    from proctree import quiet_env
+    from proctree import quiet_env, torchrun_logs
     from train_cli import epochs_of, write_config
 
     config = write_config(tmp_path, tmp_path, workers=1, epochs=1, batch_size=4, validate=False)
@@ -699,6 +699,7 @@ def test_data_cache_under_two_torchrun_nodes_each_with_its_own_folder(s3_env: S3
         subprocess.Popen(
             [
                 str(torchrun),
+                *torchrun_logs(tmp_path),
                 "--nnodes",
                 "2",
                 "--nproc_per_node",

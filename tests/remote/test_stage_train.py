@@ -17,7 +17,7 @@ from remote_env import BUCKET
 from s3_server import FaultProxy, S3Server
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
-from proctree import quiet_env  # noqa: E402
+from proctree import quiet_env, torchrun_logs  # noqa: E402
 from train_cli import free_port, one_line_error, write_config  # noqa: E402
 
 from imgpipe.format.shardset import open_shardset  # noqa: E402
@@ -44,7 +44,8 @@ def test_data_stage_under_two_torchrun_nodes_each_with_its_own_folder(
     port = free_port()
     agents = []
     for node in range(2):
-        cmd = [str(TORCHRUN), "--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+        cmd = [str(TORCHRUN), *torchrun_logs(tmp_path),
+               "--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
                "--rdzv_id", "imgpipe-stage", "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0",
                "--set", f"data.path={remote_packed}", "--set", f"data.stage={tmp_path / f'node{node}' / 'imagenet'}"]  # fmt: skip
         agents.append(subprocess.Popen(cmd, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))

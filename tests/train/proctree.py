@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import psutil
 
@@ -71,6 +72,11 @@ def stopped(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_STOPPED
     except psutil.Error:
         return False
+
+
+def torchrun_logs(tmp_path: Path) -> list[str]:
+    """torchrun's option for its log folder, inside the test's own: by default it makes a /tmp/torchelastic_* per run and leaves it."""
+    return ["--log-dir", str(tmp_path / "torchrun-logs")]
 
 
 def quiet_env(**extra: str) -> dict[str, str]:

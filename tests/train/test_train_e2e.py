@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from proctree import descendants, quiet_env, rank_processes, wait_gone
+from proctree import descendants, quiet_env, rank_processes, torchrun_logs, wait_gone
 from train_cli import VAL_RECORDS, epochs_of, free_port, imgpipe_train, write_config
 
 from imgpipe.train.loop import STOP_CHECK_STEPS
@@ -162,7 +162,8 @@ def test_dali_run_resumed_mid_epoch_sees_the_batches_of_the_uninterrupted_one(pa
 @pytest.mark.timeout(300)
 def test_the_same_run_under_torchrun(packed: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, packed, epochs=1)
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0"]
+    cmd = [str(TORCHRUN), *torchrun_logs(tmp_path), "--standalone", "--nproc_per_node", "2",
+           "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0"]  # fmt: skip
     done = subprocess.run(cmd, env=quiet_env(), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count(f"val: {VAL_RECORDS} samples") == 1
@@ -181,7 +182,8 @@ def test_two_torchrun_nodes_on_localhost_then_resumed_on_one(packed: Path, tmp_p
     """
     config = write_config(tmp_path, packed, workers=1, epochs=1, batch_size=4, validate=False)
     port = free_port()
-    node = [str(TORCHRUN), "--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+    node = [str(TORCHRUN), *torchrun_logs(tmp_path),
+            "--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
             "--rdzv_id", "imgpipe-2nodes", "-m", "imgpipe", "train", "--config", str(config), "--gpus", "0"]  # fmt: skip
     agents = [subprocess.Popen(node, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [agent.communicate(timeout=400) for agent in agents]
@@ -194,7 +196,8 @@ def test_two_torchrun_nodes_on_localhost_then_resumed_on_one(packed: Path, tmp_p
     assert (saved["world_size"], saved["global_batch"], saved["step"], len(saved["rng"])) == (4, 16, 10, 4)
     assert list((tmp_path / "run").glob("*.tmp*")) == []  # one writer, atomic
 
-    one = [str(TORCHRUN), "--nnodes", "1", "--nproc_per_node", "2", "--standalone", "-m", "imgpipe", "train", "--config", str(config),
+    one = [str(TORCHRUN), *torchrun_logs(tmp_path),
+           "--nnodes", "1", "--nproc_per_node", "2", "--standalone", "-m", "imgpipe", "train", "--config", str(config),
            "--gpus", "0", "--set", "train.epochs=2", "--resume"]  # fmt: skip
     done = subprocess.run(one, env=quiet_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
