@@ -207,7 +207,8 @@ def pack(
                     done = write_manifest_from_journal(plan, journal, src_path, dst_path)
                 except OSError as e:
                     raise PackError(
-                        f"DST {dst_path}: writing the sidecars and {MANIFEST_NAME} failed: {describe(e, writing=True)}; "
+                        f"DST {dst_path}: writing the sidecars and {MANIFEST_NAME} failed: "
+                        f"{f'{e.filename2 or e.filename}: ' if e.filename else ''}{describe(e, writing=True)}; "  # 2: a rename's target
                         "then rerun the same command to finish (every shard is written)"
                     ) from None
                 report.manifest, report.skipped = done.path, done.manifest.skipped

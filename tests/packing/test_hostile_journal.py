@@ -186,3 +186,18 @@ def test_a_journal_entry_that_does_not_fit_its_shard_is_refused_before_the_manif
     with pytest.raises(PackError, match=rf"{entry}: .*; delete it to rewrite that shard"):
         pack(synth_tree, dst, shards=SHARDS, num_nodes=2, node_rank=1, workers=1, progress=False)
     assert not (dst / "manifest.json").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_folder_where_the_manifest_goes_is_named_with_what_to_do(half_packed: Path, synth_tree: Path, tmp_path: Path) -> None:
+    """It said 'writing the sidecars and manifest.json failed: Is a directory (EISDIR); then rerun the same command', which
+    fails the same way for ever."""
+    dst = tmp_path / "out"
+    shutil.copytree(half_packed, dst)
+    (dst / "manifest.json").mkdir()
+    with pytest.raises(PackError) as info:
+        pack(synth_tree, dst, shards=SHARDS, num_nodes=2, node_rank=1, workers=1, progress=False)
+    assert str(info.value) == (
+        f"DST {dst}: writing the sidecars and manifest.json failed: {dst / 'manifest.json'}: Is a directory (EISDIR); a folder is in "
+        "the way: move it away; then rerun the same command to finish (every shard is written)"
+    )
