@@ -162,6 +162,27 @@ def test_ctrl_c_while_the_arguments_are_read_is_one_line_without_an_empty_one() 
     assert done.stderr == "imgpipe: aborted\n"
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("module", ["psutil", "imgpipe._sys.procs"])  # what the guard imports once its handlers are set
+@pytest.mark.parametrize(("signum", "line"), [(signal.SIGTERM, "imgpipe: stopped by SIGTERM"), (signal.SIGINT, "imgpipe: aborted")])
+def test_a_signal_while_the_stop_guard_installs_itself_is_one_line(module: str, signum: int, line: str) -> None:
+    """It was a traceback of Stopped, then one of the exit handler ('StopGuard' object has no attribute '_exit_now'), exit 1."""
+    signal_in_import = (
+        "import importlib.abc, signal, sys\n"
+        "class Hook(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        f"        if name == {module!r}:\n"
+        "            sys.meta_path.remove(self)\n"
+        f"            signal.raise_signal({int(signum)})\n"
+        "sys.meta_path.insert(0, Hook())\n"
+        "from imgpipe.cli import main\n"
+        f"assert {module!r} not in sys.modules\n"
+        "main(['info', '.'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", signal_in_import], capture_output=True, text=True, timeout=50)
+    assert (done.returncode, done.stderr) == (128 + signum, f"{line}\n")
+
+
 @pytest.mark.timeout(120)
 def test_the_command_ends_with_its_exit_handlers_not_in_the_teardown_where_a_signal_kills_without_a_word(
     packed_dir: Path, tmp_path: Path

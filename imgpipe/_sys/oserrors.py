@@ -29,6 +29,8 @@ def advice(error: OSError, *, writing: bool) -> str:
         return "the file system is mounted read-only: remount it read-write"
     if error.errno in NO_ACCESS:
         return f"give the user running imgpipe {'write' if writing else 'read'} access to it (see ls -l; chmod or chown)"
+    if error.errno == errno.EISDIR:
+        return "a folder is in the way: move it away"
     if error.errno == errno.EIO:
         return "the device reported an I/O error: check the disk or the network mount (dmesg)"
     return ""

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     says so in one line and exits 143 (Ctrl-C: 130), which a preemption wrapper reads as a stop;
     the process ends within a few seconds of either, whatever its threads do (``stopping``).
     """
-    guard = StopGuard().install()
+    guard = StopGuard()
     if isinstance(sys.stdout, io.TextIOWrapper):  # a name not UTF-8 (a surrogate escape) is printed escaped, not a traceback
         sys.stdout.reconfigure(errors="backslashreplace")
     try:
@@ -51,6 +51,7 @@ def _run(argv: list[str] | None, guard: StopGuard) -> int:
     ends within ``EXIT_GRACE_S``, its line not printed twice.
     """
     try:
+        guard.install()  # a stop signal while it imports what it needs is the line below, as one during the imports after it
         from imgpipe.cli import commands  # noqa: F401  (registers the sub-commands)
 
         with cli.make_context("imgpipe", list(sys.argv[1:] if argv is None else argv)) as ctx:

@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from imgpipe._sys.signalwatch import SignalWatch
 from imgpipe.errors import Stopped
@@ -50,6 +50,8 @@ class StopGuard:
         self._forking = False  # in a fork hook, a raised exception is only printed: a signal then ends the process
         self._command_signals = 0  # stop signals the command handled itself
         self._code: int | None = None  # the exit code, once the command has ended and printed its line
+        self._kill_descendants: Callable[[], None] = lambda: None  # until install imports procs: a stop while it imports
+        self._exit_now: Callable[[int], None] = os._exit  # ends a process that has started nothing and printed only its line
         self.watch = SignalWatch(self._watched, lambda: self._end(None))
 
     def install(self) -> StopGuard:

@@ -320,7 +320,7 @@ def open_shardset(path: PathLike | Sequence[PathLike], split: str = "train") -> 
     if is_url(path):
         return open_url(open_source(path), split)  # type: ignore[arg-type]
     if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
-        if manifest_path(path).is_file():
+        if os.path.lexists(manifest_path(path)):  # one that is not a regular file is load_manifest's line, as in verify
             return open_packed(Path(path), split)
         unfinished = incomplete_folder(path)
         if unfinished is not None:

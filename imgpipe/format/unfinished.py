@@ -45,15 +45,26 @@ def unfinished_pack(folder: str | os.PathLike) -> str | None:
             f"{folder}: incomplete pack, no {MANIFEST_NAME}, and its journal {JOURNAL_DIR}/{PLAN_NAME} is unreadable ({e}); "
             "rerun 'imgpipe pack' with --overwrite (with --num-nodes: empty DST, then start every node) to start again"
         )
-    total = plan.get("shards") if isinstance(plan, dict) else None
+    total = _planned_shards(plan, done)
     rerun = "rerun the same 'imgpipe pack' (with --num-nodes: every --node-rank, then --finalize)"
-    if type(total) is not int:
+    if total is None:
         state = f"{done} shard(s) finished, the planned count is unknown"
     elif done < total:
         state = f"{total - done} of {total} shards missing"
     else:
         state = f"all {total} shards written"
     return f"{folder}: incomplete pack: {state}, no {MANIFEST_NAME}; {rerun}"
+
+
+def _planned_shards(plan: object, done: int) -> int | None:
+    """plan.json's shard count where it can be true: no fewer than the ``done`` shards journaled, and no more than its
+    splits' shard names can number (SHARD_FILE: 5 digits each); else None (-1, 0 or 2**64 written by hand)."""
+    if not isinstance(plan, dict) or not isinstance(plan.get("options"), dict):
+        return None
+    total, splits = plan.get("shards"), plan["options"].get("splits")
+    if type(total) is not int or not isinstance(splits, list):
+        return None
+    return total if max(done, 1) <= total <= 99_999 * len(splits) else None
 
 
 def unfinished_copy(folder: str | os.PathLike) -> str | None:

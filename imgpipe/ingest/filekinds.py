@@ -32,6 +32,14 @@ def not_regular(kind: str, target: str = "") -> str:
     return f"not a regular file ({kind}{link}); only regular files are packed"
 
 
+def is_folder(entry: os.DirEntry[str]) -> bool:
+    """Whether ``entry`` is a folder or a link to one; a link that cannot be followed (a loop: ELOOP) is not."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
 def mode_reason(mode: int) -> str | None:
     """Why a file of this ``st_mode`` is not read, or None for a regular file."""
     if stat.S_ISREG(mode):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from imgpipe.errors import DatasetError
-from imgpipe.ingest.filekinds import is_source_file
+from imgpipe.ingest.filekinds import is_folder, is_source_file
 
 if TYPE_CHECKING:
     from imgpipe.ingest.members import MemberSpans
@@ -164,7 +164,7 @@ def _with_class_folders(found: dict[str, Path], train_name: str) -> dict[str, Pa
 def _subdirs(folder: Path) -> list[str]:
     """Names of the visible sub-folders of ``folder``, sorted as ImageFolder sorts classes."""
     with os.scandir(folder) as entries:
-        names = sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
+        names = sorted(e.name for e in entries if not e.name.startswith(".") and is_folder(e))
     for name in names:
         if _unlistable_reason(name):
             shown = shown_path(str(folder / name))

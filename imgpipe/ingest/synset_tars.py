@@ -21,7 +21,7 @@ import numpy as np
 from imgpipe._sys.cpus import available_cpus
 from imgpipe._sys.procs import map_in_processes
 from imgpipe.errors import DatasetError
-from imgpipe.ingest.filekinds import is_source_file
+from imgpipe.ingest.filekinds import is_folder, is_source_file
 from imgpipe.ingest.folders import SourceTree, SplitItems
 from imgpipe.ingest.imagenet_tars import _list_images, _Listing
 from imgpipe.ingest.members import ArchiveFile, MemberSpans
@@ -44,7 +44,7 @@ def find_synset_tars(src: str | os.PathLike | Sequence[str | os.PathLike]) -> li
         for entry in entries:
             if SYNSET_TAR.fullmatch(entry.name) and is_source_file(Path(entry.path)):
                 tars.append(Path(entry.path))
-            elif not entry.name.startswith(".") and entry.is_dir():
+            elif not entry.name.startswith(".") and is_folder(entry):
                 folders.append(entry.name)
     if not tars:
         return None

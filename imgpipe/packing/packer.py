@@ -32,7 +32,7 @@ from imgpipe.image.extensions import INSTALL_FIX
 from imgpipe.ingest.scan import scan
 from imgpipe.packing.finalize import changed_advice, changed_shards, final_names, missing_advice, write_manifest_from_journal
 from imgpipe.packing.journal import JOURNAL_DIR, Journal, ShardResult, StoredPlan
-from imgpipe.packing.parts import ArrayTask, choose_part
+from imgpipe.packing.parts import ArrayTask, Parts, choose_part
 from imgpipe.packing.plan import DEFAULT_SHARD_SIZE, PackPlan, ShardSpec, make_plan, parse_shard_counts, parse_size
 from imgpipe.packing.progress import CHECKPOINT_S
 from imgpipe.packing.scatter import Scatter
@@ -151,7 +151,13 @@ def pack(
     if refused is not None:
         raise PackError(f"DST {dst_path}: cannot write there: {describe(refused, writing=True)}; or choose another DST")
     journal = Journal(dst_path)
-    lock_fd = journal.lock(node_rank, whole_dst=overwrite)  # before anything in DST is read, written or deleted
+    try:
+        lock_fd = journal.lock(node_rank, whole_dst=overwrite)  # before anything in DST is read, written or deleted
+    except PackError:
+        parts = (journal.read_parts() or split).count
+        if finalize and parts > 1 and journal.writer(node_rank) is not None:  # --finalize takes part 0's lock, held as part 0 writes
+            _refuse_pending(plan, journal, split, node_rank=-1, dst=dst_path)
+        raise
     try:
         if overwrite:
             remove_pack_outputs(dst_path)
@@ -179,8 +185,7 @@ def pack(
                 write(todo)
             pending = [s.name for s in plan.shards if journal.read_entry(s.name) is None]
             if pending and (finalize or num_nodes == 1):
-                advice = missing_advice(plan, journal, split, node_rank)
-                raise PackError(f"{dst_path}: {len(pending)} shard(s) are not written yet (e.g. {pending[0]}); {advice}")
+                _refuse_pending(plan, journal, split, node_rank, dst_path)
             if not pending:  # the manifest is next: first every shard another run wrote must still be what it journaled
                 # a rerun of a finished pack (its manifest written after this check) checks sizes; verify reads the bytes
                 rerun = not todo and (dst_path / MANIFEST_NAME).exists()
@@ -202,7 +207,8 @@ def pack(
                     done = write_manifest_from_journal(plan, journal, src_path, dst_path)
                 except OSError as e:
                     raise PackError(
-                        f"DST {dst_path}: writing the sidecars and {MANIFEST_NAME} failed: {describe(e, writing=True)}; "
+                        f"DST {dst_path}: writing the sidecars and {MANIFEST_NAME} failed: "
+                        f"{f'{e.filename2 or e.filename}: ' if e.filename else ''}{describe(e, writing=True)}; "  # 2: a rename's target
                         "then rerun the same command to finish (every shard is written)"
                     ) from None
                 report.manifest, report.skipped = done.path, done.manifest.skipped
@@ -372,6 +378,14 @@ def _check_journal(journal: Journal, plan: PackPlan, num_nodes: int) -> PackRepo
 
 def _is_pack_output(name: str) -> bool:
     return name == MANIFEST_NAME or name == JOURNAL_DIR or is_shard_file(name) or name.endswith(SIDECAR_SUFFIXES)
+
+
+def _refuse_pending(plan: PackPlan, journal: Journal, split: Parts, node_rank: int, dst: Path) -> None:
+    """Raise what to do about the shards not yet journaled, if any (``node_rank``: the part this run writes, -1 for none)."""
+    pending = [s.name for s in plan.shards if journal.read_entry(s.name) is None]
+    if pending:
+        advice = missing_advice(plan, journal, split, node_rank)
+        raise PackError(f"{dst}: {len(pending)} shard(s) are not written yet (e.g. {pending[0]}); {advice}")
 
 
 def remove_pack_outputs(dst: Path) -> None:

@@ -172,7 +172,10 @@ def _run(fn: Callable, arg: Any, env: Any, options: RankOptions, folder: Path, r
 
 def _exit_now(code: int) -> None:
     """End this rank: its worker processes, then the process with the logs and output flushed (``exit_now``: no teardown,
-    where torch's and gloo's threads can abort a rank that has done its work, "terminate called without an active exception")."""
+    where torch's and gloo's threads can abort a rank that has done its work, "terminate called without an active exception").
+    A stop signal from here on would only unwind the ending with a traceback: it is ignored (Grace still ends a stuck rank)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     end_descendants(grace_s=1.0)
     logging.shutdown()
     exit_now(code)

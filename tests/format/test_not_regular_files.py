@@ -122,3 +122,18 @@ def test_a_sidecar_opened_by_the_loaders_is_one_line(packed_dir: Path, tmp_path:
     what = not_a_file(dst / name, kind)
     with pytest.raises(DatasetError, match=rf"^{dst / name}: unreadable .* sidecar \({what}: .*\); rerun 'imgpipe pack'$"):
         open_shardset(dst, "train")
+
+
+def test_a_manifest_opened_by_the_loaders_is_one_line(packed_dir: Path, tmp_path: Path, kind: str) -> None:
+    """A manifest.json that is not a regular file (or a folder) is the line verify and info give; the loaders opened
+    the folder as bare shards without it, skipping every check the manifest holds."""
+    from imgpipe.format.shardset import open_shardset
+
+    dst = copy(packed_dir, tmp_path)
+    what = not_a_file(dst / "manifest.json", kind)
+    with pytest.raises(DatasetError, match=rf"^{dst / 'manifest.json'}: cannot read the manifest \({what}\)$"):
+        open_shardset(dst, "train")
+    (dst / "manifest.json").unlink()
+    (dst / "manifest.json").mkdir()
+    with pytest.raises(DatasetError, match=rf"^{dst / 'manifest.json'}: cannot read the manifest \(Is a directory\)$"):
+        open_shardset(dst, "train")

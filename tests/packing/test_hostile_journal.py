@@ -101,6 +101,21 @@ def test_verify_and_info_on_a_hostile_plan_say_the_pack_is_unfinished_in_one_lin
     assert str(info.value).partition(": ")[2] == problem.partition(": ")[2]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("count", [b"-1", b"-0", b"2", str(2**64).encode()])
+def test_a_planned_shard_count_that_cannot_be_true_is_unknown_not_told(half_packed: Path, tmp_path: Path, count: bytes) -> None:
+    """plan.json's count of shards below the 4 journaled, or more than 5-digit shard names number: it said 'all -1 shards
+    written' and '18446744073709551612 of 18446744073709551616 shards missing'."""
+    dst = tmp_path / "out"
+    shutil.copytree(half_packed, dst)
+    plan = dst / JOURNAL_DIR / "plan.json"
+    plan.write_bytes(plan.read_bytes().replace(b'"shards": 8', b'"shards": ' + count))
+    with pytest.raises(DatasetError) as info:
+        describe(dst)
+    assert str(info.value) == (f"{dst}: incomplete pack: 4 shard(s) finished, the planned count is unknown, no manifest.json; "
+                               "rerun the same 'imgpipe pack' (with --num-nodes: every --node-rank, then --finalize)")  # fmt: skip
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("command", ["pack", "verify", "info"])
 def test_the_cli_says_one_line_and_exits_non_zero_on_a_plan_nested_100000_deep(
@@ -171,3 +186,18 @@ def test_a_journal_entry_that_does_not_fit_its_shard_is_refused_before_the_manif
     with pytest.raises(PackError, match=rf"{entry}: .*; delete it to rewrite that shard"):
         pack(synth_tree, dst, shards=SHARDS, num_nodes=2, node_rank=1, workers=1, progress=False)
     assert not (dst / "manifest.json").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_folder_where_the_manifest_goes_is_named_with_what_to_do(half_packed: Path, synth_tree: Path, tmp_path: Path) -> None:
+    """It said 'writing the sidecars and manifest.json failed: Is a directory (EISDIR); then rerun the same command', which
+    fails the same way for ever."""
+    dst = tmp_path / "out"
+    shutil.copytree(half_packed, dst)
+    (dst / "manifest.json").mkdir()
+    with pytest.raises(PackError) as info:
+        pack(synth_tree, dst, shards=SHARDS, num_nodes=2, node_rank=1, workers=1, progress=False)
+    assert str(info.value) == (
+        f"DST {dst}: writing the sidecars and manifest.json failed: {dst / 'manifest.json'}: Is a directory (EISDIR); a folder is in "
+        "the way: move it away; then rerun the same command to finish (every shard is written)"
+    )

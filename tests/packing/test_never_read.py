@@ -221,3 +221,19 @@ def test_a_source_of_nothing_but_files_that_are_not_regular_is_one_line(tmp_path
     first = f"train: A/zero.JPEG: {NOT_REGULAR.format('a character device')}"
     assert errors == [f"imgpipe: error: every source image was skipped (first: {first}); nothing to pack"]
     assert "but only 0 image(s)" not in result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_link_loop_in_a_flat_val_folder_or_beside_the_splits_is_skipped_not_the_end_of_the_scan(tmp_path: Path) -> None:
+    """A link to itself (ELOOP) in val/ stopped the scan ('cannot read it ... then rerun'); in a class folder it was skipped."""
+    src = tmp_path / "src"
+    make_synthetic(src, **{**SYNTH, "val_per_class": 1})  # type: ignore[arg-type]
+    name = "ILSVRC2012_val_90000001.JPEG"
+    (src / "val" / name).symlink_to(name)
+    with open(src / "LOC_val_solution.csv", "a") as csv:
+        csv.write(f"ILSVRC2012_val_90000001,{sorted(os.listdir(src / 'train'))[0]} 1 1 2 2\n")
+    (src / "loop").symlink_to("loop")
+    result = bounded_pack(src, tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    assert skipped(tmp_path / "out") == [(f"val/{name}", "unreadable (Too many levels of symbolic links)")]
+    assert load_manifest(tmp_path / "out").splits["val"].records == 3

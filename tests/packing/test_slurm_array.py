@@ -281,6 +281,27 @@ def test_finalize_while_a_part_is_being_written_says_so_with_its_pid(synth_tree:
         finalize(synth_tree, dst)
 
 
+@pytest.mark.timeout(120)
+def test_finalize_while_part_0_is_being_written_says_so_with_its_pid(synth_tree: Path, tmp_path: Path) -> None:
+    """--finalize takes part 0's lock: while task 0 held it, the line was 'another imgpipe pack is writing DST (pid N);
+    wait for it to finish or stop it, then rerun', not which part, nor --finalize."""
+    dst = tmp_path / "out"
+    for task in (1, 2):
+        pack_task(synth_tree, dst, task)
+    writer = subprocess.Popen([sys.executable, "-c", HOLD_PART, str(dst), "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "holding"
+        with pytest.raises(PackError) as info:
+            finalize(synth_tree, dst)
+        assert str(info.value) == (
+            f"{dst}: 2 shard(s) are not written yet (e.g. train-00000-of-00003); part 0 of 3 is still being written "
+            f"(pid {writer.pid}); wait for it to finish, then --finalize"
+        )
+    finally:
+        writer.kill()
+        writer.wait(timeout=30)
+
+
 HOLD_PART_WRITING = """
 import sys
 from pathlib import Path

@@ -98,3 +98,26 @@ def test_a_signal_during_start_up_exits_as_a_stop(packed: Path, tmp_path: Path, 
     assert last.startswith(f"imgpipe: stopped by {signal.Signals(signum).name}"), stderr[-3000:]
     assert "exited with code" not in last, last  # a rank stopped as it started is a stop, not a rank that exited on its own
     assert wait_gone(sorted(seen), 20) == []  # no rank or worker outlives the launcher
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_while_a_rank_ends_is_not_a_traceback(signum: int) -> None:
+    """A rank stopped before it registered ends at once; a second signal (a second Ctrl-C) while it ended its workers,
+    importing psutil, unwound that with a traceback of Stopped among the launcher's lines."""
+    signal_while_ending = (
+        "import importlib.abc, signal, sys\n"
+        "from imgpipe.train import rank_main\n"
+        "class Hook(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'psutil':\n"
+        "            sys.meta_path.remove(self)\n"
+        f"            signal.raise_signal({int(signum)})\n"
+        "sys.meta_path.insert(0, Hook())\n"
+        "for signum in rank_main.STOP_SIGNALS:\n"
+        "    signal.signal(signum, rank_main._stop_now)\n"
+        "assert 'psutil' not in sys.modules\n"
+        "rank_main._exit_now(143)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", signal_while_ending], capture_output=True, text=True, timeout=50)
+    assert (done.returncode, done.stderr) == (143, "")
