@@ -261,45 +261,28 @@ sys.stdin.readline()
 
 
 @pytest.mark.timeout(120)
-def test_finalize_while_a_part_is_being_written_says_so_with_its_pid(synth_tree: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("part", [2, 0])
+def test_finalize_while_a_part_is_being_written_says_so_with_its_pid(synth_tree: Path, tmp_path: Path, part: int) -> None:
+    """Part 0 too: --finalize takes part 0's lock, and while task 0 held it the line was 'another imgpipe pack is writing
+    DST (pid N); wait for it to finish or stop it, then rerun', not which part, nor --finalize."""
     dst = tmp_path / "out"
-    for task in (0, 1):
+    for task in {0, 1, 2} - {part}:
         pack_task(synth_tree, dst, task)
-    writer = subprocess.Popen([sys.executable, "-c", HOLD_PART, str(dst), "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:  # task 2 runs: it holds its part's lock
+    holder = [sys.executable, "-c", HOLD_PART, str(dst), str(part)]
+    writer = subprocess.Popen(holder, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:  # the task runs: it holds its part's lock
         assert writer.stdout is not None and writer.stdout.readline().strip() == "holding"
         with pytest.raises(PackError) as info:
             finalize(synth_tree, dst)
         assert str(info.value) == (
-            f"{dst}: 2 shard(s) are not written yet (e.g. train-00002-of-00003); part 2 of 3 is still being written "
+            f"{dst}: 2 shard(s) are not written yet (e.g. train-0000{part}-of-00003); part {part} of 3 is still being written "
             f"(pid {writer.pid}); wait for it to finish, then --finalize"
         )
     finally:
         writer.kill()
         writer.wait(timeout=30)
-    with pytest.raises(PackError, match=r"part\(s\) 2 of 3 are missing; resubmit array task\(s\) 2"):
+    with pytest.raises(PackError, match=rf"part\(s\) {part} of 3 are missing; resubmit array task\(s\) {part}"):
         finalize(synth_tree, dst)
-
-
-@pytest.mark.timeout(120)
-def test_finalize_while_part_0_is_being_written_says_so_with_its_pid(synth_tree: Path, tmp_path: Path) -> None:
-    """--finalize takes part 0's lock: while task 0 held it, the line was 'another imgpipe pack is writing DST (pid N);
-    wait for it to finish or stop it, then rerun', not which part, nor --finalize."""
-    dst = tmp_path / "out"
-    for task in (1, 2):
-        pack_task(synth_tree, dst, task)
-    writer = subprocess.Popen([sys.executable, "-c", HOLD_PART, str(dst), "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert writer.stdout is not None and writer.stdout.readline().strip() == "holding"
-        with pytest.raises(PackError) as info:
-            finalize(synth_tree, dst)
-        assert str(info.value) == (
-            f"{dst}: 2 shard(s) are not written yet (e.g. train-00000-of-00003); part 0 of 3 is still being written "
-            f"(pid {writer.pid}); wait for it to finish, then --finalize"
-        )
-    finally:
-        writer.kill()
-        writer.wait(timeout=30)
 
 
 HOLD_PART_WRITING = """
