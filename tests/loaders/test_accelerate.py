@@ -38,6 +38,7 @@ def test_accelerate_ddp_trains_two_epochs_on_the_global_stream_and_resumes(index
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         "HF_HOME": str(tmp_path / "hf"),  # no user's accelerate config: every setting is a flag below
         "CUDA_VISIBLE_DEVICES": "",  # CPU ranks: the loaders' default device is then the CPU, as the model's
+        "TMPDIR": str(tmp_path),  # torch's launcher under Accelerate's leaves a torchelastic_* log folder in it
     }
     launch = [
         sys.executable,
