@@ -26,6 +26,17 @@ SHARED_MEMORY_DIR = "/dev/shm"
 HANDOVER_SLOTS = 2  # beyond the requests in flight: the batch being handed over and the one the caller holds
 
 
+def ring_slots(workers: int, prefetch_factor: int) -> int:
+    """The batches a DataLoader with these ``workers`` and ``prefetch_factor`` holds at once: its requests in
+    flight, the batch being handed over and the one the caller holds."""
+    return workers * prefetch_factor + HANDOVER_SLOTS
+
+
+def batch_bytes(batch_size: int, image_size: int, dtype: torch.dtype) -> int:
+    """The bytes of a batch of ``batch_size`` RGB images of ``image_size`` px, of ``dtype``."""
+    return batch_size * 3 * image_size * image_size * dtype.itemsize
+
+
 class BatchRing:
     """``slots`` batches of ``batch_size`` images (``dtype``) in shared memory, each claimed for a request
     only when no request and no caller's tensor uses it."""
@@ -37,7 +48,7 @@ class BatchRing:
         self.image_size = image_size  # the largest resolution a slot holds
         self.memory_format = memory_format
         shape = (batch_size, 3, image_size, image_size)
-        size = slots * batch_size * 3 * image_size * image_size * dtype.itemsize
+        size = slots * batch_bytes(batch_size, image_size, dtype)
         with allocation_lock():  # ranks starting together check and allocate one after the other
             check_shared_memory(size, slots)
             try:
@@ -61,14 +72,9 @@ class BatchRing:
         memory_format: torch.memory_format,
         dtype: torch.dtype = torch.uint8,
     ) -> BatchRing:
-        """The ring a DataLoader with these ``workers`` and ``prefetch_factor`` needs: its requests in
-        flight, the batch being handed over and the one the caller holds."""
+        """The ring a DataLoader with these ``workers`` and ``prefetch_factor`` needs (``ring_slots``)."""
         return cls(
-            workers * prefetch_factor + HANDOVER_SLOTS,
-            batch_size=batch_size,
-            image_size=image_size,
-            memory_format=memory_format,
-            dtype=dtype,
+            ring_slots(workers, prefetch_factor), batch_size=batch_size, image_size=image_size, memory_format=memory_format, dtype=dtype
         )
 
     def claim(self) -> int | None:

@@ -34,7 +34,7 @@ from imgpipe.loaders.geometry import EVAL_CROP_FRACTION, IMAGENET_MEAN, IMAGENET
 from imgpipe.loaders.options import CURRENT_DEVICE, DEFAULT_PREFETCH_FACTOR, TorchLoaderOptions
 from imgpipe.loaders.phase_timer import BatchTimes, PhaseTimer, active_timer, request_delta
 from imgpipe.loaders.pixels import UndecodableImage, decode_sample, load_decoders
-from imgpipe.loaders.ring import HANDOVER_SLOTS, BatchRing, check_memory, check_shared_memory
+from imgpipe.loaders.ring import BatchRing, batch_bytes, check_memory, check_shared_memory, ring_slots
 
 logger = logging.getLogger(__name__)
 
@@ -154,8 +154,7 @@ class BatchDataset(Dataset):
             images = self.ring.batch(ring_slot, len(indices), size)
             sent: torch.Tensor | int = ring_slot
         else:
-            dtype = torch.float32 if self.normalize else torch.uint8
-            images = sent = torch.empty((len(indices), 3, size, size), dtype=dtype, memory_format=self.memory_format)
+            images = sent = torch.empty((len(indices), 3, size, size), dtype=self.dtype, memory_format=self.memory_format)
             if in_worker:  # built in shared memory: sending it copies nothing and leaves no hole in the heap
                 images.share_memory_()
         labels = torch.empty(len(indices), dtype=torch.int64)
@@ -250,6 +249,11 @@ class BatchDataset(Dataset):
     def memory_format(self) -> torch.memory_format:
         return torch.channels_last if self.channels_last else torch.contiguous_format
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The batches' pixel type: float32 where the workers normalize, else uint8."""
+        return torch.float32 if self.normalize else torch.uint8
+
     def _seed_globals(self, epoch: int) -> bool:
         """Seed the global generators in a worker (True); leave the user's alone in the main process (False)."""
         info = get_worker_info()
@@ -340,7 +344,7 @@ class TorchLoader(SampledLoader):
                 batch_size=self.sampler.batch_size,
                 image_size=self._ring_size,
                 memory_format=dataset.memory_format,
-                dtype=torch.float32 if dataset.normalize else torch.uint8,
+                dtype=dataset.dtype,
             )
         remote = self.shards.byte_source.remote  # a worker fetches the records of the batches queued to it after the one it builds
         self._requests = RingRequests(self._ring, max(1, workers) if remote else None, depth=max(1, options.prefetch_factor - 1))
@@ -413,10 +417,10 @@ class TorchLoader(SampledLoader):
     def _check_batch_room(self, size: int) -> None:
         """Without a ring: one line, not the allocator's traceback in a worker or here, where the batches
         of ``size`` px do not fit in shared memory (workers build them there) or in memory (``workers=0``)."""
-        batch = self.sampler.batch_size * 3 * size * size * (4 if self.dataset.normalize else 1)
+        batch = batch_bytes(self.sampler.batch_size, size, self.dataset.dtype)
         workers = self._loader.num_workers
         if workers:
-            slots = workers * self.options.prefetch_factor + HANDOVER_SLOTS
+            slots = ring_slots(workers, self.options.prefetch_factor)
             check_shared_memory(batch * slots, slots)
         else:
             check_memory(batch, f"batches of {self.sampler.batch_size} images of {size} px", "batch_size or image_size")
