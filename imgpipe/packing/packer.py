@@ -156,7 +156,9 @@ def pack(
     except PackError:
         parts = (journal.read_parts() or split).count
         if finalize and parts > 1 and journal.writer(node_rank) is not None:  # --finalize takes part 0's lock, held as part 0 writes
-            _refuse_pending(plan, journal, split, node_rank=-1, dst=dst_path)
+            pending = _pending(plan, journal)
+            if pending:
+                raise _pending_error(plan, journal, split, -1, dst_path, pending) from None
         raise
     try:
         if overwrite:
@@ -183,9 +185,9 @@ def pack(
 
             if todo:
                 write(todo)
-            pending = [s.name for s in plan.shards if journal.read_entry(s.name) is None]
+            pending = _pending(plan, journal)
             if pending and (finalize or num_nodes == 1):
-                _refuse_pending(plan, journal, split, node_rank, dst_path)
+                raise _pending_error(plan, journal, split, node_rank, dst_path, pending)
             if not pending:  # the manifest is next: first every shard another run wrote must still be what it journaled
                 # a rerun of a finished pack (its manifest written after this check) checks sizes; verify reads the bytes
                 rerun = not todo and (dst_path / MANIFEST_NAME).exists()
@@ -380,12 +382,15 @@ def _is_pack_output(name: str) -> bool:
     return name == MANIFEST_NAME or name == JOURNAL_DIR or is_shard_file(name) or name.endswith(SIDECAR_SUFFIXES)
 
 
-def _refuse_pending(plan: PackPlan, journal: Journal, split: Parts, node_rank: int, dst: Path) -> None:
-    """Raise what to do about the shards not yet journaled, if any (``node_rank``: the part this run writes, -1 for none)."""
-    pending = [s.name for s in plan.shards if journal.read_entry(s.name) is None]
-    if pending:
-        advice = missing_advice(plan, journal, split, node_rank)
-        raise PackError(f"{dst}: {len(pending)} shard(s) are not written yet (e.g. {pending[0]}); {advice}")
+def _pending(plan: PackPlan, journal: Journal) -> list[str]:
+    """The planned shards not yet journaled."""
+    return [s.name for s in plan.shards if journal.read_entry(s.name) is None]
+
+
+def _pending_error(plan: PackPlan, journal: Journal, split: Parts, node_rank: int, dst: Path, pending: list[str]) -> PackError:
+    """What to do about the ``pending`` shards (``node_rank``: the part this run writes, -1 for none)."""
+    advice = missing_advice(plan, journal, split, node_rank)
+    return PackError(f"{dst}: {len(pending)} shard(s) are not written yet (e.g. {pending[0]}); {advice}")
 
 
 def remove_pack_outputs(dst: Path) -> None:
