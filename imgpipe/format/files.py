@@ -25,6 +25,7 @@ LABELS_SUFFIX = ".labels.npy"
 CHECKSUMS_SUFFIX = ".crc32.npy"
 INDEX_SUFFIX = ".index.npy"
 SIDECAR_SUFFIXES = (SOURCES_SUFFIX, LABELS_SUFFIX, CHECKSUMS_SUFFIX, INDEX_SUFFIX)
+MAX_SHARDS = 99_999  # a split's shards that shard_stem's five digits number
 
 
 def shard_stem(split: str, number: int, count: int) -> str:

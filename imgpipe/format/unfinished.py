@@ -14,7 +14,7 @@ from pathlib import Path
 
 from imgpipe._sys.jsonfile import loads
 from imgpipe._sys.regular import read_regular
-from imgpipe.format.files import MANIFEST_NAME, SHARD_FILE
+from imgpipe.format.files import MANIFEST_NAME, MAX_SHARDS, SHARD_FILE
 
 JOURNAL_DIR = ".imgpipe-pack"
 PLAN_NAME = "plan.json"  # in the pack journal: options, fingerprint, planned shard count
@@ -58,13 +58,13 @@ def unfinished_pack(folder: str | os.PathLike) -> str | None:
 
 def _planned_shards(plan: object, done: int) -> int | None:
     """plan.json's shard count where it can be true: no fewer than the ``done`` shards journaled, and no more than its
-    splits' shard names can number (SHARD_FILE: 5 digits each); else None (-1, 0 or 2**64 written by hand)."""
+    splits' shard names can number (``MAX_SHARDS`` each); else None (-1, 0 or 2**64 written by hand)."""
     if not isinstance(plan, dict) or not isinstance(plan.get("options"), dict):
         return None
     total, splits = plan.get("shards"), plan["options"].get("splits")
     if type(total) is not int or not isinstance(splits, list):
         return None
-    return total if max(done, 1) <= total <= 99_999 * len(splits) else None
+    return total if max(done, 1) <= total <= MAX_SHARDS * len(splits) else None
 
 
 def unfinished_copy(folder: str | os.PathLike) -> str | None:
