@@ -123,14 +123,11 @@ LAYOUTS = {"tarballs": tarballs, "wds": wds, "hf-tar": hf_tar, "kaggle-zip": kag
 
 
 @pytest.fixture(scope="module")
-def layouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Each layout of one synthetic tree (``<layout>/``), and each packed as it is (``<layout>-packed/``)."""
-    base = tmp_path_factory.mktemp("layouts")
-    make_synthetic(base / "tree", **SYNTH)  # type: ignore[arg-type]
+def layouts(archives: Path) -> Path:
+    """``archives``, with each of ``LAYOUTS`` packed as it is (``<layout>-packed/``)."""
     for name in LAYOUTS:
-        make_synthetic(base / name, layout=name, source=base / "tree", **SYNTH)  # type: ignore[arg-type]
-        pack(base / name, base / f"{name}-packed", **OPTIONS)  # type: ignore[arg-type]
-    return base
+        pack(archives / name, archives / f"{name}-packed", **OPTIONS)  # type: ignore[arg-type]
+    return archives
 
 
 @pytest.mark.timeout(180)
